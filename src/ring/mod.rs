@@ -1,0 +1,212 @@
+//! The ring algorithms, written once and generic over where the ring lives.
+//!
+//! - [`spsc`]: single producer, single consumer. Lamport's ring: the producer alone writes
+//!   `tail`, the consumer alone writes `head`, and each side caches the other's position so
+//!   that it touches the shared line only when the ring looks full (or empty).
+//! - [`mpmc`]: bounded multi-producer multi-consumer queue with a stamp per cell (Vyukov's
+//!   design, as in crossbeam's `ArrayQueue`): producers race for `tail` and consumers for
+//!   `head` with compare-and-swap, and a cell's stamp says whether it awaits a write or a
+//!   read.
+//!
+//! A ring lives in a [`Storage`]: [`Heap`] (an `Arc`'d allocation, used by loom, Miri,
+//! unit tests and in-process use) or the shared-memory storage in
+//! [`crate::named`]. Elements are [`bytemuck::Pod`]: any bit pattern is a valid value, so a
+//! cell written by a hostile peer is garbage, never undefined behaviour.
+//!
+//! Every position read from the other side is checked before use; an impossible one (a
+//! tail more than `capacity` ahead of head, a stamp ahead of its position) is
+//! [`Corrupted`]. Cell indices are masked with the capacity this process holds, never one
+//! read from shared memory, so no forged value can index out of bounds.
+//!
+//! Blocking variants ([`spsc::Producer::push`], ...) are built on [`crate::wait`]: every
+//! successful operation calls `notify`, which costs a fence and a load and no syscall unless
+//! somebody sleeps.
+
+use std::sync::Arc;
+
+use crate::layout::RingControl;
+
+pub mod mpmc;
+pub mod spsc;
+
+/// A value read from shared memory was impossible; the ring cannot be trusted.
+///
+/// `what` names the value, e.g. `"tail is more than capacity ahead of head"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Corrupted {
+    /// What was found wrong.
+    pub what: &'static str,
+}
+
+impl core::fmt::Display for Corrupted {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "shared memory corrupted: {}", self.what)
+    }
+}
+
+impl std::error::Error for Corrupted {}
+
+/// Why [`try_push`](spsc::Producer::try_push) did not push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TryPushError<T> {
+    /// The ring is full; here is the value back.
+    Full(T),
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+/// Why a blocking [`push`](spsc::Producer::push) did not push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PushError<T> {
+    /// The deadline passed with the ring still full; here is the value back.
+    Timeout(T),
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+/// Why [`try_pop`](spsc::Consumer::try_pop) returned nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TryPopError {
+    /// The ring is empty.
+    Empty,
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+/// Why a blocking [`pop`](spsc::Consumer::pop) returned nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PopError {
+    /// The deadline passed with the ring still empty.
+    Timeout,
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+macro_rules! display_errors {
+    ($($ty:ty => |$s:ident, $f:ident| $body:expr;)*) => {$(
+        impl core::fmt::Display for $ty {
+            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                let $s = self;
+                $body
+            }
+        }
+    )*};
+}
+
+display_errors! {
+    TryPopError => |s, f| match s {
+        TryPopError::Empty => f.write_str("ring is empty"),
+        TryPopError::Corrupted(c) => c.fmt(f),
+    };
+    PopError => |s, f| match s {
+        PopError::Timeout => f.write_str("timed out waiting for a message"),
+        PopError::Corrupted(c) => c.fmt(f),
+    };
+}
+
+impl<T> core::fmt::Display for TryPushError<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            TryPushError::Full(_) => f.write_str("ring is full"),
+            TryPushError::Corrupted(c) => c.fmt(f),
+        }
+    }
+}
+
+impl<T> core::fmt::Display for PushError<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PushError::Timeout(_) => f.write_str("timed out waiting for room in the ring"),
+            PushError::Corrupted(c) => c.fmt(f),
+        }
+    }
+}
+
+impl<T: core::fmt::Debug> std::error::Error for TryPushError<T> {}
+impl<T: core::fmt::Debug> std::error::Error for PushError<T> {}
+impl std::error::Error for TryPopError {}
+impl std::error::Error for PopError {}
+
+/// Where a ring's control block and cells live.
+///
+/// # Safety
+///
+/// An implementation promises, for the whole life of the value and of every clone:
+/// - `control()` and `cells()` always return the same memory, which stays valid;
+/// - `cells().len()` is a power of two, at least 1, and never changes;
+/// - the memory is shared only with other endpoints of the same ring (in this or other
+///   processes) that follow the same protocol, or with peers whose writes are treated as
+///   untrusted (the algorithms check what they read);
+/// - the cells were initialised for the ring kind before the first endpoint was made (for
+///   MPMC: cell `i` has stamp `i` and head = tail = 0, or a state reached from there).
+pub unsafe trait Storage {
+    /// The cell type: [`SpscCell`](crate::layout::SpscCell) or
+    /// [`MpmcCell`](crate::layout::MpmcCell).
+    type Cell;
+    /// The ring's positions and wait words.
+    fn control(&self) -> &RingControl;
+    /// The cells.
+    fn cells(&self) -> &[Self::Cell];
+}
+
+/// A ring on the heap, shared by `Arc` between the endpoints of one process.
+#[derive(Debug)]
+pub struct Heap<C> {
+    inner: Arc<HeapRing<C>>,
+}
+
+#[derive(Debug)]
+struct HeapRing<C> {
+    control: RingControl,
+    cells: Box<[C]>,
+}
+
+// SAFETY: the cells hold `Pod` values behind `UnsafeCell`; the endpoints access them only
+// under the ring protocol (a cell is written by exactly one side at a time, handed over by
+// Release/Acquire on the positions or stamps), which is what makes sharing across threads
+// sound. `C: Send` because values move between threads through the cells.
+unsafe impl<C: Send> Sync for HeapRing<C> {}
+
+impl<C> Clone for Heap<C> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<C> Heap<C> {
+    /// Storage of `capacity` cells made by `cell(index)`.
+    ///
+    /// # Panics
+    ///
+    /// If `capacity` is not a power of two in `1..=2^24`.
+    pub fn new(capacity: usize, cell: impl FnMut(usize) -> C) -> Self {
+        assert!(
+            capacity.is_power_of_two() && capacity as u64 <= crate::layout::MAX_CAPACITY,
+            "ring capacity must be a power of two in 1..=2^24, got {capacity}"
+        );
+        let cells = (0..capacity).map(cell).collect();
+        Self { inner: Arc::new(HeapRing { control: RingControl::default(), cells }) }
+    }
+}
+
+// SAFETY: the control block and the boxed cells live as long as the `Arc`, which every
+// clone keeps alive; the length is fixed at construction and asserted a power of two; the
+// constructors in `spsc` and `mpmc` initialise the cells for their kind.
+unsafe impl<C> Storage for Heap<C> {
+    type Cell = C;
+    fn control(&self) -> &RingControl {
+        &self.inner.control
+    }
+    fn cells(&self) -> &[C] {
+        &self.inner.cells
+    }
+}
+
+/// `Instant::now() + timeout`, or no deadline when that overflows.
+pub(crate) fn deadline_after(timeout: std::time::Duration) -> Option<std::time::Instant> {
+    std::time::Instant::now().checked_add(timeout)
+}

@@ -1,0 +1,458 @@
+//! Bounded multi-producer multi-consumer ring with a stamp per cell.
+//!
+//! Producers race for `tail` and consumers for `head` with compare-and-swap. A cell's stamp
+//! says whose turn it is (see [`MpmcCell`]): for position `p`, stamp `p` means "free for
+//! the producer of `p`", `p + 1` means "written, for the consumer of `p`", and the consumer
+//! sets `p + capacity` to free the cell for the next lap. A winner of the CAS owns the cell
+//! until it stores the next stamp, so the element copy needs no further synchronisation.
+//!
+//! Order: elements leave in the order their producers won `tail`, so each producer's own
+//! elements stay in order.
+//!
+//! Checks on shared values: a stamp more than one lap behind its position, or ahead of it
+//! while the position counter has not moved, cannot happen in a healthy ring and is
+//! [`Corrupted`]. A producer that won a cell and died before stamping it stalls the ring at
+//! that cell (issue 6 repairs it once the claimant is known dead); to the others it looks
+//! full or empty, never corrupted.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use bytemuck::Pod;
+
+use super::{Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, deadline_after};
+use crate::layout::MpmcCell;
+use crate::sync::{Ordering, spin_hint};
+use crate::wait::{WaitPolicy, notify, wait_until};
+
+/// An in-process MPMC ring of `capacity` elements (a power of two) on the heap. Clone the
+/// handles for more producers or consumers.
+///
+/// ```
+/// let (tx, rx) = gpuring::ring::mpmc::with_capacity::<u64>(8);
+/// let tx2 = tx.clone();
+/// tx.try_push(1).unwrap();
+/// tx2.try_push(2).unwrap();
+/// assert_eq!((rx.try_pop().unwrap(), rx.try_pop().unwrap()), (1, 2));
+/// ```
+///
+/// # Panics
+///
+/// If `capacity` is not a power of two in `1..=2^24`.
+pub fn with_capacity<T: Pod + Send>(
+    capacity: usize,
+) -> (Producer<T, super::Heap<MpmcCell<T>>>, Consumer<T, super::Heap<MpmcCell<T>>>) {
+    let storage = super::Heap::new(capacity, |i| MpmcCell::new(i as u64));
+    let tx = Producer::new(storage.clone()).expect("a new ring is consistent");
+    let rx = Consumer::new(storage).expect("a new ring is consistent");
+    (tx, rx)
+}
+
+/// A writing end of an MPMC ring. `Clone` makes another producer.
+#[derive(Debug)]
+pub struct Producer<T, S> {
+    storage: S,
+    capacity: u64,
+    policy: WaitPolicy,
+    _elem: PhantomData<fn(T)>,
+}
+
+/// A reading end of an MPMC ring. `Clone` makes another consumer.
+#[derive(Debug)]
+pub struct Consumer<T, S> {
+    storage: S,
+    capacity: u64,
+    policy: WaitPolicy,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T, S: Clone> Clone for Producer<T, S> {
+    fn clone(&self) -> Self {
+        Self { storage: self.storage.clone(), ..*self }
+    }
+}
+
+impl<T, S: Clone> Clone for Consumer<T, S> {
+    fn clone(&self) -> Self {
+        Self { storage: self.storage.clone(), ..*self }
+    }
+}
+
+fn check_positions<S: Storage>(storage: &S) -> Result<u64, Corrupted> {
+    let capacity = storage.cells().len() as u64;
+    // Relaxed: only a consistency check at attach; every element access is guarded by the
+    // cell stamps, read with Acquire.
+    let tail = storage.control().tail.load(Ordering::Relaxed);
+    let head = storage.control().head.load(Ordering::Relaxed);
+    if tail.wrapping_sub(head) > capacity {
+        return Err(Corrupted { what: "tail is more than capacity ahead of head" });
+    }
+    Ok(capacity)
+}
+
+fn cell<S: Storage>(storage: &S, capacity: u64, pos: u64) -> &S::Cell {
+    let index = (pos & (capacity - 1)) as usize;
+    debug_assert!(index < storage.cells().len());
+    // SAFETY: index < capacity == cells().len(); capacity is a power of two (Storage
+    // contract), so the mask is `% capacity`.
+    unsafe { storage.cells().get_unchecked(index) }
+}
+
+fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
+    storage: &S,
+    capacity: u64,
+    value: T,
+) -> Result<(), TryPushError<T>> {
+    let control = storage.control();
+    // Relaxed: a starting guess; the stamp (Acquire) and the CAS decide.
+    let mut pos = control.tail.load(Ordering::Relaxed);
+    loop {
+        let cell = cell(storage, capacity, pos);
+        // Acquire: pairs with the consumer's Release stamp store in `try_pop_in` (its read
+        // of the old element happens before our write).
+        let stamp = cell.stamp.load(Ordering::Acquire);
+        let lag = stamp.wrapping_sub(pos) as i64;
+        if lag == 0 {
+            // Relaxed CAS: ownership of the cell is handed over by the stamps, not by tail.
+            match control.tail.compare_exchange_weak(
+                pos,
+                pos.wrapping_add(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    // SAFETY: winning the CAS at `pos` with stamp == pos makes this producer
+                    // the only writer of the cell until it stores the next stamp; no
+                    // consumer reads it before that store.
+                    cell.value.with_mut(|p| unsafe { p.write(value) });
+                    // Release: pairs with the consumer's Acquire stamp load in `try_pop_in`.
+                    cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
+                    return Ok(());
+                }
+                Err(current) => pos = current,
+            }
+        } else if lag < 0 {
+            // The cell still holds the element of the previous lap (stamp p - capacity + 1),
+            // or that lap's producer has claimed it and not yet stamped it (p - capacity).
+            if lag < -(capacity as i64) {
+                return Err(TryPushError::Corrupted(Corrupted {
+                    what: "cell stamp more than one lap behind tail",
+                }));
+            }
+            return Err(TryPushError::Full(value));
+        } else {
+            // Another producer won `pos` and already stamped it, so tail has moved on.
+            let current = control.tail.load(Ordering::Relaxed);
+            if current == pos {
+                // The Acquire stamp load above saw a store made after tail passed `pos`, so
+                // tail cannot still read `pos`: the stamp is forged.
+                return Err(TryPushError::Corrupted(Corrupted {
+                    what: "cell stamp ahead of tail",
+                }));
+            }
+            pos = current;
+            spin_hint();
+        }
+    }
+}
+
+fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
+    storage: &S,
+    capacity: u64,
+) -> Result<T, TryPopError> {
+    let control = storage.control();
+    // Relaxed: a starting guess; the stamp (Acquire) and the CAS decide.
+    let mut pos = control.head.load(Ordering::Relaxed);
+    loop {
+        let cell = cell(storage, capacity, pos);
+        // Acquire: pairs with the producer's Release stamp store in `try_push_in`.
+        let stamp = cell.stamp.load(Ordering::Acquire);
+        let lag = stamp.wrapping_sub(pos.wrapping_add(1)) as i64;
+        if lag == 0 {
+            // Relaxed CAS: ownership of the cell is handed over by the stamps.
+            match control.head.compare_exchange_weak(
+                pos,
+                pos.wrapping_add(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    // SAFETY: winning the CAS at `pos` with stamp == pos + 1 makes this
+                    // consumer the only reader of the cell, and no producer writes it before
+                    // the stamp below. `T: Pod`: any bytes form a valid `T`.
+                    let value = cell.value.with(|p| unsafe { p.read() });
+                    // Release: pairs with the producer's Acquire stamp load in `try_push_in`.
+                    cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
+                    return Ok(value);
+                }
+                Err(current) => pos = current,
+            }
+        } else if lag < 0 {
+            // Not yet written for this lap (stamp p), or the previous lap's consumer has
+            // won it and not yet freed it (stamp p - capacity + 1): empty for us.
+            if lag < -(capacity as i64) {
+                return Err(TryPopError::Corrupted(Corrupted {
+                    what: "cell stamp more than one lap behind head",
+                }));
+            }
+            return Err(TryPopError::Empty);
+        } else {
+            // Another consumer won `pos`, so head has moved on.
+            let current = control.head.load(Ordering::Relaxed);
+            if current == pos {
+                return Err(TryPopError::Corrupted(Corrupted { what: "cell stamp ahead of head" }));
+            }
+            pos = current;
+            spin_hint();
+        }
+    }
+}
+
+impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
+    /// Wraps `storage` as a producer. Any number may exist.
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] when the stored positions are inconsistent.
+    pub fn new(storage: S) -> Result<Self, Corrupted> {
+        let capacity = check_positions(&storage)?;
+        Ok(Self { storage, capacity, policy: WaitPolicy::default(), _elem: PhantomData })
+    }
+
+    /// Pushes `value` if there is room; never blocks. Wakes sleeping consumers.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
+    #[inline]
+    pub fn try_push(&self, value: T) -> Result<(), TryPushError<T>> {
+        try_push_in(&self.storage, self.capacity, value)?;
+        notify(&self.storage.control().not_empty);
+        Ok(())
+    }
+
+    /// Pushes `value`, waiting for room as the [`WaitPolicy`] says, for ever.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError::Corrupted`] (never `Timeout`).
+    pub fn push(&self, value: T) -> Result<(), PushError<T>> {
+        self.push_until(value, None)
+    }
+
+    /// Pushes `value`, waiting at most `timeout` for room.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError::Timeout`] with the value back; [`PushError::Corrupted`].
+    pub fn push_timeout(&self, value: T, timeout: Duration) -> Result<(), PushError<T>> {
+        self.push_until(value, deadline_after(timeout))
+    }
+
+    fn push_until(
+        &self,
+        value: T,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<(), PushError<T>> {
+        let control = self.storage.control();
+        let outcome = wait_until(&control.not_full, self.policy, deadline, || {
+            match try_push_in(&self.storage, self.capacity, value) {
+                Ok(()) => Some(Ok(())),
+                Err(TryPushError::Full(_)) => None,
+                Err(TryPushError::Corrupted(c)) => Some(Err(c)),
+            }
+        });
+        match outcome {
+            Ok(Ok(())) => {
+                notify(&control.not_empty);
+                Ok(())
+            }
+            Ok(Err(c)) => Err(PushError::Corrupted(c)),
+            Err(_) => Err(PushError::Timeout(value)),
+        }
+    }
+
+    /// Sets how blocking pushes of this handle wait.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.policy = policy;
+    }
+
+    /// Number of cells.
+    pub fn capacity(&self) -> usize {
+        self.capacity as usize
+    }
+
+    /// The storage, for the layers above.
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+}
+
+impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
+    /// Wraps `storage` as a consumer. Any number may exist.
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] when the stored positions are inconsistent.
+    pub fn new(storage: S) -> Result<Self, Corrupted> {
+        let capacity = check_positions(&storage)?;
+        Ok(Self { storage, capacity, policy: WaitPolicy::default(), _elem: PhantomData })
+    }
+
+    /// Pops the oldest element if there is one; never blocks. Wakes sleeping producers.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
+    #[inline]
+    pub fn try_pop(&self) -> Result<T, TryPopError> {
+        let value = try_pop_in(&self.storage, self.capacity)?;
+        notify(&self.storage.control().not_full);
+        Ok(value)
+    }
+
+    /// Pops the oldest element, waiting for one as the [`WaitPolicy`] says, for ever.
+    ///
+    /// # Errors
+    ///
+    /// [`PopError::Corrupted`] (never `Timeout`).
+    pub fn pop(&self) -> Result<T, PopError> {
+        self.pop_until(None)
+    }
+
+    /// Pops the oldest element, waiting at most `timeout` for one.
+    ///
+    /// # Errors
+    ///
+    /// [`PopError::Timeout`]; [`PopError::Corrupted`].
+    pub fn pop_timeout(&self, timeout: Duration) -> Result<T, PopError> {
+        self.pop_until(deadline_after(timeout))
+    }
+
+    fn pop_until(&self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
+        let control = self.storage.control();
+        let outcome = wait_until(&control.not_empty, self.policy, deadline, || {
+            match try_pop_in(&self.storage, self.capacity) {
+                Ok(v) => Some(Ok(v)),
+                Err(TryPopError::Empty) => None,
+                Err(TryPopError::Corrupted(c)) => Some(Err(c)),
+            }
+        });
+        match outcome {
+            Ok(Ok(v)) => {
+                notify(&control.not_full);
+                Ok(v)
+            }
+            Ok(Err(c)) => Err(PopError::Corrupted(c)),
+            Err(_) => Err(PopError::Timeout),
+        }
+    }
+
+    /// Sets how blocking pops of this handle wait.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.policy = policy;
+    }
+
+    /// Number of cells.
+    pub fn capacity(&self) -> usize {
+        self.capacity as usize
+    }
+
+    /// The storage, for the layers above.
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::ring::Heap;
+    use std::collections::HashSet;
+
+    #[test]
+    fn fifo_single_thread_many_laps() {
+        let (tx, rx) = with_capacity::<u64>(4);
+        let n = if cfg!(miri) { 50 } else { 10_000 };
+        let mut next = 0;
+        for i in 0..n {
+            tx.try_push(i).unwrap();
+            if i % 4 == 3 {
+                assert!(matches!(tx.try_push(99), Err(TryPushError::Full(99))));
+                while let Ok(v) = rx.try_pop() {
+                    assert_eq!(v, next);
+                    next += 1;
+                }
+            }
+        }
+        assert_eq!(next, n);
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+    }
+
+    #[test]
+    fn threads_exactly_once_and_per_producer_order() {
+        let (tx, rx) = with_capacity::<u64>(16);
+        let producers = 3u64;
+        let per: u64 = if cfg!(miri) { 40 } else { 50_000 };
+        let mut handles = Vec::new();
+        for p in 0..producers {
+            let tx = tx.clone();
+            handles.push(std::thread::spawn(move || {
+                for i in 0..per {
+                    tx.push((p << 32) | i).unwrap();
+                }
+            }));
+        }
+        drop(tx);
+        let total = producers * per;
+        let taken = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut consumers = Vec::new();
+        for _ in 0..2 {
+            let (rx, taken) = (rx.clone(), taken.clone());
+            consumers.push(std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while taken.load(std::sync::atomic::Ordering::Relaxed) < total {
+                    if let Ok(v) = rx.pop_timeout(Duration::from_millis(10)) {
+                        taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        got.push(v);
+                    }
+                }
+                got
+            }));
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        let mut all = HashSet::new();
+        for c in consumers {
+            let got = c.join().unwrap();
+            let mut last = [None::<u64>; 3];
+            for v in got {
+                let (p, i) = ((v >> 32) as usize, v & 0xffff_ffff);
+                // Within one consumer, a producer's elements come in order.
+                assert!(last[p].is_none_or(|l| l < i), "producer {p}: {i} after {last:?}");
+                last[p] = Some(i);
+                assert!(all.insert(v), "duplicate {v:#x}");
+            }
+        }
+        assert_eq!(all.len() as u64, producers * per);
+    }
+
+    #[test]
+    fn forged_stamps_are_corrupted_not_a_hang() {
+        let storage = Heap::new(4, |i| MpmcCell::<u64>::new(i as u64));
+        let tx = Producer::new(storage.clone()).unwrap();
+        let rx = Consumer::new(storage.clone()).unwrap();
+        // Stamp far ahead of tail: a producer would chase it for ever without the check.
+        storage.cells()[0].stamp.store(1 << 50, Ordering::Relaxed);
+        assert!(matches!(tx.try_push(1), Err(TryPushError::Corrupted(_))));
+        assert!(matches!(rx.try_pop(), Err(TryPopError::Corrupted(_))));
+        // Stamp far behind.
+        storage.cells()[0].stamp.store(0u64.wrapping_sub(100), Ordering::Relaxed);
+        assert!(matches!(tx.try_push(1), Err(TryPushError::Corrupted(_))));
+        assert!(matches!(rx.try_pop(), Err(TryPopError::Corrupted(_))));
+        // Positions apart by more than capacity.
+        storage.control().tail.store(1000, Ordering::Relaxed);
+        assert!(Producer::<u64, _>::new(storage.clone()).is_err());
+    }
+}

@@ -1,0 +1,451 @@
+//! Single-producer single-consumer ring (Lamport, with cached peer positions).
+//!
+//! The producer alone stores `tail`, the consumer alone stores `head`. Each keeps its own
+//! position locally (never re-reading it from shared memory) and a cached copy of the
+//! other's, refreshed only when the ring looks full (producer) or empty (consumer), so a
+//! steady stream touches the peer's line once per batch rather than once per element.
+//!
+//! Handles made from shared memory claim their role in the segment
+//! ([`crate::named::SpscRing::producer`]), so the "one producer, one consumer" contract holds
+//! by construction; [`with_capacity`] makes an in-process pair.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use bytemuck::Pod;
+
+use super::{Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, deadline_after};
+use crate::layout::SpscCell;
+use crate::sync::Ordering;
+use crate::wait::{WaitPolicy, notify, wait_until};
+
+/// An in-process SPSC ring of `capacity` elements (a power of two) on the heap.
+///
+/// ```
+/// let (mut tx, mut rx) = gpuring::ring::spsc::with_capacity::<u64>(4);
+/// tx.try_push(7).unwrap();
+/// assert_eq!(rx.try_pop().unwrap(), 7);
+/// ```
+///
+/// # Panics
+///
+/// If `capacity` is not a power of two in `1..=2^24`.
+pub fn with_capacity<T: Pod + Send>(
+    capacity: usize,
+) -> (Producer<T, super::Heap<SpscCell<T>>>, Consumer<T, super::Heap<SpscCell<T>>>) {
+    let storage = super::Heap::new(capacity, |_| SpscCell::new());
+    // SAFETY: the storage is new and these are its only two endpoints.
+    unsafe {
+        let tx = Producer::new(storage.clone()).expect("a new ring is consistent");
+        let rx = Consumer::new(storage).expect("a new ring is consistent");
+        (tx, rx)
+    }
+}
+
+/// The local half of an endpoint: its own position and a cached copy of the peer's.
+#[derive(Debug)]
+struct Local {
+    /// Our position: `tail` for the producer, `head` for the consumer.
+    pos: u64,
+    /// Last value read of the peer's position.
+    peer: u64,
+    capacity: u64,
+}
+
+impl Local {
+    /// Reads our position (stored by the previous holder of this role) and the peer's, and
+    /// checks that they are consistent: `head <= tail <= head + capacity`.
+    fn load<S: Storage>(storage: &S, producer: bool) -> Result<Self, Corrupted> {
+        let capacity = storage.cells().len() as u64;
+        let c = storage.control();
+        // Acquire on both: pairs with the Release stores of the previous holders, so that
+        // what they wrote into the cells is visible to us.
+        let tail = c.tail.load(Ordering::Acquire);
+        let head = c.head.load(Ordering::Acquire);
+        if tail.wrapping_sub(head) > capacity {
+            return Err(Corrupted { what: "tail is more than capacity ahead of head" });
+        }
+        let (pos, peer) = if producer { (tail, head) } else { (head, tail) };
+        Ok(Self { pos, peer, capacity })
+    }
+
+    fn index(&self) -> usize {
+        // capacity is a power of two (Storage contract), so this is `pos % capacity`.
+        (self.pos & (self.capacity - 1)) as usize
+    }
+}
+
+/// The writing end of an SPSC ring.
+#[derive(Debug)]
+pub struct Producer<T, S> {
+    storage: S,
+    local: Local,
+    policy: WaitPolicy,
+    _elem: PhantomData<fn(T)>,
+}
+
+/// The reading end of an SPSC ring.
+#[derive(Debug)]
+pub struct Consumer<T, S> {
+    storage: S,
+    local: Local,
+    policy: WaitPolicy,
+    _elem: PhantomData<fn() -> T>,
+}
+
+fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
+    storage: &S,
+    local: &mut Local,
+    value: T,
+) -> Result<(), TryPushError<T>> {
+    if local.pos.wrapping_sub(local.peer) >= local.capacity {
+        // Acquire: pairs with the consumer's Release store of `head` in `try_pop_in`, so its
+        // reads of the cells it freed happen before we overwrite them.
+        let head = storage.control().head.load(Ordering::Acquire);
+        let used = local.pos.wrapping_sub(head);
+        if used > local.capacity {
+            return Err(TryPushError::Corrupted(Corrupted {
+                what: "head is behind tail by more than capacity, or ahead of it",
+            }));
+        }
+        local.peer = head;
+        if used == local.capacity {
+            return Err(TryPushError::Full(value));
+        }
+    }
+    let index = local.index();
+    debug_assert!(index < storage.cells().len());
+    // SAFETY: index < capacity == cells().len() (masked with capacity - 1, capacity a power
+    // of two by the Storage contract).
+    let cell = unsafe { storage.cells().get_unchecked(index) };
+    // SAFETY: the cell at `pos` belongs to the producer: the consumer has moved past it
+    // (pos - head < capacity, checked above) and will not read it until `tail` passes it.
+    cell.value.with_mut(|p| unsafe { p.write(value) });
+    local.pos = local.pos.wrapping_add(1);
+    // Release: pairs with the consumer's Acquire load of `tail` in `try_pop_in`; the cell
+    // write above is visible to a consumer that sees the new tail.
+    storage.control().tail.store(local.pos, Ordering::Release);
+    Ok(())
+}
+
+fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
+    storage: &S,
+    local: &mut Local,
+) -> Result<T, TryPopError> {
+    if local.pos == local.peer {
+        // Acquire: pairs with the producer's Release store of `tail` in `try_push_in`.
+        let tail = storage.control().tail.load(Ordering::Acquire);
+        let ready = tail.wrapping_sub(local.pos);
+        if ready > local.capacity {
+            return Err(TryPopError::Corrupted(Corrupted {
+                what: "tail is more than capacity ahead of head, or behind it",
+            }));
+        }
+        local.peer = tail;
+        if ready == 0 {
+            return Err(TryPopError::Empty);
+        }
+    }
+    let index = local.index();
+    debug_assert!(index < storage.cells().len());
+    // SAFETY: index < capacity == cells().len(), as in `try_push_in`.
+    let cell = unsafe { storage.cells().get_unchecked(index) };
+    // SAFETY: the cell at `pos` belongs to the consumer: the producer published it (tail >
+    // pos) and will not write it again until `head` passes it. `T: Pod`, so whatever bytes
+    // a misbehaving peer left there form a valid `T`.
+    let value = cell.value.with(|p| unsafe { p.read() });
+    local.pos = local.pos.wrapping_add(1);
+    // Release: pairs with the producer's Acquire load of `head` in `try_push_in`; our read
+    // of the cell happens before the producer reuses it.
+    storage.control().head.store(local.pos, Ordering::Release);
+    Ok(value)
+}
+
+impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
+    /// Wraps `storage` as its producer.
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] when the stored positions are inconsistent.
+    ///
+    /// # Safety
+    ///
+    /// No other producer of this ring may exist, in any process, while this one lives.
+    pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
+        let local = Local::load(&storage, true)?;
+        Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
+    }
+
+    /// Pushes `value` if there is room; never blocks. Wakes a sleeping consumer.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
+    #[inline]
+    pub fn try_push(&mut self, value: T) -> Result<(), TryPushError<T>> {
+        try_push_in(&self.storage, &mut self.local, value)?;
+        notify(&self.storage.control().not_empty);
+        Ok(())
+    }
+
+    /// Pushes `value`, waiting for room as the [`WaitPolicy`] says, for ever.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError::Corrupted`] (never `Timeout`).
+    pub fn push(&mut self, value: T) -> Result<(), PushError<T>> {
+        self.push_until(value, None)
+    }
+
+    /// Pushes `value`, waiting at most `timeout` for room.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError::Timeout`] with the value back; [`PushError::Corrupted`].
+    pub fn push_timeout(&mut self, value: T, timeout: Duration) -> Result<(), PushError<T>> {
+        self.push_until(value, deadline_after(timeout))
+    }
+
+    fn push_until(
+        &mut self,
+        value: T,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<(), PushError<T>> {
+        let Self { storage, local, policy, .. } = self;
+        let outcome = wait_until(&storage.control().not_full, *policy, deadline, || {
+            match try_push_in(storage, local, value) {
+                Ok(()) => Some(Ok(())),
+                Err(TryPushError::Full(_)) => None,
+                Err(TryPushError::Corrupted(c)) => Some(Err(c)),
+            }
+        });
+        match outcome {
+            Ok(Ok(())) => {
+                notify(&storage.control().not_empty);
+                Ok(())
+            }
+            Ok(Err(c)) => Err(PushError::Corrupted(c)),
+            Err(_) => Err(PushError::Timeout(value)),
+        }
+    }
+
+    /// Sets how blocking pushes wait.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.policy = policy;
+    }
+
+    /// Number of cells.
+    pub fn capacity(&self) -> usize {
+        self.local.capacity as usize
+    }
+
+    /// Elements pushed and not yet popped (a snapshot; `None` if the consumer's position is
+    /// impossible).
+    pub fn len(&self) -> Option<usize> {
+        // Relaxed: a diagnostic snapshot, nothing is read on the strength of it.
+        let head = self.storage.control().head.load(Ordering::Relaxed);
+        let used = self.local.pos.wrapping_sub(head);
+        (used <= self.local.capacity).then_some(used as usize)
+    }
+
+    /// Whether the ring looks empty (see [`len`](Self::len)).
+    pub fn is_empty(&self) -> bool {
+        self.len() == Some(0)
+    }
+
+    /// The storage, for the layers above (wait words, diagnostics).
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+}
+
+impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
+    /// Wraps `storage` as its consumer.
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] when the stored positions are inconsistent.
+    ///
+    /// # Safety
+    ///
+    /// No other consumer of this ring may exist, in any process, while this one lives.
+    pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
+        let local = Local::load(&storage, false)?;
+        Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
+    }
+
+    /// Pops the oldest element if there is one; never blocks. Wakes a sleeping producer.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
+    #[inline]
+    pub fn try_pop(&mut self) -> Result<T, TryPopError> {
+        let value = try_pop_in(&self.storage, &mut self.local)?;
+        notify(&self.storage.control().not_full);
+        Ok(value)
+    }
+
+    /// Pops the oldest element, waiting for one as the [`WaitPolicy`] says, for ever.
+    ///
+    /// # Errors
+    ///
+    /// [`PopError::Corrupted`] (never `Timeout`).
+    pub fn pop(&mut self) -> Result<T, PopError> {
+        self.pop_until(None)
+    }
+
+    /// Pops the oldest element, waiting at most `timeout` for one.
+    ///
+    /// # Errors
+    ///
+    /// [`PopError::Timeout`]; [`PopError::Corrupted`].
+    pub fn pop_timeout(&mut self, timeout: Duration) -> Result<T, PopError> {
+        self.pop_until(deadline_after(timeout))
+    }
+
+    fn pop_until(&mut self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
+        let Self { storage, local, policy, .. } = self;
+        let outcome = wait_until(&storage.control().not_empty, *policy, deadline, || {
+            match try_pop_in(storage, local) {
+                Ok(v) => Some(Ok(v)),
+                Err(TryPopError::Empty) => None,
+                Err(TryPopError::Corrupted(c)) => Some(Err(c)),
+            }
+        });
+        match outcome {
+            Ok(Ok(v)) => {
+                notify(&storage.control().not_full);
+                Ok(v)
+            }
+            Ok(Err(c)) => Err(PopError::Corrupted(c)),
+            Err(_) => Err(PopError::Timeout),
+        }
+    }
+
+    /// Sets how blocking pops wait.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.policy = policy;
+    }
+
+    /// Number of cells.
+    pub fn capacity(&self) -> usize {
+        self.local.capacity as usize
+    }
+
+    /// Elements ready to pop (a snapshot; `None` if the producer's position is impossible).
+    pub fn len(&self) -> Option<usize> {
+        // Relaxed: a diagnostic snapshot, nothing is read on the strength of it.
+        let tail = self.storage.control().tail.load(Ordering::Relaxed);
+        let ready = tail.wrapping_sub(self.local.pos);
+        (ready <= self.local.capacity).then_some(ready as usize)
+    }
+
+    /// Whether the ring looks empty (see [`len`](Self::len)).
+    pub fn is_empty(&self) -> bool {
+        self.len() == Some(0)
+    }
+
+    /// The storage, for the layers above (wait words, diagnostics).
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::ring::Heap;
+
+    #[test]
+    fn fifo_through_many_laps() {
+        let (mut tx, mut rx) = with_capacity::<u64>(4);
+        let n = if cfg!(miri) { 50 } else { 10_000 };
+        let mut next = 0;
+        for i in 0..n {
+            tx.try_push(i).unwrap();
+            if i % 3 == 2 {
+                while let Ok(v) = rx.try_pop() {
+                    assert_eq!(v, next);
+                    next += 1;
+                }
+            }
+        }
+        while let Ok(v) = rx.try_pop() {
+            assert_eq!(v, next);
+            next += 1;
+        }
+        assert_eq!(next, n);
+    }
+
+    #[test]
+    fn full_gives_the_value_back_and_empty_is_empty() {
+        let (mut tx, mut rx) = with_capacity::<u32>(2);
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+        tx.try_push(1).unwrap();
+        tx.try_push(2).unwrap();
+        assert_eq!(tx.try_push(3), Err(TryPushError::Full(3)));
+        assert_eq!(tx.len(), Some(2));
+        assert_eq!(rx.try_pop(), Ok(1));
+        tx.try_push(3).unwrap();
+        assert_eq!((rx.try_pop(), rx.try_pop()), (Ok(2), Ok(3)));
+        assert!(rx.is_empty());
+    }
+
+    #[test]
+    fn timeouts_hand_the_value_back() {
+        let (mut tx, mut rx) = with_capacity::<u8>(1);
+        tx.try_push(1).unwrap();
+        assert_eq!(tx.push_timeout(2, Duration::from_millis(5)), Err(PushError::Timeout(2)));
+        assert_eq!(rx.pop_timeout(Duration::from_millis(5)), Ok(1));
+        assert_eq!(rx.pop_timeout(Duration::from_millis(5)), Err(PopError::Timeout));
+    }
+
+    #[test]
+    fn scribbled_positions_are_corrupted_not_a_panic() {
+        let storage = Heap::new(4, |_| SpscCell::<u64>::new());
+        storage.control().tail.store(100, Ordering::Relaxed);
+        // SAFETY: sole producer/consumer of a fresh storage.
+        unsafe {
+            assert!(Producer::<u64, _>::new(storage.clone()).is_err());
+            assert!(Consumer::<u64, _>::new(storage.clone()).is_err());
+        }
+        storage.control().tail.store(0, Ordering::Relaxed);
+        // SAFETY: as above.
+        let (mut tx, mut rx) = unsafe {
+            (
+                Producer::<u64, _>::new(storage.clone()).unwrap(),
+                Consumer::<u64, _>::new(storage.clone()).unwrap(),
+            )
+        };
+        for i in 0..4 {
+            tx.try_push(i).unwrap();
+        }
+        // A hostile peer moves head backwards past what is possible.
+        storage.control().head.store(u64::MAX - 5, Ordering::Relaxed);
+        assert!(matches!(tx.try_push(9), Err(TryPushError::Corrupted(_))));
+        // ... and the tail far ahead of the consumer.
+        rx.try_pop().unwrap();
+        rx.try_pop().unwrap();
+        rx.try_pop().unwrap();
+        rx.try_pop().unwrap();
+        storage.control().tail.store(1 << 40, Ordering::Relaxed);
+        assert!(matches!(rx.try_pop(), Err(TryPopError::Corrupted(_))));
+        assert!(matches!(rx.pop_timeout(Duration::ZERO), Err(PopError::Corrupted(_))));
+    }
+
+    #[test]
+    fn threads_hand_off_in_order_with_blocking_calls() {
+        let (mut tx, mut rx) = with_capacity::<u64>(8);
+        let n: u64 = if cfg!(miri) { 200 } else { 200_000 };
+        let t = std::thread::spawn(move || {
+            for i in 0..n {
+                tx.push(i).unwrap();
+            }
+        });
+        for i in 0..n {
+            assert_eq!(rx.pop().unwrap(), i);
+        }
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,531 @@
+//! Named POSIX shared-memory segments: create exclusively, open with checks, unlink by the
+//! owner. Everything here goes through `rustix`.
+//!
+//! A segment starts with a [`SegmentHeader`]. [`Segment::create`] makes the object with
+//! `O_CREAT | O_EXCL`, forces mode 0600 with `fchmod` (the umask cannot widen or narrow
+//! it), sizes it, lets the caller initialise the body, and writes the header's `init` word
+//! last with Release. Any failure on the way unlinks the half-made object.
+//!
+//! [`Segment::open`] trusts nothing: the object must belong to this user with mode 0600,
+//! be at least a header long, carry the magic and layout version, reach `init == READY`
+//! before a deadline, be of the expected kind, and have exactly the size its header
+//! states.
+//!
+//! This module knows the header, not what follows it.
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use rustix::fs::Mode;
+use rustix::io::Errno;
+use rustix::mm::{MapFlags, ProtFlags};
+use rustix::shm;
+
+use crate::layout::{INIT_READY, LAYOUT_VERSION, MAGIC, SegmentHeader, SegmentKind};
+use crate::ring::Corrupted;
+use crate::sync::Ordering;
+
+/// The role an SPSC endpoint claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The single producer.
+    Producer,
+    /// The single consumer.
+    Consumer,
+}
+
+/// Why a segment could not be created, opened or attached to.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ShmError {
+    /// The name is not a valid shared-memory name.
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A capacity that is not a power of two in `1..=2^24`.
+    InvalidCapacity {
+        /// The capacity asked for.
+        capacity: u64,
+    },
+    /// `create`: a segment of that name exists.
+    AlreadyExists {
+        /// The segment's name.
+        name: String,
+    },
+    /// `open`: no segment of that name.
+    NotFound {
+        /// The segment's name.
+        name: String,
+    },
+    /// The segment belongs to another user, has a mode other than 0600, or the kernel
+    /// refused access.
+    PermissionDenied {
+        /// The segment's name.
+        name: String,
+        /// What was found.
+        reason: String,
+    },
+    /// The segment's size is not the one its header (or parameters) call for.
+    SizeMismatch {
+        /// The size expected, in bytes.
+        expected: u64,
+        /// The size found.
+        found: u64,
+    },
+    /// The segment does not start with gpuring's magic number.
+    BadMagic {
+        /// The first 8 bytes found.
+        found: u64,
+    },
+    /// The segment was made by a gpuring with another shared-memory layout.
+    VersionMismatch {
+        /// This build's layout version.
+        expected: u32,
+        /// The segment's.
+        found: u32,
+    },
+    /// The creator had not finished initialising the segment by the deadline (it may have
+    /// died half-way).
+    NotInitialized {
+        /// The segment's name.
+        name: String,
+        /// How long `open` waited.
+        waited: Duration,
+    },
+    /// The segment holds another kind of object (e.g. an MPMC ring opened as SPSC).
+    KindMismatch {
+        /// The kind asked for.
+        expected: SegmentKind,
+        /// The raw kind found.
+        found: u32,
+    },
+    /// The ring holds elements of another size or alignment than the type asked for.
+    ElementMismatch {
+        /// `(size, align)` of the type asked for.
+        expected: (u32, u32),
+        /// `(size, align)` recorded in the ring.
+        found: (u32, u32),
+    },
+    /// Another endpoint holds this SPSC role.
+    RoleTaken {
+        /// The role asked for.
+        role: Role,
+        /// The pid recorded by the holder (diagnostic only).
+        holder_pid: u32,
+    },
+    /// A value in the segment is impossible.
+    Corrupted(Corrupted),
+    /// A system call failed.
+    Io {
+        /// The operation, e.g. `"mmap"`.
+        op: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for ShmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShmError::InvalidName { name, reason } => {
+                write!(f, "invalid shared-memory name {name:?}: {reason}")
+            }
+            ShmError::InvalidCapacity { capacity } => {
+                write!(f, "capacity {capacity} is not a power of two in 1..=16777216")
+            }
+            ShmError::AlreadyExists { name } => write!(f, "segment {name} already exists"),
+            ShmError::NotFound { name } => write!(f, "segment {name} does not exist"),
+            ShmError::PermissionDenied { name, reason } => {
+                write!(f, "segment {name} refused: {reason}")
+            }
+            ShmError::SizeMismatch { expected, found } => {
+                write!(f, "segment size is {found} bytes, expected {expected}")
+            }
+            ShmError::BadMagic { found } => {
+                write!(f, "not a gpuring segment (magic {found:#018x})")
+            }
+            ShmError::VersionMismatch { expected, found } => write!(
+                f,
+                "segment has layout version {found}, this build of gpuring uses {expected}"
+            ),
+            ShmError::NotInitialized { name, waited } => {
+                write!(f, "segment {name} was not initialised within {waited:?}")
+            }
+            ShmError::KindMismatch { expected, found } => {
+                write!(f, "segment holds kind {found}, expected {expected:?}")
+            }
+            ShmError::ElementMismatch { expected, found } => write!(
+                f,
+                "ring elements are {} bytes aligned to {}, the type asked for is {} aligned to {}",
+                found.0, found.1, expected.0, expected.1
+            ),
+            ShmError::RoleTaken { role, holder_pid } => {
+                write!(f, "the {role:?} role is held (by pid {holder_pid})")
+            }
+            ShmError::Corrupted(c) => c.fmt(f),
+            ShmError::Io { op, source } => write!(f, "{op} failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for ShmError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ShmError::Io { source, .. } => Some(source),
+            ShmError::Corrupted(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+impl From<Corrupted> for ShmError {
+    fn from(c: Corrupted) -> Self {
+        ShmError::Corrupted(c)
+    }
+}
+
+fn io_err(op: &'static str) -> impl FnOnce(Errno) -> ShmError {
+    move |e| ShmError::Io { op, source: io::Error::from_raw_os_error(e.raw_os_error()) }
+}
+
+/// Largest segment `open` will map (1 TiB): a bound on what a forged size can ask for.
+const MAX_SEGMENT: u64 = 1 << 40;
+
+/// The shared-memory object name for `name`: a leading `/` is added if missing.
+///
+/// # Errors
+///
+/// [`ShmError::InvalidName`] for an empty name, one with `/` or NUL inside, `.`/`..`, or
+/// longer than 250 bytes.
+pub fn object_name(name: &str) -> Result<CString, ShmError> {
+    let bare = name.strip_prefix('/').unwrap_or(name);
+    let reason = if bare.is_empty() {
+        Some("empty")
+    } else if bare.len() > 250 {
+        Some("longer than 250 bytes")
+    } else if bare.contains('/') {
+        Some("contains '/' after the first character")
+    } else if bare.contains('\0') {
+        Some("contains a NUL byte")
+    } else if bare == "." || bare == ".." {
+        Some("'.' and '..' are not object names")
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        return Err(ShmError::InvalidName { name: name.to_owned(), reason });
+    }
+    Ok(CString::new(format!("/{bare}")).expect("checked: no NUL"))
+}
+
+/// A mapped shared-memory segment.
+///
+/// The creator's `Segment` unlinks the name when dropped; the mapping itself lives on in
+/// every process that still has it mapped.
+pub struct Segment {
+    name: CString,
+    base: NonNull<u8>,
+    len: usize,
+    // Kept for liveness locks (F_OFD_SETLK) later; closing it would not unmap.
+    _fd: OwnedFd,
+    owner: bool,
+}
+
+impl fmt::Debug for Segment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Segment")
+            .field("name", &self.name)
+            .field("len", &self.len)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+// SAFETY: the mapping is plain shared memory, valid for the life of the value, and every
+// access to it goes through atomics or the ring protocol; the pointer is not tied to a
+// thread.
+unsafe impl Send for Segment {}
+// SAFETY: as above: `&Segment` only hands out shared references to atomics and cells whose
+// access the ring protocol governs.
+unsafe impl Sync for Segment {}
+
+/// Unlinks a half-made object if creation fails before a `Segment` owns it.
+struct UnlinkOnError<'a>(Option<&'a CString>);
+
+impl Drop for UnlinkOnError<'_> {
+    fn drop(&mut self) {
+        if let Some(name) = self.0 {
+            let _ = shm::unlink(name.as_c_str());
+        }
+    }
+}
+
+impl Segment {
+    /// Creates segment `name` of `size` bytes holding a `kind`, exclusively, mode 0600.
+    ///
+    /// `init` writes the body (the memory is zeroed); the header's `init` word is written
+    /// after it returns, with Release, so openers see a finished segment or none.
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`],
+    /// [`ShmError::PermissionDenied`], [`ShmError::Io`], or what `init` returns. On any
+    /// error the object is unlinked.
+    pub fn create(
+        name: &str,
+        kind: SegmentKind,
+        size: usize,
+        init: impl FnOnce(&Segment) -> Result<(), ShmError>,
+    ) -> Result<Segment, ShmError> {
+        assert!(size >= size_of::<SegmentHeader>(), "a segment holds at least its header");
+        let cname = object_name(name)?;
+        let display = cname.to_string_lossy().into_owned();
+        let fd = shm::open(
+            cname.as_c_str(),
+            shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .map_err(|e| match e {
+            Errno::EXIST => ShmError::AlreadyExists { name: display.clone() },
+            Errno::ACCESS => ShmError::PermissionDenied {
+                name: display.clone(),
+                reason: "the kernel refused to create it (EACCES)".into(),
+            },
+            e => io_err("shm_open")(e),
+        })?;
+        let mut guard = UnlinkOnError(Some(&cname));
+        rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(io_err("fchmod"))?;
+        rustix::fs::ftruncate(&fd, size as u64).map_err(io_err("ftruncate"))?;
+        let base = map(&fd, size)?;
+        guard.0 = None; // from here the Segment's Drop unlinks
+        drop(guard);
+        let segment = Segment { name: cname, base, len: size, _fd: fd, owner: true };
+
+        let header = segment.header();
+        // Relaxed: nobody may read these before `init` is READY (Release below).
+        header.magic.store(MAGIC, Ordering::Relaxed);
+        header.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        header.kind.store(kind as u32, Ordering::Relaxed);
+        header.total_size.store(size as u64, Ordering::Relaxed);
+        header
+            .creator_pid
+            .store(rustix::process::getpid().as_raw_nonzero().get() as u32, Ordering::Relaxed);
+        init(&segment)?;
+        // Release: pairs with the Acquire load of `init` in `open`; every write above and in
+        // `init` is visible to an opener that sees READY.
+        header.init.store(INIT_READY, Ordering::Release);
+        Ok(segment)
+    }
+
+    /// Opens segment `name`, which must hold a `kind`, waiting up to `timeout` for its
+    /// creator to finish initialising it.
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::InvalidName`], [`ShmError::NotFound`], [`ShmError::PermissionDenied`]
+    /// (another owner, or a mode other than 0600), [`ShmError::SizeMismatch`],
+    /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
+    /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`], [`ShmError::Io`].
+    pub fn open(name: &str, kind: SegmentKind, timeout: Duration) -> Result<Segment, ShmError> {
+        let cname = object_name(name)?;
+        let display = cname.to_string_lossy().into_owned();
+        let fd =
+            shm::open(cname.as_c_str(), shm::OFlags::RDWR, Mode::empty()).map_err(|e| match e {
+                Errno::NOENT => ShmError::NotFound { name: display.clone() },
+                Errno::ACCESS => ShmError::PermissionDenied {
+                    name: display.clone(),
+                    reason: "the kernel refused access (EACCES)".into(),
+                },
+                e => io_err("shm_open")(e),
+            })?;
+        let started = Instant::now();
+        let deadline = started.checked_add(timeout);
+        let expired = || deadline.is_some_and(|d| Instant::now() >= d);
+
+        let stat = rustix::fs::fstat(&fd).map_err(io_err("fstat"))?;
+        let me = rustix::process::geteuid().as_raw();
+        if stat.st_uid != me {
+            return Err(ShmError::PermissionDenied {
+                name: display,
+                reason: format!("owned by uid {}, this process runs as uid {me}", stat.st_uid),
+            });
+        }
+        let mode = stat.st_mode & 0o7777;
+        if mode != 0o600 {
+            return Err(ShmError::PermissionDenied {
+                name: display,
+                reason: format!("mode {mode:04o}, gpuring segments must be 0600"),
+            });
+        }
+
+        // The creator sizes the object right after creating it; wait out that window.
+        let header_size = size_of::<SegmentHeader>() as u64;
+        let mut size = stat.st_size as u64;
+        while size < header_size {
+            if expired() {
+                return Err(if size == 0 {
+                    ShmError::NotInitialized { name: display, waited: started.elapsed() }
+                } else {
+                    ShmError::SizeMismatch { expected: header_size, found: size }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            size = rustix::fs::fstat(&fd).map_err(io_err("fstat"))?.st_size as u64;
+        }
+        if size > MAX_SEGMENT {
+            return Err(ShmError::SizeMismatch { expected: MAX_SEGMENT, found: size });
+        }
+        let len = size as usize;
+        let base = map(&fd, len)?;
+        let segment = Segment { name: cname, base, len, _fd: fd, owner: false };
+        let header = segment.header();
+
+        loop {
+            // Relaxed: a zero magic means "not yet written"; anything else but MAGIC means
+            // this is not ours, whatever the init word says.
+            let magic = header.magic.load(Ordering::Relaxed);
+            if magic != 0 && magic != MAGIC {
+                return Err(ShmError::BadMagic { found: magic });
+            }
+            // Acquire: pairs with the Release store of READY in `create`.
+            if header.init.load(Ordering::Acquire) == INIT_READY {
+                break;
+            }
+            if expired() {
+                return Err(ShmError::NotInitialized { name: display, waited: started.elapsed() });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Each field read once, then checked.
+        let magic = header.magic.load(Ordering::Relaxed);
+        if magic != MAGIC {
+            return Err(ShmError::BadMagic { found: magic });
+        }
+        let version = header.version.load(Ordering::Relaxed);
+        if version != LAYOUT_VERSION {
+            return Err(ShmError::VersionMismatch { expected: LAYOUT_VERSION, found: version });
+        }
+        let found_kind = header.kind.load(Ordering::Relaxed);
+        if found_kind != kind as u32 {
+            return Err(ShmError::KindMismatch { expected: kind, found: found_kind });
+        }
+        let total = header.total_size.load(Ordering::Relaxed);
+        let now = rustix::fs::fstat(&segment._fd).map_err(io_err("fstat"))?.st_size as u64;
+        if total != now || total != size {
+            return Err(ShmError::SizeMismatch { expected: total, found: now });
+        }
+        Ok(segment)
+    }
+
+    /// The object name, with its leading `/`.
+    pub fn name(&self) -> &str {
+        self.name.to_str().unwrap_or("<non-UTF-8 name>")
+    }
+
+    /// Size of the mapping in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never: a segment holds at least its header).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether this handle created the segment (and unlinks it on drop).
+    pub fn is_owner(&self) -> bool {
+        self.owner
+    }
+
+    /// The segment header.
+    pub fn header(&self) -> &SegmentHeader {
+        // SAFETY: the mapping is at least a header long (checked in create/open), page
+        // aligned (mmap), and SegmentHeader is all atomics, valid for any bytes.
+        unsafe { self.base.cast::<SegmentHeader>().as_ref() }
+    }
+
+    /// A reference to the `U` at `offset`.
+    ///
+    /// # Panics
+    ///
+    /// If `U` does not fit at `offset` or is misaligned there: offsets come from
+    /// [`RingLayout`](crate::layout::RingLayout) computed from checked parameters, so this is
+    /// a bug in gpuring, never a consequence of what a peer wrote.
+    ///
+    /// # Safety
+    ///
+    /// `U` must be valid for any bytes a peer may write (atomics, `UnsafeCell`s of `Pod`
+    /// types), and its use must follow the protocol of the structure at `offset`.
+    pub(crate) unsafe fn at<U>(&self, offset: usize) -> NonNull<U> {
+        let end = offset.checked_add(size_of::<U>());
+        assert!(end.is_some_and(|e| e <= self.len), "offset {offset} outside the segment");
+        assert!(offset % align_of::<U>() == 0, "offset {offset} misaligned");
+        // SAFETY: offset + size_of::<U>() <= len, inside the mapping.
+        unsafe { self.base.add(offset).cast() }
+    }
+
+    /// Removes the name `name` (with or without its leading `/`). Mappings stay valid.
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::InvalidName`], [`ShmError::NotFound`], [`ShmError::Io`].
+    pub fn unlink(name: &str) -> Result<(), ShmError> {
+        let cname = object_name(name)?;
+        shm::unlink(cname.as_c_str()).map_err(|e| match e {
+            Errno::NOENT => ShmError::NotFound { name: cname.to_string_lossy().into_owned() },
+            e => io_err("shm_unlink")(e),
+        })
+    }
+}
+
+fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>, ShmError> {
+    // SAFETY: a fresh shared mapping of `len` bytes of `fd` at an address of the kernel's
+    // choosing; it aliases nothing in this process. POPULATE pre-faults the pages so the
+    // hot path takes no page fault.
+    let p = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED | MapFlags::POPULATE,
+            fd,
+            0,
+        )
+    }
+    .map_err(io_err("mmap"))?;
+    NonNull::new(p.cast())
+        .ok_or(ShmError::Io { op: "mmap", source: io::Error::other("mmap returned null") })
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are the mapping made in `map`; every reference into it borrows
+        // from `self`, so none outlives this.
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
+        if self.owner {
+            let _ = shm::unlink(self.name.as_c_str());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(object_name("abc").unwrap().to_str().unwrap(), "/abc");
+        assert_eq!(object_name("/abc").unwrap().to_str().unwrap(), "/abc");
+        for bad in ["", "/", "a/b", "/a/b", "..", "a\0b"] {
+            assert!(matches!(object_name(bad), Err(ShmError::InvalidName { .. })), "{bad:?}");
+        }
+        assert!(object_name(&"x".repeat(251)).is_err());
+    }
+}
