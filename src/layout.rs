@@ -216,7 +216,10 @@ const _: () = {
     assert!(size_of::<MpmcCell<u64>>() == 64);
     assert!(size_of::<MpmcCell<crate::Descriptor>>() == 448);
     // Cells start on a 128-byte boundary, so every cell type is aligned.
-    assert!((128 + 128 + 512) % 128 == 0);
+    assert!(
+        (size_of::<SegmentHeader>() + size_of::<RingHeader>() + size_of::<RingControl>()) % 128
+            == 0
+    );
 };
 
 #[cfg(all(test, not(loom)))]

@@ -39,14 +39,17 @@ use crate::wait::{WaitPolicy, notify, wait_until};
 /// # Panics
 ///
 /// If `capacity` is not a power of two in `1..=2^24`.
-pub fn with_capacity<T: Pod + Send>(
-    capacity: usize,
-) -> (Producer<T, super::Heap<MpmcCell<T>>>, Consumer<T, super::Heap<MpmcCell<T>>>) {
+pub fn with_capacity<T: Pod + Send>(capacity: usize) -> (HeapProducer<T>, HeapConsumer<T>) {
     let storage = super::Heap::new(capacity, |i| MpmcCell::new(i as u64));
     let tx = Producer::new(storage.clone()).expect("a new ring is consistent");
     let rx = Consumer::new(storage).expect("a new ring is consistent");
     (tx, rx)
 }
+
+/// A producer of an in-process ring made by [`with_capacity`].
+pub type HeapProducer<T> = Producer<T, super::Heap<MpmcCell<T>>>;
+/// A consumer of an in-process ring made by [`with_capacity`].
+pub type HeapConsumer<T> = Consumer<T, super::Heap<MpmcCell<T>>>;
 
 /// A writing end of an MPMC ring. `Clone` makes another producer.
 #[derive(Debug)]

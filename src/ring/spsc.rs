@@ -30,9 +30,7 @@ use crate::wait::{WaitPolicy, notify, wait_until};
 /// # Panics
 ///
 /// If `capacity` is not a power of two in `1..=2^24`.
-pub fn with_capacity<T: Pod + Send>(
-    capacity: usize,
-) -> (Producer<T, super::Heap<SpscCell<T>>>, Consumer<T, super::Heap<SpscCell<T>>>) {
+pub fn with_capacity<T: Pod + Send>(capacity: usize) -> (HeapProducer<T>, HeapConsumer<T>) {
     let storage = super::Heap::new(capacity, |_| SpscCell::new());
     // SAFETY: the storage is new and these are its only two endpoints.
     unsafe {
@@ -41,6 +39,11 @@ pub fn with_capacity<T: Pod + Send>(
         (tx, rx)
     }
 }
+
+/// A producer of an in-process ring made by [`with_capacity`].
+pub type HeapProducer<T> = Producer<T, super::Heap<SpscCell<T>>>;
+/// A consumer of an in-process ring made by [`with_capacity`].
+pub type HeapConsumer<T> = Consumer<T, super::Heap<SpscCell<T>>>;
 
 /// The local half of an endpoint: its own position and a cached copy of the peer's.
 #[derive(Debug)]

@@ -1,0 +1,162 @@
+//! Attaching to segments that are wrong in every way we can think of: each gets its own
+//! typed error, and a good segment stays usable.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::time::Duration;
+
+use common::unique_name;
+use gpuring::layout::{LAYOUT_VERSION, RingLayout, SegmentKind};
+use gpuring::{Descriptor, MpmcRing, RingOptions, Role, ShmError, SpscRing};
+
+fn path(name: &str) -> String {
+    format!("/dev/shm/{name}")
+}
+
+fn poke(name: &str, offset: u64, bytes: &[u8]) {
+    let f = OpenOptions::new().write(true).open(path(name)).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+#[test]
+fn created_segment_is_private_and_exclusive() {
+    let name = unique_name("mode");
+    let ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    let meta = fs::metadata(path(&name)).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let layout = RingLayout::new(64, size_of::<Descriptor>()).unwrap();
+    assert_eq!(meta.len(), layout.total_size as u64);
+    assert!(matches!(
+        SpscRing::<Descriptor>::create(&name, 64),
+        Err(ShmError::AlreadyExists { .. })
+    ));
+    drop(ring);
+    assert!(fs::metadata(path(&name)).is_err(), "the owner unlinks on drop");
+    assert!(matches!(SpscRing::<Descriptor>::open(&name), Err(ShmError::NotFound { .. })));
+}
+
+#[test]
+fn bad_arguments() {
+    assert!(matches!(SpscRing::<u64>::create("a/b", 8), Err(ShmError::InvalidName { .. })));
+    assert!(matches!(SpscRing::<u64>::create("", 8), Err(ShmError::InvalidName { .. })));
+    let name = unique_name("cap");
+    assert!(matches!(
+        SpscRing::<u64>::create(&name, 12),
+        Err(ShmError::InvalidCapacity { capacity: 12 })
+    ));
+    assert!(fs::metadata(path(&name)).is_err(), "a failed create leaves nothing behind");
+}
+
+#[test]
+fn wrong_size_is_size_mismatch() {
+    let name = unique_name("size");
+    let _ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    let expected = RingLayout::new(64, size_of::<Descriptor>()).unwrap().total_size as u64;
+    let f = OpenOptions::new().write(true).open(path(&name)).unwrap();
+    f.set_len(expected + 4096).unwrap();
+    match SpscRing::<Descriptor>::open(&name) {
+        Err(ShmError::SizeMismatch { expected: e, found }) => {
+            assert_eq!((e, found), (expected, expected + 4096))
+        }
+        other => panic!("expected SizeMismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_magic_and_wrong_version() {
+    let name = unique_name("magic");
+    let _ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    poke(&name, 8, &(LAYOUT_VERSION + 1).to_le_bytes());
+    assert!(matches!(
+        SpscRing::<Descriptor>::open(&name),
+        Err(ShmError::VersionMismatch { expected: LAYOUT_VERSION, found }) if found == LAYOUT_VERSION + 1
+    ));
+    poke(&name, 0, b"NOTOURS!");
+    assert!(matches!(
+        SpscRing::<Descriptor>::open(&name),
+        Err(ShmError::BadMagic { found }) if found == u64::from_le_bytes(*b"NOTOURS!")
+    ));
+}
+
+#[test]
+fn mode_0644_is_refused() {
+    let name = unique_name("perm");
+    let _ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    fs::set_permissions(path(&name), fs::Permissions::from_mode(0o644)).unwrap();
+    match SpscRing::<Descriptor>::open(&name) {
+        Err(ShmError::PermissionDenied { reason, .. }) => {
+            assert!(reason.contains("0644"), "{reason}")
+        }
+        other => panic!("expected PermissionDenied, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_pre_created_foreign_object_is_refused_not_adopted() {
+    let name = unique_name("foreign");
+    let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path(&name)).unwrap();
+    f.set_len(4096).unwrap();
+    // All zeros: the header never becomes ready.
+    let r = RingOptions::new(&name).open_timeout(Duration::from_millis(30)).open_spsc::<u64>();
+    assert!(matches!(r, Err(ShmError::NotInitialized { .. })), "{r:?}");
+    // Someone else's data.
+    f.write_all_at(&[0xAB; 64], 0).unwrap();
+    assert!(matches!(SpscRing::<u64>::open(&name), Err(ShmError::BadMagic { .. })));
+    // `create` will not take it over either.
+    assert!(matches!(SpscRing::<u64>::create(&name, 8), Err(ShmError::AlreadyExists { .. })));
+    fs::remove_file(path(&name)).unwrap();
+}
+
+#[test]
+fn kind_and_element_type_must_match() {
+    let name = unique_name("kind");
+    let _ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    assert!(matches!(
+        MpmcRing::<u64>::open(&name),
+        Err(ShmError::KindMismatch { expected: SegmentKind::MpmcRing, found: 1 })
+    ));
+    assert!(matches!(
+        SpscRing::<u32>::open(&name),
+        Err(ShmError::ElementMismatch { expected: (4, 4), found: (8, 8) })
+    ));
+}
+
+#[test]
+fn forged_capacity_is_corrupted() {
+    let name = unique_name("capforge");
+    let _ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    poke(&name, 128, &3u64.to_le_bytes());
+    assert!(matches!(SpscRing::<u64>::open(&name), Err(ShmError::Corrupted(_))));
+    poke(&name, 128, &16u64.to_le_bytes());
+    assert!(matches!(SpscRing::<u64>::open(&name), Err(ShmError::SizeMismatch { .. })));
+}
+
+#[test]
+fn scribbled_head_is_corrupted_and_roles_are_exclusive() {
+    let name = unique_name("head");
+    let ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    {
+        let mut tx = ring.producer().unwrap();
+        assert!(matches!(
+            ring.producer(),
+            Err(ShmError::RoleTaken { role: Role::Producer, holder_pid }) if holder_pid == std::process::id()
+        ));
+        tx.try_push(Descriptor::default()).unwrap();
+    }
+    // The role came back with the drop, and the element is still there.
+    let peer = SpscRing::<Descriptor>::open(&name).unwrap();
+    let mut rx = peer.consumer().unwrap();
+    assert!(rx.try_pop().is_ok());
+    drop(rx);
+
+    let layout = RingLayout::new(64, size_of::<Descriptor>()).unwrap();
+    let head_offset = (layout.control + 128) as u64;
+    poke(&name, head_offset, &0xdead_beef_dead_beef_u64.to_le_bytes());
+    assert!(matches!(peer.consumer(), Err(ShmError::Corrupted(_))));
+    assert!(matches!(ring.producer(), Err(ShmError::Corrupted(_))));
+    // A failed attach gives the role back.
+    poke(&name, head_offset, &1u64.to_le_bytes());
+    assert!(peer.consumer().is_ok());
+}
