@@ -36,7 +36,7 @@ pub struct WaitWord {
 
 impl WaitWord {
     /// A word with no sleepers.
-    pub const fn new() -> Self {
+    pub fn new() -> Self {
         Self { epoch: AtomicU32::new(0), sleepers: AtomicU32::new(0) }
     }
 

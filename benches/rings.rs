@@ -1,0 +1,550 @@
+//! Cross-process ring benchmarks, in one run, against the baselines a user would otherwise
+//! pick: the raw floor (two atomics / a raw futex in a shared mapping), a pipe and a Unix
+//! socket carrying the same 384 descriptor bytes.
+//!
+//! `cargo bench --bench rings`. The binary re-executes itself as the peer process
+//! (`GPURING_BENCH_PEER` names the role). `GPURING_BENCH_CPUS=a,b,c,...` pins this process
+//! to `a` and the peers to `b`, `c`, ... (unset: no pinning).
+//!
+//! Latency benchmarks time round trips and report half of each (one-way); throughput
+//! benchmarks report elements per second.
+
+use std::io::{BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use gpuring::ring::spsc;
+use gpuring::{Descriptor, MpmcRing, RingOptions, SpscRing, WaitPolicy};
+
+const PEER: &str = "GPURING_BENCH_PEER";
+const NAME: &str = "GPURING_BENCH_NAME";
+const DESC: usize = size_of::<Descriptor>();
+const STOP: u64 = u64::MAX;
+const LAST: u64 = 1;
+
+// ---------------------------------------------------------------------------------------
+// Process plumbing
+
+fn cpus() -> Vec<usize> {
+    std::env::var("GPURING_BENCH_CPUS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn pin(cpu: Option<usize>) {
+    if let Some(cpu) = cpu {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(cpu);
+        rustix::thread::sched_setaffinity(None, &set).expect("sched_setaffinity");
+    }
+}
+
+/// A peer process; killed and reaped on drop.
+struct Peer(Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn peer(role: &str, name: &str, index: usize, stdio: bool) -> Peer {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env(PEER, role).env(NAME, name).env("GPURING_BENCH_PEER_INDEX", index.to_string());
+    if stdio {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+    }
+    Peer(cmd.spawn().expect("spawn peer"))
+}
+
+fn unique(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("gpuring-bench-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn descriptor(seq: u64) -> Descriptor {
+    Descriptor { seq, ..Default::default() }
+}
+
+// ---------------------------------------------------------------------------------------
+// The raw floor: a page of shared memory with two counters, each on its own line.
+
+#[repr(C, align(128))]
+struct Line<T>(T);
+
+#[repr(C)]
+struct Floor {
+    ping: Line<AtomicU64>,
+    pong: Line<AtomicU64>,
+    ping32: Line<AtomicU32>,
+    pong32: Line<AtomicU32>,
+}
+
+struct FloorMap {
+    ptr: *mut Floor,
+    name: Option<String>,
+}
+
+impl FloorMap {
+    fn create(name: &str) -> Self {
+        let fd = rustix::shm::open(
+            name,
+            rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        )
+        .unwrap();
+        rustix::fs::ftruncate(&fd, 4096).unwrap();
+        Self { ptr: Self::map(&fd), name: Some(name.to_owned()) }
+    }
+
+    fn open(name: &str) -> Self {
+        let fd =
+            rustix::shm::open(name, rustix::shm::OFlags::RDWR, rustix::fs::Mode::empty()).unwrap();
+        Self { ptr: Self::map(&fd), name: None }
+    }
+
+    fn map(fd: &std::os::fd::OwnedFd) -> *mut Floor {
+        // SAFETY: a fresh 4096-byte shared mapping; Floor is atomics only and fits.
+        unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                4096,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )
+            .unwrap()
+            .cast()
+        }
+    }
+
+    fn get(&self) -> &Floor {
+        // SAFETY: mapped for the life of self; zeroed atomics are valid.
+        unsafe { &*self.ptr }
+    }
+}
+
+impl Drop for FloorMap {
+    fn drop(&mut self) {
+        if let Some(name) = &self.name {
+            let _ = rustix::shm::unlink(name.as_str());
+        }
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32) {
+    let _ =
+        rustix::thread::futex::wait(word, rustix::thread::futex::Flags::empty(), expected, None);
+}
+
+fn futex_wake(word: &AtomicU32) {
+    let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Peers
+
+fn run_peer(role: &str) {
+    let name = std::env::var(NAME).unwrap();
+    let index: usize = std::env::var("GPURING_BENCH_PEER_INDEX").unwrap().parse().unwrap();
+    pin(cpus().get(1 + index).copied());
+    match role {
+        "floor-spin" => {
+            let map = FloorMap::open(&name);
+            let f = map.get();
+            let mut last = 0;
+            loop {
+                // Acquire/Release: the handshake itself is what is measured.
+                let v = f.ping.0.load(Ordering::Acquire);
+                if v != last {
+                    if v == STOP {
+                        return;
+                    }
+                    last = v;
+                    f.pong.0.store(v, Ordering::Release);
+                }
+                std::hint::spin_loop();
+            }
+        }
+        "floor-futex" => {
+            let map = FloorMap::open(&name);
+            let f = map.get();
+            let mut last = 0;
+            loop {
+                let v = f.ping32.0.load(Ordering::Acquire);
+                if v == last {
+                    futex_wait(&f.ping32.0, last);
+                    continue;
+                }
+                if v == u32::MAX {
+                    return;
+                }
+                last = v;
+                f.pong32.0.store(v, Ordering::Release);
+                futex_wake(&f.pong32.0);
+            }
+        }
+        "spsc-echo-spin" | "spsc-echo-sleep" => {
+            let policy = if role.ends_with("spin") {
+                WaitPolicy::spin_then_sleep(u32::MAX, 0)
+            } else {
+                WaitPolicy::SLEEP
+            };
+            let ping = SpscRing::<Descriptor>::open(&format!("{name}-ping")).unwrap();
+            let pong = SpscRing::<Descriptor>::open(&format!("{name}-pong")).unwrap();
+            let (mut rx, mut tx) = (ping.consumer().unwrap(), pong.producer().unwrap());
+            rx.set_wait_policy(policy);
+            tx.set_wait_policy(policy);
+            loop {
+                let d = rx.pop().unwrap();
+                if d.seq == STOP {
+                    return;
+                }
+                tx.push(d).unwrap();
+            }
+        }
+        "spsc-sink" => {
+            let data = SpscRing::<Descriptor>::open(&format!("{name}-ping")).unwrap();
+            let ack = SpscRing::<Descriptor>::open(&format!("{name}-pong")).unwrap();
+            let (mut rx, mut tx) = (data.consumer().unwrap(), ack.producer().unwrap());
+            loop {
+                let d = rx.pop().unwrap();
+                if d.seq == STOP {
+                    return;
+                }
+                if d.tag == LAST {
+                    tx.push(d).unwrap();
+                }
+            }
+        }
+        "mpmc-producer" => {
+            let data = MpmcRing::<Descriptor>::open(&format!("{name}-data")).unwrap();
+            let cmd = MpmcRing::<u64>::open(&format!("{name}-cmd")).unwrap();
+            let (tx, cmds) = (data.producer().unwrap(), cmd.consumer().unwrap());
+            loop {
+                let n = cmds.pop().unwrap();
+                for i in 0..n {
+                    let mut d = descriptor(i);
+                    d.tag = u64::from(i + 1 == n);
+                    tx.push(d).unwrap();
+                }
+            }
+        }
+        "mpmc-consumer" => {
+            let data = MpmcRing::<Descriptor>::open(&format!("{name}-data")).unwrap();
+            let ack = MpmcRing::<u64>::open(&format!("{name}-ack")).unwrap();
+            let (rx, acks) = (data.consumer().unwrap(), ack.producer().unwrap());
+            loop {
+                if rx.pop().unwrap().tag == LAST {
+                    acks.push(1).unwrap();
+                }
+            }
+        }
+        "pipe-echo" => echo(std::io::stdin().lock(), std::io::stdout().lock()),
+        "unix-echo" => {
+            let s = UnixStream::connect(&name).unwrap();
+            echo(s.try_clone().unwrap(), s);
+        }
+        "pipe-sink" => sink(std::io::stdin().lock(), std::io::stdout().lock()),
+        "unix-sink" => {
+            let s = UnixStream::connect(&name).unwrap();
+            sink(s.try_clone().unwrap(), s);
+        }
+        _ => panic!("unknown peer role {role}"),
+    }
+}
+
+/// Reads descriptors and writes each straight back.
+fn echo(mut r: impl Read, mut w: impl Write) {
+    let mut buf = [0u8; DESC];
+    while r.read_exact(&mut buf).is_ok() {
+        if w.write_all(&buf).and_then(|_| w.flush()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads a count, then that many descriptors (buffered, as a user would), then acks.
+fn sink(r: impl Read, mut w: impl Write) {
+    let mut r = BufReader::with_capacity(1 << 16, r);
+    let mut buf = [0u8; DESC];
+    loop {
+        let mut n = [0u8; 8];
+        if r.read_exact(&mut n).is_err() {
+            return;
+        }
+        for _ in 0..u64::from_le_bytes(n) {
+            r.read_exact(&mut buf).unwrap();
+        }
+        w.write_all(&[1]).unwrap();
+        w.flush().unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Benchmarks
+
+fn one_way(round_trips: Duration) -> Duration {
+    round_trips / 2
+}
+
+fn latency(c: &mut Criterion) {
+    let mut g = c.benchmark_group("latency_one_way");
+
+    {
+        let name = format!("/{}", unique("floor"));
+        let map = FloorMap::create(&name);
+        let _p = peer("floor-spin", &name, 0, false);
+        let f = map.get();
+        let mut seq = 0u64;
+        g.bench_function("floor_atomics_spin", |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    seq += 1;
+                    f.ping.0.store(seq, Ordering::Release);
+                    while f.pong.0.load(Ordering::Acquire) != seq {
+                        std::hint::spin_loop();
+                    }
+                }
+                one_way(t.elapsed())
+            })
+        });
+        f.ping.0.store(STOP, Ordering::Release);
+    }
+
+    for (label, role, policy) in [
+        ("gpuring_spsc_spin", "spsc-echo-spin", WaitPolicy::spin_then_sleep(u32::MAX, 0)),
+        ("gpuring_spsc_sleep", "spsc-echo-sleep", WaitPolicy::SLEEP),
+    ] {
+        let name = unique("lat");
+        let ping = RingOptions::new(format!("{name}-ping"))
+            .capacity(64)
+            .create_spsc::<Descriptor>()
+            .unwrap();
+        let pong = RingOptions::new(format!("{name}-pong"))
+            .capacity(64)
+            .create_spsc::<Descriptor>()
+            .unwrap();
+        let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
+        tx.set_wait_policy(policy);
+        rx.set_wait_policy(policy);
+        let _p = peer(role, &name, 0, false);
+        let mut seq = 0u64;
+        g.bench_function(label, |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    seq += 1;
+                    tx.push(descriptor(seq)).unwrap();
+                    let back = rx.pop().unwrap();
+                    assert_eq!(back.seq, seq);
+                }
+                one_way(t.elapsed())
+            })
+        });
+        tx.push(descriptor(STOP)).unwrap();
+    }
+
+    {
+        let name = format!("/{}", unique("futex"));
+        let map = FloorMap::create(&name);
+        let _p = peer("floor-futex", &name, 0, false);
+        let f = map.get();
+        let mut seq = 0u32;
+        g.bench_function("floor_futex", |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    seq = if seq + 1 == u32::MAX { 1 } else { seq + 1 };
+                    f.ping32.0.store(seq, Ordering::Release);
+                    futex_wake(&f.ping32.0);
+                    loop {
+                        let v = f.pong32.0.load(Ordering::Acquire);
+                        if v == seq {
+                            break;
+                        }
+                        futex_wait(&f.pong32.0, v);
+                    }
+                }
+                one_way(t.elapsed())
+            })
+        });
+        f.ping32.0.store(u32::MAX, Ordering::Release);
+        futex_wake(&f.ping32.0);
+    }
+
+    {
+        let mut p = peer("pipe-echo", "", 0, true);
+        let mut w = p.0.stdin.take().unwrap();
+        let mut r = p.0.stdout.take().unwrap();
+        bench_stream_latency(&mut g, "pipe", &mut r, &mut w);
+    }
+    {
+        let path = std::env::temp_dir().join(unique("sock"));
+        let listener = UnixListener::bind(&path).unwrap();
+        let _p = peer("unix-echo", path.to_str().unwrap(), 0, false);
+        let (mut s, _) = listener.accept().unwrap();
+        let mut r = s.try_clone().unwrap();
+        bench_stream_latency(&mut g, "unix_socket", &mut r, &mut s);
+        let _ = std::fs::remove_file(&path);
+    }
+    g.finish();
+}
+
+fn bench_stream_latency(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    label: &str,
+    r: &mut impl Read,
+    w: &mut impl Write,
+) {
+    let mut seq = 0u64;
+    let mut buf = [0u8; DESC];
+    g.bench_function(label, |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                seq += 1;
+                w.write_all(bytemuck::bytes_of(&descriptor(seq))).unwrap();
+                r.read_exact(&mut buf).unwrap();
+                let back: Descriptor = bytemuck::pod_read_unaligned(&buf);
+                assert_eq!(back.seq, seq);
+            }
+            one_way(t.elapsed())
+        })
+    });
+}
+
+fn throughput(c: &mut Criterion) {
+    let mut g = c.benchmark_group("throughput");
+    g.throughput(Throughput::Elements(1));
+
+    {
+        let name = unique("tput");
+        let data = RingOptions::new(format!("{name}-ping"))
+            .capacity(1024)
+            .create_spsc::<Descriptor>()
+            .unwrap();
+        let ack = RingOptions::new(format!("{name}-pong"))
+            .capacity(4)
+            .create_spsc::<Descriptor>()
+            .unwrap();
+        let (mut tx, mut acks) = (data.producer().unwrap(), ack.consumer().unwrap());
+        let _p = peer("spsc-sink", &name, 0, false);
+        g.bench_function(BenchmarkId::new("gpuring_spsc", "1p1c"), |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for i in 0..iters {
+                    let mut d = descriptor(i);
+                    d.tag = u64::from(i + 1 == iters);
+                    tx.push(d).unwrap();
+                }
+                acks.pop().unwrap();
+                t.elapsed()
+            })
+        });
+        tx.push(descriptor(STOP)).unwrap();
+    }
+
+    {
+        let name = unique("mpmc");
+        let _data = RingOptions::new(format!("{name}-data"))
+            .capacity(1024)
+            .create_mpmc::<Descriptor>()
+            .unwrap();
+        let cmd =
+            RingOptions::new(format!("{name}-cmd")).capacity(16).create_mpmc::<u64>().unwrap();
+        let ack =
+            RingOptions::new(format!("{name}-ack")).capacity(16).create_mpmc::<u64>().unwrap();
+        let (cmds, acks) = (cmd.producer().unwrap(), ack.consumer().unwrap());
+        let _peers: Vec<Peer> = (0..4)
+            .map(|i| peer(if i < 2 { "mpmc-producer" } else { "mpmc-consumer" }, &name, i, false))
+            .collect();
+        g.bench_function(BenchmarkId::new("gpuring_mpmc", "2p2c"), |b| {
+            b.iter_custom(|iters| {
+                let half = iters.div_ceil(2);
+                let t = Instant::now();
+                cmds.push(half).unwrap();
+                cmds.push(half).unwrap();
+                acks.pop().unwrap();
+                acks.pop().unwrap();
+                // Elapsed scaled to the `iters` asked for (2 * half may exceed it by one).
+                t.elapsed().mul_f64(iters as f64 / (2 * half) as f64)
+            })
+        });
+    }
+
+    {
+        let mut p = peer("pipe-sink", "", 0, true);
+        let mut w = p.0.stdin.take().unwrap();
+        let mut r = p.0.stdout.take().unwrap();
+        bench_stream_throughput(&mut g, "pipe", &mut r, &mut w);
+    }
+    {
+        let path = std::env::temp_dir().join(unique("sock"));
+        let listener = UnixListener::bind(&path).unwrap();
+        let _p = peer("unix-sink", path.to_str().unwrap(), 0, false);
+        let (mut s, _) = listener.accept().unwrap();
+        let mut r = s.try_clone().unwrap();
+        bench_stream_throughput(&mut g, "unix_socket", &mut r, &mut s);
+        let _ = std::fs::remove_file(&path);
+    }
+    g.finish();
+}
+
+/// One `write` per descriptor (how a sender of messages uses a pipe); the reader buffers.
+fn bench_stream_throughput(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    label: &str,
+    r: &mut impl Read,
+    w: &mut impl Write,
+) {
+    g.bench_function(BenchmarkId::new(label, "1p1c"), |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            w.write_all(&iters.to_le_bytes()).unwrap();
+            for i in 0..iters {
+                w.write_all(bytemuck::bytes_of(&descriptor(i))).unwrap();
+            }
+            let mut ack = [0u8; 1];
+            r.read_exact(&mut ack).unwrap();
+            t.elapsed()
+        })
+    });
+}
+
+/// In-process SPSC on the heap: the algorithm without the process boundary.
+fn in_process(c: &mut Criterion) {
+    let mut g = c.benchmark_group("in_process");
+    g.throughput(Throughput::Elements(1));
+    let (mut tx, mut rx) = spsc::with_capacity::<Descriptor>(1024);
+    g.bench_function("spsc_push_pop_same_thread", |b| {
+        b.iter(|| {
+            tx.try_push(descriptor(1)).unwrap();
+            rx.try_pop().unwrap()
+        })
+    });
+    g.finish();
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(PEER) {
+        run_peer(&role);
+        return;
+    }
+    pin(cpus().first().copied());
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    latency(&mut c);
+    throughput(&mut c);
+    in_process(&mut c);
+    c.final_summary();
+}
