@@ -69,4 +69,4 @@ pub use named::{
 pub use ring::{Corrupted, PopError, PushError, TryPopError, TryPushError};
 #[cfg(not(loom))]
 pub use shm::{Role, ShmError};
-pub use wait::{WaitPolicy, WaitStats, wait_stats};
+pub use wait::{BarrierMode, WaitPolicy, WaitStats, barrier_mode, wait_stats};

@@ -2,19 +2,31 @@
 //!
 //! A [`WaitWord`] sits in shared memory beside each ring, one for "not empty" (consumers
 //! sleep on it) and one for "not full" (producers sleep on it). The protocol keeps the fast
-//! path free of syscalls: a side that made progress calls [`notify`], which costs one
-//! `SeqCst` fence and one load, and enters the kernel only when somebody registered as a
-//! sleeper.
+//! path free of syscalls *and* of store-load fences: a side that made progress calls
+//! [`notify`], which costs a compiler fence and one load, and enters the kernel only when
+//! somebody registered as a sleeper.
 //!
-//! No lost wake-up, by a Dekker-style handshake:
+//! No lost wake-up, by a Dekker-style handshake whose expensive half is on the sleeper:
 //!
-//! - sleeper: `sleepers += 1`; fence(SeqCst); read `epoch`; re-check the ring; futex-wait
-//!   on `epoch` (returns at once if it moved).
-//! - waker: publish (store tail/head); fence(SeqCst); if `sleepers > 0`: `epoch += 1`;
+//! - sleeper: `sleepers += 1`; **heavy barrier**; read `epoch`; re-check the ring;
+//!   futex-wait on `epoch` (returns at once if it moved).
+//! - waker: publish (store tail/head); **light barrier**; if `sleepers > 0`: `epoch += 1`;
 //!   futex-wake all.
 //!
-//! The two SeqCst fences order the store of each side before its load of the other's word,
-//! so either the sleeper's re-check sees the publication or the waker sees the sleeper.
+//! Each side's store must be ordered before its load of the other's word. With
+//! `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` available (Linux ≥ 4.16, and every process
+//! that may publish registered for it), the heavy barrier is that syscall and the light one
+//! a compiler fence: the syscall runs a full barrier on every CPU currently running a
+//! registered process, so a waker either had its publication made visible before the
+//! sleeper's re-check, or performs its load of `sleepers` after the barrier and sees the
+//! sleeper. Going to sleep costs a few µs more; every publish saves an `mfence`, which on x86
+//! waits for all pending stores (the ring cell's cache lines) to complete.
+//!
+//! Where `membarrier` is refused (old kernel, a seccomp filter), this process falls back to
+//! `SeqCst` fences on both sides, and its sleepers re-check at least every
+//! [`DEGRADED_RECHECK`], so that a waker in another process that relies on `membarrier`
+//! cannot leave them asleep for longer than that. [`barrier_mode`] says which is in use.
+//!
 //! The futex is shared (never `FUTEX_PRIVATE_FLAG`): the word lives in a `MAP_SHARED`
 //! mapping that other processes map at other addresses.
 //!
@@ -23,6 +35,9 @@
 use std::time::{Duration, Instant};
 
 use crate::sync::{AtomicU32, Ordering, fence};
+
+/// How often a sleeper re-checks when this process cannot use `membarrier`.
+pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);
 
 /// A futex word and a count of sleepers. `repr(C)`, lives in shared memory.
 #[repr(C)]
@@ -117,14 +132,94 @@ pub fn wait_stats() -> WaitStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TimedOut;
 
-/// Wakes every sleeper on `word` if there is one; otherwise a fence and a load, no syscall.
+/// How the two halves of the wake-up handshake are ordered in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarrierMode {
+    /// Publishers use a compiler fence; sleepers call `membarrier(GLOBAL_EXPEDITED)`.
+    Asymmetric,
+    /// `membarrier` is not available: `SeqCst` fences on both sides, and sleepers re-check
+    /// every [`DEGRADED_RECHECK`].
+    Symmetric,
+}
+
+const MODE_UNKNOWN: u8 = 0;
+const MODE_ASYMMETRIC: u8 = 1;
+const MODE_SYMMETRIC: u8 = 2;
+static MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(MODE_UNKNOWN);
+
+/// The barrier mode of this process, registering for `membarrier` on first use.
+///
+/// Endpoints call this when they are made, so the registration syscall happens at setup,
+/// never on the hot path.
+pub fn barrier_mode() -> BarrierMode {
+    // Relaxed: the mode is decided once; a racing first caller decides the same way.
+    match MODE.load(std::sync::atomic::Ordering::Relaxed) {
+        MODE_ASYMMETRIC => BarrierMode::Asymmetric,
+        MODE_SYMMETRIC => BarrierMode::Symmetric,
+        _ => decide_mode(),
+    }
+}
+
+#[cold]
+fn decide_mode() -> BarrierMode {
+    let mode = if register_membarrier() { MODE_ASYMMETRIC } else { MODE_SYMMETRIC };
+    // Relaxed: see `barrier_mode`.
+    MODE.store(mode, std::sync::atomic::Ordering::Relaxed);
+    if mode == MODE_ASYMMETRIC { BarrierMode::Asymmetric } else { BarrierMode::Symmetric }
+}
+
+#[cfg(not(loom))]
+fn register_membarrier() -> bool {
+    use rustix::thread::{MembarrierCommand, membarrier, membarrier_query};
+    let q = membarrier_query();
+    q.contains_command(MembarrierCommand::GlobalExpedited)
+        && q.contains_command(MembarrierCommand::RegisterGlobalExpedited)
+        && membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok()
+}
+
+#[cfg(loom)]
+fn register_membarrier() -> bool {
+    false // loom models the symmetric fences
+}
+
+/// The publisher's half: orders the caller's publishing store before its load of
+/// `sleepers`. Partner: `heavy_barrier` in `wait_until`.
+#[inline(always)]
+fn light_barrier() {
+    if MODE.load(std::sync::atomic::Ordering::Relaxed) == MODE_ASYMMETRIC {
+        // The sleeper's membarrier orders the CPU side; this stops the compiler from moving
+        // the load of `sleepers` above the publishing store.
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    } else {
+        // Partner: the SeqCst fence in `heavy_barrier`.
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The sleeper's half: orders `sleepers += 1` before the re-check of the ring. Returns
+/// whether the sleep must be bounded by [`DEGRADED_RECHECK`].
+#[cold]
+fn heavy_barrier() -> bool {
+    // Partner: the fence in `light_barrier` (symmetric mode), and this process's own side
+    // of the membarrier below.
+    fence(Ordering::SeqCst);
+    #[cfg(not(loom))]
+    if barrier_mode() == BarrierMode::Asymmetric {
+        use rustix::thread::{MembarrierCommand, membarrier};
+        if membarrier(MembarrierCommand::GlobalExpedited).is_ok() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Wakes every sleeper on `word` if there is one; otherwise a barrier and a load, no
+/// syscall.
 ///
 /// Call it after publishing the change the sleepers wait for.
 #[inline]
 pub(crate) fn notify(word: &WaitWord) {
-    // Orders the caller's publishing store (tail or head) before the load of `sleepers`.
-    // Partner: the SeqCst fence in `wait_until` between `sleepers += 1` and the re-check.
-    fence(Ordering::SeqCst);
+    light_barrier();
     if word.sleepers.load(Ordering::Relaxed) != 0 {
         wake_all(word);
     }
@@ -171,10 +266,10 @@ pub(crate) fn wait_until<R>(
         }
     }
     loop {
-        // SeqCst RMW then a SeqCst fence: the registration is ordered before the re-check
-        // below. Partner: the SeqCst fence in `notify`.
+        // SeqCst: the registration is ordered before the re-check below by the heavy
+        // barrier. Partner: `light_barrier` in `notify`.
         word.sleepers.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
+        let bounded = heavy_barrier();
         // Acquire: pairs with the Release bump in `wake_all`.
         let epoch = word.epoch.load(Ordering::Acquire);
         let outcome = match attempt() {
@@ -182,6 +277,11 @@ pub(crate) fn wait_until<R>(
             None => match remaining(deadline) {
                 Some(Duration::ZERO) => Some(Err(TimedOut)),
                 left => {
+                    let left = if bounded {
+                        Some(left.map_or(DEGRADED_RECHECK, |l| l.min(DEGRADED_RECHECK)))
+                    } else {
+                        left
+                    };
                     futex_wait(&word.epoch, epoch, left);
                     None
                 }

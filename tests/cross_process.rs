@@ -225,3 +225,38 @@ fn roles_pass_between_processes_and_nothing_sent_is_lost() {
     }
     wait_all(&mut second, WATCHDOG);
 }
+
+#[test]
+fn sleeping_ping_pong_never_loses_a_wake_up() {
+    // Both sides sleep at every miss, so every message goes through the sleeper/waker
+    // handshake. A lost wake-up would leave a side asleep: the pops have no periodic
+    // re-check in asymmetric mode, so it shows as a timeout here (or the watchdog).
+    const ROUND_TRIPS: u64 = 20_000;
+    if role().as_deref() == Some("echo") {
+        let ping = SpscRing::<Descriptor>::open(&format!("{}-ping", ring_name())).unwrap();
+        let pong = SpscRing::<Descriptor>::open(&format!("{}-pong", ring_name())).unwrap();
+        let (mut rx, mut tx) = (ping.consumer().unwrap(), pong.producer().unwrap());
+        rx.set_wait_policy(WaitPolicy::SLEEP);
+        tx.set_wait_policy(WaitPolicy::SLEEP);
+        for seq in 0..ROUND_TRIPS {
+            let d = rx.pop_timeout(POP_LIMIT).unwrap();
+            check(&d, seq);
+            tx.push_timeout(d, POP_LIMIT).unwrap();
+        }
+        assert!(wait_stats().futex_waits > 0, "the echo side never slept");
+        return;
+    }
+    let name = unique_name("pingpong");
+    let ping = SpscRing::<Descriptor>::create(&format!("{name}-ping"), 4).unwrap();
+    let pong = SpscRing::<Descriptor>::create(&format!("{name}-pong"), 4).unwrap();
+    let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
+    tx.set_wait_policy(WaitPolicy::SLEEP);
+    rx.set_wait_policy(WaitPolicy::SLEEP);
+    let mut peer = [spawn("sleeping_ping_pong_never_loses_a_wake_up", "echo", &name, &[])];
+    for seq in 0..ROUND_TRIPS {
+        tx.push_timeout(descriptor(seq), POP_LIMIT).unwrap();
+        let back = rx.pop_timeout(POP_LIMIT).unwrap_or_else(|e| panic!("round trip {seq}: {e}"));
+        check(&back, seq);
+    }
+    wait_all(&mut peer, WATCHDOG);
+}

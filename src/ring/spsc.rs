@@ -1,9 +1,12 @@
-//! Single-producer single-consumer ring (Lamport, with cached peer positions).
+//! Single-producer single-consumer ring: Lamport's positions, with a stamp per cell.
 //!
-//! The producer alone stores `tail`, the consumer alone stores `head`. Each keeps its own
-//! position locally (never re-reading it from shared memory) and a cached copy of the
-//! other's, refreshed only when the ring looks full (producer) or empty (consumer), so a
-//! steady stream touches the peer's line once per batch rather than once per element.
+//! The producer alone stores `tail`, the consumer alone stores `head`, and each keeps its
+//! own position locally (never re-reading it from shared memory). The producer keeps a
+//! cached copy of `head` and refreshes it only when the ring looks full, so a steady stream
+//! touches the consumer's line once per lap rather than once per element. The consumer does
+//! not read `tail` at all on the hot path: the producer stamps each cell with its position
+//! + 1 after writing it, and the consumer polls the stamp of the cell it wants next. A
+//! hand-off thus moves the cell's own lines between cores and nothing else.
 //!
 //! Handles made from shared memory claim their role in the segment
 //! ([`crate::named::SpscRing::producer`]), so the "one producer, one consumer" contract holds
@@ -15,9 +18,9 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, deadline_after};
-use crate::layout::SpscCell;
+use crate::layout::StampedCell;
 use crate::sync::Ordering;
-use crate::wait::{WaitPolicy, notify, wait_until};
+use crate::wait::{WaitPolicy, barrier_mode, notify, wait_until};
 
 /// An in-process SPSC ring of `capacity` elements (a power of two) on the heap.
 ///
@@ -31,7 +34,7 @@ use crate::wait::{WaitPolicy, notify, wait_until};
 ///
 /// If `capacity` is not a power of two in `1..=2^24`.
 pub fn with_capacity<T: Pod + Send>(capacity: usize) -> (HeapProducer<T>, HeapConsumer<T>) {
-    let storage = super::Heap::new(capacity, |_| SpscCell::new());
+    let storage = super::Heap::new(capacity, |i| StampedCell::new(i as u64));
     // SAFETY: the storage is new and these are its only two endpoints.
     unsafe {
         let tx = Producer::new(storage.clone()).expect("a new ring is consistent");
@@ -41,16 +44,16 @@ pub fn with_capacity<T: Pod + Send>(capacity: usize) -> (HeapProducer<T>, HeapCo
 }
 
 /// A producer of an in-process ring made by [`with_capacity`].
-pub type HeapProducer<T> = Producer<T, super::Heap<SpscCell<T>>>;
+pub type HeapProducer<T> = Producer<T, super::Heap<StampedCell<T>>>;
 /// A consumer of an in-process ring made by [`with_capacity`].
-pub type HeapConsumer<T> = Consumer<T, super::Heap<SpscCell<T>>>;
+pub type HeapConsumer<T> = Consumer<T, super::Heap<StampedCell<T>>>;
 
 /// The local half of an endpoint: its own position and a cached copy of the peer's.
 #[derive(Debug)]
 struct Local {
     /// Our position: `tail` for the producer, `head` for the consumer.
     pos: u64,
-    /// Last value read of the peer's position.
+    /// Producer: last value read of `head`. Consumer: unused (it reads cell stamps).
     peer: u64,
     capacity: u64,
 }
@@ -96,7 +99,7 @@ pub struct Consumer<T, S> {
     _elem: PhantomData<fn() -> T>,
 }
 
-fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
+fn try_push_in<T: Pod, S: Storage<Cell = StampedCell<T>>>(
     storage: &S,
     local: &mut Local,
     value: T,
@@ -116,46 +119,52 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
             return Err(TryPushError::Full(value));
         }
     }
-    let index = local.index();
-    debug_assert!(index < storage.cells().len());
-    // SAFETY: index < capacity == cells().len() (masked with capacity - 1, capacity a power
-    // of two by the Storage contract).
-    let cell = unsafe { storage.cells().get_unchecked(index) };
+    let cell = cell_at(storage, local);
     // SAFETY: the cell at `pos` belongs to the producer: the consumer has moved past it
-    // (pos - head < capacity, checked above) and will not read it until `tail` passes it.
+    // (pos - head < capacity, checked above) and will not read it until its stamp says so.
     cell.value.with_mut(|p| unsafe { p.write(value) });
+    // Release: pairs with the consumer's Acquire stamp load in `try_pop_in`; the element
+    // written above is visible to a consumer that sees the stamp.
+    cell.stamp.store(local.pos.wrapping_add(1), Ordering::Release);
     local.pos = local.pos.wrapping_add(1);
-    // Release: pairs with the consumer's Acquire load of `tail` in `try_pop_in`; the cell
-    // write above is visible to a consumer that sees the new tail.
+    // Release: pairs with the Acquire load in `Local::load` of a later endpoint. Off the hot
+    // path of the consumer, which reads stamps, so this line stays in the producer's cache.
     storage.control().tail.store(local.pos, Ordering::Release);
     Ok(())
 }
 
-fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
+fn cell_at<'s, T, S: Storage<Cell = StampedCell<T>>>(
+    storage: &'s S,
+    local: &Local,
+) -> &'s StampedCell<T> {
+    let index = local.index();
+    debug_assert!(index < storage.cells().len());
+    // SAFETY: index < capacity == cells().len() (masked with capacity - 1, capacity a power
+    // of two by the Storage contract).
+    unsafe { storage.cells().get_unchecked(index) }
+}
+
+fn try_pop_in<T: Pod, S: Storage<Cell = StampedCell<T>>>(
     storage: &S,
     local: &mut Local,
 ) -> Result<T, TryPopError> {
-    if local.pos == local.peer {
-        // Acquire: pairs with the producer's Release store of `tail` in `try_push_in`.
-        let tail = storage.control().tail.load(Ordering::Acquire);
-        let ready = tail.wrapping_sub(local.pos);
-        if ready > local.capacity {
-            return Err(TryPopError::Corrupted(Corrupted {
-                what: "tail is more than capacity ahead of head, or behind it",
-            }));
-        }
-        local.peer = tail;
-        if ready == 0 {
+    let cell = cell_at(storage, local);
+    // Acquire: pairs with the producer's Release stamp store in `try_push_in`.
+    let stamp = cell.stamp.load(Ordering::Acquire);
+    let ready = local.pos.wrapping_add(1);
+    if stamp != ready {
+        // Not yet written: the stamp is one lap old, or (first lap) still the cell's index.
+        let lap_old = ready.wrapping_sub(local.capacity);
+        if stamp == lap_old || (stamp == local.pos && local.pos < local.capacity) {
             return Err(TryPopError::Empty);
         }
+        return Err(TryPopError::Corrupted(Corrupted {
+            what: "cell stamp is neither ready nor one lap old",
+        }));
     }
-    let index = local.index();
-    debug_assert!(index < storage.cells().len());
-    // SAFETY: index < capacity == cells().len(), as in `try_push_in`.
-    let cell = unsafe { storage.cells().get_unchecked(index) };
-    // SAFETY: the cell at `pos` belongs to the consumer: the producer published it (tail >
-    // pos) and will not write it again until `head` passes it. `T: Pod`, so whatever bytes
-    // a misbehaving peer left there form a valid `T`.
+    // SAFETY: the cell at `pos` belongs to the consumer: the producer stamped it ready and
+    // will not write it again until `head` passes it. `T: Pod`, so whatever bytes a
+    // misbehaving peer left there form a valid `T`.
     let value = cell.value.with(|p| unsafe { p.read() });
     local.pos = local.pos.wrapping_add(1);
     // Release: pairs with the producer's Acquire load of `head` in `try_push_in`; our read
@@ -164,7 +173,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     Ok(value)
 }
 
-impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
+impl<T: Pod, S: Storage<Cell = StampedCell<T>>> Producer<T, S> {
     /// Wraps `storage` as its producer.
     ///
     /// # Errors
@@ -176,6 +185,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     /// No other producer of this ring may exist, in any process, while this one lives.
     pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
         let local = Local::load(&storage, true)?;
+        barrier_mode(); // registers for membarrier now, not on the first publish
         Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
     }
 
@@ -262,7 +272,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     }
 }
 
-impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
+impl<T: Pod, S: Storage<Cell = StampedCell<T>>> Consumer<T, S> {
     /// Wraps `storage` as its consumer.
     ///
     /// # Errors
@@ -274,6 +284,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     /// No other consumer of this ring may exist, in any process, while this one lives.
     pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
         let local = Local::load(&storage, false)?;
+        barrier_mode(); // registers for membarrier now, not on the first publish
         Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
     }
 
@@ -406,7 +417,7 @@ mod tests {
 
     #[test]
     fn scribbled_positions_are_corrupted_not_a_panic() {
-        let storage = Heap::new(4, |_| SpscCell::<u64>::new());
+        let storage = Heap::new(4, |i| StampedCell::<u64>::new(i as u64));
         storage.control().tail.store(100, Ordering::Relaxed);
         // SAFETY: sole producer/consumer of a fresh storage.
         unsafe {
@@ -427,12 +438,12 @@ mod tests {
         // A hostile peer moves head backwards past what is possible.
         storage.control().head.store(u64::MAX - 5, Ordering::Relaxed);
         assert!(matches!(tx.try_push(9), Err(TryPushError::Corrupted(_))));
-        // ... and the tail far ahead of the consumer.
-        rx.try_pop().unwrap();
-        rx.try_pop().unwrap();
-        rx.try_pop().unwrap();
-        rx.try_pop().unwrap();
-        storage.control().tail.store(1 << 40, Ordering::Relaxed);
+        // ... and a cell stamp that no producer could have written.
+        for _ in 0..4 {
+            rx.try_pop().unwrap();
+        }
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty), "stamps one lap old: empty");
+        storage.cells()[0].stamp.store(1 << 40, Ordering::Relaxed);
         assert!(matches!(rx.try_pop(), Err(TryPopError::Corrupted(_))));
         assert!(matches!(rx.pop_timeout(Duration::ZERO), Err(PopError::Corrupted(_))));
     }
