@@ -4,8 +4,8 @@
 //! own position locally (never re-reading it from shared memory). The producer keeps a
 //! cached copy of `head` and refreshes it only when the ring looks full, so a steady stream
 //! touches the consumer's line once per lap rather than once per element. The consumer does
-//! not read `tail` at all on the hot path: the producer stamps each cell with its position
-//! + 1 after writing it, and the consumer polls the stamp of the cell it wants next. A
+//! not read `tail` at all on the hot path: after writing a cell the producer stamps it with
+//! the position plus one, and the consumer polls the stamp of the cell it wants next. A
 //! hand-off thus moves the cell's own lines between cores and nothing else.
 //!
 //! Handles made from shared memory claim their role in the segment
