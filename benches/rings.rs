@@ -77,13 +77,41 @@ fn descriptor(seq: u64) -> Descriptor {
 #[repr(C, align(128))]
 struct Line<T>(T);
 
+/// A descriptor and the stamp that publishes it: the least that moving one takes.
+#[repr(C, align(128))]
+struct RawCell {
+    stamp: AtomicU64,
+    value: std::cell::UnsafeCell<Descriptor>,
+}
+
+impl RawCell {
+    fn send(&self, d: Descriptor, stamp: u64) {
+        // SAFETY: the reader reads the value only after seeing this stamp, and the writer
+        // waits for the reply before writing again.
+        unsafe { self.value.get().write(d) };
+        self.stamp.store(stamp, Ordering::Release);
+    }
+
+    fn recv(&self, stamp: u64) -> Descriptor {
+        while self.stamp.load(Ordering::Acquire) != stamp {
+            std::hint::spin_loop();
+        }
+        // SAFETY: published by the Release store above; not rewritten before our reply.
+        unsafe { self.value.get().read() }
+    }
+}
+
 #[repr(C)]
 struct Floor {
     ping: Line<AtomicU64>,
     pong: Line<AtomicU64>,
     ping32: Line<AtomicU32>,
     pong32: Line<AtomicU32>,
+    ping_cell: RawCell,
+    pong_cell: RawCell,
 }
+
+const _: () = assert!(size_of::<Floor>() <= 4096);
 
 struct FloorMap {
     ptr: *mut Floor,
@@ -170,6 +198,17 @@ fn run_peer(role: &str) {
                     f.pong.0.store(v, Ordering::Release);
                 }
                 std::hint::spin_loop();
+            }
+        }
+        "floor-descriptor-spin" => {
+            let map = FloorMap::open(&name);
+            let f = map.get();
+            for stamp in 1.. {
+                let d = f.ping_cell.recv(stamp);
+                if d.seq == STOP {
+                    return;
+                }
+                f.pong_cell.send(d, stamp);
             }
         }
         "floor-futex" => {
@@ -317,6 +356,26 @@ fn latency(c: &mut Criterion) {
             })
         });
         f.ping.0.store(STOP, Ordering::Release);
+    }
+
+    {
+        let name = format!("/{}", unique("floordesc"));
+        let map = FloorMap::create(&name);
+        let _p = peer("floor-descriptor-spin", &name, 0, false);
+        let f = map.get();
+        let mut stamp = 0u64;
+        g.bench_function("floor_descriptor_spin", |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    stamp += 1;
+                    f.ping_cell.send(descriptor(stamp), stamp);
+                    assert_eq!(f.pong_cell.recv(stamp).seq, stamp);
+                }
+                one_way(t.elapsed())
+            })
+        });
+        f.ping_cell.send(descriptor(STOP), stamp + 1);
     }
 
     for (label, role, policy) in [
@@ -539,6 +598,7 @@ fn main() {
         return;
     }
     pin(cpus().first().copied());
+    eprintln!("wake-up barrier mode: {:?}", gpuring::barrier_mode());
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))

@@ -32,7 +32,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "gpuring demo: {messages} descriptors of {} bytes, {pings} ping-pongs",
         size_of::<Descriptor>()
     );
-    println!("(host descriptors only: the GPU path arrives with the CUDA slot pool)\n");
+    println!("(host descriptors only: the GPU path arrives with the CUDA slot pool)");
+    println!("wake-up barrier: {:?}\n", gpuring::barrier_mode());
 
     let ring = measure_ring(pings, messages)?;
     let pipe = measure_pipe(pings, messages)?;
