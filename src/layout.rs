@@ -7,7 +7,7 @@
 //! | 0 | [`SegmentHeader`]: magic, layout version, segment kind, total size, init word |
 //! | 128 | [`RingHeader`]: capacity, element size and alignment, role claims |
 //! | 256 | [`RingControl`]: tail, head and the two wait words, each on its own 128-byte line |
-//! | 768 | `capacity` [`StampedCell`]s |
+//! | 768 | `capacity` cells: [`SpscCell`]s or [`MpmcCell`]s |
 //!
 //! Everything a peer can write is an atomic (or sits in a cell that the ring protocol hands
 //! from one side to the other), and everything read from here is untrusted: the modules
@@ -119,26 +119,44 @@ pub struct RingControl {
     pub not_full: Padded<WaitWord>,
 }
 
-/// A ring cell: a stamp and the element, on its own 64-byte line(s).
+/// A cell of an SPSC ring: just the element. Which side owns it follows from head and tail.
 ///
-/// The stamp lets a consumer poll the cell itself rather than a separate position word, so
-/// a hand-off moves the cell's lines and nothing else. For positions `p` with
-/// `p % capacity` = this cell, starting at `stamp == p` (the cell's index):
+/// (A stamp per cell, polled by the consumer instead of `tail`, was measured and dropped: a
+/// consumer that has caught up then spins on the very line the producer writes next, and
+/// streaming slowed by 3x on the 16-core GPU host; see docs/BENCHMARKS.md.)
+#[repr(transparent)]
+#[derive(Debug)]
+pub struct SpscCell<T> {
+    pub(crate) value: UnsafeCell<T>,
+}
+
+impl<T: bytemuck::Zeroable> SpscCell<T> {
+    /// An empty cell (zeroed element).
+    pub fn new() -> Self {
+        Self { value: UnsafeCell::new(T::zeroed()) }
+    }
+}
+
+impl<T: bytemuck::Zeroable> Default for SpscCell<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A cell of an MPMC ring: a stamp and the element, on its own 64-byte line(s).
 ///
-/// - `stamp == p + 1`: written, ready for the consumer of `p` (both ring kinds);
-/// - MPMC: `stamp == p` means free for the producer of `p`, and the consumer frees the cell
-///   by storing `p + capacity`;
-/// - SPSC: the producer knows a cell is free from the consumer's `head`, so the consumer
-///   leaves the stamp at `p + 1`, which is one lap old for the next reader.
+/// Stamp protocol (positions `p` with `p % capacity` = this cell): `stamp == p` means free
+/// for the producer of position `p`; `stamp == p + 1` means written, ready for the consumer
+/// of `p`; the consumer then sets `p + capacity`, freeing it for the next lap.
 #[repr(C, align(64))]
 #[derive(Debug)]
-pub struct StampedCell<T> {
+pub struct MpmcCell<T> {
     pub(crate) stamp: AtomicU64,
     pub(crate) value: UnsafeCell<T>,
 }
 
-impl<T: bytemuck::Zeroable> StampedCell<T> {
-    /// A cell whose stamp is `stamp` (its index, for a new ring), holding zeroes.
+impl<T: bytemuck::Zeroable> MpmcCell<T> {
+    /// A cell free for the producer of position `stamp`.
     pub fn new(stamp: u64) -> Self {
         Self { stamp: AtomicU64::new(stamp), value: UnsafeCell::new(T::zeroed()) }
     }
@@ -198,8 +216,10 @@ const _: () = {
     assert!(size_of::<RingHeader>() == 128);
     assert!(size_of::<RingControl>() == 512);
     assert!(size_of::<WaitWord>() == 8);
-    assert!(size_of::<StampedCell<u64>>() == 64);
-    assert!(size_of::<StampedCell<crate::Descriptor>>() == 448);
+    assert!(size_of::<SpscCell<u64>>() == 8);
+    assert!(size_of::<SpscCell<crate::Descriptor>>() == 384);
+    assert!(size_of::<MpmcCell<u64>>() == 64);
+    assert!(size_of::<MpmcCell<crate::Descriptor>>() == 448);
     // Cells start on a 128-byte boundary, so every cell type is aligned.
     assert!(
         (size_of::<SegmentHeader>() + size_of::<RingHeader>() + size_of::<RingControl>()) % 128

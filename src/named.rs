@@ -27,19 +27,19 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use crate::descriptor::Descriptor;
-use crate::layout::{RingControl, RingHeader, RingLayout, SegmentKind, StampedCell};
+use crate::layout::{MpmcCell, RingControl, RingHeader, RingLayout, SegmentKind, SpscCell};
 use crate::ring::{Storage, mpmc, spsc};
 use crate::shm::{Role, Segment, ShmError};
 use crate::sync::{AtomicU32, Ordering};
 
 /// The producer end of a shared-memory SPSC ring.
-pub type SpscProducer<T = Descriptor> = spsc::Producer<T, ShmStorage<StampedCell<T>>>;
+pub type SpscProducer<T = Descriptor> = spsc::Producer<T, ShmStorage<SpscCell<T>>>;
 /// The consumer end of a shared-memory SPSC ring.
-pub type SpscConsumer<T = Descriptor> = spsc::Consumer<T, ShmStorage<StampedCell<T>>>;
+pub type SpscConsumer<T = Descriptor> = spsc::Consumer<T, ShmStorage<SpscCell<T>>>;
 /// A producer end of a shared-memory MPMC ring.
-pub type MpmcProducer<T = Descriptor> = mpmc::Producer<T, ShmStorage<StampedCell<T>>>;
+pub type MpmcProducer<T = Descriptor> = mpmc::Producer<T, ShmStorage<MpmcCell<T>>>;
 /// A consumer end of a shared-memory MPMC ring.
-pub type MpmcConsumer<T = Descriptor> = mpmc::Consumer<T, ShmStorage<StampedCell<T>>>;
+pub type MpmcConsumer<T = Descriptor> = mpmc::Consumer<T, ShmStorage<MpmcCell<T>>>;
 
 /// How long `open` waits for a creator to finish initialising, by default.
 pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
@@ -260,11 +260,11 @@ impl RingOptions {
     ///
     /// As [`SpscRing::create`].
     pub fn create_spsc<T: Pod + Send>(&self) -> Result<SpscRing<T>, ShmError> {
-        let ring = RingSegment::create::<T, StampedCell<T>>(
+        let ring = RingSegment::create::<T, SpscCell<T>>(
             &self.name,
             SegmentKind::SpscRing,
             self.capacity,
-            |i| StampedCell::new(i as u64),
+            |_| SpscCell::new(),
         )?;
         Ok(SpscRing { ring, _elem: PhantomData })
     }
@@ -275,7 +275,7 @@ impl RingOptions {
     ///
     /// As [`SpscRing::open`].
     pub fn open_spsc<T: Pod + Send>(&self) -> Result<SpscRing<T>, ShmError> {
-        let ring = RingSegment::open::<T, StampedCell<T>>(
+        let ring = RingSegment::open::<T, SpscCell<T>>(
             &self.name,
             SegmentKind::SpscRing,
             self.open_timeout,
@@ -289,11 +289,11 @@ impl RingOptions {
     ///
     /// As [`MpmcRing::create`].
     pub fn create_mpmc<T: Pod + Send>(&self) -> Result<MpmcRing<T>, ShmError> {
-        let ring = RingSegment::create::<T, StampedCell<T>>(
+        let ring = RingSegment::create::<T, MpmcCell<T>>(
             &self.name,
             SegmentKind::MpmcRing,
             self.capacity,
-            |i| StampedCell::new(i as u64),
+            |i| MpmcCell::new(i as u64),
         )?;
         Ok(MpmcRing { ring, _elem: PhantomData })
     }
@@ -304,7 +304,7 @@ impl RingOptions {
     ///
     /// As [`MpmcRing::open`].
     pub fn open_mpmc<T: Pod + Send>(&self) -> Result<MpmcRing<T>, ShmError> {
-        let ring = RingSegment::open::<T, StampedCell<T>>(
+        let ring = RingSegment::open::<T, MpmcCell<T>>(
             &self.name,
             SegmentKind::MpmcRing,
             self.open_timeout,
@@ -394,7 +394,7 @@ impl<T: Pod + Send> SpscRing<T> {
     /// How many threads sleep waiting for an element and for room (a diagnostic snapshot).
     pub fn sleepers(&self) -> (u32, u32) {
         // SAFETY: the storage view is only used for these two loads.
-        let s: ShmStorage<StampedCell<T>> = self.ring.storage(None);
+        let s: ShmStorage<SpscCell<T>> = self.ring.storage(None);
         (s.control().not_empty.sleepers(), s.control().not_full.sleepers())
     }
 }
@@ -467,7 +467,7 @@ impl<T: Pod + Send> MpmcRing<T> {
 
     /// How many threads sleep waiting for an element and for room (a diagnostic snapshot).
     pub fn sleepers(&self) -> (u32, u32) {
-        let s: ShmStorage<StampedCell<T>> = self.ring.storage(None);
+        let s: ShmStorage<MpmcCell<T>> = self.ring.storage(None);
         (s.control().not_empty.sleepers(), s.control().not_full.sleepers())
     }
 }

@@ -25,7 +25,8 @@
 //! Where `membarrier` is refused (old kernel, a seccomp filter), this process falls back to
 //! `SeqCst` fences on both sides, and its sleepers re-check at least every
 //! [`DEGRADED_RECHECK`], so that a waker in another process that relies on `membarrier`
-//! cannot leave them asleep for longer than that. [`barrier_mode`] says which is in use.
+//! cannot leave them asleep for longer than that. [`barrier_mode`] says which is in use;
+//! `GPURING_BARRIER=symmetric` in the environment forces the fallback.
 //!
 //! The futex is shared (never `FUTEX_PRIVATE_FLAG`): the word lives in a `MAP_SHARED`
 //! mapping that other processes map at other addresses.
@@ -160,9 +161,14 @@ pub fn barrier_mode() -> BarrierMode {
     }
 }
 
+/// Environment variable that forces the symmetric mode when set to `symmetric` (e.g. in a
+/// VM where the inter-processor interrupts of `membarrier` are costly).
+pub const BARRIER_ENV: &str = "GPURING_BARRIER";
+
 #[cold]
 fn decide_mode() -> BarrierMode {
-    let mode = if register_membarrier() { MODE_ASYMMETRIC } else { MODE_SYMMETRIC };
+    let forced = std::env::var(BARRIER_ENV).is_ok_and(|v| v == "symmetric");
+    let mode = if !forced && register_membarrier() { MODE_ASYMMETRIC } else { MODE_SYMMETRIC };
     // Relaxed: see `barrier_mode`.
     MODE.store(mode, std::sync::atomic::Ordering::Relaxed);
     if mode == MODE_ASYMMETRIC { BarrierMode::Asymmetric } else { BarrierMode::Symmetric }

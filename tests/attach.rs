@@ -9,7 +9,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::time::Duration;
 
 use common::unique_name;
-use gpuring::layout::{LAYOUT_VERSION, RingLayout, SegmentKind, StampedCell};
+use gpuring::layout::{LAYOUT_VERSION, RingLayout, SegmentKind};
 use gpuring::{Descriptor, MpmcRing, RingOptions, Role, ShmError, SpscRing};
 
 fn path(name: &str) -> String {
@@ -27,7 +27,7 @@ fn created_segment_is_private_and_exclusive() {
     let ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
     let meta = fs::metadata(path(&name)).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-    let layout = RingLayout::new(64, size_of::<StampedCell<Descriptor>>()).unwrap();
+    let layout = RingLayout::new(64, size_of::<Descriptor>()).unwrap();
     assert_eq!(meta.len(), layout.total_size as u64);
     assert!(matches!(
         SpscRing::<Descriptor>::create(&name, 64),
@@ -54,8 +54,7 @@ fn bad_arguments() {
 fn wrong_size_is_size_mismatch() {
     let name = unique_name("size");
     let _ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
-    let expected =
-        RingLayout::new(64, size_of::<StampedCell<Descriptor>>()).unwrap().total_size as u64;
+    let expected = RingLayout::new(64, size_of::<Descriptor>()).unwrap().total_size as u64;
     let f = OpenOptions::new().write(true).open(path(&name)).unwrap();
     f.set_len(expected + 4096).unwrap();
     match SpscRing::<Descriptor>::open(&name) {
@@ -153,7 +152,7 @@ fn scribbled_head_is_corrupted_and_roles_are_exclusive() {
     assert!(rx.try_pop().is_ok());
     drop(rx);
 
-    let layout = RingLayout::new(64, size_of::<StampedCell<Descriptor>>()).unwrap();
+    let layout = RingLayout::new(64, size_of::<Descriptor>()).unwrap();
     let head_offset = (layout.control + 128) as u64;
     poke(&name, head_offset, &0xdead_beef_dead_beef_u64.to_le_bytes());
     assert!(matches!(peer.consumer(), Err(ShmError::Corrupted(_))));

@@ -1,9 +1,8 @@
 //! The ring algorithms, written once and generic over where the ring lives.
 //!
-//! - [`spsc`]: single producer, single consumer. The producer alone writes `tail` and the
-//!   consumer alone writes `head`; the producer caches `head` and reads it only when the ring
-//!   looks full, and the consumer polls the next cell's stamp, so a hand-off moves the
-//!   cell's cache lines and nothing else.
+//! - [`spsc`]: single producer, single consumer. Lamport's ring: the producer alone writes
+//!   `tail`, the consumer alone writes `head`, and each side caches the other's position so
+//!   that it touches the shared line only when the ring looks full (or empty).
 //! - [`mpmc`]: bounded multi-producer multi-consumer queue with a stamp per cell (Vyukov's
 //!   design, as in crossbeam's `ArrayQueue`): producers race for `tail` and consumers for
 //!   `head` with compare-and-swap, and a cell's stamp says whether it awaits a write or a
@@ -142,10 +141,11 @@ impl std::error::Error for PopError {}
 /// - the memory is shared only with other endpoints of the same ring (in this or other
 ///   processes) that follow the same protocol, or with peers whose writes are treated as
 ///   untrusted (the algorithms check what they read);
-/// - the cells were initialised before the first endpoint was made: cell `i` has stamp `i`
-///   and head = tail = 0, or a state the ring protocol reached from there.
+/// - the cells were initialised for the ring kind before the first endpoint was made (for
+///   MPMC: cell `i` has stamp `i` and head = tail = 0, or a state reached from there).
 pub unsafe trait Storage {
-    /// The cell type, [`StampedCell`](crate::layout::StampedCell) for both ring kinds.
+    /// The cell type: [`SpscCell`](crate::layout::SpscCell) or
+    /// [`MpmcCell`](crate::layout::MpmcCell).
     type Cell;
     /// The ring's positions and wait words.
     fn control(&self) -> &RingControl;

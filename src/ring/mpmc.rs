@@ -1,7 +1,7 @@
 //! Bounded multi-producer multi-consumer ring with a stamp per cell.
 //!
 //! Producers race for `tail` and consumers for `head` with compare-and-swap. A cell's stamp
-//! says whose turn it is (see [`StampedCell`]): for position `p`, stamp `p` means "free for
+//! says whose turn it is (see [`MpmcCell`]): for position `p`, stamp `p` means "free for
 //! the producer of `p`", `p + 1` means "written, for the consumer of `p`", and the consumer
 //! sets `p + capacity` to free the cell for the next lap. A winner of the CAS owns the cell
 //! until it stores the next stamp, so the element copy needs no further synchronisation.
@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, deadline_after};
-use crate::layout::StampedCell;
+use crate::layout::MpmcCell;
 use crate::sync::{Ordering, spin_hint};
 use crate::wait::{WaitPolicy, barrier_mode, notify, wait_until};
 
@@ -40,16 +40,16 @@ use crate::wait::{WaitPolicy, barrier_mode, notify, wait_until};
 ///
 /// If `capacity` is not a power of two in `1..=2^24`.
 pub fn with_capacity<T: Pod + Send>(capacity: usize) -> (HeapProducer<T>, HeapConsumer<T>) {
-    let storage = super::Heap::new(capacity, |i| StampedCell::new(i as u64));
+    let storage = super::Heap::new(capacity, |i| MpmcCell::new(i as u64));
     let tx = Producer::new(storage.clone()).expect("a new ring is consistent");
     let rx = Consumer::new(storage).expect("a new ring is consistent");
     (tx, rx)
 }
 
 /// A producer of an in-process ring made by [`with_capacity`].
-pub type HeapProducer<T> = Producer<T, super::Heap<StampedCell<T>>>;
+pub type HeapProducer<T> = Producer<T, super::Heap<MpmcCell<T>>>;
 /// A consumer of an in-process ring made by [`with_capacity`].
-pub type HeapConsumer<T> = Consumer<T, super::Heap<StampedCell<T>>>;
+pub type HeapConsumer<T> = Consumer<T, super::Heap<MpmcCell<T>>>;
 
 /// A writing end of an MPMC ring. `Clone` makes another producer.
 #[derive(Debug)]
@@ -101,7 +101,7 @@ fn cell<S: Storage>(storage: &S, capacity: u64, pos: u64) -> &S::Cell {
     unsafe { storage.cells().get_unchecked(index) }
 }
 
-fn try_push_in<T: Pod, S: Storage<Cell = StampedCell<T>>>(
+fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     storage: &S,
     capacity: u64,
     value: T,
@@ -159,7 +159,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = StampedCell<T>>>(
     }
 }
 
-fn try_pop_in<T: Pod, S: Storage<Cell = StampedCell<T>>>(
+fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     storage: &S,
     capacity: u64,
 ) -> Result<T, TryPopError> {
@@ -211,7 +211,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = StampedCell<T>>>(
     }
 }
 
-impl<T: Pod, S: Storage<Cell = StampedCell<T>>> Producer<T, S> {
+impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     /// Wraps `storage` as a producer. Any number may exist.
     ///
     /// # Errors
@@ -292,7 +292,7 @@ impl<T: Pod, S: Storage<Cell = StampedCell<T>>> Producer<T, S> {
     }
 }
 
-impl<T: Pod, S: Storage<Cell = StampedCell<T>>> Consumer<T, S> {
+impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     /// Wraps `storage` as a consumer. Any number may exist.
     ///
     /// # Errors
@@ -445,7 +445,7 @@ mod tests {
 
     #[test]
     fn forged_stamps_are_corrupted_not_a_hang() {
-        let storage = Heap::new(4, |i| StampedCell::<u64>::new(i as u64));
+        let storage = Heap::new(4, |i| MpmcCell::<u64>::new(i as u64));
         let tx = Producer::new(storage.clone()).unwrap();
         let rx = Consumer::new(storage.clone()).unwrap();
         // Stamp far ahead of tail: a producer would chase it for ever without the check.
