@@ -53,6 +53,8 @@ struct Local {
     /// Last value read of the peer's position.
     peer: u64,
     capacity: u64,
+    /// Consumer: prefetch published cells ahead (on unless `GPURING_PREFETCH=0`).
+    prefetch: bool,
 }
 
 impl Local {
@@ -69,7 +71,8 @@ impl Local {
             return Err(Corrupted { what: "tail is more than capacity ahead of head" });
         }
         let (pos, peer) = if producer { (tail, head) } else { (head, tail) };
-        Ok(Self { pos, peer, capacity })
+        let prefetch = !std::env::var(PREFETCH_ENV).is_ok_and(|v| v == "0");
+        Ok(Self { pos, peer, capacity, prefetch })
     }
 
     fn index(&self) -> usize {
@@ -162,7 +165,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     // stream does not pay one cross-core miss per cache line, in series. Only published
     // cells: prefetching one the producer is writing would steal its lines.
     let ahead = local.pos.wrapping_add(PREFETCH_AHEAD);
-    if local.peer.wrapping_sub(ahead) as i64 > 0 {
+    if local.prefetch && local.peer.wrapping_sub(ahead) as i64 > 0 {
         let index = (ahead & (local.capacity - 1)) as usize;
         if let Some(cell) = storage.cells().get(index) {
             prefetch(cell);
@@ -173,6 +176,9 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     storage.control().head.store(local.pos, Ordering::Release);
     Ok(value)
 }
+
+/// Set to `0` to turn the consumer's prefetching off (for measurements).
+pub const PREFETCH_ENV: &str = "GPURING_PREFETCH";
 
 /// How many cells ahead the consumer prefetches within a published batch.
 const PREFETCH_AHEAD: u64 = 4;
