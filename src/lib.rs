@@ -70,3 +70,8 @@ pub use ring::{Corrupted, PopError, PushError, TryPopError, TryPushError};
 #[cfg(not(loom))]
 pub use shm::{Role, ShmError};
 pub use wait::{BarrierMode, WaitPolicy, WaitStats, barrier_mode, wait_stats};
+
+/// The README's examples, compiled as doctests so that they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
