@@ -393,7 +393,6 @@ impl<T: Pod + Send> SpscRing<T> {
 
     /// How many threads sleep waiting for an element and for room (a diagnostic snapshot).
     pub fn sleepers(&self) -> (u32, u32) {
-        // SAFETY: the storage view is only used for these two loads.
         let s: ShmStorage<SpscCell<T>> = self.ring.storage(None);
         (s.control().not_empty.sleepers(), s.control().not_full.sleepers())
     }

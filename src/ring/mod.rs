@@ -206,6 +206,73 @@ unsafe impl<C> Storage for Heap<C> {
     }
 }
 
+/// Why a blocking operation gave up.
+pub(crate) enum Blocked {
+    /// The deadline passed.
+    Timeout,
+    /// The shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+/// The blocking form of a non-blocking operation: retries `attempt` (which returns
+/// `Ok(Some(r))` on success, `Ok(None)` to wait) as `policy` says, sleeping on `wait_on`,
+/// until `deadline`; after a success, wakes the other side's sleepers on `wake`.
+pub(crate) fn block_on<R>(
+    wait_on: &crate::wait::WaitWord,
+    wake: &crate::wait::WaitWord,
+    policy: crate::wait::WaitPolicy,
+    deadline: Option<std::time::Instant>,
+    mut attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
+) -> Result<R, Blocked> {
+    let outcome = crate::wait::wait_until(wait_on, policy, deadline, || attempt().transpose());
+    match outcome {
+        Ok(Ok(r)) => {
+            crate::wait::notify(wake);
+            Ok(r)
+        }
+        Ok(Err(c)) => Err(Blocked::Corrupted(c)),
+        Err(_) => Err(Blocked::Timeout),
+    }
+}
+
+impl<T> TryPushError<T> {
+    /// For [`block_on`]: `Full` means wait.
+    pub(crate) fn retry(self) -> Result<Option<()>, Corrupted> {
+        match self {
+            TryPushError::Full(_) => Ok(None),
+            TryPushError::Corrupted(c) => Err(c),
+        }
+    }
+}
+
+impl TryPopError {
+    /// For [`block_on`]: `Empty` means wait.
+    pub(crate) fn retry<T>(self) -> Result<Option<T>, Corrupted> {
+        match self {
+            TryPopError::Empty => Ok(None),
+            TryPopError::Corrupted(c) => Err(c),
+        }
+    }
+}
+
+impl<T> PushError<T> {
+    pub(crate) fn from_blocked(blocked: Blocked, value: T) -> Self {
+        match blocked {
+            Blocked::Timeout => PushError::Timeout(value),
+            Blocked::Corrupted(c) => PushError::Corrupted(c),
+        }
+    }
+}
+
+impl From<Blocked> for PopError {
+    fn from(blocked: Blocked) -> Self {
+        match blocked {
+            Blocked::Timeout => PopError::Timeout,
+            Blocked::Corrupted(c) => PopError::Corrupted(c),
+        }
+    }
+}
+
 /// `Instant::now() + timeout`, or no deadline when that overflows.
 pub(crate) fn deadline_after(timeout: std::time::Duration) -> Option<std::time::Instant> {
     std::time::Instant::now().checked_add(timeout)

@@ -20,10 +20,12 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
-use super::{Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, deadline_after};
+use super::{
+    Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, block_on, deadline_after,
+};
 use crate::layout::MpmcCell;
 use crate::sync::{Ordering, spin_hint};
-use crate::wait::{WaitPolicy, barrier_mode, notify, wait_until};
+use crate::wait::{WaitPolicy, barrier_mode, notify};
 
 /// An in-process MPMC ring of `capacity` elements (a power of two) on the heap. Clone the
 /// handles for more producers or consumers.
@@ -259,21 +261,10 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
         deadline: Option<std::time::Instant>,
     ) -> Result<(), PushError<T>> {
         let control = self.storage.control();
-        let outcome = wait_until(&control.not_full, self.policy, deadline, || {
-            match try_push_in(&self.storage, self.capacity, value) {
-                Ok(()) => Some(Ok(())),
-                Err(TryPushError::Full(_)) => None,
-                Err(TryPushError::Corrupted(c)) => Some(Err(c)),
-            }
-        });
-        match outcome {
-            Ok(Ok(())) => {
-                notify(&control.not_empty);
-                Ok(())
-            }
-            Ok(Err(c)) => Err(PushError::Corrupted(c)),
-            Err(_) => Err(PushError::Timeout(value)),
-        }
+        block_on(&control.not_full, &control.not_empty, self.policy, deadline, || {
+            try_push_in(&self.storage, self.capacity, value).map(Some).or_else(TryPushError::retry)
+        })
+        .map_err(|b| PushError::from_blocked(b, value))
     }
 
     /// Sets how blocking pushes of this handle wait.
@@ -336,21 +327,10 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
 
     fn pop_until(&self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
         let control = self.storage.control();
-        let outcome = wait_until(&control.not_empty, self.policy, deadline, || {
-            match try_pop_in(&self.storage, self.capacity) {
-                Ok(v) => Some(Ok(v)),
-                Err(TryPopError::Empty) => None,
-                Err(TryPopError::Corrupted(c)) => Some(Err(c)),
-            }
-        });
-        match outcome {
-            Ok(Ok(v)) => {
-                notify(&control.not_full);
-                Ok(v)
-            }
-            Ok(Err(c)) => Err(PopError::Corrupted(c)),
-            Err(_) => Err(PopError::Timeout),
-        }
+        block_on(&control.not_empty, &control.not_full, self.policy, deadline, || {
+            try_pop_in(&self.storage, self.capacity).map(Some).or_else(TryPopError::retry)
+        })
+        .map_err(PopError::from)
     }
 
     /// Sets how blocking pops of this handle wait.

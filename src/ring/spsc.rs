@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 
-use super::{Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, deadline_after};
+use super::{
+    Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, block_on, deadline_after,
+};
 use crate::layout::SpscCell;
 use crate::sync::Ordering;
-use crate::wait::{WaitPolicy, barrier_mode, notify, wait_until};
+use crate::wait::{WaitPolicy, barrier_mode, notify};
 
 /// An in-process SPSC ring of `capacity` elements (a power of two) on the heap.
 ///
@@ -253,21 +255,11 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
         deadline: Option<std::time::Instant>,
     ) -> Result<(), PushError<T>> {
         let Self { storage, local, policy, .. } = self;
-        let outcome = wait_until(&storage.control().not_full, *policy, deadline, || {
-            match try_push_in(storage, local, value) {
-                Ok(()) => Some(Ok(())),
-                Err(TryPushError::Full(_)) => None,
-                Err(TryPushError::Corrupted(c)) => Some(Err(c)),
-            }
-        });
-        match outcome {
-            Ok(Ok(())) => {
-                notify(&storage.control().not_empty);
-                Ok(())
-            }
-            Ok(Err(c)) => Err(PushError::Corrupted(c)),
-            Err(_) => Err(PushError::Timeout(value)),
-        }
+        let control = storage.control();
+        block_on(&control.not_full, &control.not_empty, *policy, deadline, || {
+            try_push_in(storage, local, value).map(Some).or_else(TryPushError::retry)
+        })
+        .map_err(|b| PushError::from_blocked(b, value))
     }
 
     /// Sets how blocking pushes wait.
@@ -348,21 +340,11 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
 
     fn pop_until(&mut self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
         let Self { storage, local, policy, .. } = self;
-        let outcome = wait_until(&storage.control().not_empty, *policy, deadline, || {
-            match try_pop_in(storage, local) {
-                Ok(v) => Some(Ok(v)),
-                Err(TryPopError::Empty) => None,
-                Err(TryPopError::Corrupted(c)) => Some(Err(c)),
-            }
-        });
-        match outcome {
-            Ok(Ok(v)) => {
-                notify(&storage.control().not_full);
-                Ok(v)
-            }
-            Ok(Err(c)) => Err(PopError::Corrupted(c)),
-            Err(_) => Err(PopError::Timeout),
-        }
+        let control = storage.control();
+        block_on(&control.not_empty, &control.not_full, *policy, deadline, || {
+            try_pop_in(storage, local).map(Some).or_else(TryPopError::retry)
+        })
+        .map_err(PopError::from)
     }
 
     /// Sets how blocking pops wait.
