@@ -273,6 +273,66 @@ impl From<Blocked> for PopError {
     }
 }
 
+/// Cache hints an endpoint gives the CPU. Both are on by default; `GPURING_PREFETCH=0` and
+/// `GPURING_DEMOTE=0` in the environment turn them off, for measurements.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hints {
+    /// Consumer: prefetch published cells ahead of the one being read.
+    pub(crate) prefetch: bool,
+    /// Producer: `cldemote` what it just published.
+    pub(crate) demote: bool,
+}
+
+impl Hints {
+    pub(crate) fn from_env() -> Self {
+        let on = |var| !std::env::var(var).is_ok_and(|v| v == "0");
+        Self { prefetch: on("GPURING_PREFETCH"), demote: on("GPURING_DEMOTE") }
+    }
+}
+
+/// Asks the CPU to bring `value`'s cache lines into this core's cache. A hint: it never
+/// faults and changes no value.
+#[inline(always)]
+pub(crate) fn prefetch<C>(value: &C) {
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
+    {
+        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let base = (value as *const C).cast::<i8>();
+        for offset in (0..size_of::<C>()).step_by(64) {
+            // SAFETY: `prefetch` is a hint that cannot fault or write; the address is
+            // inside `value`. SSE is part of the x86_64 baseline.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(offset)) };
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
+    let _ = value;
+}
+
+/// Asks the CPU to move `value`'s cache lines from this core's private caches to the
+/// shared cache (`cldemote`), where another core reads them without snooping this one. A
+/// hint: it never faults, changes no value, and executes as a NOP on CPUs without it.
+#[inline(always)]
+pub(crate) fn demote<C>(value: &C) {
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
+    {
+        let base = (value as *const C).cast::<u8>();
+        for offset in (0..size_of::<C>()).step_by(64) {
+            // SAFETY: CLDEMOTE only hints where a line should live; it cannot fault, write
+            // or change a value, and its encoding is a NOP where unsupported. The address
+            // is inside `value`. No stack use, flags untouched.
+            unsafe {
+                core::arch::asm!(
+                    "cldemote byte ptr [{0}]",
+                    in(reg) base.wrapping_add(offset),
+                    options(nostack, preserves_flags)
+                )
+            };
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
+    let _ = value;
+}
+
 /// `Instant::now() + timeout`, or no deadline when that overflows.
 pub(crate) fn deadline_after(timeout: std::time::Duration) -> Option<std::time::Instant> {
     std::time::Instant::now().checked_add(timeout)

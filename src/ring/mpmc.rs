@@ -21,7 +21,8 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{
-    Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, block_on, deadline_after,
+    Corrupted, Hints, PopError, PushError, Storage, TryPopError, TryPushError, block_on,
+    deadline_after, demote,
 };
 use crate::layout::MpmcCell;
 use crate::sync::{Ordering, spin_hint};
@@ -58,6 +59,7 @@ pub type HeapConsumer<T> = Consumer<T, super::Heap<MpmcCell<T>>>;
 pub struct Producer<T, S> {
     storage: S,
     capacity: u64,
+    hints: Hints,
     policy: WaitPolicy,
     _elem: PhantomData<fn(T)>,
 }
@@ -106,6 +108,7 @@ fn cell<S: Storage>(storage: &S, capacity: u64, pos: u64) -> &S::Cell {
 fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     storage: &S,
     capacity: u64,
+    hints: Hints,
     value: T,
 ) -> Result<(), TryPushError<T>> {
     let control = storage.control();
@@ -132,6 +135,10 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                     cell.value.with_mut(|p| unsafe { p.write(value) });
                     // Release: pairs with the consumer's Acquire stamp load in `try_pop_in`.
                     cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
+                    if hints.demote {
+                        // Toward the shared cache, where any consumer reads it.
+                        demote(cell);
+                    }
                     return Ok(());
                 }
                 Err(current) => pos = current,
@@ -222,7 +229,8 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     pub fn new(storage: S) -> Result<Self, Corrupted> {
         let capacity = check_positions(&storage)?;
         barrier_mode(); // registers for membarrier now, not on the first publish
-        Ok(Self { storage, capacity, policy: WaitPolicy::default(), _elem: PhantomData })
+        let hints = Hints::from_env();
+        Ok(Self { storage, capacity, hints, policy: WaitPolicy::default(), _elem: PhantomData })
     }
 
     /// Pushes `value` if there is room; never blocks. Wakes sleeping consumers.
@@ -232,7 +240,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
     #[inline]
     pub fn try_push(&self, value: T) -> Result<(), TryPushError<T>> {
-        try_push_in(&self.storage, self.capacity, value)?;
+        try_push_in(&self.storage, self.capacity, self.hints, value)?;
         notify(&self.storage.control().not_empty);
         Ok(())
     }
@@ -262,7 +270,9 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     ) -> Result<(), PushError<T>> {
         let control = self.storage.control();
         block_on(&control.not_full, &control.not_empty, self.policy, deadline, || {
-            try_push_in(&self.storage, self.capacity, value).map(Some).or_else(TryPushError::retry)
+            try_push_in(&self.storage, self.capacity, self.hints, value)
+                .map(Some)
+                .or_else(TryPushError::retry)
         })
         .map_err(|b| PushError::from_blocked(b, value))
     }

@@ -15,7 +15,8 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{
-    Corrupted, PopError, PushError, Storage, TryPopError, TryPushError, block_on, deadline_after,
+    Corrupted, Hints, PopError, PushError, Storage, TryPopError, TryPushError, block_on,
+    deadline_after, demote, prefetch,
 };
 use crate::layout::SpscCell;
 use crate::sync::Ordering;
@@ -55,8 +56,8 @@ struct Local {
     /// Last value read of the peer's position.
     peer: u64,
     capacity: u64,
-    /// Consumer: prefetch published cells ahead (on unless `GPURING_PREFETCH=0`).
-    prefetch: bool,
+    /// Which cache hints this endpoint gives.
+    hints: Hints,
 }
 
 impl Local {
@@ -73,8 +74,7 @@ impl Local {
             return Err(Corrupted { what: "tail is more than capacity ahead of head" });
         }
         let (pos, peer) = if producer { (tail, head) } else { (head, tail) };
-        let prefetch = !std::env::var(PREFETCH_ENV).is_ok_and(|v| v == "0");
-        Ok(Self { pos, peer, capacity, prefetch })
+        Ok(Self { pos, peer, capacity, hints: Hints::from_env() })
     }
 
     fn index(&self) -> usize {
@@ -133,6 +133,12 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     // Release: pairs with the consumer's Acquire load of `tail` in `try_pop_in`; the cell
     // write above is visible to a consumer that sees the new tail.
     storage.control().tail.store(local.pos, Ordering::Release);
+    if local.hints.demote {
+        // Push the cell and the tail out of this core's private caches, so the consumer's
+        // reads are served by the shared L3 instead of snooping this core.
+        demote(cell);
+        demote(&storage.control().tail);
+    }
     Ok(())
 }
 
@@ -167,7 +173,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     // stream does not pay one cross-core miss per cache line, in series. Only published
     // cells: prefetching one the producer is writing would steal its lines.
     let ahead = local.pos.wrapping_add(PREFETCH_AHEAD);
-    if local.prefetch && local.peer.wrapping_sub(ahead) as i64 > 0 {
+    if local.hints.prefetch && local.peer.wrapping_sub(ahead) as i64 > 0 {
         let index = (ahead & (local.capacity - 1)) as usize;
         if let Some(cell) = storage.cells().get(index) {
             prefetch(cell);
@@ -179,29 +185,8 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     Ok(value)
 }
 
-/// Set to `0` to turn the consumer's prefetching off (for measurements).
-pub const PREFETCH_ENV: &str = "GPURING_PREFETCH";
-
 /// How many cells ahead the consumer prefetches within a published batch.
 const PREFETCH_AHEAD: u64 = 4;
-
-/// Asks the CPU to bring `value`'s cache lines into this core's cache. A hint: it never
-/// faults and changes no value.
-#[inline(always)]
-fn prefetch<C>(value: &C) {
-    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-    {
-        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let base = (value as *const C).cast::<i8>();
-        for offset in (0..size_of::<C>()).step_by(64) {
-            // SAFETY: `prefetch` is a hint that cannot fault or write; the address is
-            // inside `value`. SSE is part of the x86_64 baseline.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(offset)) };
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
-    let _ = value;
-}
 
 impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     /// Wraps `storage` as its producer.
