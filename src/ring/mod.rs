@@ -273,8 +273,8 @@ impl From<Blocked> for PopError {
     }
 }
 
-/// Cache hints an endpoint gives the CPU. Both are on by default; `GPURING_PREFETCH=0` and
-/// `GPURING_DEMOTE=0` in the environment turn them off, for measurements.
+/// Cache hints an endpoint gives the CPU. Prefetching is on unless `GPURING_PREFETCH=0`;
+/// demoting is off unless `GPURING_DEMOTE=1` (both read when an endpoint is made).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Hints {
     /// Consumer: prefetch published cells ahead of the one being read.
@@ -285,8 +285,11 @@ pub(crate) struct Hints {
 
 impl Hints {
     pub(crate) fn from_env() -> Self {
-        let on = |var| !std::env::var(var).is_ok_and(|v| v == "0");
-        Self { prefetch: on("GPURING_PREFETCH"), demote: on("GPURING_DEMOTE") }
+        let var = |name| std::env::var(name).ok();
+        Self {
+            prefetch: var("GPURING_PREFETCH").is_none_or(|v| v != "0"),
+            demote: var("GPURING_DEMOTE").is_some_and(|v| v == "1"),
+        }
     }
 }
 

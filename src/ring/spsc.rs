@@ -134,10 +134,10 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     // write above is visible to a consumer that sees the new tail.
     storage.control().tail.store(local.pos, Ordering::Release);
     if local.hints.demote {
-        // Push the cell and the tail out of this core's private caches, so the consumer's
-        // reads are served by the shared L3 instead of snooping this core.
+        // Push the cell out of this core's private caches, so the consumer's reads are
+        // served by the shared L3 instead of snooping this core. (Demoting `tail` too,
+        // which the next push rewrites, cut throughput by 2.5x on the GPU host.)
         demote(cell);
-        demote(&storage.control().tail);
     }
     Ok(())
 }
