@@ -229,8 +229,8 @@ fn run_peer(role: &str) {
                 futex_wake(&f.pong32.0);
             }
         }
-        "spsc-echo-spin" | "spsc-echo-sleep" => {
-            let policy = if role.ends_with("spin") {
+        "spsc-echo-spin" | "spsc-echo-spin-demote" | "spsc-echo-sleep" => {
+            let policy = if role.contains("spin") {
                 WaitPolicy::spin_then_sleep(u32::MAX, 0)
             } else {
                 WaitPolicy::SLEEP
@@ -240,6 +240,7 @@ fn run_peer(role: &str) {
             let (mut rx, mut tx) = (ping.consumer().unwrap(), pong.producer().unwrap());
             rx.set_wait_policy(policy);
             tx.set_wait_policy(policy);
+            tx.set_demote(role.ends_with("demote"));
             loop {
                 let d = rx.pop().unwrap();
                 if d.seq == STOP {
@@ -390,8 +391,10 @@ fn latency(c: &mut Criterion) {
         f.ping_cell.send(descriptor(STOP), stamp + 1);
     }
 
+    let spin = WaitPolicy::spin_then_sleep(u32::MAX, 0);
     for (label, role, policy) in [
-        ("gpuring_spsc_spin", "spsc-echo-spin", WaitPolicy::spin_then_sleep(u32::MAX, 0)),
+        ("gpuring_spsc_spin", "spsc-echo-spin", spin),
+        ("gpuring_spsc_spin_demote", "spsc-echo-spin-demote", spin),
         ("gpuring_spsc_sleep", "spsc-echo-sleep", WaitPolicy::SLEEP),
     ] {
         let name = unique("lat");
@@ -406,6 +409,7 @@ fn latency(c: &mut Criterion) {
         let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
         tx.set_wait_policy(policy);
         rx.set_wait_policy(policy);
+        tx.set_demote(role.ends_with("demote"));
         let _p = peer(role, &name, 0, false);
         let mut seq = 0u64;
         g.bench_function(label, |b| {

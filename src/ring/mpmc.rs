@@ -282,6 +282,12 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
         self.policy = policy;
     }
 
+    /// Whether each push of this handle moves the written cell to the shared cache; see
+    /// [`spsc::Producer::set_demote`](super::spsc::Producer::set_demote).
+    pub fn set_demote(&mut self, on: bool) {
+        self.hints.demote = on;
+    }
+
     /// Number of cells.
     pub fn capacity(&self) -> usize {
         self.capacity as usize

@@ -252,6 +252,17 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
         self.policy = policy;
     }
 
+    /// Whether each push moves the written cell to the shared cache (`cldemote`, x86;
+    /// a no-op elsewhere). Off by default, or on when `GPURING_DEMOTE=1`.
+    ///
+    /// Turn it on for hand-offs that go one at a time (request/response, a consumer that
+    /// waits for each message): on the 16-core GPU host the spinning one-way latency fell
+    /// from about 1.65x to 1.2x the cost of moving the bare descriptor. Leave it off for
+    /// streams: there it cut throughput by half or more (docs/BENCHMARKS.md).
+    pub fn set_demote(&mut self, on: bool) {
+        self.local.hints.demote = on;
+    }
+
     /// Number of cells.
     pub fn capacity(&self) -> usize {
         self.local.capacity as usize
