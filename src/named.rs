@@ -215,6 +215,8 @@ impl RingSegment {
     }
 
     fn storage<C>(self: &Arc<Self>, claim: Option<RoleClaim>) -> ShmStorage<C> {
+        // The layout was computed for one cell type; a view with another would mis-stride.
+        assert_eq!(size_of::<C>(), self.layout.cell_size, "cell type does not match the layout");
         ShmStorage { ring: self.clone(), _claim: claim.map(Arc::new), _cell: PhantomData }
     }
 }
