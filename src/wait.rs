@@ -174,7 +174,7 @@ fn decide_mode() -> BarrierMode {
     if mode == MODE_ASYMMETRIC { BarrierMode::Asymmetric } else { BarrierMode::Symmetric }
 }
 
-#[cfg(not(loom))]
+#[cfg(all(not(loom), not(miri)))]
 fn register_membarrier() -> bool {
     use rustix::thread::{MembarrierCommand, membarrier, membarrier_query};
     let q = membarrier_query();
@@ -183,9 +183,9 @@ fn register_membarrier() -> bool {
         && membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok()
 }
 
-#[cfg(loom)]
+#[cfg(any(loom, miri))]
 fn register_membarrier() -> bool {
-    false // loom models the symmetric fences
+    false // loom models the symmetric fences; Miri has no membarrier
 }
 
 /// The publisher's half: orders the caller's publishing store before its load of
@@ -209,7 +209,7 @@ fn heavy_barrier() -> bool {
     // Partner: the fence in `light_barrier` (symmetric mode), and this process's own side
     // of the membarrier below.
     fence(Ordering::SeqCst);
-    #[cfg(not(loom))]
+    #[cfg(all(not(loom), not(miri)))]
     if barrier_mode() == BarrierMode::Asymmetric {
         use rustix::thread::{MembarrierCommand, membarrier};
         if membarrier(MembarrierCommand::GlobalExpedited).is_ok() {

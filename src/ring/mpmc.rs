@@ -386,6 +386,10 @@ mod tests {
                 }
             }
         }
+        while let Ok(v) = rx.try_pop() {
+            assert_eq!(v, next);
+            next += 1;
+        }
         assert_eq!(next, n);
         assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
     }
