@@ -299,6 +299,12 @@ pub(crate) fn wait_until<R>(
         if let Some(outcome) = outcome {
             return outcome;
         }
+        // Woken (or timed out, or spurious): look before registering again, so that the
+        // usual case, woken because the peer published, pays no second heavy barrier on
+        // its way back to work.
+        if let Some(r) = attempt() {
+            return Ok(r);
+        }
     }
 }
 
