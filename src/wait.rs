@@ -3,7 +3,7 @@
 //! A [`WaitWord`] sits in shared memory beside each ring, one for "not empty" (consumers
 //! sleep on it) and one for "not full" (producers sleep on it). The protocol keeps the fast
 //! path free of syscalls *and* of store-load fences: a side that made progress calls
-//! [`notify`], which costs a compiler fence and one load, and enters the kernel only when
+//! `notify`, which costs a compiler fence and one load, and enters the kernel only when
 //! somebody registered as a sleeper.
 //!
 //! No lost wake-up, by a Dekker-style handshake whose expensive half is on the sleeper:
