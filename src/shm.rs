@@ -528,4 +528,22 @@ mod tests {
         }
         assert!(object_name(&"x".repeat(251)).is_err());
     }
+
+    #[test]
+    fn create_that_fails_half_way_leaves_nothing() {
+        let name = format!("gpuring-unit-halfway-{}", std::process::id());
+        let path = format!("/dev/shm/{name}");
+        let r = Segment::create(&name, SegmentKind::SpscRing, 4096, |seg| {
+            assert!(std::fs::metadata(&path).is_ok(), "the object exists while initialising");
+            assert_eq!(seg.header().init.load(Ordering::Relaxed), 0, "not yet published");
+            Err(ShmError::InvalidCapacity { capacity: 0 })
+        });
+        assert!(matches!(r, Err(ShmError::InvalidCapacity { capacity: 0 })));
+        assert!(std::fs::metadata(&path).is_err(), "a failed create unlinks its object");
+        // The name is free again.
+        let seg = Segment::create(&name, SegmentKind::SpscRing, 4096, |_| Ok(())).unwrap();
+        assert_eq!(seg.header().init.load(Ordering::Acquire), INIT_READY);
+        drop(seg);
+        assert!(std::fs::metadata(&path).is_err(), "the owner unlinks on drop");
+    }
 }
