@@ -530,6 +530,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "shm_open and mmap are not available under Miri")]
     fn create_that_fails_half_way_leaves_nothing() {
         let name = format!("gpuring-unit-halfway-{}", std::process::id());
         let path = format!("/dev/shm/{name}");
