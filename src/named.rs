@@ -73,8 +73,7 @@ impl<C> ShmStorage<C> {
 unsafe impl<C> Storage for ShmStorage<C> {
     type Cell = C;
     fn control(&self) -> &RingControl {
-        // SAFETY: in bounds and aligned (see above); RingControl is atomics only.
-        unsafe { self.ring.control.as_ref() }
+        self.ring.control()
     }
     fn cells(&self) -> &[C] {
         // SAFETY: `capacity` cells of `C` start at `cells`, inside the mapping; C is a cell
@@ -134,6 +133,18 @@ impl RingSegment {
     fn header(&self) -> &RingHeader {
         // SAFETY: offset from the checked layout; RingHeader is atomics only.
         unsafe { self.segment.at::<RingHeader>(self.layout.ring_header).as_ref() }
+    }
+
+    fn control(&self) -> &RingControl {
+        // SAFETY: offset from the checked layout, in bounds and aligned; RingControl is
+        // atomics only, valid for any bytes.
+        unsafe { self.control.as_ref() }
+    }
+
+    /// Threads asleep waiting for an element, and for room.
+    fn sleepers(&self) -> (u32, u32) {
+        let c = self.control();
+        (c.not_empty.sleepers(), c.not_full.sleepers())
     }
 
     fn claim_word(&self, role: Role) -> &AtomicU32 {
@@ -395,8 +406,7 @@ impl<T: Pod + Send> SpscRing<T> {
 
     /// How many threads sleep waiting for an element and for room (a diagnostic snapshot).
     pub fn sleepers(&self) -> (u32, u32) {
-        let s: ShmStorage<SpscCell<T>> = self.ring.storage(None);
-        (s.control().not_empty.sleepers(), s.control().not_full.sleepers())
+        self.ring.sleepers()
     }
 }
 
@@ -468,7 +478,6 @@ impl<T: Pod + Send> MpmcRing<T> {
 
     /// How many threads sleep waiting for an element and for room (a diagnostic snapshot).
     pub fn sleepers(&self) -> (u32, u32) {
-        let s: ShmStorage<MpmcCell<T>> = self.ring.storage(None);
-        (s.control().not_empty.sleepers(), s.control().not_full.sleepers())
+        self.ring.sleepers()
     }
 }

@@ -336,6 +336,17 @@ pub(crate) fn demote<C>(value: &C) {
     let _ = value;
 }
 
+/// The cell of position `pos`, masked with the `capacity` this process validated (never a
+/// value read from shared memory).
+#[inline(always)]
+pub(crate) fn cell_at<S: Storage>(storage: &S, capacity: u64, pos: u64) -> &S::Cell {
+    let index = (pos & (capacity - 1)) as usize;
+    debug_assert!(capacity as usize == storage.cells().len());
+    // SAFETY: index < capacity == cells().len(); capacity is a power of two (Storage
+    // contract), so the mask is `% capacity`.
+    unsafe { storage.cells().get_unchecked(index) }
+}
+
 /// `Instant::now() + timeout`, or no deadline when that overflows.
 pub(crate) fn deadline_after(timeout: std::time::Duration) -> Option<std::time::Instant> {
     std::time::Instant::now().checked_add(timeout)

@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{
-    Corrupted, Hints, PopError, PushError, Storage, TryPopError, TryPushError, block_on,
+    Corrupted, Hints, PopError, PushError, Storage, TryPopError, TryPushError, block_on, cell_at,
     deadline_after, demote,
 };
 use crate::layout::MpmcCell;
@@ -97,14 +97,6 @@ fn check_positions<S: Storage>(storage: &S) -> Result<u64, Corrupted> {
     Ok(capacity)
 }
 
-fn cell<S: Storage>(storage: &S, capacity: u64, pos: u64) -> &S::Cell {
-    let index = (pos & (capacity - 1)) as usize;
-    debug_assert!(index < storage.cells().len());
-    // SAFETY: index < capacity == cells().len(); capacity is a power of two (Storage
-    // contract), so the mask is `% capacity`.
-    unsafe { storage.cells().get_unchecked(index) }
-}
-
 fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     storage: &S,
     capacity: u64,
@@ -115,7 +107,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     // Relaxed: a starting guess; the stamp (Acquire) and the CAS decide.
     let mut pos = control.tail.load(Ordering::Relaxed);
     loop {
-        let cell = cell(storage, capacity, pos);
+        let cell = cell_at(storage, capacity, pos);
         // Acquire: pairs with the consumer's Release stamp store in `try_pop_in` (its read
         // of the old element happens before our write).
         let stamp = cell.stamp.load(Ordering::Acquire);
@@ -176,7 +168,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     // Relaxed: a starting guess; the stamp (Acquire) and the CAS decide.
     let mut pos = control.head.load(Ordering::Relaxed);
     loop {
-        let cell = cell(storage, capacity, pos);
+        let cell = cell_at(storage, capacity, pos);
         // Acquire: pairs with the producer's Release stamp store in `try_push_in`.
         let stamp = cell.stamp.load(Ordering::Acquire);
         let lag = stamp.wrapping_sub(pos.wrapping_add(1)) as i64;

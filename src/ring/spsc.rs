@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{
-    Corrupted, Hints, PopError, PushError, Storage, TryPopError, TryPushError, block_on,
+    Corrupted, Hints, PopError, PushError, Storage, TryPopError, TryPushError, block_on, cell_at,
     deadline_after, demote, prefetch,
 };
 use crate::layout::SpscCell;
@@ -76,11 +76,6 @@ impl Local {
         let (pos, peer) = if producer { (tail, head) } else { (head, tail) };
         Ok(Self { pos, peer, capacity, hints: Hints::from_env() })
     }
-
-    fn index(&self) -> usize {
-        // capacity is a power of two (Storage contract), so this is `pos % capacity`.
-        (self.pos & (self.capacity - 1)) as usize
-    }
 }
 
 /// The writing end of an SPSC ring.
@@ -121,11 +116,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
             return Err(TryPushError::Full(value));
         }
     }
-    let index = local.index();
-    debug_assert!(index < storage.cells().len());
-    // SAFETY: index < capacity == cells().len() (masked with capacity - 1, capacity a power
-    // of two by the Storage contract).
-    let cell = unsafe { storage.cells().get_unchecked(index) };
+    let cell = cell_at(storage, local.capacity, local.pos);
     // SAFETY: the cell at `pos` belongs to the producer: the consumer has moved past it
     // (pos - head < capacity, checked above) and will not read it until `tail` passes it.
     cell.value.with_mut(|p| unsafe { p.write(value) });
@@ -160,10 +151,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
             return Err(TryPopError::Empty);
         }
     }
-    let index = local.index();
-    debug_assert!(index < storage.cells().len());
-    // SAFETY: index < capacity == cells().len(), as in `try_push_in`.
-    let cell = unsafe { storage.cells().get_unchecked(index) };
+    let cell = cell_at(storage, local.capacity, local.pos);
     // SAFETY: the cell at `pos` belongs to the consumer: the producer published it (tail >
     // pos) and will not write it again until `head` passes it. `T: Pod`, so whatever bytes
     // a misbehaving peer left there form a valid `T`.
@@ -174,10 +162,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     // cells: prefetching one the producer is writing would steal its lines.
     let ahead = local.pos.wrapping_add(PREFETCH_AHEAD);
     if local.hints.prefetch && local.peer.wrapping_sub(ahead) as i64 > 0 {
-        let index = (ahead & (local.capacity - 1)) as usize;
-        if let Some(cell) = storage.cells().get(index) {
-            prefetch(cell);
-        }
+        prefetch(cell_at(storage, local.capacity, ahead));
     }
     // Release: pairs with the producer's Acquire load of `head` in `try_push_in`; our read
     // of the cell happens before the producer reuses it.
