@@ -455,29 +455,33 @@ fn latency(c: &mut Criterion) {
         futex_wake(&f.ping32.0);
     }
 
+    with_stream_peers("echo", |label, r, w| bench_stream_latency(&mut g, label, r, w));
+    g.finish();
+}
+
+/// Starts the pipe peer and then the Unix-socket peer playing `role` ("echo" or "sink"), and
+/// hands each connection to `run` with its label.
+fn with_stream_peers(role: &str, mut run: impl FnMut(&str, &mut dyn Read, &mut dyn Write)) {
     {
-        let mut p = peer("pipe-echo", "", 0, true);
+        let mut p = peer(&format!("pipe-{role}"), "", 0, true);
         let mut w = p.0.stdin.take().unwrap();
         let mut r = p.0.stdout.take().unwrap();
-        bench_stream_latency(&mut g, "pipe", &mut r, &mut w);
+        run("pipe", &mut r, &mut w);
     }
-    {
-        let path = std::env::temp_dir().join(unique("sock"));
-        let listener = UnixListener::bind(&path).unwrap();
-        let _p = peer("unix-echo", path.to_str().unwrap(), 0, false);
-        let (mut s, _) = listener.accept().unwrap();
-        let mut r = s.try_clone().unwrap();
-        bench_stream_latency(&mut g, "unix_socket", &mut r, &mut s);
-        let _ = std::fs::remove_file(&path);
-    }
-    g.finish();
+    let path = std::env::temp_dir().join(unique("sock"));
+    let listener = UnixListener::bind(&path).unwrap();
+    let _p = peer(&format!("unix-{role}"), path.to_str().unwrap(), 0, false);
+    let (mut s, _) = listener.accept().unwrap();
+    let mut r = s.try_clone().unwrap();
+    run("unix_socket", &mut r, &mut s);
+    let _ = std::fs::remove_file(&path);
 }
 
 fn bench_stream_latency(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     label: &str,
-    r: &mut impl Read,
-    w: &mut impl Write,
+    r: &mut dyn Read,
+    w: &mut dyn Write,
 ) {
     let mut seq = 0u64;
     let mut buf = [0u8; DESC];
@@ -579,21 +583,7 @@ fn throughput(c: &mut Criterion) {
         });
     }
 
-    {
-        let mut p = peer("pipe-sink", "", 0, true);
-        let mut w = p.0.stdin.take().unwrap();
-        let mut r = p.0.stdout.take().unwrap();
-        bench_stream_throughput(&mut g, "pipe", &mut r, &mut w);
-    }
-    {
-        let path = std::env::temp_dir().join(unique("sock"));
-        let listener = UnixListener::bind(&path).unwrap();
-        let _p = peer("unix-sink", path.to_str().unwrap(), 0, false);
-        let (mut s, _) = listener.accept().unwrap();
-        let mut r = s.try_clone().unwrap();
-        bench_stream_throughput(&mut g, "unix_socket", &mut r, &mut s);
-        let _ = std::fs::remove_file(&path);
-    }
+    with_stream_peers("sink", |label, r, w| bench_stream_throughput(&mut g, label, r, w));
     g.finish();
 }
 
@@ -601,8 +591,8 @@ fn throughput(c: &mut Criterion) {
 fn bench_stream_throughput(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     label: &str,
-    r: &mut impl Read,
-    w: &mut impl Write,
+    r: &mut dyn Read,
+    w: &mut dyn Write,
 ) {
     g.bench_function(BenchmarkId::new(label, "1p1c"), |b| {
         b.iter_custom(|iters| {
