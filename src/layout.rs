@@ -36,6 +36,12 @@ pub enum SegmentKind {
     SpscRing = 1,
     /// A multi-producer multi-consumer ring.
     MpmcRing = 2,
+    /// A single-sender single-receiver channel: pool table and descriptor ring.
+    SpscChannel = 3,
+    /// A multi-sender multi-receiver channel: pool table and descriptor ring.
+    MpmcChannel = 4,
+    /// A slot pool whose slots are host shared memory: slot records, free ring, slots.
+    HostPool = 5,
 }
 
 impl SegmentKind {
@@ -44,6 +50,9 @@ impl SegmentKind {
         match raw {
             1 => Some(Self::SpscRing),
             2 => Some(Self::MpmcRing),
+            3 => Some(Self::SpscChannel),
+            4 => Some(Self::MpmcChannel),
+            5 => Some(Self::HostPool),
             _ => None,
         }
     }
@@ -160,6 +169,12 @@ impl<T: bytemuck::Zeroable> MpmcCell<T> {
     pub fn new(stamp: u64) -> Self {
         Self { stamp: AtomicU64::new(stamp), value: UnsafeCell::new(T::zeroed()) }
     }
+
+    /// A cell holding `value`, written at position `pos` and ready for its consumer (how a
+    /// ring that starts full, like a pool's free ring, is initialised).
+    pub fn written(pos: u64, value: T) -> Self {
+        Self { stamp: AtomicU64::new(pos + 1), value: UnsafeCell::new(value) }
+    }
 }
 
 /// Byte offsets and size of a ring segment, derived from its parameters.
@@ -187,10 +202,19 @@ impl RingLayout {
     /// The layout of a ring of `capacity` cells of `cell_size` bytes, or `None` when the
     /// capacity is not a power of two in `1..=MAX_CAPACITY` or the size overflows.
     pub const fn new(capacity: u64, cell_size: usize) -> Option<Self> {
+        Self::at(size_of::<SegmentHeader>(), capacity, cell_size)
+    }
+
+    /// The layout of a ring whose [`RingHeader`] sits at `base` (a multiple of 128) inside
+    /// a larger segment; `total_size` is then the offset of the ring's end.
+    pub const fn at(base: usize, capacity: u64, cell_size: usize) -> Option<Self> {
         if capacity == 0 || !capacity.is_power_of_two() || capacity > MAX_CAPACITY {
             return None;
         }
-        let ring_header = size_of::<SegmentHeader>();
+        if base % 128 != 0 || base < size_of::<SegmentHeader>() {
+            return None;
+        }
+        let ring_header = base;
         let control = ring_header + size_of::<RingHeader>();
         let cells = control + size_of::<RingControl>();
         let Some(body) = (capacity as usize).checked_mul(cell_size) else {
@@ -210,6 +234,231 @@ impl RingLayout {
     }
 }
 
+/// Most pools one channel's table describes.
+pub const MAX_POOLS: u32 = 1024;
+/// Most slots in one pool.
+pub const MAX_SLOTS: u32 = 1 << 20;
+/// Largest slot, in bytes (256 GiB).
+pub const MAX_SLOT_SIZE: u64 = 1 << 38;
+/// Bytes reserved for a pool's segment name in its [`PoolEntry`].
+pub const POOL_NAME_BYTES: usize = 448;
+
+/// Parameters of a channel, after the segment header.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct ChannelHeader {
+    /// Entries in the pool table.
+    pub max_pools: AtomicU32,
+    /// Slots in each sender's pool.
+    pub slot_count: AtomicU32,
+    /// Bytes in each slot.
+    pub slot_size: AtomicU64,
+    /// Counts pool registrations; each one's instance number (so a reused table entry
+    /// never looks like the pool it replaced).
+    pub registrations: AtomicU32,
+    /// Chosen by the creator, part of every pool segment name, so that pools of an earlier
+    /// channel of the same name never collide with this one's.
+    pub nonce: AtomicU32,
+}
+
+/// [`PoolEntry::state`]: nobody uses the entry.
+pub const ENTRY_EMPTY: u32 = 0;
+/// [`PoolEntry::state`]: a sender is setting the entry up.
+pub const ENTRY_CLAIMED: u32 = 1;
+/// [`PoolEntry::state`]: the pool is live; its sender may send from it.
+pub const ENTRY_ACTIVE: u32 = 2;
+/// [`PoolEntry::state`]: the sender is gone; slots still in flight drain back to the pool.
+pub const ENTRY_CLOSED: u32 = 3;
+
+/// One row of a channel's pool table: which pool, where to find it.
+///
+/// The sender writes every field, then `state = ENTRY_ACTIVE` with Release. The segment
+/// name is derivable from the channel name, index and instance; a receiver checks that
+/// the stored one matches rather than opening whatever a peer wrote here.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct PoolEntry {
+    /// `ENTRY_EMPTY`, `ENTRY_CLAIMED`, `ENTRY_ACTIVE` or `ENTRY_CLOSED`.
+    pub state: AtomicU32,
+    /// Which registration this is (from [`ChannelHeader::registrations`]), low 16 bits.
+    pub instance: AtomicU32,
+    /// 1: host shared memory.
+    pub backend: AtomicU32,
+    /// Slots in the pool.
+    pub slot_count: AtomicU32,
+    /// Bytes per slot.
+    pub slot_size: AtomicU64,
+    /// The sending process (diagnostics: pids are reused).
+    pub owner_pid: AtomicU32,
+    /// Bytes used in `name`.
+    pub name_len: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 4],
+    /// The pool segment's name, packed little-endian.
+    pub name: [AtomicU64; POOL_NAME_BYTES / 8],
+}
+
+/// Byte offsets and size of a channel segment.
+///
+/// | offset | what |
+/// |---|---|
+/// | 0 | [`SegmentHeader`] |
+/// | 128 | [`ChannelHeader`] |
+/// | 256 | `max_pools` × [`PoolEntry`] |
+/// | after | the descriptor ring ([`RingLayout::at`]) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelLayout {
+    /// Offset of the [`ChannelHeader`].
+    pub header: usize,
+    /// Offset of the first [`PoolEntry`].
+    pub pools: usize,
+    /// Entries in the pool table.
+    pub max_pools: usize,
+    /// The descriptor ring.
+    pub ring: RingLayout,
+    /// Size of the whole segment.
+    pub total_size: usize,
+}
+
+impl ChannelLayout {
+    /// The layout for `max_pools` table entries (`1..=MAX_POOLS`) and a ring of `capacity`
+    /// cells of `cell_size` bytes, or `None` when a parameter is out of range.
+    pub const fn new(max_pools: u32, capacity: u64, cell_size: usize) -> Option<Self> {
+        if max_pools == 0 || max_pools > MAX_POOLS {
+            return None;
+        }
+        let header = size_of::<SegmentHeader>();
+        let pools = header + size_of::<ChannelHeader>();
+        let base = pools + max_pools as usize * size_of::<PoolEntry>();
+        let Some(ring) = RingLayout::at(base, capacity, cell_size) else {
+            return None;
+        };
+        Some(Self {
+            header,
+            pools,
+            max_pools: max_pools as usize,
+            ring,
+            total_size: ring.total_size,
+        })
+    }
+}
+
+/// Parameters of a pool, after the segment header.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct PoolHeader {
+    /// Number of slots.
+    pub slot_count: AtomicU32,
+    /// 1: host shared memory.
+    pub backend: AtomicU32,
+    /// Bytes per slot.
+    pub slot_size: AtomicU64,
+    /// Set (1) when the owning sender is gone: the last slot returned unlinks the pool.
+    pub closed: AtomicU32,
+    /// The owning process (diagnostics).
+    pub owner_pid: AtomicU32,
+}
+
+/// Per-slot state, one 64-byte line each so that slots in use by different processes do
+/// not share a line.
+///
+/// `state` packs the slot's generation (high 32 bits) and where it is (low 32 bits): free,
+/// leased to the sender, sent, held by a receiver. See [`crate::pool`].
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct SlotRecord {
+    /// Generation << 32 | state.
+    pub state: AtomicU64,
+}
+
+impl SlotRecord {
+    /// A free slot of generation 0.
+    pub fn new() -> Self {
+        Self { state: AtomicU64::new(0) }
+    }
+}
+
+impl Default for SlotRecord {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Byte offsets and size of a host pool segment.
+///
+/// | offset | what |
+/// |---|---|
+/// | 0 | [`SegmentHeader`] |
+/// | 128 | [`PoolHeader`] |
+/// | 256 | `slot_count` × [`SlotRecord`] |
+/// | next 128 | the free ring: an MPMC ring of `u32` slot indices ([`RingLayout::at`]) |
+/// | next page | the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLayout {
+    /// Offset of the [`PoolHeader`].
+    pub header: usize,
+    /// Offset of the first [`SlotRecord`].
+    pub records: usize,
+    /// Number of slots.
+    pub slot_count: usize,
+    /// Usable bytes per slot.
+    pub slot_size: usize,
+    /// The free ring (capacity: `slot_count` rounded up to a power of two).
+    pub free_ring: RingLayout,
+    /// Offset of slot 0's bytes.
+    pub data: usize,
+    /// Distance between slots.
+    pub stride: usize,
+    /// Size of the whole segment.
+    pub total_size: usize,
+}
+
+impl PoolLayout {
+    /// The layout of `slot_count` slots (`1..=MAX_SLOTS`) of `slot_size` bytes
+    /// (`1..=MAX_SLOT_SIZE`), or `None` when out of range or too large to map.
+    pub const fn new(slot_count: u32, slot_size: u64) -> Option<Self> {
+        if slot_count == 0 || slot_count > MAX_SLOTS || slot_size == 0 || slot_size > MAX_SLOT_SIZE
+        {
+            return None;
+        }
+        let header = size_of::<SegmentHeader>();
+        let records = header + size_of::<PoolHeader>();
+        let ring_base =
+            (records + slot_count as usize * size_of::<SlotRecord>()).next_multiple_of(128);
+        let cap = (slot_count as u64).next_power_of_two();
+        let Some(free_ring) = RingLayout::at(ring_base, cap, size_of::<MpmcCell<u32>>()) else {
+            return None;
+        };
+        let data = free_ring.total_size.next_multiple_of(4096);
+        let align = if slot_size >= 4096 { 4096 } else { 256 };
+        let stride = (slot_size as usize).next_multiple_of(align);
+        let Some(body) = stride.checked_mul(slot_count as usize) else {
+            return None;
+        };
+        let Some(total_size) = data.checked_add(body) else {
+            return None;
+        };
+        if total_size as u64 > 1 << 40 {
+            return None;
+        }
+        Some(Self {
+            header,
+            records,
+            slot_count: slot_count as usize,
+            slot_size: slot_size as usize,
+            free_ring,
+            data,
+            stride,
+            total_size,
+        })
+    }
+
+    /// Offset of slot `slot`'s first byte (`slot < slot_count`).
+    pub const fn slot_offset(&self, slot: usize) -> usize {
+        self.data + slot * self.stride
+    }
+}
+
 #[cfg(not(loom))]
 const _: () = {
     assert!(size_of::<SegmentHeader>() == 128);
@@ -220,6 +469,10 @@ const _: () = {
     assert!(size_of::<SpscCell<crate::Descriptor>>() == 384);
     assert!(size_of::<MpmcCell<u64>>() == 64);
     assert!(size_of::<MpmcCell<crate::Descriptor>>() == 448);
+    assert!(size_of::<ChannelHeader>() == 128);
+    assert!(size_of::<PoolEntry>() == 512);
+    assert!(size_of::<PoolHeader>() == 128);
+    assert!(size_of::<SlotRecord>() == 64);
     // Cells start on a 128-byte boundary, so every cell type is aligned.
     assert!(
         (size_of::<SegmentHeader>() + size_of::<RingHeader>() + size_of::<RingControl>()) % 128
@@ -247,8 +500,38 @@ mod tests {
     }
 
     #[test]
+    fn channel_and_pool_layouts() {
+        let c = ChannelLayout::new(4, 64, 384).unwrap();
+        assert_eq!((c.header, c.pools, c.ring.ring_header), (128, 256, 256 + 4 * 512));
+        assert_eq!(c.total_size, c.ring.cells + 64 * 384);
+        assert!(ChannelLayout::new(0, 64, 384).is_none());
+        assert!(ChannelLayout::new(MAX_POOLS + 1, 64, 384).is_none());
+        assert!(ChannelLayout::new(4, 3, 384).is_none());
+
+        let p = PoolLayout::new(3, 1000).unwrap();
+        assert_eq!(p.records, 256);
+        assert_eq!(p.free_ring.ring_header, 256 + 3 * 64);
+        assert_eq!(p.free_ring.capacity, 4);
+        assert_eq!(p.data % 4096, 0);
+        assert!(p.data >= p.free_ring.total_size);
+        assert_eq!(p.stride, 1024, "small slots are 256-byte aligned");
+        assert_eq!(p.total_size, p.data + 3 * 1024);
+        assert_eq!(PoolLayout::new(2, 5000).unwrap().stride, 8192, "big slots page aligned");
+        assert!(PoolLayout::new(0, 64).is_none());
+        assert!(PoolLayout::new(4, 0).is_none());
+        assert!(PoolLayout::new(MAX_SLOTS + 1, 64).is_none());
+        assert!(PoolLayout::new(MAX_SLOTS, MAX_SLOT_SIZE).is_none(), "too large to map");
+    }
+
+    #[test]
     fn kind_round_trip() {
-        for k in [SegmentKind::SpscRing, SegmentKind::MpmcRing] {
+        for k in [
+            SegmentKind::SpscRing,
+            SegmentKind::MpmcRing,
+            SegmentKind::SpscChannel,
+            SegmentKind::MpmcChannel,
+            SegmentKind::HostPool,
+        ] {
             assert_eq!(SegmentKind::from_raw(k as u32), Some(k));
         }
         assert_eq!(SegmentKind::from_raw(0), None);

@@ -53,19 +53,28 @@ mod sync;
 
 pub mod descriptor;
 pub mod layout;
+pub mod pool;
 pub mod ring;
 pub mod wait;
 
+#[cfg(not(loom))]
+pub mod channel;
 #[cfg(not(loom))]
 pub mod named;
 #[cfg(not(loom))]
 pub mod shm;
 
+#[cfg(not(loom))]
+pub use channel::{
+    Channel, ChannelBuilder, Flavor, Lease, Message, PoolInfo, PoolState, Receiver, RecvError,
+    SendError, Sender,
+};
 pub use descriptor::{DType, Descriptor, MetaError, TensorMeta};
 #[cfg(not(loom))]
 pub use named::{
     MpmcConsumer, MpmcProducer, MpmcRing, RingOptions, SpscConsumer, SpscProducer, SpscRing,
 };
+pub use pool::AcquireError;
 pub use ring::{Corrupted, PopError, PushError, TryPopError, TryPushError};
 #[cfg(not(loom))]
 pub use shm::{Role, ShmError};

@@ -90,9 +90,11 @@ unsafe impl<C: Send> Send for ShmStorage<C> {}
 // SAFETY: as above.
 unsafe impl<C: Send> Sync for ShmStorage<C> {}
 
+/// A ring inside a mapped segment: a whole ring segment, or the ring part of a channel or
+/// pool segment.
 #[derive(Debug)]
-struct RingSegment {
-    segment: Segment,
+pub(crate) struct RingSegment {
+    segment: Arc<Segment>,
     layout: RingLayout,
     control: NonNull<RingControl>,
     cells: NonNull<u8>,
@@ -105,7 +107,7 @@ unsafe impl Sync for RingSegment {}
 
 /// An SPSC role held in the segment header; given back on drop.
 #[derive(Debug)]
-struct RoleClaim {
+pub(crate) struct RoleClaim {
     ring: Arc<RingSegment>,
     role: Role,
 }
@@ -154,6 +156,49 @@ impl RingSegment {
         }
     }
 
+    /// Writes a fresh ring (header and cells) at `layout` into `seg`, which is being
+    /// created: call it from the `init` closure of [`Segment::create`].
+    pub(crate) fn init_in<T: Pod, C>(
+        seg: &Segment,
+        layout: &RingLayout,
+        init_cell: impl Fn(usize) -> C,
+    ) {
+        assert_eq!(size_of::<C>(), layout.cell_size, "cell type does not match the layout");
+        // SAFETY: offsets from `layout`, which sized the segment (`at` checks the bounds);
+        // the memory is ours alone until `Segment::create` publishes it.
+        let header = unsafe { seg.at::<RingHeader>(layout.ring_header).as_ref() };
+        // Relaxed: published by the Release store of `init` in `Segment::create`.
+        header.capacity.store(layout.capacity as u64, Ordering::Relaxed);
+        header.elem_size.store(size_of::<T>() as u32, Ordering::Relaxed);
+        header.elem_align.store(align_of::<T>() as u32, Ordering::Relaxed);
+        for i in 0..layout.capacity {
+            // SAFETY: cell i lies inside the cell array of `layout`; nobody else has the
+            // segment yet, so a plain write is fine.
+            unsafe { seg.at::<C>(layout.cells + i * layout.cell_size).write(init_cell(i)) };
+        }
+    }
+
+    /// Checks the ring header at `layout.ring_header` of an opened segment: element `T`,
+    /// and exactly `layout.capacity` cells (which the enclosing segment's parameters
+    /// implied).
+    pub(crate) fn check_in<T: Pod>(seg: &Segment, layout: &RingLayout) -> Result<(), ShmError> {
+        // SAFETY: `at` checks the bounds; RingHeader is atomics only.
+        let header = unsafe { seg.at::<RingHeader>(layout.ring_header).as_ref() };
+        // Relaxed: `Segment::open` already synchronised with the creator through `init`.
+        let found =
+            (header.elem_size.load(Ordering::Relaxed), header.elem_align.load(Ordering::Relaxed));
+        let expected = (size_of::<T>() as u32, align_of::<T>() as u32);
+        if found != expected {
+            return Err(ShmError::ElementMismatch { expected, found });
+        }
+        if header.capacity.load(Ordering::Relaxed) != layout.capacity as u64 {
+            return Err(ShmError::Corrupted(crate::ring::Corrupted {
+                what: "ring capacity disagrees with the segment's parameters",
+            }));
+        }
+        Ok(())
+    }
+
     fn create<T: Pod, C>(
         name: &str,
         kind: SegmentKind,
@@ -163,21 +208,10 @@ impl RingSegment {
         let layout = RingLayout::new(capacity, size_of::<C>())
             .ok_or(ShmError::InvalidCapacity { capacity })?;
         let segment = Segment::create(name, kind, layout.total_size, |seg| {
-            // SAFETY: offsets from `layout`, which sized the segment; the memory is ours
-            // alone until `create` publishes it.
-            let header = unsafe { seg.at::<RingHeader>(layout.ring_header).as_ref() };
-            // Relaxed: published by the Release store of `init` in `Segment::create`.
-            header.capacity.store(capacity, Ordering::Relaxed);
-            header.elem_size.store(size_of::<T>() as u32, Ordering::Relaxed);
-            header.elem_align.store(align_of::<T>() as u32, Ordering::Relaxed);
-            for i in 0..layout.capacity {
-                // SAFETY: cell i lies inside the cell array of `layout`; nobody else has
-                // the segment yet, so a plain write is fine.
-                unsafe { seg.at::<C>(layout.cells + i * layout.cell_size).write(init_cell(i)) };
-            }
+            Self::init_in::<T, C>(seg, &layout, init_cell);
             Ok(())
         })?;
-        Ok(Arc::new(Self::new(segment, layout)))
+        Ok(Self::view(Arc::new(segment), layout))
     }
 
     fn open<T: Pod, C>(
@@ -215,17 +249,57 @@ impl RingSegment {
                 found: segment.len() as u64,
             });
         }
-        Ok(Arc::new(Self::new(segment, layout)))
+        Ok(Self::view(Arc::new(segment), layout))
     }
 
-    fn new(segment: Segment, layout: RingLayout) -> Self {
-        // SAFETY: offsets from a layout whose total size equals the mapping's length.
+    /// The ring at `layout` inside `segment`, whose parameters the caller has checked.
+    ///
+    /// # Panics
+    ///
+    /// If the ring does not fit in the segment (a bug in the caller's checks).
+    pub(crate) fn view(segment: Arc<Segment>, layout: RingLayout) -> Arc<Self> {
+        assert!(layout.total_size <= segment.len(), "ring outside its segment");
+        // SAFETY: offsets from a layout that ends inside the mapping (`at` checks each).
         let (control, cells) =
             unsafe { (segment.at::<RingControl>(layout.control), segment.at::<u8>(layout.cells)) };
-        Self { segment, layout, control, cells }
+        Arc::new(Self { segment, layout, control, cells })
     }
 
-    fn storage<C>(self: &Arc<Self>, claim: Option<RoleClaim>) -> ShmStorage<C> {
+    /// The SPSC producer end, claiming the producer role.
+    pub(crate) fn spsc_producer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<SpscProducer<T>, ShmError> {
+        let claim = RoleClaim::take(self, Role::Producer)?;
+        // SAFETY: the claim makes this the only producer until it is dropped with the
+        // endpoint's storage.
+        Ok(unsafe { spsc::Producer::new(self.storage(Some(claim))) }?)
+    }
+
+    /// The SPSC consumer end, claiming the consumer role.
+    pub(crate) fn spsc_consumer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<SpscConsumer<T>, ShmError> {
+        let claim = RoleClaim::take(self, Role::Consumer)?;
+        // SAFETY: the claim makes this the only consumer until it is dropped with the
+        // endpoint's storage.
+        Ok(unsafe { spsc::Consumer::new(self.storage(Some(claim))) }?)
+    }
+
+    /// An MPMC producer end.
+    pub(crate) fn mpmc_producer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<MpmcProducer<T>, ShmError> {
+        Ok(mpmc::Producer::new(self.storage(None))?)
+    }
+
+    /// An MPMC consumer end.
+    pub(crate) fn mpmc_consumer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<MpmcConsumer<T>, ShmError> {
+        Ok(mpmc::Consumer::new(self.storage(None))?)
+    }
+
+    pub(crate) fn storage<C>(self: &Arc<Self>, claim: Option<RoleClaim>) -> ShmStorage<C> {
         // The layout was computed for one cell type; a view with another would mis-stride.
         assert_eq!(size_of::<C>(), self.layout.cell_size, "cell type does not match the layout");
         ShmStorage { ring: self.clone(), _claim: claim.map(Arc::new), _cell: PhantomData }
@@ -375,10 +449,7 @@ impl<T: Pod + Send> SpscRing<T> {
     /// [`ShmError::RoleTaken`] while another producer lives; [`ShmError::Corrupted`] when
     /// the ring's positions are impossible.
     pub fn producer(&self) -> Result<SpscProducer<T>, ShmError> {
-        let claim = RoleClaim::take(&self.ring, Role::Producer)?;
-        // SAFETY: the claim makes this the only producer until it is dropped with the
-        // endpoint's storage.
-        Ok(unsafe { spsc::Producer::new(self.ring.storage(Some(claim))) }?)
+        self.ring.spsc_producer()
     }
 
     /// Claims the consumer role and returns the consumer end.
@@ -388,10 +459,7 @@ impl<T: Pod + Send> SpscRing<T> {
     /// [`ShmError::RoleTaken`] while another consumer lives; [`ShmError::Corrupted`] when
     /// the ring's positions are impossible.
     pub fn consumer(&self) -> Result<SpscConsumer<T>, ShmError> {
-        let claim = RoleClaim::take(&self.ring, Role::Consumer)?;
-        // SAFETY: the claim makes this the only consumer until it is dropped with the
-        // endpoint's storage.
-        Ok(unsafe { spsc::Consumer::new(self.ring.storage(Some(claim))) }?)
+        self.ring.spsc_consumer()
     }
 
     /// Number of cells.
@@ -454,7 +522,7 @@ impl<T: Pod + Send> MpmcRing<T> {
     ///
     /// [`ShmError::Corrupted`] when the ring's positions are impossible.
     pub fn producer(&self) -> Result<MpmcProducer<T>, ShmError> {
-        Ok(mpmc::Producer::new(self.ring.storage(None))?)
+        self.ring.mpmc_producer()
     }
 
     /// A consumer end. Any number may exist.
@@ -463,7 +531,7 @@ impl<T: Pod + Send> MpmcRing<T> {
     ///
     /// [`ShmError::Corrupted`] when the ring's positions are impossible.
     pub fn consumer(&self) -> Result<MpmcConsumer<T>, ShmError> {
-        Ok(mpmc::Consumer::new(self.ring.storage(None))?)
+        self.ring.mpmc_consumer()
     }
 
     /// Number of cells.

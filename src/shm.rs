@@ -54,6 +54,24 @@ pub enum ShmError {
         /// The capacity asked for.
         capacity: u64,
     },
+    /// A pool of `slot_count` slots of `slot_size` bytes is out of range (1..=2^20 slots of
+    /// 1 byte..=256 GiB, at most 1 TiB in all).
+    InvalidPool {
+        /// Slots asked for.
+        slot_count: u32,
+        /// Bytes per slot asked for.
+        slot_size: u64,
+    },
+    /// A channel option is out of range.
+    InvalidConfig {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// Every entry of the channel's pool table is in use (raise `max_senders`).
+    PoolTableFull {
+        /// Entries in the table.
+        max_pools: u32,
+    },
     /// `create`: a segment of that name exists.
     AlreadyExists {
         /// The segment's name.
@@ -140,6 +158,17 @@ impl fmt::Display for ShmError {
             ShmError::InvalidCapacity { capacity } => {
                 write!(f, "capacity {capacity} is not a power of two in 1..=16777216")
             }
+            ShmError::InvalidPool { slot_count, slot_size } => write!(
+                f,
+                "a pool of {slot_count} slots of {slot_size} bytes is out of range \
+                 (1..=1048576 slots of 1 byte..=256 GiB, at most 1 TiB in all)"
+            ),
+            ShmError::InvalidConfig { reason } => write!(f, "invalid channel option: {reason}"),
+            ShmError::PoolTableFull { max_pools } => write!(
+                f,
+                "all {max_pools} pool table entries are in use (raise max_senders, or wait \
+                 for messages of departed senders to drain)"
+            ),
             ShmError::AlreadyExists { name } => write!(f, "segment {name} already exists"),
             ShmError::NotFound { name } => write!(f, "segment {name} does not exist"),
             ShmError::PermissionDenied { name, reason } => {
@@ -469,6 +498,12 @@ impl Segment {
         assert!(offset % align_of::<U>() == 0, "offset {offset} misaligned");
         // SAFETY: offset + size_of::<U>() <= len, inside the mapping.
         unsafe { self.base.add(offset).cast() }
+    }
+
+    /// Gives up ownership of the name: dropping this handle no longer unlinks it. Used for
+    /// pool segments, whose name must outlive their sender while slots are in flight.
+    pub(crate) fn keep_name(&mut self) {
+        self.owner = false;
     }
 
     /// Removes the name `name` (with or without its leading `/`). Mappings stay valid.

@@ -1,0 +1,1209 @@
+//! [`Sender`] and [`Receiver`]: a descriptor ring tied to slot pools, the API most users
+//! touch.
+//!
+//! A channel is one shared-memory segment holding a pool table and a descriptor ring
+//! (SPSC or MPMC). Each [`Sender`] owns a [`pool`](crate::pool) of preallocated slots in
+//! its own segment and registers it in the table. The producer leases a slot, writes its
+//! bytes in place, and sends it: only a 384-byte descriptor travels through the ring. The
+//! receiver validates the descriptor against the pool table, maps the pool on first sight,
+//! and reads the bytes in place; dropping the [`Message`] returns the slot.
+//!
+//! ```no_run
+//! use gpuring::{Channel, TensorMeta};
+//!
+//! // Process A: create the channel, 8 slots of 1 MiB, and send.
+//! let ch = Channel::builder("frames").capacity(64).slots(8, 1 << 20).create()?;
+//! let tx = ch.sender()?;
+//! let mut lease = tx.acquire()?;
+//! lease[..5].copy_from_slice(b"hello");
+//! tx.send(lease, TensorMeta::bytes(5))?;
+//!
+//! // Process B: open it and receive.
+//! let ch = Channel::builder("frames").open()?;
+//! let rx = ch.receiver()?;
+//! let msg = rx.recv()?;
+//! assert_eq!(&msg[..], b"hello");
+//! drop(msg); // the slot goes back to A's pool
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Lifetimes of names
+//!
+//! The channel's creator unlinks the channel name when it drops; processes that opened it
+//! keep working. A pool's name outlives its sender while any of its slots is in flight:
+//! the sender marks the pool closed, and whoever then sees it closed with every slot free
+//! (the sender itself, or the receiver returning the last slot) unlinks it. So a sender may
+//! send and exit at once, and its messages still arrive.
+
+use std::cell::{Cell, RefCell};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::descriptor::{Descriptor, TensorMeta};
+use crate::layout::{
+    ChannelHeader, ChannelLayout, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, ENTRY_EMPTY, MpmcCell,
+    POOL_NAME_BYTES, PoolEntry, PoolLayout, SegmentKind, SpscCell,
+};
+use crate::named::{
+    DEFAULT_OPEN_TIMEOUT, MpmcConsumer, MpmcProducer, RingSegment, SpscConsumer, SpscProducer,
+};
+use crate::pool::{AcquireError, HostPool, SlotRef};
+use crate::ring::{Corrupted, PopError, PushError, TryPopError, TryPushError};
+use crate::shm::{Segment, ShmError, object_name};
+use crate::sync::Ordering;
+use crate::wait::WaitPolicy;
+
+/// One sender and one receiver, or any number of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// One sender, one receiver: an SPSC descriptor ring, roles claimed in the segment.
+    Spsc,
+    /// Any number of senders (each with its own pool) and receivers: an MPMC ring.
+    Mpmc,
+}
+
+impl Flavor {
+    fn kind(self) -> SegmentKind {
+        match self {
+            Flavor::Spsc => SegmentKind::SpscChannel,
+            Flavor::Mpmc => SegmentKind::MpmcChannel,
+        }
+    }
+
+    fn cell_size(self) -> usize {
+        match self {
+            Flavor::Spsc => size_of::<SpscCell<Descriptor>>(),
+            Flavor::Mpmc => size_of::<MpmcCell<Descriptor>>(),
+        }
+    }
+}
+
+/// Longest channel name: pool segment names append a suffix of up to 35 bytes.
+pub const MAX_CHANNEL_NAME: usize = 200;
+
+/// Options for creating or opening a [`Channel`].
+///
+/// `create` uses every option; `open` uses the name, the flavor if one was set (else it
+/// takes what it finds) and the open timeout: capacity and slots are the creator's.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use gpuring::Channel;
+/// let ch = Channel::builder("jobs")
+///     .mpmc()
+///     .capacity(1024)
+///     .slots(16, 4 << 20) // each sender: 16 slots of 4 MiB
+///     .max_senders(8)
+///     .create()?;
+/// let peer = Channel::builder("jobs").open_timeout(Duration::from_secs(5)).open()?;
+/// # Ok::<(), gpuring::ShmError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ChannelBuilder {
+    name: String,
+    flavor: Option<Flavor>,
+    capacity: u64,
+    slot_count: u32,
+    slot_size: u64,
+    max_senders: Option<u32>,
+    open_timeout: Duration,
+}
+
+impl ChannelBuilder {
+    /// Options for channel `name`: SPSC, capacity 256, 8 slots of 1 MiB per sender.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            flavor: None,
+            capacity: 256,
+            slot_count: 8,
+            slot_size: 1 << 20,
+            max_senders: None,
+            open_timeout: DEFAULT_OPEN_TIMEOUT,
+        }
+    }
+
+    /// One sender, one receiver (the default for `create`).
+    pub fn spsc(mut self) -> Self {
+        self.flavor = Some(Flavor::Spsc);
+        self
+    }
+
+    /// Any number of senders and receivers.
+    pub fn mpmc(mut self) -> Self {
+        self.flavor = Some(Flavor::Mpmc);
+        self
+    }
+
+    /// Descriptor ring cells, a power of two in `1..=2^24`.
+    pub fn capacity(mut self, capacity: u64) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Each sender's pool: `count` slots (`1..=2^20`) of `bytes` bytes each.
+    pub fn slots(mut self, count: u32, bytes: u64) -> Self {
+        self.slot_count = count;
+        self.slot_size = bytes;
+        self
+    }
+
+    /// Pool table entries: how many senders may have pools at once, counting departed
+    /// senders whose messages are still in flight (default 4 for SPSC, 16 for MPMC).
+    pub fn max_senders(mut self, n: u32) -> Self {
+        self.max_senders = Some(n);
+        self
+    }
+
+    /// How long `open` waits for the creator to finish initialising.
+    pub fn open_timeout(mut self, timeout: Duration) -> Self {
+        self.open_timeout = timeout;
+        self
+    }
+
+    /// Creates the channel, exclusively, mode 0600. No pool exists until a sender is made.
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::InvalidName`] (also beyond [`MAX_CHANNEL_NAME`] bytes),
+    /// [`ShmError::InvalidCapacity`], [`ShmError::InvalidPool`],
+    /// [`ShmError::InvalidConfig`], [`ShmError::AlreadyExists`],
+    /// [`ShmError::PermissionDenied`], [`ShmError::Io`].
+    pub fn create(&self) -> Result<Channel, ShmError> {
+        let base = check_name(&self.name)?;
+        let flavor = self.flavor.unwrap_or(Flavor::Spsc);
+        let max_pools = self.max_senders.unwrap_or(match flavor {
+            Flavor::Spsc => 4,
+            Flavor::Mpmc => 16,
+        });
+        if max_pools == 0 || max_pools > crate::layout::MAX_POOLS {
+            return Err(ShmError::InvalidConfig { reason: "max_senders must be in 1..=1024" });
+        }
+        if PoolLayout::new(self.slot_count, self.slot_size).is_none() {
+            return Err(ShmError::InvalidPool {
+                slot_count: self.slot_count,
+                slot_size: self.slot_size,
+            });
+        }
+        let layout = ChannelLayout::new(max_pools, self.capacity, flavor.cell_size())
+            .ok_or(ShmError::InvalidCapacity { capacity: self.capacity })?;
+        let nonce = nonce();
+        let segment = Segment::create(&self.name, flavor.kind(), layout.total_size, |seg| {
+            // SAFETY: offset from `layout`, which sized the segment; ours alone until
+            // `create` publishes it.
+            let h = unsafe { seg.at::<ChannelHeader>(layout.header).as_ref() };
+            // Relaxed: published by the Release store of `init` in `Segment::create`.
+            h.max_pools.store(max_pools, Ordering::Relaxed);
+            h.slot_count.store(self.slot_count, Ordering::Relaxed);
+            h.slot_size.store(self.slot_size, Ordering::Relaxed);
+            h.nonce.store(nonce, Ordering::Relaxed);
+            // Pool entries are zero (EMPTY) in a fresh object.
+            match flavor {
+                Flavor::Spsc => RingSegment::init_in::<Descriptor, SpscCell<Descriptor>>(
+                    seg,
+                    &layout.ring,
+                    |_| SpscCell::new(),
+                ),
+                Flavor::Mpmc => RingSegment::init_in::<Descriptor, MpmcCell<Descriptor>>(
+                    seg,
+                    &layout.ring,
+                    |i| MpmcCell::new(i as u64),
+                ),
+            }
+            Ok(())
+        })?;
+        Ok(Channel::new(
+            segment,
+            layout,
+            flavor,
+            (self.slot_count, self.slot_size, nonce),
+            base,
+            self.open_timeout,
+        ))
+    }
+
+    /// Opens the channel, waiting up to the open timeout for its creator to finish.
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::NotFound`], [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`],
+    /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`], [`ShmError::NotInitialized`],
+    /// [`ShmError::KindMismatch`] (not a channel, or not the flavor asked for),
+    /// [`ShmError::ElementMismatch`], [`ShmError::Corrupted`], [`ShmError::Io`].
+    pub fn open(&self) -> Result<Channel, ShmError> {
+        let base = check_name(&self.name)?;
+        let (segment, flavor) = match self.flavor {
+            Some(f) => (Segment::open(&self.name, f.kind(), self.open_timeout)?, f),
+            None => match Segment::open(&self.name, SegmentKind::SpscChannel, self.open_timeout) {
+                Ok(s) => (s, Flavor::Spsc),
+                Err(ShmError::KindMismatch { found, .. })
+                    if found == SegmentKind::MpmcChannel as u32 =>
+                {
+                    let s = Segment::open(&self.name, SegmentKind::MpmcChannel, self.open_timeout)?;
+                    (s, Flavor::Mpmc)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let header_end = ChannelLayout::new(1, 1, 0).expect("valid").pools;
+        if segment.len() < header_end {
+            return Err(ShmError::SizeMismatch {
+                expected: header_end as u64,
+                found: segment.len() as u64,
+            });
+        }
+        // SAFETY: inside the mapping (checked just above); atomics only.
+        let h = unsafe { segment.at::<ChannelHeader>(size_of::<crate::layout::SegmentHeader>()) };
+        // SAFETY: as above.
+        let h = unsafe { h.as_ref() };
+        // Relaxed: `Segment::open` synchronised with the creator through `init`. Each
+        // field is read once, then checked.
+        let max_pools = h.max_pools.load(Ordering::Relaxed);
+        let slots = (h.slot_count.load(Ordering::Relaxed), h.slot_size.load(Ordering::Relaxed));
+        let nonce = h.nonce.load(Ordering::Relaxed);
+        let corrupted = |what| ShmError::Corrupted(Corrupted { what });
+        if PoolLayout::new(slots.0, slots.1).is_none() {
+            return Err(corrupted("channel slot parameters out of range"));
+        }
+        let probe = ChannelLayout::new(max_pools, 1, flavor.cell_size())
+            .ok_or(corrupted("channel pool table size out of range"))?;
+        if segment.len() < probe.ring.cells {
+            return Err(ShmError::SizeMismatch {
+                expected: probe.ring.cells as u64,
+                found: segment.len() as u64,
+            });
+        }
+        // SAFETY: the ring header lies inside the mapping (checked just above).
+        let ring_header =
+            unsafe { segment.at::<crate::layout::RingHeader>(probe.ring.ring_header).as_ref() };
+        let capacity = ring_header.capacity.load(Ordering::Relaxed);
+        let layout = ChannelLayout::new(max_pools, capacity, flavor.cell_size())
+            .ok_or(corrupted("ring capacity is not a power of two in range"))?;
+        if layout.total_size != segment.len() {
+            return Err(ShmError::SizeMismatch {
+                expected: layout.total_size as u64,
+                found: segment.len() as u64,
+            });
+        }
+        RingSegment::check_in::<Descriptor>(&segment, &layout.ring)?;
+        Ok(Channel::new(
+            segment,
+            layout,
+            flavor,
+            (slots.0, slots.1, nonce),
+            base,
+            self.open_timeout,
+        ))
+    }
+}
+
+fn check_name(name: &str) -> Result<String, ShmError> {
+    let full = object_name(name)?;
+    let bare = full.to_str().expect("object names are UTF-8")[1..].to_owned();
+    if bare.len() > MAX_CHANNEL_NAME {
+        return Err(ShmError::InvalidName {
+            name: name.to_owned(),
+            reason: "longer than 200 bytes (pool segment names add a suffix)",
+        });
+    }
+    Ok(bare)
+}
+
+/// A number that differs between channels created one after another under one name.
+fn nonce() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let x = t ^ (u64::from(std::process::id()) << 32);
+    // A 64-to-32 mix (splitmix64's finaliser) so nearby times give unrelated values.
+    let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (x ^ (x >> 31)) as u32
+}
+
+/// Where a pool table entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolState {
+    /// A sender is registering it.
+    Registering,
+    /// Its sender is live.
+    Active,
+    /// Its sender is gone; slots still in flight drain back to it.
+    Closed,
+}
+
+/// A row of the pool table, as [`Channel::pools`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// Table index (low 16 bits of a descriptor's `pool_id`).
+    pub index: u32,
+    /// Registration instance (high 16 bits of `pool_id`).
+    pub instance: u32,
+    /// Where the entry stands.
+    pub state: PoolState,
+    /// The sending process, as it registered (pids are reused).
+    pub owner_pid: u32,
+    /// The pool segment's name.
+    pub name: String,
+}
+
+#[derive(Debug)]
+struct Shared {
+    segment: Arc<Segment>,
+    layout: ChannelLayout,
+    flavor: Flavor,
+    ring: Arc<RingSegment>,
+    slot_count: u32,
+    slot_size: u64,
+    nonce: u32,
+    base: String,
+    open_timeout: Duration,
+}
+
+impl Shared {
+    fn header(&self) -> &ChannelHeader {
+        // SAFETY: offset from the checked layout; atomics only.
+        unsafe { self.segment.at::<ChannelHeader>(self.layout.header).as_ref() }
+    }
+
+    fn entry(&self, index: u32) -> &PoolEntry {
+        assert!((index as usize) < self.layout.max_pools, "pool index checked by the caller");
+        let offset = self.layout.pools + index as usize * size_of::<PoolEntry>();
+        // SAFETY: index < max_pools, so the entry lies in the table; atomics only.
+        unsafe { self.segment.at::<PoolEntry>(offset).as_ref() }
+    }
+
+    fn max_pools(&self) -> u32 {
+        self.layout.max_pools as u32
+    }
+
+    /// The pool segment name for table entry `index`, registration `instance`: derived,
+    /// so a receiver never opens a name a peer chose.
+    fn pool_name(&self, index: u32, instance: u32) -> String {
+        format!("{}.{:08x}.p{index}.{instance}", self.base, self.nonce)
+    }
+}
+
+/// Packs `name` into an entry's name words.
+fn write_name(entry: &PoolEntry, name: &str) {
+    let bytes = name.as_bytes();
+    assert!(bytes.len() <= POOL_NAME_BYTES, "pool names are bounded by MAX_CHANNEL_NAME");
+    for (i, word) in entry.name.iter().enumerate() {
+        let mut chunk = [0u8; 8];
+        let start = (i * 8).min(bytes.len());
+        let end = (start + 8).min(bytes.len());
+        chunk[..end - start].copy_from_slice(&bytes[start..end]);
+        // Relaxed: published by the Release store of `state`.
+        word.store(u64::from_le_bytes(chunk), Ordering::Relaxed);
+    }
+    entry.name_len.store(bytes.len() as u32, Ordering::Relaxed);
+}
+
+/// Reads an entry's name (lossy: it is shared memory).
+fn read_name(entry: &PoolEntry) -> String {
+    // Relaxed: read after the caller's Acquire load of `state`.
+    let len = (entry.name_len.load(Ordering::Relaxed) as usize).min(POOL_NAME_BYTES);
+    let mut bytes = Vec::with_capacity(POOL_NAME_BYTES);
+    for word in &entry.name {
+        bytes.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+    }
+    bytes.truncate(len);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A channel segment, created or opened; makes [`Sender`]s and [`Receiver`]s.
+///
+/// The creating handle unlinks the channel name when it and everything made from it are
+/// dropped. See the [module docs](self) for an example.
+#[derive(Debug, Clone)]
+pub struct Channel {
+    shared: Arc<Shared>,
+}
+
+impl Channel {
+    /// Options for channel `name`.
+    pub fn builder(name: impl Into<String>) -> ChannelBuilder {
+        ChannelBuilder::new(name)
+    }
+
+    fn new(
+        segment: Segment,
+        layout: ChannelLayout,
+        flavor: Flavor,
+        (slot_count, slot_size, nonce): (u32, u64, u32),
+        base: String,
+        open_timeout: Duration,
+    ) -> Self {
+        let segment = Arc::new(segment);
+        let ring = RingSegment::view(segment.clone(), layout.ring);
+        let shared = Shared {
+            segment,
+            layout,
+            flavor,
+            ring,
+            slot_count,
+            slot_size,
+            nonce,
+            base,
+            open_timeout,
+        };
+        Self { shared: Arc::new(shared) }
+    }
+
+    /// A sender: creates this sender's pool, registers it in the pool table and, for SPSC,
+    /// claims the producer role.
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::RoleTaken`] (SPSC, another sender lives), [`ShmError::PoolTableFull`],
+    /// and what creating the pool segment can return.
+    pub fn sender(&self) -> Result<Sender, ShmError> {
+        let tx = match self.shared.flavor {
+            Flavor::Spsc => Tx::Spsc(RefCell::new(self.shared.ring.spsc_producer()?)),
+            Flavor::Mpmc => Tx::Mpmc(self.shared.ring.mpmc_producer()?),
+        };
+        let (index, instance, pool) = self.register_pool()?;
+        Ok(Sender {
+            shared: self.shared.clone(),
+            free: pool.core.free_consumer(),
+            pool: Arc::new(pool),
+            index,
+            pool_id: (instance << 16) | index,
+            tx,
+            seq: Cell::new(0),
+        })
+    }
+
+    fn register_pool(&self) -> Result<(u32, u32, HostPool), ShmError> {
+        let s = &self.shared;
+        for index in 0..s.max_pools() {
+            let entry = s.entry(index);
+            // Acquire: pairs with the Release store of the state by the entry's last
+            // writer, so its instance and name are visible.
+            let state = entry.state.load(Ordering::Acquire);
+            let reusable = match state {
+                ENTRY_EMPTY => true,
+                ENTRY_CLOSED => {
+                    // Reusable once its pool is drained: the last one out unlinked it.
+                    let old = s.pool_name(index, entry.instance.load(Ordering::Relaxed) & 0xFFFF);
+                    matches!(
+                        Segment::open(&old, SegmentKind::HostPool, Duration::ZERO),
+                        Err(ShmError::NotFound { .. })
+                    )
+                }
+                _ => false,
+            };
+            // Acquire: as above; makes this sender the entry's only writer.
+            if !reusable
+                || entry
+                    .state
+                    .compare_exchange(state, ENTRY_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            // Relaxed: a counter; only uniqueness matters.
+            let instance =
+                s.header().registrations.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0xFFFF;
+            let name = s.pool_name(index, instance);
+            let pool = match HostPool::create(&name, s.slot_count, s.slot_size) {
+                Ok(pool) => pool,
+                Err(e) => {
+                    // Release: pairs with the Acquire loads above.
+                    entry.state.store(state, Ordering::Release);
+                    return Err(e);
+                }
+            };
+            // Relaxed: published by the Release store of `state` below.
+            entry.instance.store(instance, Ordering::Relaxed);
+            entry.backend.store(1, Ordering::Relaxed);
+            entry.slot_count.store(s.slot_count, Ordering::Relaxed);
+            entry.slot_size.store(s.slot_size, Ordering::Relaxed);
+            entry.owner_pid.store(std::process::id(), Ordering::Relaxed);
+            write_name(entry, &name);
+            // Release: pairs with the Acquire load of the state in `Receiver::pool_for`;
+            // the fields above are visible to a receiver that sees ACTIVE.
+            entry.state.store(ENTRY_ACTIVE, Ordering::Release);
+            return Ok((index, instance, pool));
+        }
+        Err(ShmError::PoolTableFull { max_pools: s.max_pools() })
+    }
+
+    /// A receiver; for SPSC, claims the consumer role.
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::RoleTaken`] (SPSC, another receiver lives), [`ShmError::Corrupted`].
+    pub fn receiver(&self) -> Result<Receiver, ShmError> {
+        let rx = match self.shared.flavor {
+            Flavor::Spsc => Rx::Spsc(RefCell::new(self.shared.ring.spsc_consumer()?)),
+            Flavor::Mpmc => Rx::Mpmc(self.shared.ring.mpmc_consumer()?),
+        };
+        let pools = (0..self.shared.max_pools()).map(|_| None).collect();
+        Ok(Receiver { shared: self.shared.clone(), rx, pools: RefCell::new(pools) })
+    }
+
+    /// SPSC or MPMC.
+    pub fn flavor(&self) -> Flavor {
+        self.shared.flavor
+    }
+
+    /// Descriptor ring cells.
+    pub fn capacity(&self) -> usize {
+        self.shared.layout.ring.capacity
+    }
+
+    /// Each sender's pool: (slot count, bytes per slot).
+    pub fn slots(&self) -> (u32, u64) {
+        (self.shared.slot_count, self.shared.slot_size)
+    }
+
+    /// Pool table entries.
+    pub fn max_senders(&self) -> u32 {
+        self.shared.max_pools()
+    }
+
+    /// The channel segment.
+    pub fn segment(&self) -> &Segment {
+        &self.shared.segment
+    }
+
+    /// The pool table's entries in use (a snapshot, for diagnostics).
+    pub fn pools(&self) -> Vec<PoolInfo> {
+        let s = &self.shared;
+        (0..s.max_pools())
+            .filter_map(|index| {
+                let e = s.entry(index);
+                // Acquire: pairs with the Release store of the state in `register_pool`.
+                let state = match e.state.load(Ordering::Acquire) {
+                    ENTRY_CLAIMED => PoolState::Registering,
+                    ENTRY_ACTIVE => PoolState::Active,
+                    ENTRY_CLOSED => PoolState::Closed,
+                    _ => return None,
+                };
+                Some(PoolInfo {
+                    index,
+                    // Relaxed: after the Acquire above.
+                    instance: e.instance.load(Ordering::Relaxed),
+                    state,
+                    owner_pid: e.owner_pid.load(Ordering::Relaxed),
+                    name: read_name(e),
+                })
+            })
+            .collect()
+    }
+}
+
+enum Tx {
+    // The SPSC producer caches positions (`&mut self`); `Sender` is not `Sync`, and no
+    // method re-enters, so a `RefCell` borrow never fails.
+    Spsc(RefCell<SpscProducer<Descriptor>>),
+    Mpmc(MpmcProducer<Descriptor>),
+}
+
+enum Rx {
+    Spsc(RefCell<SpscConsumer<Descriptor>>),
+    Mpmc(MpmcConsumer<Descriptor>),
+}
+
+/// How long a blocking call waits.
+#[derive(Clone, Copy)]
+enum Wait {
+    No,
+    For(Duration),
+    Forever,
+}
+
+/// The sending end: owns a pool of slots, leases them, sends them.
+///
+/// `Send` but not `Sync`: one thread uses a sender at a time (make one sender per thread
+/// in MPMC; each gets its own pool).
+pub struct Sender {
+    shared: Arc<Shared>,
+    pool: Arc<HostPool>,
+    index: u32,
+    pool_id: u32,
+    free: MpmcConsumer<u32>,
+    tx: Tx,
+    seq: Cell<u64>,
+}
+
+impl core::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Sender")
+            .field("channel", &self.shared.segment.name())
+            .field("pool", &self.pool.name())
+            .field("seq", &self.seq.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sender {
+    /// Leases a free slot, waiting (spin, then sleep) until a receiver returns one.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Corrupted`] when the pool's shared state is impossible.
+    pub fn acquire(&self) -> Result<Lease, AcquireError> {
+        self.lease(self.pool.core.lease_via(&self.free, None))
+    }
+
+    /// As [`acquire`](Self::acquire), giving up after `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Timeout`], [`AcquireError::Corrupted`].
+    pub fn acquire_timeout(&self, timeout: Duration) -> Result<Lease, AcquireError> {
+        self.lease(self.pool.core.lease_via(&self.free, Some(timeout)))
+    }
+
+    /// Leases a free slot if one is free now.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Exhausted`], [`AcquireError::Corrupted`].
+    pub fn try_acquire(&self) -> Result<Lease, AcquireError> {
+        self.lease(self.pool.core.try_lease_via(&self.free))
+    }
+
+    fn lease(&self, slot: Result<SlotRef, AcquireError>) -> Result<Lease, AcquireError> {
+        let slot = slot?;
+        Ok(Lease {
+            pool: Some(self.pool.clone()),
+            data: self.pool.slot_ptr(slot.slot),
+            len: self.pool.slot_size(),
+            slot,
+            tag: 0,
+        })
+    }
+
+    /// Sends a leased slot holding a tensor described by `meta` (use
+    /// [`TensorMeta::bytes`] for plain bytes), waiting while the ring is full. Wakes a
+    /// sleeping receiver, if any; makes no syscall otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::TooLarge`] (with the lease back) when `meta` spans more than a slot;
+    /// [`SendError::Corrupted`].
+    ///
+    /// # Panics
+    ///
+    /// If `lease` came from another sender.
+    pub fn send(&self, lease: Lease, meta: TensorMeta) -> Result<(), SendError> {
+        self.send_with(lease, meta, Wait::Forever)
+    }
+
+    /// As [`send`](Self::send), giving up after `timeout` with the lease back.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Timeout`], [`SendError::TooLarge`], [`SendError::Corrupted`].
+    ///
+    /// # Panics
+    ///
+    /// If `lease` came from another sender.
+    pub fn send_timeout(
+        &self,
+        lease: Lease,
+        meta: TensorMeta,
+        timeout: Duration,
+    ) -> Result<(), SendError> {
+        self.send_with(lease, meta, Wait::For(timeout))
+    }
+
+    /// As [`send`](Self::send), without waiting: a full ring gives the lease back.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Full`], [`SendError::TooLarge`], [`SendError::Corrupted`].
+    ///
+    /// # Panics
+    ///
+    /// If `lease` came from another sender.
+    pub fn try_send(&self, lease: Lease, meta: TensorMeta) -> Result<(), SendError> {
+        self.send_with(lease, meta, Wait::No)
+    }
+
+    fn send_with(&self, mut lease: Lease, meta: TensorMeta, wait: Wait) -> Result<(), SendError> {
+        let pool = lease.pool.as_ref().expect("a live lease has its pool");
+        assert!(Arc::ptr_eq(pool, &self.pool), "a lease must be sent by the sender it came from");
+        if meta.nbytes() > lease.len as u64 {
+            let (len, capacity) = (meta.nbytes(), lease.len as u64);
+            return Err(SendError::TooLarge { lease, len, capacity });
+        }
+        let seq = self.seq.get();
+        let mut d = Descriptor::new(seq, &meta);
+        d.tag = lease.tag;
+        d.pool_id = self.pool_id;
+        d.slot = lease.slot.slot;
+        d.generation = u64::from(lease.slot.generation);
+        self.pool.core.mark_sent(lease.slot);
+        let pushed: Result<(), Result<(), Corrupted>> = match (&self.tx, wait) {
+            (Tx::Spsc(p), Wait::No) => p.borrow_mut().try_push(d).map_err(full_or_corrupt),
+            (Tx::Spsc(p), Wait::For(t)) => {
+                p.borrow_mut().push_timeout(d, t).map_err(timeout_or_corrupt)
+            }
+            (Tx::Spsc(p), Wait::Forever) => p.borrow_mut().push(d).map_err(timeout_or_corrupt),
+            (Tx::Mpmc(p), Wait::No) => p.try_push(d).map_err(full_or_corrupt),
+            (Tx::Mpmc(p), Wait::For(t)) => p.push_timeout(d, t).map_err(timeout_or_corrupt),
+            (Tx::Mpmc(p), Wait::Forever) => p.push(d).map_err(timeout_or_corrupt),
+        };
+        match pushed {
+            Ok(()) => {
+                // Sent: the receiver owns the slot now, so the lease must not cancel it.
+                lease.pool = None;
+                self.seq.set(seq.wrapping_add(1));
+                Ok(())
+            }
+            Err(e) => {
+                self.pool.core.unmark_sent(lease.slot);
+                match (e, wait) {
+                    (Ok(()), Wait::No) => Err(SendError::Full(lease)),
+                    (Ok(()), _) => Err(SendError::Timeout(lease)),
+                    (Err(c), _) => Err(SendError::Corrupted(c)),
+                }
+            }
+        }
+    }
+
+    /// Slots in this sender's pool.
+    pub fn slot_count(&self) -> u32 {
+        self.pool.core.slot_count()
+    }
+
+    /// Bytes per slot.
+    pub fn slot_size(&self) -> usize {
+        self.pool.slot_size()
+    }
+
+    /// Slots now free in this sender's pool (a snapshot; exact when nothing moves).
+    pub fn free_slots(&self) -> usize {
+        self.pool.core.free_slots()
+    }
+
+    /// The sequence number the next message will carry.
+    pub fn next_seq(&self) -> u64 {
+        self.seq.get()
+    }
+
+    /// This sender's pool id, as descriptors carry it.
+    pub fn pool_id(&self) -> u32 {
+        self.pool_id
+    }
+
+    /// The pool segment's name.
+    pub fn pool_name(&self) -> &str {
+        self.pool.name()
+    }
+
+    /// Sets how this sender waits, for a free slot and for room in the ring.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.free.set_wait_policy(policy);
+        match &mut self.tx {
+            Tx::Spsc(p) => p.get_mut().set_wait_policy(policy),
+            Tx::Mpmc(p) => p.set_wait_policy(policy),
+        }
+    }
+
+    /// Pushes a raw descriptor into the ring, bypassing the pool: for tests of what
+    /// receivers do with forged descriptors. Not for applications.
+    #[doc(hidden)]
+    pub fn push_raw(&self, d: Descriptor) -> Result<(), SendError> {
+        let r = match &self.tx {
+            Tx::Spsc(p) => p.borrow_mut().push(d).map_err(timeout_or_corrupt),
+            Tx::Mpmc(p) => p.push(d).map_err(timeout_or_corrupt),
+        };
+        r.map_err(|e| match e {
+            Err(c) => SendError::Corrupted(c),
+            Ok(()) => unreachable!("push without a deadline does not time out"),
+        })
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.pool.close();
+        // Release: pairs with the Acquire loads of the state in `register_pool`.
+        self.shared.entry(self.index).state.store(ENTRY_CLOSED, Ordering::Release);
+    }
+}
+
+fn full_or_corrupt<T>(e: TryPushError<T>) -> Result<(), Corrupted> {
+    match e {
+        TryPushError::Full(_) => Ok(()),
+        TryPushError::Corrupted(c) => Err(c),
+    }
+}
+
+fn timeout_or_corrupt<T>(e: PushError<T>) -> Result<(), Corrupted> {
+    match e {
+        PushError::Timeout(_) => Ok(()),
+        PushError::Corrupted(c) => Err(c),
+    }
+}
+
+/// A leased slot: write its bytes in place, then [`Sender::send`] it. Dropping a lease
+/// without sending it returns the slot to the pool.
+pub struct Lease {
+    pool: Option<Arc<HostPool>>,
+    slot: SlotRef,
+    data: NonNull<u8>,
+    len: usize,
+    tag: u64,
+}
+
+// SAFETY: the lease is the slot's one holder; `data` points into a mapping its `pool`
+// keeps alive, and nothing in it is tied to a thread.
+unsafe impl Send for Lease {}
+// SAFETY: `&Lease` gives only `&[u8]`.
+unsafe impl Sync for Lease {}
+
+impl core::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Lease")
+            .field("slot", &self.slot.slot)
+            .field("generation", &self.slot.generation)
+            .field("len", &self.len)
+            .field("tag", &self.tag)
+            .finish()
+    }
+}
+
+impl Lease {
+    /// Slot index in the pool.
+    pub fn slot(&self) -> u32 {
+        self.slot.slot
+    }
+
+    /// This lease's generation of the slot.
+    pub fn generation(&self) -> u32 {
+        self.slot.generation
+    }
+
+    /// Sets the application tag the descriptor will carry.
+    pub fn set_tag(&mut self, tag: u64) {
+        self.tag = tag;
+    }
+}
+
+impl Deref for Lease {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` bytes of the slot, inside the pool mapping the lease keeps alive;
+        // the lease protocol makes this process the slot's only user until it is sent
+        // (a hostile process with the segment mapped could still write; see the crate's
+        // Safety chapter).
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for Lease {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only view in this process.
+        unsafe { std::slice::from_raw_parts_mut(self.data.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.core.cancel(self.slot);
+        }
+    }
+}
+
+/// Why a send did not happen. Variants that carry the [`Lease`] give it back, bytes intact.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SendError {
+    /// `try_send`: the ring is full.
+    Full(Lease),
+    /// `send_timeout`: the ring stayed full until the deadline.
+    Timeout(Lease),
+    /// The metadata spans more bytes than a slot holds.
+    TooLarge {
+        /// The lease, back.
+        lease: Lease,
+        /// Bytes the metadata spans.
+        len: u64,
+        /// Bytes in a slot.
+        capacity: u64,
+    },
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+impl core::fmt::Display for SendError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            SendError::Full(_) => f.write_str("ring is full"),
+            SendError::Timeout(_) => f.write_str("timed out waiting for room in the ring"),
+            SendError::TooLarge { len, capacity, .. } => {
+                write!(f, "tensor spans {len} bytes, a slot holds {capacity}")
+            }
+            SendError::Corrupted(c) => c.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+/// Why nothing was received.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RecvError {
+    /// `try_recv`: the ring is empty.
+    Empty,
+    /// `recv_timeout`: nothing arrived before the deadline.
+    Timeout,
+    /// The ring is corrupt, or the descriptor popped was invalid (unknown pool, slot out of
+    /// range, stale generation, length beyond the slot, bad metadata); `what` says which.
+    /// An invalid descriptor is dropped and the pool left as it was; the next `recv`
+    /// carries on.
+    Corrupted(Corrupted),
+    /// The descriptor's pool could not be mapped (e.g. out of file descriptors).
+    Attach(ShmError),
+}
+
+impl core::fmt::Display for RecvError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RecvError::Empty => f.write_str("ring is empty"),
+            RecvError::Timeout => f.write_str("timed out waiting for a message"),
+            RecvError::Corrupted(c) => c.fmt(f),
+            RecvError::Attach(e) => write!(f, "cannot map the message's pool: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RecvError {}
+
+impl From<Corrupted> for RecvError {
+    fn from(c: Corrupted) -> Self {
+        RecvError::Corrupted(c)
+    }
+}
+
+/// Pools a receiver has mapped, by table row: (instance, pool).
+type PoolCache = RefCell<Box<[Option<(u32, Arc<HostPool>)>]>>;
+
+/// The receiving end: pops descriptors, checks them, maps pools on first sight.
+///
+/// `Send` but not `Sync`. In MPMC, make one receiver per thread.
+pub struct Receiver {
+    shared: Arc<Shared>,
+    rx: Rx,
+    // Preallocated: one entry per pool table row, filled on first sight of a pool.
+    pools: PoolCache,
+}
+
+impl core::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Receiver")
+            .field("channel", &self.shared.segment.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Receiver {
+    /// Receives a message, waiting (spin, then sleep) until one arrives.
+    ///
+    /// # Errors
+    ///
+    /// [`RecvError::Corrupted`], [`RecvError::Attach`].
+    pub fn recv(&self) -> Result<Message, RecvError> {
+        self.recv_with(Wait::Forever)
+    }
+
+    /// As [`recv`](Self::recv), giving up after `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`RecvError::Timeout`], [`RecvError::Corrupted`], [`RecvError::Attach`].
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message, RecvError> {
+        self.recv_with(Wait::For(timeout))
+    }
+
+    /// Receives a message if one is waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`RecvError::Empty`], [`RecvError::Corrupted`], [`RecvError::Attach`].
+    pub fn try_recv(&self) -> Result<Message, RecvError> {
+        self.recv_with(Wait::No)
+    }
+
+    fn recv_with(&self, wait: Wait) -> Result<Message, RecvError> {
+        let popped = match (&self.rx, wait) {
+            (Rx::Spsc(c), Wait::No) => c.borrow_mut().try_pop().map_err(empty_or_corrupt),
+            (Rx::Spsc(c), Wait::For(t)) => c.borrow_mut().pop_timeout(t).map_err(pop_error),
+            (Rx::Spsc(c), Wait::Forever) => c.borrow_mut().pop().map_err(pop_error),
+            (Rx::Mpmc(c), Wait::No) => c.try_pop().map_err(empty_or_corrupt),
+            (Rx::Mpmc(c), Wait::For(t)) => c.pop_timeout(t).map_err(pop_error),
+            (Rx::Mpmc(c), Wait::Forever) => c.pop().map_err(pop_error),
+        };
+        self.accept(popped?)
+    }
+
+    /// Checks a popped descriptor against the pool table and its pool; claims the slot.
+    fn accept(&self, d: Descriptor) -> Result<Message, RecvError> {
+        let corrupt = |what| RecvError::Corrupted(Corrupted { what });
+        let (index, instance) = (d.pool_id & 0xFFFF, d.pool_id >> 16);
+        if index >= self.shared.max_pools() {
+            return Err(corrupt("descriptor names an unknown pool"));
+        }
+        let pool = self.pool_for(index, instance)?;
+        let meta = d.meta().map_err(|_| corrupt("descriptor carries invalid tensor metadata"))?;
+        if d.slot >= pool.core.slot_count() {
+            return Err(corrupt("descriptor names a slot out of range"));
+        }
+        let end = d.byte_offset.checked_add(d.len);
+        if end.is_none_or(|e| e > pool.slot_size() as u64) {
+            return Err(corrupt("descriptor length is larger than the slot"));
+        }
+        if meta.nbytes() != d.len {
+            return Err(corrupt("descriptor metadata is inconsistent with its length"));
+        }
+        if d.device_ordinal != -1 {
+            return Err(corrupt("descriptor names a device, the pool is host memory"));
+        }
+        let held = pool.core.receive(d.slot, d.generation)?;
+        // SAFETY: byte_offset + len <= slot_size (checked above), inside the slot.
+        let data = unsafe { pool.slot_ptr(held.slot).add(d.byte_offset as usize) };
+        Ok(Message { pool, held, desc: d, meta, data })
+    }
+
+    /// The pool at table row `index`, registration `instance`: cached, or mapped now.
+    fn pool_for(&self, index: u32, instance: u32) -> Result<Arc<HostPool>, RecvError> {
+        let mut pools = self.pools.borrow_mut();
+        let cached = &mut pools[index as usize];
+        if let Some((inst, pool)) = cached {
+            if *inst == instance {
+                return Ok(pool.clone());
+            }
+        }
+        let s = &self.shared;
+        let entry = s.entry(index);
+        let corrupt = |what| RecvError::Corrupted(Corrupted { what });
+        // Acquire: pairs with the Release store of ACTIVE in `register_pool`.
+        let state = entry.state.load(Ordering::Acquire);
+        // Relaxed: after the Acquire above.
+        if !matches!(state, ENTRY_ACTIVE | ENTRY_CLOSED)
+            || entry.instance.load(Ordering::Relaxed) != instance
+        {
+            return Err(corrupt("descriptor names an unknown pool"));
+        }
+        let params =
+            (entry.slot_count.load(Ordering::Relaxed), entry.slot_size.load(Ordering::Relaxed));
+        if params != (s.slot_count, s.slot_size) || entry.backend.load(Ordering::Relaxed) != 1 {
+            return Err(corrupt("pool table entry disagrees with the channel"));
+        }
+        let name = s.pool_name(index, instance);
+        if read_name(entry) != name {
+            return Err(corrupt("pool table entry names an unexpected segment"));
+        }
+        let pool = match HostPool::open(&name, s.slot_count, s.slot_size, s.open_timeout) {
+            Ok(p) => Arc::new(p),
+            Err(ShmError::NotFound { .. }) => {
+                return Err(corrupt("descriptor names a pool that no longer exists"));
+            }
+            Err(ShmError::Corrupted(c)) => return Err(RecvError::Corrupted(c)),
+            Err(e) => return Err(RecvError::Attach(e)),
+        };
+        *cached = Some((instance, pool.clone()));
+        Ok(pool)
+    }
+
+    /// Sets how this receiver waits for a message.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        match &mut self.rx {
+            Rx::Spsc(c) => c.get_mut().set_wait_policy(policy),
+            Rx::Mpmc(c) => c.set_wait_policy(policy),
+        }
+    }
+}
+
+fn empty_or_corrupt(e: TryPopError) -> RecvError {
+    match e {
+        TryPopError::Empty => RecvError::Empty,
+        TryPopError::Corrupted(c) => RecvError::Corrupted(c),
+    }
+}
+
+fn pop_error(e: PopError) -> RecvError {
+    match e {
+        PopError::Timeout => RecvError::Timeout,
+        PopError::Corrupted(c) => RecvError::Corrupted(c),
+    }
+}
+
+/// A received message: its metadata and a view of its slot's bytes. Dropping it returns
+/// the slot to the sender's pool (and wakes the sender if it waits for one).
+pub struct Message {
+    pool: Arc<HostPool>,
+    held: SlotRef,
+    desc: Descriptor,
+    meta: TensorMeta,
+    data: NonNull<u8>,
+}
+
+// SAFETY: the message is the slot's one holder; `data` points into a mapping its `pool`
+// keeps alive, and nothing in it is tied to a thread.
+unsafe impl Send for Message {}
+// SAFETY: `&Message` gives only shared access to the bytes.
+unsafe impl Sync for Message {}
+
+impl core::fmt::Debug for Message {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Message")
+            .field("seq", &self.desc.seq)
+            .field("tag", &self.desc.tag)
+            .field("pool_id", &self.desc.pool_id)
+            .field("slot", &self.held.slot)
+            .field("generation", &self.held.generation)
+            .field("meta", &self.meta)
+            .finish()
+    }
+}
+
+impl Message {
+    /// The tensor metadata (checked).
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// The sender's sequence number.
+    pub fn seq(&self) -> u64 {
+        self.desc.seq
+    }
+
+    /// The application tag.
+    pub fn tag(&self) -> u64 {
+        self.desc.tag
+    }
+
+    /// The descriptor as it arrived (already validated).
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+}
+
+impl Deref for Message {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` bytes from `data` lie inside the slot (checked in `accept`), in a
+        // mapping `pool` keeps alive; this message holds the slot until it drops.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.desc.len as usize) }
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        if self.pool.core.release(self.held) {
+            self.pool.unlink_if_drained();
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! Sender/Receiver over host pools: in one process, and across processes (the test binary
+//! re-executes itself as the peers).
+#![cfg(not(loom))]
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{ring_name, role, spawn, unique_name, wait_all, wait_for};
+use gpuring::{
+    AcquireError, Channel, DType, Descriptor, Flavor, PoolState, RecvError, SendError, ShmError,
+    TensorMeta, WaitPolicy,
+};
+
+const LIMIT: Duration = Duration::from_secs(30);
+const WATCHDOG: Duration = Duration::from_secs(120);
+
+/// The byte pattern of message `key`: 8-byte words derived from the key and the word index.
+fn fill(buf: &mut [u8], key: u64) {
+    let k = buf.len() / 8;
+    let mut chunks = buf.chunks_exact_mut(8);
+    for (k, chunk) in (&mut chunks).enumerate() {
+        chunk.copy_from_slice(&word(key, k as u64).to_le_bytes());
+    }
+    let rest = chunks.into_remainder();
+    let tail = word(key, k as u64).to_le_bytes();
+    rest.copy_from_slice(&tail[..rest.len()]);
+}
+
+fn word(key: u64, k: u64) -> u64 {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k).rotate_left((k % 61) as u32)
+}
+
+/// Index of the first byte that differs from the pattern, if any.
+fn first_bad(buf: &[u8], key: u64) -> Option<usize> {
+    let mut chunks = buf.chunks_exact(8);
+    for (k, chunk) in (&mut chunks).enumerate() {
+        if chunk != word(key, k as u64).to_le_bytes() {
+            return Some(k * 8);
+        }
+    }
+    let k = buf.len() / 8;
+    let rest = chunks.remainder();
+    (rest != &word(key, k as u64).to_le_bytes()[..rest.len()]).then_some(k * 8)
+}
+
+/// Mixed sizes: empty, one byte, odd sizes, and full slots.
+fn size_of_message(seq: u64, slot: usize) -> usize {
+    match seq % 7 {
+        0 => 0,
+        1 => 1,
+        2 => slot,
+        3 => slot - 1,
+        _ => (word(seq, 99) % slot as u64) as usize,
+    }
+}
+
+/// Pool segments of a channel still in /dev/shm.
+fn pool_segments(channel: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("{channel}.")))
+        .collect()
+}
+
+#[test]
+fn spsc_round_trip_in_one_process() {
+    let name = unique_name("ch-rt");
+    let ch = Channel::builder(&name).capacity(4).slots(2, 4096).create().unwrap();
+    assert_eq!(ch.flavor(), Flavor::Spsc);
+    assert_eq!((ch.capacity(), ch.slots()), (4, (2, 4096)));
+    let tx = ch.sender().unwrap();
+    let rx = ch.receiver().unwrap();
+    assert!(matches!(rx.try_recv(), Err(RecvError::Empty)));
+
+    let meta = TensorMeta::contiguous(DType::F32, &[4, 8]).unwrap();
+    let mut lease = tx.acquire().unwrap();
+    assert_eq!(lease.len(), 4096);
+    fill(&mut lease[..128], 7);
+    lease.set_tag(99);
+    tx.send(lease, meta).unwrap();
+    assert_eq!(tx.free_slots(), 1);
+
+    let msg = rx.recv().unwrap();
+    assert_eq!((msg.seq(), msg.tag(), msg.len()), (0, 99, 128));
+    assert_eq!(msg.meta(), &meta);
+    assert_eq!(first_bad(&msg, 7), None);
+    assert_eq!(tx.free_slots(), 1, "held by the message");
+    drop(msg);
+    assert_eq!(tx.free_slots(), 2, "dropping the message returns the slot");
+
+    let pools = ch.pools();
+    assert_eq!(pools.len(), 1);
+    assert_eq!((pools[0].state, pools[0].owner_pid), (PoolState::Active, std::process::id()));
+    assert_eq!(pools[0].name, tx.pool_name()[1..]);
+}
+
+#[test]
+fn leases_back_pressure_and_errors() {
+    let name = unique_name("ch-err");
+    let ch = Channel::builder(&name).capacity(1).slots(2, 64).create().unwrap();
+    let tx = ch.sender().unwrap();
+    assert!(matches!(ch.sender(), Err(ShmError::RoleTaken { .. })), "one SPSC sender");
+    let rx = ch.receiver().unwrap();
+    assert!(matches!(ch.receiver(), Err(ShmError::RoleTaken { .. })), "one SPSC receiver");
+
+    let a = tx.try_acquire().unwrap();
+    let b = tx.try_acquire().unwrap();
+    assert_eq!(tx.try_acquire().unwrap_err(), AcquireError::Exhausted);
+    assert_eq!(tx.acquire_timeout(Duration::from_millis(10)).unwrap_err(), AcquireError::Timeout);
+    drop(a); // never sent: back to the pool
+    assert_eq!(tx.free_slots(), 1);
+
+    // Too large: the lease comes back, bytes intact.
+    let mut b = b;
+    b[0] = 42;
+    let b = match tx.send(b, TensorMeta::bytes(65)) {
+        Err(SendError::TooLarge { lease, len: 65, capacity: 64 }) => lease,
+        other => panic!("expected TooLarge, got {other:?}"),
+    };
+    assert_eq!(b[0], 42);
+    tx.send(b, TensorMeta::bytes(1)).unwrap();
+    // The ring (capacity 1) is full: try_send and send_timeout give the lease back.
+    let c = tx.try_acquire().unwrap();
+    let c = match tx.try_send(c, TensorMeta::bytes(1)) {
+        Err(SendError::Full(lease)) => lease,
+        other => panic!("expected Full, got {other:?}"),
+    };
+    let c = match tx.send_timeout(c, TensorMeta::bytes(1), Duration::from_millis(10)) {
+        Err(SendError::Timeout(lease)) => lease,
+        other => panic!("expected Timeout, got {other:?}"),
+    };
+    assert_eq!(rx.recv().unwrap()[0], 42);
+    tx.send(c, TensorMeta::bytes(1)).unwrap();
+    assert_eq!(rx.recv().unwrap().seq(), 1, "a failed send does not use up a sequence number");
+    assert!(matches!(rx.recv_timeout(Duration::from_millis(10)), Err(RecvError::Timeout)));
+    assert_eq!(tx.free_slots(), 2);
+}
+
+#[test]
+fn builder_and_open_checks() {
+    let name = unique_name("ch-open");
+    assert!(matches!(
+        Channel::builder(&name).slots(0, 64).create(),
+        Err(ShmError::InvalidPool { slot_count: 0, .. })
+    ));
+    assert!(matches!(
+        Channel::builder(&name).capacity(3).create(),
+        Err(ShmError::InvalidCapacity { capacity: 3 })
+    ));
+    assert!(matches!(
+        Channel::builder(&name).max_senders(0).create(),
+        Err(ShmError::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        Channel::builder("x".repeat(201)).create(),
+        Err(ShmError::InvalidName { .. })
+    ));
+    assert!(matches!(Channel::builder(&name).open(), Err(ShmError::NotFound { .. })));
+
+    let ch = Channel::builder(&name).mpmc().capacity(8).slots(3, 100).max_senders(2).create();
+    let ch = ch.unwrap();
+    let opened = Channel::builder(&name).open().unwrap();
+    assert_eq!(opened.flavor(), Flavor::Mpmc, "open finds the flavor");
+    assert_eq!((opened.capacity(), opened.slots(), opened.max_senders()), (8, (3, 100), 2));
+    assert!(matches!(Channel::builder(&name).spsc().open(), Err(ShmError::KindMismatch { .. })));
+
+    // A plain ring is not a channel.
+    let ring_name = unique_name("ch-ring");
+    let _ring = gpuring::SpscRing::<Descriptor>::create(&ring_name, 4).unwrap();
+    assert!(matches!(Channel::builder(&ring_name).open(), Err(ShmError::KindMismatch { .. })));
+
+    // Pool table: two senders fit, a third does not.
+    let s1 = ch.sender().unwrap();
+    let _s2 = opened.sender().unwrap();
+    assert!(matches!(ch.sender(), Err(ShmError::PoolTableFull { max_pools: 2 })));
+    // A departed sender with nothing in flight frees its entry for a newcomer.
+    drop(s1);
+    let s3 = ch.sender().unwrap();
+    assert_eq!(s3.pool_id() & 0xFFFF, 0, "reuses entry 0");
+    assert_eq!(s3.pool_id() >> 16, 3, "with a new instance number");
+}
+
+#[test]
+fn forged_descriptors_are_rejected_and_the_pool_is_untouched() {
+    let name = unique_name("ch-forge");
+    let ch = Channel::builder(&name).capacity(16).slots(4, 256).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let rx = ch.receiver().unwrap();
+
+    let mut lease = tx.acquire().unwrap();
+    fill(&mut lease[..100], 5);
+    tx.send(lease, TensorMeta::bytes(100)).unwrap();
+    let real = rx.recv().unwrap();
+    let good = *real.descriptor();
+    assert_eq!(tx.free_slots(), 3);
+
+    let forge = |f: &dyn Fn(&mut Descriptor)| {
+        let mut d = good;
+        f(&mut d);
+        d
+    };
+    let cases: Vec<(Descriptor, &str)> = vec![
+        (forge(&|d| d.generation += 1), "descriptor carries a stale slot generation"),
+        (forge(&|d| d.generation = 0), "descriptor carries a stale slot generation"),
+        // The real one is held by `real`: a replay of it is not in flight.
+        (good, "descriptor names a slot that is not in flight"),
+        (forge(&|d| d.slot = 4), "descriptor names a slot out of range"),
+        (forge(&|d| d.slot = u32::MAX), "descriptor names a slot out of range"),
+        (
+            forge(&|d| d.set_meta(&TensorMeta::bytes(257))),
+            "descriptor length is larger than the slot",
+        ),
+        (forge(&|d| d.byte_offset = 200), "descriptor length is larger than the slot"),
+        (forge(&|d| d.byte_offset = u64::MAX), "descriptor length is larger than the slot"),
+        (forge(&|d| d.len = 99), "descriptor metadata is inconsistent with its length"),
+        (forge(&|d| d.dtype = 200), "descriptor carries invalid tensor metadata"),
+        (forge(&|d| d.ndim = 9), "descriptor carries invalid tensor metadata"),
+        (forge(&|d| d.pool_id = 1), "descriptor names an unknown pool"),
+        (forge(&|d| d.pool_id = 77), "descriptor names an unknown pool"),
+        (forge(&|d| d.pool_id += 1 << 16), "descriptor names an unknown pool"),
+        (forge(&|d| d.device_ordinal = 0), "descriptor names a device, the pool is host memory"),
+    ];
+    for (d, what) in &cases {
+        tx.push_raw(*d).unwrap();
+        match rx.try_recv() {
+            Err(RecvError::Corrupted(c)) => assert_eq!(c.what, *what, "{d:?}"),
+            other => panic!("forged {d:?} gave {other:?}, expected Corrupted({what})"),
+        }
+        assert_eq!(tx.free_slots(), 3, "a rejected descriptor leaves the pool alone ({what})");
+    }
+    // The real message is intact; after the forgeries the channel carries on.
+    assert_eq!(first_bad(&real, 5), None);
+    drop(real);
+    assert_eq!(tx.free_slots(), 4);
+    // A slot returned cannot be returned again by replaying its descriptor.
+    tx.push_raw(good).unwrap();
+    assert!(matches!(rx.try_recv(), Err(RecvError::Corrupted(_))));
+    assert_eq!(tx.free_slots(), 4);
+    let mut lease = tx.acquire().unwrap();
+    fill(&mut lease[..10], 6);
+    tx.send(lease, TensorMeta::bytes(10)).unwrap();
+    let m = rx.recv().unwrap();
+    assert_eq!((m.seq(), first_bad(&m, 6)), (1, None));
+}
+
+#[test]
+fn a_sleeping_acquire_is_woken_by_a_returned_slot() {
+    let name = unique_name("ch-wake");
+    let ch = Channel::builder(&name).capacity(4).slots(1, 64).create().unwrap();
+    let mut tx = ch.sender().unwrap();
+    tx.set_wait_policy(WaitPolicy::SLEEP);
+    let rx = ch.receiver().unwrap();
+    tx.send(tx.acquire().unwrap(), TensorMeta::bytes(8)).unwrap();
+    let msg = rx.recv().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // Let the sender fall asleep on the free ring, then return the slot.
+            std::thread::sleep(Duration::from_millis(50));
+            drop(msg);
+        });
+        let lease = tx.acquire_timeout(LIMIT).expect("woken by the returned slot");
+        assert_eq!(lease.generation(), 2);
+    });
+}
+
+#[test]
+fn pool_names_outlive_their_sender_until_drained() {
+    let name = unique_name("ch-drain");
+    let ch = Channel::builder(&name).capacity(8).slots(4, 64).create().unwrap();
+    let rx = ch.receiver().unwrap();
+    let tx = ch.sender().unwrap();
+    for i in 0..3u64 {
+        let mut l = tx.acquire().unwrap();
+        fill(&mut l[..16], i);
+        tx.send(l, TensorMeta::bytes(16)).unwrap();
+    }
+    drop(tx);
+    assert_eq!(pool_segments(&name).len(), 1, "messages in flight keep the pool");
+    assert_eq!(ch.pools()[0].state, PoolState::Closed);
+    let mut held = Vec::new();
+    for i in 0..3u64 {
+        let m = rx.recv().unwrap();
+        assert_eq!((m.seq(), first_bad(&m, i)), (i, None), "sent before the sender left");
+        held.push(m);
+    }
+    assert_eq!(pool_segments(&name).len(), 1, "still held");
+    drop(held);
+    assert!(pool_segments(&name).is_empty(), "the last slot returned unlinks the pool");
+    // A new sender can come and go; with nothing in flight it unlinks its own pool.
+    let tx = ch.sender().unwrap();
+    assert_eq!(pool_segments(&name).len(), 1);
+    drop(tx);
+    assert!(pool_segments(&name).is_empty());
+}
+
+#[test]
+fn spsc_100k_messages_of_mixed_sizes_every_byte_checked() {
+    const N: u64 = 100_000;
+    const SLOTS: u32 = 16;
+    const SLOT: usize = 8192;
+    if role().as_deref() == Some("receiver") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        for seq in 0..N {
+            let m = rx.recv_timeout(LIMIT).unwrap();
+            assert_eq!(m.seq(), seq, "in order, none lost");
+            assert_eq!(m.len(), size_of_message(seq, SLOT), "seq {seq}");
+            assert_eq!(m.tag(), seq ^ 0xABCD);
+            if let Some(at) = first_bad(&m, seq) {
+                panic!("seq {seq}: byte {at} differs from what was written");
+            }
+        }
+        return;
+    }
+    let name = unique_name("ch-100k");
+    let ch = Channel::builder(&name).capacity(64).slots(SLOTS, SLOT as u64).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer =
+        [spawn("spsc_100k_messages_of_mixed_sizes_every_byte_checked", "receiver", &name, &[])];
+    for seq in 0..N {
+        let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+        let len = size_of_message(seq, SLOT);
+        fill(&mut lease[..len], seq);
+        lease.set_tag(seq ^ 0xABCD);
+        tx.send_timeout(lease, TensorMeta::bytes(len as u64), LIMIT).unwrap();
+    }
+    wait_all(&mut peer, WATCHDOG);
+    wait_for("every slot back in the pool", LIMIT, || tx.free_slots() == SLOTS as usize);
+    drop(tx);
+    assert!(pool_segments(&name).is_empty(), "a drained pool is unlinked with its sender");
+}
+
+#[test]
+fn mpmc_three_sender_and_two_receiver_processes_exactly_once() {
+    const PER_SENDER: u64 = 20_000;
+    const SENDERS: u64 = 3;
+    const STOP: u64 = u64::MAX;
+    const SLOT: usize = 1024;
+    let key = |s: u64, i: u64| (s << 32) | i;
+    match role().as_deref() {
+        Some(r) if r.starts_with("sender") => {
+            let s: u64 = r["sender".len()..].parse().unwrap();
+            let ch = Channel::builder(ring_name()).open().unwrap();
+            let tx = ch.sender().unwrap();
+            for i in 0..PER_SENDER {
+                let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+                let len = size_of_message(i, SLOT);
+                fill(&mut lease[..len], key(s, i));
+                lease.set_tag(key(s, i));
+                tx.send_timeout(lease, TensorMeta::bytes(len as u64), LIMIT).unwrap();
+            }
+            // Exits with messages possibly in flight: they must still arrive.
+            return;
+        }
+        Some(r) if r.starts_with("receiver") => {
+            let ch = Channel::builder(ring_name()).mpmc().open().unwrap();
+            let rx = ch.receiver().unwrap();
+            let mut got = Vec::new();
+            loop {
+                let m = rx.recv_timeout(LIMIT).unwrap();
+                if m.tag() == STOP {
+                    break;
+                }
+                let (s, i) = (m.tag() >> 32, m.tag() & 0xffff_ffff);
+                assert_eq!(m.seq(), i, "seq is per sender");
+                assert_eq!(m.len(), size_of_message(i, SLOT));
+                assert_eq!(first_bad(&m, m.tag()), None, "sender {s} message {i}");
+                got.push(m.tag());
+            }
+            let bytes: Vec<u8> = got.iter().flat_map(|s| s.to_le_bytes()).collect();
+            std::fs::write(std::env::var("GPURING_TEST_OUT").unwrap(), bytes).unwrap();
+            return;
+        }
+        _ => {}
+    }
+    let test = "mpmc_three_sender_and_two_receiver_processes_exactly_once";
+    let name = unique_name("ch-mpmc");
+    let ch = Channel::builder(&name).mpmc().capacity(64).slots(8, SLOT as u64).create().unwrap();
+    let dir = std::env::temp_dir();
+    let outs: Vec<_> = (0..2).map(|c| dir.join(format!("{name}-receiver{c}.bin"))).collect();
+    let mut receivers: Vec<_> = outs
+        .iter()
+        .enumerate()
+        .map(|(c, out)| {
+            let env = [("GPURING_TEST_OUT", out.display().to_string())];
+            spawn(test, &format!("receiver{c}"), &name, &env)
+        })
+        .collect();
+    let mut senders: Vec<_> =
+        (0..SENDERS).map(|s| spawn(test, &format!("sender{s}"), &name, &[])).collect();
+    wait_all(&mut senders, WATCHDOG);
+    // Every sender is done: one stop marker per receiver (each stops at its first).
+    let tx = ch.sender().unwrap();
+    for _ in 0..2 {
+        let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+        lease.set_tag(STOP);
+        tx.send_timeout(lease, TensorMeta::bytes(0), LIMIT).unwrap();
+    }
+    wait_all(&mut receivers, WATCHDOG);
+    wait_for("stop markers returned", LIMIT, || tx.free_slots() == 8);
+
+    let mut seen = HashSet::new();
+    for out in &outs {
+        let bytes = std::fs::read(out).unwrap();
+        let _ = std::fs::remove_file(out);
+        let mut last = [None::<u64>; SENDERS as usize];
+        for chunk in bytes.chunks_exact(8) {
+            let k = u64::from_le_bytes(chunk.try_into().unwrap());
+            let (s, i) = ((k >> 32) as usize, k & 0xffff_ffff);
+            assert!(s < SENDERS as usize && i < PER_SENDER, "invented message {k:#x}");
+            assert!(last[s].is_none_or(|l| l < i), "sender {s}: {i} after {:?}", last[s]);
+            last[s] = Some(i);
+            assert!(seen.insert(k), "message {k:#x} delivered twice");
+        }
+    }
+    assert_eq!(seen.len() as u64, SENDERS * PER_SENDER, "messages lost");
+    // The three departed senders' pools drained and were unlinked by the receivers.
+    drop(tx);
+    assert!(pool_segments(&name).is_empty(), "left behind: {:?}", pool_segments(&name));
+}
