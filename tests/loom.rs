@@ -182,3 +182,90 @@ fn mpmc_full_ring_capacity_2() {
         assert_eq!(all, sent, "lost or duplicated");
     });
 }
+
+/// The lease/return protocol of a slot pool: one sender leasing the pool's only slot for
+/// two messages, two receivers taking messages and returning the slot, each making a
+/// bounded number of attempts (no retry loops, so the model stays finite); the main thread
+/// then takes what is left. Every message sent arrives exactly once with the bytes written
+/// for it: loom's `UnsafeCell` flags a write by the sender that is not ordered after the
+/// previous holder's read (the reuse hand-off through the free ring), and the slot ends
+/// free.
+#[test]
+fn pool_lease_and_return_two_receivers() {
+    use gpuring::pool::{HeapPool, heap_pool};
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicU64, Ordering};
+
+    // Takes one message if there is one: checks its bytes, records it, returns the slot.
+    fn take(
+        pool: &HeapPool,
+        slot: &UnsafeCell<u64>,
+        rx: &mpmc::HeapConsumer<u64>,
+        seen: &AtomicU64,
+    ) {
+        if let Ok(d) = rx.try_pop() {
+            let held = pool.receive(d as u32, d >> 32).expect("a sent slot");
+            // SAFETY: `receive` made this receiver the slot's only holder.
+            let k = slot.with(|p| unsafe { *p });
+            // Relaxed: a record of arrivals, read after the threads are joined.
+            let before = seen.fetch_or(1 << k, Ordering::Relaxed);
+            assert_eq!(before & (1 << k), 0, "message {k} received twice");
+            assert!(pool.release(held), "returned once");
+        }
+    }
+
+    builder(2).check(|| {
+        let pool = Arc::new(heap_pool(1));
+        let slot = Arc::new(UnsafeCell::new(0u64));
+        let (msg_tx, msg_rx) = mpmc::with_capacity::<u64>(2);
+        let seen = Arc::new(AtomicU64::new(0)); // bit k: message k arrived
+        let sender = {
+            let (pool, slot) = (pool.clone(), slot.clone());
+            thread::spawn(move || {
+                let mut sent = 0u64;
+                for k in 1..=2u64 {
+                    // The second lease needs the slot back: two attempts, then give up.
+                    let Some(lease) = (0..2).find_map(|_| match pool.try_lease() {
+                        Ok(l) => Some(l),
+                        Err(gpuring::AcquireError::Exhausted) => {
+                            thread::yield_now();
+                            None
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }) else {
+                        break;
+                    };
+                    // SAFETY: the lease makes the sender the slot's only user.
+                    slot.with_mut(|p| unsafe { *p = k });
+                    pool.mark_sent(lease);
+                    let d = u64::from(lease.slot) | (u64::from(lease.generation) << 32);
+                    msg_tx.try_push(d).expect("room for both messages");
+                    sent |= 1 << k;
+                }
+                sent
+            })
+        };
+        let receivers: Vec<_> = (0..2)
+            .map(|_| {
+                let (pool, slot, rx, seen) =
+                    (pool.clone(), slot.clone(), msg_rx.clone(), seen.clone());
+                thread::spawn(move || {
+                    for _ in 0..2 {
+                        take(&pool, &slot, &rx, &seen);
+                    }
+                })
+            })
+            .collect();
+        let sent = sender.join().unwrap();
+        for r in receivers {
+            r.join().unwrap();
+        }
+        for _ in 0..2 {
+            take(&pool, &slot, &msg_rx, &seen);
+        }
+        assert!(sent & 0b10 != 0, "the first lease always succeeds");
+        assert_eq!(seen.load(Ordering::Relaxed), sent, "exactly the messages sent arrived");
+        assert_eq!(pool.free_slots(), 1, "the slot is back");
+    });
+}

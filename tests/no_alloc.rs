@@ -1,11 +1,12 @@
 //! The hot path allocates nothing: a counting global allocator watches push and pop on
-//! shared-memory rings once they are set up.
+//! shared-memory rings, and acquire/send/recv/drop on channels, once they are set up. The
+//! same loops make no futex call (nobody sleeps), counted by `wait_stats`.
 #![cfg(not(loom))] // shared memory is not modelled by loom
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpuring::{Descriptor, MpmcRing, SpscRing};
+use gpuring::{Channel, Descriptor, MpmcRing, SpscRing, TensorMeta, wait_stats};
 
 struct Counting;
 
@@ -71,6 +72,46 @@ fn push_and_pop_allocate_nothing() {
         assert!(rx.try_pop().is_err());
     });
     assert_eq!(n, 0, "{n} heap allocations on the hot path");
+
+    // Channels, SPSC and MPMC: warm up (the first message maps the pool), then count.
+    let pid = std::process::id();
+    let spsc = Channel::builder(format!("gpuring-noalloc-cs-{pid}")).slots(4, 4096).create();
+    let mpmc = Channel::builder(format!("gpuring-noalloc-cm-{pid}")).mpmc().slots(4, 4096).create();
+    for ch in [spsc.unwrap(), mpmc.unwrap()] {
+        let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+        let round = |i: u64| {
+            let mut lease =
+                if i % 2 == 0 { tx.acquire().unwrap() } else { tx.try_acquire().unwrap() };
+            lease[..8].copy_from_slice(&i.to_le_bytes());
+            let meta = TensorMeta::bytes(8 + i % 4000);
+            if i % 2 == 0 {
+                tx.send(lease, meta).unwrap()
+            } else {
+                tx.try_send(lease, meta).unwrap()
+            }
+            let m = if i % 2 == 0 { rx.recv().unwrap() } else { rx.try_recv().unwrap() };
+            assert_eq!((m.seq(), &m[..8]), (i, &i.to_le_bytes()[..]));
+        };
+        round(0);
+        let futex_before = wait_stats();
+        let n = allocations_during(|| {
+            for i in 1..100_000u64 {
+                round(i);
+            }
+            // A lease dropped unsent, and messages held while the pool runs dry.
+            drop(tx.acquire().unwrap());
+            let held: [_; 4] = std::array::from_fn(|i| {
+                tx.send(tx.acquire().unwrap(), TensorMeta::bytes(i as u64)).unwrap();
+                rx.recv().unwrap()
+            });
+            assert!(tx.try_acquire().is_err());
+            drop(held);
+        });
+        assert_eq!(n, 0, "{n} heap allocations in channel steady state ({:?})", ch.flavor());
+        assert_eq!(wait_stats(), futex_before, "a futex call while nobody sleeps");
+        assert_eq!(tx.free_slots(), 4);
+    }
+
     // The counter does count: a control that must move.
     assert!(allocations_during(|| drop(std::hint::black_box(vec![1u8; 16]))) >= 1);
 }
