@@ -11,61 +11,19 @@
 
 use std::io::{BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{NAME, PEER, Peer, cpus, peer, pin, unique};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use gpuring::ring::spsc;
 use gpuring::{Descriptor, MpmcRing, RingOptions, SpscRing, WaitPolicy};
 
-const PEER: &str = "GPURING_BENCH_PEER";
-const NAME: &str = "GPURING_BENCH_NAME";
 const DESC: usize = size_of::<Descriptor>();
 const STOP: u64 = u64::MAX;
 const LAST: u64 = 1;
-
-// ---------------------------------------------------------------------------------------
-// Process plumbing
-
-fn cpus() -> Vec<usize> {
-    std::env::var("GPURING_BENCH_CPUS")
-        .ok()
-        .map(|s| s.split(',').filter_map(|c| c.trim().parse().ok()).collect())
-        .unwrap_or_default()
-}
-
-fn pin(cpu: Option<usize>) {
-    if let Some(cpu) = cpu {
-        let mut set = rustix::thread::CpuSet::new();
-        set.set(cpu);
-        rustix::thread::sched_setaffinity(None, &set).expect("sched_setaffinity");
-    }
-}
-
-/// A peer process; killed and reaped on drop.
-struct Peer(Child);
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn peer(role: &str, name: &str, index: usize, stdio: bool) -> Peer {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.env(PEER, role).env(NAME, name).env("GPURING_BENCH_PEER_INDEX", index.to_string());
-    if stdio {
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
-    }
-    Peer(cmd.spawn().expect("spawn peer"))
-}
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!("gpuring-bench-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
-}
 
 fn descriptor(seq: u64) -> Descriptor {
     Descriptor { seq, ..Default::default() }

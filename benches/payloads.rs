@@ -1,0 +1,169 @@
+//! Payload hand-off: 4 KB, 5 MB and 54 MB buffers from one process to another, in one run,
+//! through a gpuring channel (the producer writes in place and a descriptor travels)
+//! against a pipe and a Unix socket (the bytes are copied through the kernel, as a
+//! hand-rolled pipe or a pickling Python queue must at the least).
+//!
+//! `cargo bench --bench payloads`. In every path the producer writes the same thing into
+//! its buffer (an 8-byte sequence number at the start, and for gpuring the same at the
+//! end) and the consumer checks it; each batch of `iters` items is timed until the
+//! consumer has them all (gpuring: every slot is back in the pool; streams: the consumer
+//! acknowledged the last). Throughput is reported in bytes per second; criterion's time
+//! per element is the time per hand-off. `GPURING_BENCH_CPUS=a,b` pins as in `rings`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+use common::{NAME, PEER, cpus, peer, peer_index, pin, unique};
+use criterion::{Criterion, Throughput};
+use gpuring::{Channel, Flavor, TensorMeta};
+
+const STOP: u64 = u64::MAX;
+/// (label, bytes, slots in the pool)
+const SIZES: [(&str, usize, u32); 3] =
+    [("4KB", 4096, 64), ("5MB", 5_000_000, 8), ("54MB", 54_000_000, 4)];
+
+fn run_peer(role: &str) {
+    pin(cpus().get(1 + peer_index()).copied());
+    let name = std::env::var(NAME).unwrap();
+    let (kind, size) = role.split_once(':').unwrap();
+    let size: usize = size.parse().unwrap();
+    match kind {
+        "chan" => {
+            let ch = Channel::builder(&name).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            let mut expected = 0u64;
+            loop {
+                let m = rx.recv().unwrap();
+                if m.tag() == STOP {
+                    return;
+                }
+                let seq = expected.to_le_bytes();
+                assert!(m.len() == size && m[..8] == seq && m[size - 8..] == seq, "bad item");
+                expected += 1;
+            }
+        }
+        "pipe" => sink(std::io::stdin().lock(), std::io::stdout().lock(), size),
+        "unix" => {
+            let s = UnixStream::connect(&name).unwrap();
+            sink(s.try_clone().unwrap(), s, size);
+        }
+        _ => panic!("unknown peer role {role}"),
+    }
+}
+
+/// Reads items of `size` bytes; bytes 8..16 of an item set to 1 ask for an acknowledgement.
+fn sink(mut r: impl Read, mut w: impl Write, size: usize) {
+    let mut buf = vec![0u8; size];
+    let mut expected = 0u64;
+    while r.read_exact(&mut buf).is_ok() {
+        assert_eq!(buf[..8], expected.to_le_bytes(), "bad item");
+        expected += 1;
+        if buf[8] == 1 {
+            w.write_all(&expected.to_le_bytes()).unwrap();
+            w.flush().unwrap();
+        }
+    }
+}
+
+fn bench_channel(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    flavor: Flavor,
+    size: usize,
+    slots: u32,
+) {
+    let name = unique("payload");
+    let builder = Channel::builder(&name).capacity(64).slots(slots, size as u64);
+    let builder = if flavor == Flavor::Mpmc { builder.mpmc() } else { builder };
+    let ch = builder.create().unwrap();
+    let tx = ch.sender().unwrap();
+    let _peer = peer(&format!("chan:{size}"), &name, 0, false);
+    let meta = TensorMeta::bytes(size as u64);
+    let mut seq = 0u64;
+    let label = if flavor == Flavor::Mpmc { "gpuring_mpmc" } else { "gpuring_spsc" };
+    g.bench_function(label, |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                let mut lease = tx.acquire().unwrap();
+                let s = seq.to_le_bytes();
+                lease[..8].copy_from_slice(&s);
+                lease[size - 8..size].copy_from_slice(&s);
+                tx.send(lease, meta).unwrap();
+                seq += 1;
+            }
+            while tx.free_slots() < slots as usize {
+                std::hint::spin_loop();
+            }
+            t.elapsed()
+        })
+    });
+    let mut lease = tx.acquire().unwrap();
+    lease.set_tag(STOP);
+    tx.send(lease, TensorMeta::bytes(0)).unwrap();
+    while tx.free_slots() < slots as usize {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn bench_stream(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    label: &str,
+    size: usize,
+    r: &mut dyn Read,
+    w: &mut dyn Write,
+) {
+    let mut buf = vec![0u8; size];
+    let mut seq = 0u64;
+    let mut ack = [0u8; 8];
+    g.bench_function(label, |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for i in 0..iters {
+                buf[..8].copy_from_slice(&seq.to_le_bytes());
+                buf[8] = u8::from(i + 1 == iters);
+                w.write_all(&buf).unwrap();
+                seq += 1;
+            }
+            r.read_exact(&mut ack).unwrap();
+            assert_eq!(u64::from_le_bytes(ack), seq, "consumer lost items");
+            t.elapsed()
+        })
+    });
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(PEER) {
+        run_peer(&role);
+        return;
+    }
+    pin(cpus().first().copied());
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .configure_from_args();
+    for (label, size, slots) in SIZES {
+        let mut g = c.benchmark_group(format!("payload_{label}"));
+        g.throughput(Throughput::Bytes(size as u64));
+        bench_channel(&mut g, Flavor::Spsc, size, slots);
+        bench_channel(&mut g, Flavor::Mpmc, size, slots);
+        {
+            let mut p = peer(&format!("pipe:{size}"), "", 0, true);
+            let mut w = p.0.stdin.take().unwrap();
+            let mut r = p.0.stdout.take().unwrap();
+            bench_stream(&mut g, "pipe", size, &mut r, &mut w);
+        }
+        let path = std::env::temp_dir().join(unique("sock"));
+        let listener = UnixListener::bind(&path).unwrap();
+        let _p = peer(&format!("unix:{size}"), path.to_str().unwrap(), 0, false);
+        let (mut s, _) = listener.accept().unwrap();
+        let mut r = s.try_clone().unwrap();
+        bench_stream(&mut g, "unix_socket", size, &mut r, &mut s);
+        let _ = std::fs::remove_file(&path);
+        g.finish();
+    }
+    c.final_summary();
+}
