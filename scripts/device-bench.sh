@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, over binaries staged here by ../shared/tools/gpu-stage:
 #   bash scripts/device-bench.sh            (results under $OUT, or /tmp/gpuring-out)
-# Records the machine, runs every staged test binary, the demo, and the ring benchmarks
-# pinned to one logical CPU per physical core (core 0 left alone), in the default wake-up
-# barrier mode (GPURING_MODES="asymmetric symmetric" runs both), then the demo.
+# Records the machine, runs every staged test binary, the benchmarks (GPURING_BENCHES, by
+# default "rings payloads") pinned to one logical CPU per physical core (core 0 left
+# alone), in the default wake-up barrier mode (GPURING_MODES="asymmetric symmetric" runs
+# both), then the demo and the 54 MB example.
 set -uo pipefail
 out=${OUT:-/tmp/gpuring-out}
 mkdir -p "$out"
@@ -18,12 +19,17 @@ cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | cut -d, -f1 | sed
 # Name and median only (criterion prints [low median high]); change lines dropped.
 summary() { grep -E '^[a-z_]+/|^ +time:|^ +thrpt:' | grep -v '%' | sed -E 's/ +/ /g'; }
 for mode in ${GPURING_MODES:-asymmetric}; do
-  echo "== bench, $mode barrier, pinned to cpus $cpus"
-  GPURING_BARRIER=$mode GPURING_BENCH_CPUS=$cpus .gpu/bin/bench-rings --bench >"$out/bench-$mode.log" 2>&1
-  grep -E 'barrier mode' "$out/bench-$mode.log"
-  summary <"$out/bench-$mode.log"
+  for b in ${GPURING_BENCHES:-rings payloads}; do
+    echo "== bench $b, $mode barrier, pinned to cpus $cpus"
+    GPURING_BARRIER=$mode GPURING_BENCH_CPUS=$cpus .gpu/bin/bench-$b --bench >"$out/bench-$b-$mode.log" 2>&1
+    grep -E 'barrier mode' "$out/bench-$b-$mode.log"
+    summary <"$out/bench-$b-$mode.log"
+  done
   echo "== demo, $mode barrier"
   GPURING_BARRIER=$mode .gpu/bin/example-demo 2>&1 | tail -4
 done
+echo "== big_buffers (54 MB), in place, then --fill"
+.gpu/bin/example-big_buffers --items 5000 2>&1 | tail -5
+.gpu/bin/example-big_buffers --items 500 --fill 2>&1 | tail -5
 tar czf "$out/criterion.tgz" target/criterion 2>/dev/null
 ls -la "$out"

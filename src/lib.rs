@@ -33,6 +33,8 @@
 //! | [`ring`] | the SPSC and MPMC algorithms, generic over storage; heap storage |
 //! | [`shm`] | named segments: exclusive create, checked open, unlink |
 //! | [`named`] | [`SpscRing`] / [`MpmcRing`]: rings in named shared memory |
+//! | [`pool`] | slot pools: generation leases over a free-slot ring; the host backend |
+//! | [`channel`] | [`Channel`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`]: zero-copy buffers |
 //!
 //! ## Safety
 //!
@@ -43,6 +45,11 @@
 //! [`ShmError`], [`MetaError`]), never an out-of-bounds access. Elements are
 //! [`bytemuck::Pod`], valid for any bytes. Segments are created 0600 and `open` refuses one
 //! of another owner or mode.
+//!
+//! Slot bytes are handed out as `&mut [u8]` ([`Lease`]) and `&[u8]` ([`Message`]) while
+//! the lease protocol makes this process the slot's only legitimate user. A hostile process
+//! that maps the pool can still write them meanwhile; it can garble the bytes it was
+//! given, not reach outside the mapping.
 //!
 //! One limit remains (see `docs/RELIABILITY.md` once written): a segment truncated by a
 //! hostile process after we mapped it raises `SIGBUS` on access.
