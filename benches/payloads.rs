@@ -7,8 +7,8 @@
 //! its buffer (an 8-byte sequence number at the start, and for gpuring the same at the
 //! end) and the consumer checks it; each batch of `iters` items is timed until the
 //! consumer has them all (gpuring: every slot is back in the pool; streams: the consumer
-//! acknowledged the last). Throughput is reported in bytes per second; criterion's time
-//! per element is the time per hand-off. `GPURING_BENCH_CPUS=a,b` pins as in `rings`.
+//! acknowledged the last). Throughput is reported in items per second; the time per
+//! element is the time per hand-off (bytes per second = items per second × size). `GPURING_BENCH_CPUS=a,b` pins as in `rings`.
 
 mod common;
 
@@ -147,7 +147,7 @@ fn main() {
         .configure_from_args();
     for (label, size, slots) in SIZES {
         let mut g = c.benchmark_group(format!("payload_{label}"));
-        g.throughput(Throughput::Bytes(size as u64));
+        g.throughput(Throughput::Elements(1));
         bench_channel(&mut g, Flavor::Spsc, size, slots);
         bench_channel(&mut g, Flavor::Mpmc, size, slots);
         {
