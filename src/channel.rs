@@ -489,10 +489,7 @@ impl Channel {
                 ENTRY_CLOSED => {
                     // Reusable once its pool is drained: the last one out unlinked it.
                     let old = s.pool_name(index, entry.instance.load(Ordering::Relaxed) & 0xFFFF);
-                    matches!(
-                        Segment::open(&old, SegmentKind::HostPool, Duration::ZERO),
-                        Err(ShmError::NotFound { .. })
-                    )
+                    !Segment::exists(&old)?
                 }
                 _ => false,
             };
@@ -910,7 +907,10 @@ impl DerefMut for Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
-            pool.core.cancel(self.slot);
+            if pool.core.cancel(self.slot) {
+                // The sender may have left while this lease was out.
+                pool.unlink_if_drained();
+            }
         }
     }
 }

@@ -258,9 +258,10 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         }
     }
 
-    /// Returns a leased slot that was never sent.
-    pub fn cancel(&self, lease: SlotRef) {
-        self.give_back(lease, LEASED);
+    /// Returns a leased slot that was never sent; `false` if it was not leased at that
+    /// generation (then nothing is returned).
+    pub fn cancel(&self, lease: SlotRef) -> bool {
+        self.give_back(lease, LEASED)
     }
 
     /// Claims a sent slot for the receiver of a descriptor naming `slot` at `generation`.

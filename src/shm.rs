@@ -500,6 +500,22 @@ impl Segment {
         unsafe { self.base.add(offset).cast() }
     }
 
+    /// Whether an object named `name` exists (without mapping it).
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::InvalidName`], [`ShmError::Io`] (other than "not found" and "access
+    /// denied", which mean "exists" for the latter).
+    pub fn exists(name: &str) -> Result<bool, ShmError> {
+        let cname = object_name(name)?;
+        match shm::open(cname.as_c_str(), shm::OFlags::RDONLY, Mode::empty()) {
+            Ok(_fd) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(Errno::ACCESS) => Ok(true),
+            Err(e) => Err(io_err("shm_open")(e)),
+        }
+    }
+
     /// Gives up ownership of the name: dropping this handle no longer unlinks it. Used for
     /// pool segments, whose name must outlive their sender while slots are in flight.
     pub(crate) fn keep_name(&mut self) {

@@ -66,6 +66,20 @@ fn pool_segments(channel: &str) -> Vec<String> {
 }
 
 #[test]
+fn handles_move_between_threads() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<Channel>();
+    sync::<Channel>();
+    send::<gpuring::Sender>();
+    send::<gpuring::Receiver>();
+    send::<gpuring::Lease>();
+    sync::<gpuring::Lease>();
+    send::<gpuring::Message>();
+    sync::<gpuring::Message>();
+}
+
+#[test]
 fn spsc_round_trip_in_one_process() {
     let name = unique_name("ch-rt");
     let ch = Channel::builder(&name).capacity(4).slots(2, 4096).create().unwrap();
@@ -294,6 +308,13 @@ fn pool_names_outlive_their_sender_until_drained() {
     assert_eq!(pool_segments(&name).len(), 1);
     drop(tx);
     assert!(pool_segments(&name).is_empty());
+    // A sender that leaves while a lease is out: the lease's drop unlinks the pool.
+    let tx = ch.sender().unwrap();
+    let lease = tx.acquire().unwrap();
+    drop(tx);
+    assert_eq!(pool_segments(&name).len(), 1, "a lease is out");
+    drop(lease);
+    assert!(pool_segments(&name).is_empty(), "the returned lease was the last slot out");
 }
 
 #[test]
