@@ -16,7 +16,7 @@
 //!
 //! Changing any of these types changes [`LAYOUT_VERSION`].
 
-use crate::sync::{AtomicU32, AtomicU64, UnsafeCell};
+use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 use crate::wait::WaitWord;
 
 /// `"GPURING\0"` read as a little-endian `u64`.
@@ -42,6 +42,9 @@ pub enum SegmentKind {
     MpmcChannel = 4,
     /// A slot pool whose slots are host shared memory: slot records, free ring, slots.
     HostPool = 5,
+    /// A slot pool whose slots are device memory: slot records, free ring, CUDA IPC
+    /// handles of the allocation and of each slot's events.
+    CudaPool = 6,
 }
 
 impl SegmentKind {
@@ -53,6 +56,7 @@ impl SegmentKind {
             3 => Some(Self::SpscChannel),
             4 => Some(Self::MpmcChannel),
             5 => Some(Self::HostPool),
+            6 => Some(Self::CudaPool),
             _ => None,
         }
     }
@@ -259,6 +263,39 @@ pub struct ChannelHeader {
     /// Chosen by the creator, part of every pool segment name, so that pools of an earlier
     /// channel of the same name never collide with this one's.
     pub nonce: AtomicU32,
+    /// Where every sender's slots live: [`BACKEND_HOST`] or [`BACKEND_CUDA`].
+    pub backend: AtomicU32,
+}
+
+/// Pool backend code: host shared memory.
+pub const BACKEND_HOST: u32 = 1;
+/// Pool backend code: CUDA device memory.
+pub const BACKEND_CUDA: u32 = 2;
+
+/// Stores `bytes` into `words`, 8 bytes a word, little-endian, zero-padded.
+///
+/// # Panics
+///
+/// If `bytes` does not fit.
+pub fn store_bytes(words: &[AtomicU64], bytes: &[u8]) {
+    assert!(bytes.len() <= words.len() * 8, "{} bytes do not fit", bytes.len());
+    for (i, word) in words.iter().enumerate() {
+        let mut chunk = [0u8; 8];
+        let start = (i * 8).min(bytes.len());
+        let end = (start + 8).min(bytes.len());
+        chunk[..end - start].copy_from_slice(&bytes[start..end]);
+        // Relaxed: callers publish with a Release store of their own (a state word, or
+        // the segment's init word).
+        word.store(u64::from_le_bytes(chunk), Ordering::Relaxed);
+    }
+}
+
+/// Loads the bytes of `words` into `out` (which is `words.len() * 8` long).
+pub fn load_bytes(words: &[AtomicU64], out: &mut [u8]) {
+    for (word, chunk) in words.iter().zip(out.chunks_exact_mut(8)) {
+        // Relaxed: callers read after their own Acquire load.
+        chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+    }
 }
 
 /// [`PoolEntry::state`]: nobody uses the entry.
@@ -384,6 +421,38 @@ impl Default for SlotRecord {
     }
 }
 
+/// The CUDA side of a device pool, after its free ring: what a receiver needs to import
+/// the allocation.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct CudaPoolInfo {
+    /// `CUipcMemHandle` of the pool's one allocation.
+    pub mem_handle: [AtomicU64; 8],
+    /// UUID of the device holding it.
+    pub device_uuid: [AtomicU64; 2],
+    /// Its ordinal in the creating process (diagnostics: ordinals differ between processes).
+    pub device_ordinal: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: AtomicU32,
+    /// Distance between slots in the allocation.
+    pub stride: AtomicU64,
+}
+
+/// One slot's interprocess events: `ready` (recorded by the sender after its writes,
+/// waited on by the receiver) and `release` (recorded by the receiver after its reads,
+/// waited on by the next lease).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct SlotEvents {
+    /// `CUipcEventHandle` of the ready event.
+    pub ready: [AtomicU64; 8],
+    /// `CUipcEventHandle` of the release event.
+    pub release: [AtomicU64; 8],
+}
+
+/// Distance between slots of a device pool: slot size rounded up to 2 MiB.
+pub const CUDA_SLOT_ALIGN: u64 = 2 << 20;
+
 /// Byte offsets and size of a host pool segment.
 ///
 /// | offset | what |
@@ -405,10 +474,14 @@ pub struct PoolLayout {
     pub slot_size: usize,
     /// The free ring (capacity: `slot_count` rounded up to a power of two).
     pub free_ring: RingLayout,
-    /// Offset of slot 0's bytes.
+    /// Host pools: offset of slot 0's bytes. Device pools: 0 (no bytes here).
     pub data: usize,
-    /// Distance between slots.
+    /// Distance between slots (in the segment, or in the device allocation).
     pub stride: usize,
+    /// Device pools: offset of the [`CudaPoolInfo`]; host pools: 0.
+    pub cuda_info: usize,
+    /// Device pools: offset of the first [`SlotEvents`]; host pools: 0.
+    pub slot_events: usize,
     /// Size of the whole segment.
     pub total_size: usize,
 }
@@ -417,6 +490,25 @@ impl PoolLayout {
     /// The layout of `slot_count` slots (`1..=MAX_SLOTS`) of `slot_size` bytes
     /// (`1..=MAX_SLOT_SIZE`), or `None` when out of range or too large to map.
     pub const fn new(slot_count: u32, slot_size: u64) -> Option<Self> {
+        Self::build(slot_count, slot_size, BACKEND_HOST)
+    }
+
+    /// The layout of a device pool of `slot_count` slots of `slot_size` bytes: the same
+    /// records and free ring, then a [`CudaPoolInfo`] and one [`SlotEvents`] per slot; the
+    /// slots themselves live in device memory, `stride` (2 MiB multiples) apart.
+    pub const fn cuda(slot_count: u32, slot_size: u64) -> Option<Self> {
+        Self::build(slot_count, slot_size, BACKEND_CUDA)
+    }
+
+    /// The layout for `backend` ([`BACKEND_HOST`] or [`BACKEND_CUDA`]).
+    pub const fn for_backend(backend: u32, slot_count: u32, slot_size: u64) -> Option<Self> {
+        match backend {
+            BACKEND_HOST | BACKEND_CUDA => Self::build(slot_count, slot_size, backend),
+            _ => None,
+        }
+    }
+
+    const fn build(slot_count: u32, slot_size: u64, backend: u32) -> Option<Self> {
         if slot_count == 0 || slot_count > MAX_SLOTS || slot_size == 0 || slot_size > MAX_SLOT_SIZE
         {
             return None;
@@ -429,6 +521,27 @@ impl PoolLayout {
         let Some(free_ring) = RingLayout::at(ring_base, cap, size_of::<MpmcCell<u32>>()) else {
             return None;
         };
+        if backend == BACKEND_CUDA {
+            let cuda_info = free_ring.total_size.next_multiple_of(128);
+            let slot_events = cuda_info + size_of::<CudaPoolInfo>();
+            let total_size = slot_events + slot_count as usize * size_of::<SlotEvents>();
+            let stride = slot_size.next_multiple_of(CUDA_SLOT_ALIGN) as usize;
+            if stride.checked_mul(slot_count as usize).is_none() {
+                return None;
+            }
+            return Some(Self {
+                header,
+                records,
+                slot_count: slot_count as usize,
+                slot_size: slot_size as usize,
+                free_ring,
+                data: 0,
+                stride,
+                cuda_info,
+                slot_events,
+                total_size,
+            });
+        }
         let data = free_ring.total_size.next_multiple_of(4096);
         let align = if slot_size >= 4096 { 4096 } else { 256 };
         let stride = (slot_size as usize).next_multiple_of(align);
@@ -449,6 +562,8 @@ impl PoolLayout {
             free_ring,
             data,
             stride,
+            cuda_info: 0,
+            slot_events: 0,
             total_size,
         })
     }
@@ -473,6 +588,8 @@ const _: () = {
     assert!(size_of::<PoolEntry>() == 512);
     assert!(size_of::<PoolHeader>() == 128);
     assert!(size_of::<SlotRecord>() == 64);
+    assert!(size_of::<CudaPoolInfo>() == 128);
+    assert!(size_of::<SlotEvents>() == 128);
     // Cells start on a 128-byte boundary, so every cell type is aligned.
     assert!(
         (size_of::<SegmentHeader>() + size_of::<RingHeader>() + size_of::<RingControl>()) % 128
@@ -521,6 +638,17 @@ mod tests {
         assert!(PoolLayout::new(4, 0).is_none());
         assert!(PoolLayout::new(MAX_SLOTS + 1, 64).is_none());
         assert!(PoolLayout::new(MAX_SLOTS, MAX_SLOT_SIZE).is_none(), "too large to map");
+
+        let g = PoolLayout::cuda(3, 1000).unwrap();
+        assert_eq!((g.records, g.free_ring, g.data), (p.records, p.free_ring, 0));
+        assert_eq!(g.cuda_info % 128, 0);
+        assert!(g.cuda_info >= g.free_ring.total_size);
+        assert_eq!(g.slot_events, g.cuda_info + 128);
+        assert_eq!(g.total_size, g.slot_events + 3 * 128);
+        assert_eq!(g.stride, 2 << 20, "device slots 2 MiB apart");
+        assert_eq!(PoolLayout::cuda(1, (2 << 20) + 1).unwrap().stride, 4 << 20);
+        assert_eq!(PoolLayout::for_backend(BACKEND_HOST, 3, 1000), Some(p));
+        assert_eq!(PoolLayout::for_backend(9, 3, 1000), None);
     }
 
     #[test]
@@ -531,6 +659,7 @@ mod tests {
             SegmentKind::SpscChannel,
             SegmentKind::MpmcChannel,
             SegmentKind::HostPool,
+            SegmentKind::CudaPool,
         ] {
             assert_eq!(SegmentKind::from_raw(k as u32), Some(k));
         }

@@ -34,6 +34,7 @@
 //! | [`shm`] | named segments: exclusive create, checked open, unlink |
 //! | [`named`] | [`SpscRing`] / [`MpmcRing`]: rings in named shared memory |
 //! | [`pool`] | slot pools: generation leases over a free-slot ring; the host backend |
+//! | [`cuda`] | the CUDA backend (feature `cuda`): device pools, IPC handles, stream-ordered hand-off |
 //! | [`channel`] | [`Channel`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`]: zero-copy buffers |
 //!
 //! ## Safety
@@ -66,6 +67,7 @@ pub mod wait;
 
 #[cfg(not(loom))]
 pub mod channel;
+pub mod cuda;
 #[cfg(not(loom))]
 pub mod named;
 #[cfg(not(loom))]
@@ -76,6 +78,9 @@ pub use channel::{
     Channel, ChannelBuilder, Flavor, Lease, Message, PoolInfo, PoolState, Receiver, RecvError,
     SendError, Sender,
 };
+#[cfg(all(feature = "cuda", not(loom)))]
+pub use channel::{DeviceView, GpuLease, GpuMessage};
+pub use cuda::CudaError;
 pub use descriptor::{DType, Descriptor, MetaError, TensorMeta};
 #[cfg(not(loom))]
 pub use named::{

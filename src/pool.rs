@@ -60,6 +60,9 @@ pub enum AcquireError {
     Timeout,
     /// The pool's shared state is impossible.
     Corrupted(Corrupted),
+    /// Enqueueing the wait for the slot's release failed, or a host call on a GPU channel
+    /// (`WrongBackend`).
+    Cuda(crate::cuda::CudaError),
 }
 
 impl core::fmt::Display for AcquireError {
@@ -68,6 +71,7 @@ impl core::fmt::Display for AcquireError {
             AcquireError::Exhausted => f.write_str("every slot of the pool is in use"),
             AcquireError::Timeout => f.write_str("timed out waiting for a free slot"),
             AcquireError::Corrupted(c) => c.fmt(f),
+            AcquireError::Cuda(e) => e.fmt(f),
         }
     }
 }
@@ -335,7 +339,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
 }
 
 #[cfg(not(loom))]
-pub(crate) use host::HostPool;
+pub(crate) use host::PoolSegment;
 
 #[cfg(not(loom))]
 mod host {
@@ -344,7 +348,10 @@ mod host {
     use std::time::Duration;
 
     use super::{PoolCore, SlotRecord};
-    use crate::layout::{MpmcCell, PoolHeader, PoolLayout, SegmentKind};
+    use crate::layout::{
+        BACKEND_CUDA, BACKEND_HOST, CudaPoolInfo, MpmcCell, PoolHeader, PoolLayout, SegmentKind,
+        SlotEvents,
+    };
     use crate::named::{RingSegment, ShmStorage};
     use crate::ring::Corrupted;
     use crate::shm::{Segment, ShmError};
@@ -374,75 +381,87 @@ mod host {
     // SAFETY: as above.
     unsafe impl Sync for ShmRecords {}
 
-    /// A host pool: records, free ring and slots in one shared-memory segment.
+    /// A pool's shared-memory segment: records and free ring, then the slots (host
+    /// backend) or the CUDA IPC handles of the allocation and of each slot's events (CUDA
+    /// backend).
     ///
     /// The sender creates it; receivers open it. Its name is not unlinked on drop: the
     /// sender marks it closed, and whoever sees it closed with every slot free (the sender
     /// itself, or the receiver returning the last slot in flight) unlinks it.
     #[derive(Debug)]
-    pub(crate) struct HostPool {
+    pub(crate) struct PoolSegment {
         pub(crate) core: PoolCore<ShmRecords, ShmStorage<MpmcCell<u32>>>,
         segment: Arc<Segment>,
         layout: PoolLayout,
-        data: NonNull<u8>,
+        backend: u32,
+        // Host backend only: slot 0's bytes.
+        data: Option<NonNull<u8>>,
     }
 
     // SAFETY: `data` points into the mapping `segment` keeps alive; slot bytes are only
     // handed out under the lease protocol.
-    unsafe impl Send for HostPool {}
+    unsafe impl Send for PoolSegment {}
     // SAFETY: as above.
-    unsafe impl Sync for HostPool {}
+    unsafe impl Sync for PoolSegment {}
 
-    impl HostPool {
-        /// Creates pool segment `name`: `slot_count` free slots of `slot_size` bytes.
+    fn kind(backend: u32) -> SegmentKind {
+        if backend == BACKEND_CUDA { SegmentKind::CudaPool } else { SegmentKind::HostPool }
+    }
+
+    impl PoolSegment {
+        /// Creates pool segment `name` for `backend`: `slot_count` free slots of
+        /// `slot_size` bytes. `init` writes the backend's part (CUDA handles) before the
+        /// segment is published.
         pub(crate) fn create(
             name: &str,
+            backend: u32,
             slot_count: u32,
             slot_size: u64,
+            init: impl FnOnce(&Segment, &PoolLayout) -> Result<(), ShmError>,
         ) -> Result<Self, ShmError> {
-            let layout = PoolLayout::new(slot_count, slot_size)
+            let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
                 .ok_or(ShmError::InvalidPool { slot_count, slot_size })?;
             let n = slot_count as usize;
-            let mut segment =
-                Segment::create(name, SegmentKind::HostPool, layout.total_size, |seg| {
-                    // SAFETY: offsets from `layout`, which sized the segment; ours alone until
-                    // `create` publishes it.
-                    let header = unsafe { seg.at::<PoolHeader>(layout.header).as_ref() };
-                    // Relaxed: published by the Release store of `init` in `Segment::create`.
-                    header.slot_count.store(slot_count, Ordering::Relaxed);
-                    header.backend.store(1, Ordering::Relaxed);
-                    header.slot_size.store(slot_size, Ordering::Relaxed);
-                    header.owner_pid.store(std::process::id(), Ordering::Relaxed);
-                    // Records are zero (free, generation 0) in a fresh object. The free ring
-                    // starts full: cell i holds slot i, written at position i.
-                    RingSegment::init_in::<u32, MpmcCell<u32>>(seg, &layout.free_ring, |i| {
-                        if i < n {
-                            MpmcCell::written(i as u64, i as u32)
-                        } else {
-                            MpmcCell::new(i as u64)
-                        }
-                    });
-                    // SAFETY: as above.
-                    let control = unsafe {
-                        seg.at::<crate::layout::RingControl>(layout.free_ring.control).as_ref()
-                    };
-                    control.tail.store(n as u64, Ordering::Relaxed);
-                    Ok(())
-                })?;
+            let mut segment = Segment::create(name, kind(backend), layout.total_size, |seg| {
+                // SAFETY: offsets from `layout`, which sized the segment; ours alone until
+                // `create` publishes it.
+                let header = unsafe { seg.at::<PoolHeader>(layout.header).as_ref() };
+                // Relaxed: published by the Release store of `init` in `Segment::create`.
+                header.slot_count.store(slot_count, Ordering::Relaxed);
+                header.backend.store(backend, Ordering::Relaxed);
+                header.slot_size.store(slot_size, Ordering::Relaxed);
+                header.owner_pid.store(std::process::id(), Ordering::Relaxed);
+                // Records are zero (free, generation 0) in a fresh object. The free ring
+                // starts full: cell i holds slot i, written at position i.
+                RingSegment::init_in::<u32, MpmcCell<u32>>(seg, &layout.free_ring, |i| {
+                    if i < n {
+                        MpmcCell::written(i as u64, i as u32)
+                    } else {
+                        MpmcCell::new(i as u64)
+                    }
+                });
+                // SAFETY: as above.
+                let control = unsafe {
+                    seg.at::<crate::layout::RingControl>(layout.free_ring.control).as_ref()
+                };
+                control.tail.store(n as u64, Ordering::Relaxed);
+                init(seg, &layout)
+            })?;
             segment.keep_name();
-            Self::new(Arc::new(segment), layout)
+            Self::new(Arc::new(segment), layout, backend)
         }
 
         /// Opens pool segment `name`, which must hold `slot_count` slots of `slot_size`
         /// bytes (what the channel's pool table says).
         pub(crate) fn open(
             name: &str,
+            backend: u32,
             slot_count: u32,
             slot_size: u64,
             timeout: Duration,
         ) -> Result<Self, ShmError> {
-            let segment = Segment::open(name, SegmentKind::HostPool, timeout)?;
-            let layout = PoolLayout::new(slot_count, slot_size)
+            let segment = Segment::open(name, kind(backend), timeout)?;
+            let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
                 .ok_or(ShmError::InvalidPool { slot_count, slot_size })?;
             if segment.len() != layout.total_size {
                 return Err(ShmError::SizeMismatch {
@@ -458,33 +477,82 @@ mod host {
                 header.slot_size.load(Ordering::Relaxed),
                 header.backend.load(Ordering::Relaxed),
             );
-            if found != (slot_count, slot_size, 1) {
+            if found != (slot_count, slot_size, backend) {
                 return Err(ShmError::Corrupted(Corrupted {
                     what: "pool header disagrees with the channel's pool table",
                 }));
             }
             RingSegment::check_in::<u32>(&segment, &layout.free_ring)?;
-            Self::new(Arc::new(segment), layout)
+            Self::new(Arc::new(segment), layout, backend)
         }
 
-        fn new(segment: Arc<Segment>, layout: PoolLayout) -> Result<Self, ShmError> {
+        fn new(segment: Arc<Segment>, layout: PoolLayout, backend: u32) -> Result<Self, ShmError> {
             // SAFETY: offsets from the layout that sized the segment (`at` checks bounds
             // and alignment).
-            let (records, data) = unsafe {
-                (segment.at::<SlotRecord>(layout.records), segment.at::<u8>(layout.data))
-            };
+            let records = unsafe { segment.at::<SlotRecord>(layout.records) };
+            // SAFETY: as above; host pools end with their slots.
+            let data = (backend == BACKEND_HOST).then(|| unsafe { segment.at::<u8>(layout.data) });
             let records =
                 ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
             let ring = RingSegment::view(segment.clone(), layout.free_ring);
             let core = PoolCore::new(records, ring.storage::<MpmcCell<u32>>(None))?;
-            Ok(Self { core, segment, layout, data })
+            Ok(Self { core, segment, layout, backend, data })
         }
 
         /// The bytes of slot `slot` (`slot < slot_count`, checked by the caller's lease).
+        ///
+        /// # Panics
+        ///
+        /// On a device pool (its bytes are not here), or a slot out of range.
         pub(crate) fn slot_ptr(&self, slot: u32) -> NonNull<u8> {
             assert!((slot as usize) < self.layout.slot_count, "slot index checked by the lease");
+            let data = self.data.expect("host slots live in host pools only");
             // SAFETY: slot < slot_count, so the slot lies inside the mapping.
-            unsafe { self.data.add(self.layout.slot_offset(slot as usize) - self.layout.data) }
+            unsafe { data.add(self.layout.slot_offset(slot as usize) - self.layout.data) }
+        }
+
+        #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+        /// Distance between slots.
+        pub(crate) fn stride(&self) -> usize {
+            self.layout.stride
+        }
+
+        #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+        /// Device pools: the allocation's handle and device.
+        ///
+        /// # Panics
+        ///
+        /// On a host pool.
+        pub(crate) fn cuda_info(&self) -> &CudaPoolInfo {
+            assert_eq!(self.backend, BACKEND_CUDA, "a device pool");
+            // SAFETY: offset from the checked device-pool layout; atomics only.
+            unsafe { self.segment.at::<CudaPoolInfo>(self.layout.cuda_info).as_ref() }
+        }
+
+        #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+        /// Device pools: every slot's event handles.
+        ///
+        /// # Panics
+        ///
+        /// On a host pool.
+        pub(crate) fn slot_events(&self) -> &[SlotEvents] {
+            assert_eq!(self.backend, BACKEND_CUDA, "a device pool");
+            let first = self.layout.slot_events;
+            // Checks the last record's bounds (and the first's alignment).
+            // SAFETY: `at` checks bounds; atomics only.
+            let _ = unsafe {
+                self.segment.at::<SlotEvents>(
+                    first + (self.layout.slot_count - 1) * size_of::<SlotEvents>(),
+                )
+            };
+            // SAFETY: `slot_count` records from `first` lie inside the mapping (checked just
+            // above), aligned; atomics only, valid for any bytes.
+            unsafe {
+                std::slice::from_raw_parts(
+                    self.segment.at::<SlotEvents>(first).as_ptr(),
+                    self.layout.slot_count,
+                )
+            }
         }
 
         /// Usable bytes per slot.

@@ -72,6 +72,8 @@ pub enum ShmError {
         /// Entries in the table.
         max_pools: u32,
     },
+    /// Setting up a device pool failed, or the channel needs CUDA this process lacks.
+    Cuda(crate::cuda::CudaError),
     /// `create`: a segment of that name exists.
     AlreadyExists {
         /// The segment's name.
@@ -169,6 +171,7 @@ impl fmt::Display for ShmError {
                 "all {max_pools} pool table entries are in use (raise max_senders, or wait \
                  for messages of departed senders to drain)"
             ),
+            ShmError::Cuda(e) => e.fmt(f),
             ShmError::AlreadyExists { name } => write!(f, "segment {name} already exists"),
             ShmError::NotFound { name } => write!(f, "segment {name} does not exist"),
             ShmError::PermissionDenied { name, reason } => {

@@ -41,19 +41,28 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cuda::CudaError;
 use crate::descriptor::{Descriptor, TensorMeta};
+#[cfg(feature = "cuda")]
+use crate::layout::BACKEND_CUDA;
 use crate::layout::{
-    ChannelHeader, ChannelLayout, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, ENTRY_EMPTY, MpmcCell,
-    POOL_NAME_BYTES, PoolEntry, PoolLayout, SegmentKind, SpscCell,
+    BACKEND_HOST, ChannelHeader, ChannelLayout, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED,
+    ENTRY_EMPTY, MpmcCell, POOL_NAME_BYTES, PoolEntry, PoolLayout, SegmentKind, SpscCell,
+    load_bytes, store_bytes,
 };
 use crate::named::{
     DEFAULT_OPEN_TIMEOUT, MpmcConsumer, MpmcProducer, RingSegment, SpscConsumer, SpscProducer,
 };
-use crate::pool::{AcquireError, HostPool, SlotRef};
+use crate::pool::{AcquireError, PoolSegment, SlotRef};
 use crate::ring::{Corrupted, PopError, PushError, TryPopError, TryPushError};
 use crate::shm::{Segment, ShmError, object_name};
 use crate::sync::Ordering;
 use crate::wait::WaitPolicy;
+
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
+pub use gpu::{DeviceView, GpuLease, GpuMessage};
 
 /// One sender and one receiver, or any number of each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +118,8 @@ pub struct ChannelBuilder {
     slot_size: u64,
     max_senders: Option<u32>,
     open_timeout: Duration,
+    #[cfg(feature = "cuda")]
+    cuda: Option<Arc<crate::cuda::CudaContext>>,
 }
 
 impl ChannelBuilder {
@@ -122,7 +133,27 @@ impl ChannelBuilder {
             slot_size: 1 << 20,
             max_senders: None,
             open_timeout: DEFAULT_OPEN_TIMEOUT,
+            #[cfg(feature = "cuda")]
+            cuda: None,
         }
+    }
+
+    /// Slots in device memory on `ctx`'s device (`create`), or the context this process
+    /// uses for the channel's device slots (`open`). Without it, `create` makes a host
+    /// channel, and a GPU channel opened without it can make no sender or receiver
+    /// ([`CudaError::NoContext`](crate::CudaError::NoContext)).
+    #[cfg(feature = "cuda")]
+    pub fn cuda(mut self, ctx: &Arc<crate::cuda::CudaContext>) -> Self {
+        self.cuda = Some(ctx.clone());
+        self
+    }
+
+    fn backend(&self) -> u32 {
+        #[cfg(feature = "cuda")]
+        if self.cuda.is_some() {
+            return BACKEND_CUDA;
+        }
+        BACKEND_HOST
     }
 
     /// One sender, one receiver (the default for `create`).
@@ -181,7 +212,8 @@ impl ChannelBuilder {
         if max_pools == 0 || max_pools > crate::layout::MAX_POOLS {
             return Err(ShmError::InvalidConfig { reason: "max_senders must be in 1..=1024" });
         }
-        if PoolLayout::new(self.slot_count, self.slot_size).is_none() {
+        let backend = self.backend();
+        if PoolLayout::for_backend(backend, self.slot_count, self.slot_size).is_none() {
             return Err(ShmError::InvalidPool {
                 slot_count: self.slot_count,
                 slot_size: self.slot_size,
@@ -199,6 +231,7 @@ impl ChannelBuilder {
             h.slot_count.store(self.slot_count, Ordering::Relaxed);
             h.slot_size.store(self.slot_size, Ordering::Relaxed);
             h.nonce.store(nonce, Ordering::Relaxed);
+            h.backend.store(backend, Ordering::Relaxed);
             // Pool entries are zero (EMPTY) in a fresh object.
             match flavor {
                 Flavor::Spsc => RingSegment::init_in::<Descriptor, SpscCell<Descriptor>>(
@@ -218,9 +251,9 @@ impl ChannelBuilder {
             segment,
             layout,
             flavor,
-            (self.slot_count, self.slot_size, nonce),
+            (self.slot_count, self.slot_size, nonce, backend),
             base,
-            self.open_timeout,
+            self,
         ))
     }
 
@@ -263,8 +296,9 @@ impl ChannelBuilder {
         let max_pools = h.max_pools.load(Ordering::Relaxed);
         let slots = (h.slot_count.load(Ordering::Relaxed), h.slot_size.load(Ordering::Relaxed));
         let nonce = h.nonce.load(Ordering::Relaxed);
+        let backend = h.backend.load(Ordering::Relaxed);
         let corrupted = |what| ShmError::Corrupted(Corrupted { what });
-        if PoolLayout::new(slots.0, slots.1).is_none() {
+        if PoolLayout::for_backend(backend, slots.0, slots.1).is_none() {
             return Err(corrupted("channel slot parameters out of range"));
         }
         let probe = ChannelLayout::new(max_pools, 1, flavor.cell_size())
@@ -288,14 +322,7 @@ impl ChannelBuilder {
             });
         }
         RingSegment::check_in::<Descriptor>(&segment, &layout.ring)?;
-        Ok(Channel::new(
-            segment,
-            layout,
-            flavor,
-            (slots.0, slots.1, nonce),
-            base,
-            self.open_timeout,
-        ))
+        Ok(Channel::new(segment, layout, flavor, (slots.0, slots.1, nonce, backend), base, self))
     }
 }
 
@@ -359,8 +386,11 @@ struct Shared {
     slot_count: u32,
     slot_size: u64,
     nonce: u32,
+    backend: u32,
     base: String,
     open_timeout: Duration,
+    #[cfg(feature = "cuda")]
+    cuda: Option<Arc<crate::cuda::CudaContext>>,
 }
 
 impl Shared {
@@ -389,29 +419,19 @@ impl Shared {
 
 /// Packs `name` into an entry's name words.
 fn write_name(entry: &PoolEntry, name: &str) {
-    let bytes = name.as_bytes();
-    assert!(bytes.len() <= POOL_NAME_BYTES, "pool names are bounded by MAX_CHANNEL_NAME");
-    for (i, word) in entry.name.iter().enumerate() {
-        let mut chunk = [0u8; 8];
-        let start = (i * 8).min(bytes.len());
-        let end = (start + 8).min(bytes.len());
-        chunk[..end - start].copy_from_slice(&bytes[start..end]);
-        // Relaxed: published by the Release store of `state`.
-        word.store(u64::from_le_bytes(chunk), Ordering::Relaxed);
-    }
-    entry.name_len.store(bytes.len() as u32, Ordering::Relaxed);
+    assert!(name.len() <= POOL_NAME_BYTES, "pool names are bounded by MAX_CHANNEL_NAME");
+    store_bytes(&entry.name, name.as_bytes());
+    // Relaxed: published by the Release store of `state`.
+    entry.name_len.store(name.len() as u32, Ordering::Relaxed);
 }
 
 /// Reads an entry's name (lossy: it is shared memory).
 fn read_name(entry: &PoolEntry) -> String {
     // Relaxed: read after the caller's Acquire load of `state`.
     let len = (entry.name_len.load(Ordering::Relaxed) as usize).min(POOL_NAME_BYTES);
-    let mut bytes = Vec::with_capacity(POOL_NAME_BYTES);
-    for word in &entry.name {
-        bytes.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
-    }
-    bytes.truncate(len);
-    String::from_utf8_lossy(&bytes).into_owned()
+    let mut bytes = [0u8; POOL_NAME_BYTES];
+    load_bytes(&entry.name, &mut bytes);
+    String::from_utf8_lossy(&bytes[..len]).into_owned()
 }
 
 /// A channel segment, created or opened; makes [`Sender`]s and [`Receiver`]s.
@@ -433,9 +453,9 @@ impl Channel {
         segment: Segment,
         layout: ChannelLayout,
         flavor: Flavor,
-        (slot_count, slot_size, nonce): (u32, u64, u32),
+        (slot_count, slot_size, nonce, backend): (u32, u64, u32, u32),
         base: String,
-        open_timeout: Duration,
+        builder: &ChannelBuilder,
     ) -> Self {
         let segment = Arc::new(segment);
         let ring = RingSegment::view(segment.clone(), layout.ring);
@@ -447,8 +467,11 @@ impl Channel {
             slot_count,
             slot_size,
             nonce,
+            backend,
             base,
-            open_timeout,
+            open_timeout: builder.open_timeout,
+            #[cfg(feature = "cuda")]
+            cuda: builder.cuda.clone(),
         };
         Self { shared: Arc::new(shared) }
     }
@@ -465,7 +488,43 @@ impl Channel {
             Flavor::Spsc => Tx::Spsc(RefCell::new(self.shared.ring.spsc_producer()?)),
             Flavor::Mpmc => Tx::Mpmc(self.shared.ring.mpmc_producer()?),
         };
-        let (index, instance, pool) = self.register_pool()?;
+        let s = &self.shared;
+        #[cfg(feature = "cuda")]
+        let device = if s.backend == BACKEND_CUDA {
+            let ctx = s.cuda.as_ref().ok_or(ShmError::Cuda(CudaError::NoContext))?;
+            let stride = PoolLayout::cuda(s.slot_count, s.slot_size).expect("checked").stride;
+            let pool = crate::cuda::DevicePool::create(ctx, s.slot_count as usize, stride)
+                .map_err(ShmError::Cuda)?;
+            Some(Arc::new(pool))
+        } else {
+            None
+        };
+        #[cfg(not(feature = "cuda"))]
+        if s.backend != BACKEND_HOST {
+            return Err(ShmError::Cuda(CudaError::NotBuilt));
+        }
+        let (index, instance, pool) = self.register_pool(|name| {
+            PoolSegment::create(name, s.backend, s.slot_count, s.slot_size, |_seg, _layout| {
+                #[cfg(feature = "cuda")]
+                if let Some(device) = &device {
+                    // SAFETY: offsets from the device-pool layout that sized the segment
+                    // (`at` checks bounds); atomics only; ours alone until published.
+                    let info = unsafe {
+                        _seg.at::<crate::layout::CudaPoolInfo>(_layout.cuda_info).as_ref()
+                    };
+                    let events = (0.._layout.slot_count).map(|i| {
+                        let at = _layout.slot_events + i * size_of::<crate::layout::SlotEvents>();
+                        // SAFETY: as above.
+                        unsafe { _seg.at::<crate::layout::SlotEvents>(at).as_ref() }
+                    });
+                    for (i, slot) in events.enumerate() {
+                        device.export_slot(i, slot);
+                    }
+                    device.export(info);
+                }
+                Ok(())
+            })
+        })?;
         Ok(Sender {
             shared: self.shared.clone(),
             free: pool.core.free_consumer(),
@@ -474,10 +533,16 @@ impl Channel {
             pool_id: (instance << 16) | index,
             tx,
             seq: Cell::new(0),
+            #[cfg(feature = "cuda")]
+            device,
         })
     }
 
-    fn register_pool(&self) -> Result<(u32, u32, HostPool), ShmError> {
+    fn register_pool(
+        &self,
+        make: impl FnOnce(&str) -> Result<PoolSegment, ShmError>,
+    ) -> Result<(u32, u32, PoolSegment), ShmError> {
+        let mut make = Some(make);
         let s = &self.shared;
         for index in 0..s.max_pools() {
             let entry = s.entry(index);
@@ -506,7 +571,9 @@ impl Channel {
             let instance =
                 s.header().registrations.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0xFFFF;
             let name = s.pool_name(index, instance);
-            let pool = match HostPool::create(&name, s.slot_count, s.slot_size) {
+            // Called once: every path below returns.
+            let make = make.take().expect("one registration per call");
+            let pool = match make(&name) {
                 Ok(pool) => pool,
                 Err(e) => {
                     // Release: pairs with the Acquire loads above.
@@ -516,7 +583,7 @@ impl Channel {
             };
             // Relaxed: published by the Release store of `state` below.
             entry.instance.store(instance, Ordering::Relaxed);
-            entry.backend.store(1, Ordering::Relaxed);
+            entry.backend.store(s.backend, Ordering::Relaxed);
             entry.slot_count.store(s.slot_count, Ordering::Relaxed);
             entry.slot_size.store(s.slot_size, Ordering::Relaxed);
             entry.owner_pid.store(std::process::id(), Ordering::Relaxed);
@@ -539,6 +606,10 @@ impl Channel {
             Flavor::Spsc => Rx::Spsc(RefCell::new(self.shared.ring.spsc_consumer()?)),
             Flavor::Mpmc => Rx::Mpmc(self.shared.ring.mpmc_consumer()?),
         };
+        #[cfg(feature = "cuda")]
+        if self.shared.backend == BACKEND_CUDA && self.shared.cuda.is_none() {
+            return Err(ShmError::Cuda(CudaError::NoContext));
+        }
         let pools = (0..self.shared.max_pools()).map(|_| None).collect();
         Ok(Receiver { shared: self.shared.clone(), rx, pools: RefCell::new(pools) })
     }
@@ -617,15 +688,18 @@ enum Wait {
 /// The sending end: owns a pool of slots, leases them, sends them.
 ///
 /// `Send` but not `Sync`: one thread uses a sender at a time (make one sender per thread
-/// in MPMC; each gets its own pool).
+/// in MPMC; each gets its own pool). On a GPU channel use the `_on` methods
+/// ([`acquire_on`](Sender::acquire_on), [`send_gpu`](Sender::send_gpu)).
 pub struct Sender {
     shared: Arc<Shared>,
-    pool: Arc<HostPool>,
+    pool: Arc<PoolSegment>,
     index: u32,
     pool_id: u32,
     free: MpmcConsumer<u32>,
     tx: Tx,
     seq: Cell<u64>,
+    #[cfg(feature = "cuda")]
+    device: Option<Arc<crate::cuda::DevicePool>>,
 }
 
 impl core::fmt::Debug for Sender {
@@ -638,43 +712,59 @@ impl core::fmt::Debug for Sender {
     }
 }
 
+/// A lease of either kind: what `send_with` needs of it.
+trait Leased {
+    fn slot_lease(&mut self) -> &mut SlotLease;
+    fn capacity(&self) -> usize;
+}
+
 impl Sender {
     /// Leases a free slot, waiting (spin, then sleep) until a receiver returns one.
     ///
     /// # Errors
     ///
-    /// [`AcquireError::Corrupted`] when the pool's shared state is impossible.
+    /// [`AcquireError::Corrupted`] when the pool's shared state is impossible;
+    /// [`AcquireError::Cuda`] (`WrongBackend`) on a GPU channel.
     pub fn acquire(&self) -> Result<Lease, AcquireError> {
-        self.lease(self.pool.core.lease_via(&self.free, None))
+        self.host_lease(Wait::Forever)
     }
 
     /// As [`acquire`](Self::acquire), giving up after `timeout`.
     ///
     /// # Errors
     ///
-    /// [`AcquireError::Timeout`], [`AcquireError::Corrupted`].
+    /// [`AcquireError::Timeout`], [`AcquireError::Corrupted`], [`AcquireError::Cuda`].
     pub fn acquire_timeout(&self, timeout: Duration) -> Result<Lease, AcquireError> {
-        self.lease(self.pool.core.lease_via(&self.free, Some(timeout)))
+        self.host_lease(Wait::For(timeout))
     }
 
     /// Leases a free slot if one is free now.
     ///
     /// # Errors
     ///
-    /// [`AcquireError::Exhausted`], [`AcquireError::Corrupted`].
+    /// [`AcquireError::Exhausted`], [`AcquireError::Corrupted`], [`AcquireError::Cuda`].
     pub fn try_acquire(&self) -> Result<Lease, AcquireError> {
-        self.lease(self.pool.core.try_lease_via(&self.free))
+        self.host_lease(Wait::No)
     }
 
-    fn lease(&self, slot: Result<SlotRef, AcquireError>) -> Result<Lease, AcquireError> {
-        let slot = slot?;
+    fn host_lease(&self, wait: Wait) -> Result<Lease, AcquireError> {
+        if self.shared.backend != BACKEND_HOST {
+            return Err(AcquireError::Cuda(CudaError::WrongBackend));
+        }
+        let slot = self.take_slot(wait)?;
         Ok(Lease {
-            pool: Some(self.pool.clone()),
             data: self.pool.slot_ptr(slot.slot),
             len: self.pool.slot_size(),
-            slot,
-            tag: 0,
+            inner: SlotLease { pool: Some(self.pool.clone()), slot, tag: 0 },
         })
+    }
+
+    fn take_slot(&self, wait: Wait) -> Result<SlotRef, AcquireError> {
+        match wait {
+            Wait::No => self.pool.core.try_lease_via(&self.free),
+            Wait::For(t) => self.pool.core.lease_via(&self.free, Some(t)),
+            Wait::Forever => self.pool.core.lease_via(&self.free, None),
+        }
     }
 
     /// Sends a leased slot holding a tensor described by `meta` (use
@@ -690,7 +780,7 @@ impl Sender {
     ///
     /// If `lease` came from another sender.
     pub fn send(&self, lease: Lease, meta: TensorMeta) -> Result<(), SendError> {
-        self.send_with(lease, meta, Wait::Forever)
+        self.send_with(lease, meta, Wait::Forever, |_, _| Ok(()))
     }
 
     /// As [`send`](Self::send), giving up after `timeout` with the lease back.
@@ -708,7 +798,7 @@ impl Sender {
         meta: TensorMeta,
         timeout: Duration,
     ) -> Result<(), SendError> {
-        self.send_with(lease, meta, Wait::For(timeout))
+        self.send_with(lease, meta, Wait::For(timeout), |_, _| Ok(()))
     }
 
     /// As [`send`](Self::send), without waiting: a full ring gives the lease back.
@@ -721,23 +811,33 @@ impl Sender {
     ///
     /// If `lease` came from another sender.
     pub fn try_send(&self, lease: Lease, meta: TensorMeta) -> Result<(), SendError> {
-        self.send_with(lease, meta, Wait::No)
+        self.send_with(lease, meta, Wait::No, |_, _| Ok(()))
     }
 
-    fn send_with(&self, mut lease: Lease, meta: TensorMeta, wait: Wait) -> Result<(), SendError> {
-        let pool = lease.pool.as_ref().expect("a live lease has its pool");
+    /// Fills a descriptor for `lease` (then `fill` adds the backend's part), publishes it.
+    fn send_with<L: Leased>(
+        &self,
+        mut lease: L,
+        meta: TensorMeta,
+        wait: Wait,
+        fill: impl FnOnce(&L, &mut Descriptor) -> Result<(), CudaError>,
+    ) -> Result<(), SendError<L>> {
+        let capacity = lease.capacity() as u64;
+        let inner = lease.slot_lease();
+        let pool = inner.pool.as_ref().expect("a live lease has its pool");
         assert!(Arc::ptr_eq(pool, &self.pool), "a lease must be sent by the sender it came from");
-        if meta.nbytes() > lease.len as u64 {
-            let (len, capacity) = (meta.nbytes(), lease.len as u64);
-            return Err(SendError::TooLarge { lease, len, capacity });
+        let (slot, tag) = (inner.slot, inner.tag);
+        if meta.nbytes() > capacity {
+            return Err(SendError::TooLarge { lease, len: meta.nbytes(), capacity });
         }
         let seq = self.seq.get();
         let mut d = Descriptor::new(seq, &meta);
-        d.tag = lease.tag;
+        d.tag = tag;
         d.pool_id = self.pool_id;
-        d.slot = lease.slot.slot;
-        d.generation = u64::from(lease.slot.generation);
-        self.pool.core.mark_sent(lease.slot);
+        d.slot = slot.slot;
+        d.generation = u64::from(slot.generation);
+        fill(&lease, &mut d).map_err(SendError::Cuda)?;
+        self.pool.core.mark_sent(slot);
         let pushed: Result<(), Result<(), Corrupted>> = match (&self.tx, wait) {
             (Tx::Spsc(p), Wait::No) => p.borrow_mut().try_push(d).map_err(full_or_corrupt),
             (Tx::Spsc(p), Wait::For(t)) => {
@@ -751,12 +851,12 @@ impl Sender {
         match pushed {
             Ok(()) => {
                 // Sent: the receiver owns the slot now, so the lease must not cancel it.
-                lease.pool = None;
+                lease.slot_lease().pool = None;
                 self.seq.set(seq.wrapping_add(1));
                 Ok(())
             }
             Err(e) => {
-                self.pool.core.unmark_sent(lease.slot);
+                self.pool.core.unmark_sent(slot);
                 match (e, wait) {
                     (Ok(()), Wait::No) => Err(SendError::Full(lease)),
                     (Ok(()), _) => Err(SendError::Timeout(lease)),
@@ -823,6 +923,10 @@ impl Sender {
 impl Drop for Sender {
     fn drop(&mut self) {
         self.pool.close();
+        #[cfg(feature = "cuda")]
+        if let Some(device) = self.device.take() {
+            gpu::retire(&self.pool, device);
+        }
         // Release: pairs with the Acquire loads of the state in `register_pool`.
         self.shared.entry(self.index).state.store(ENTRY_CLOSED, Ordering::Release);
     }
@@ -842,29 +946,56 @@ fn timeout_or_corrupt<T>(e: PushError<T>) -> Result<(), Corrupted> {
     }
 }
 
-/// A leased slot: write its bytes in place, then [`Sender::send`] it. Dropping a lease
-/// without sending it returns the slot to the pool.
-pub struct Lease {
-    pool: Option<Arc<HostPool>>,
+/// The part of a lease common to both backends: the slot, and its return on drop unless
+/// it was sent.
+#[derive(Debug)]
+struct SlotLease {
+    pool: Option<Arc<PoolSegment>>,
     slot: SlotRef,
-    data: NonNull<u8>,
-    len: usize,
     tag: u64,
 }
 
-// SAFETY: the lease is the slot's one holder; `data` points into a mapping its `pool`
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            if pool.core.cancel(self.slot) {
+                // The sender may have left while this lease was out.
+                pool.unlink_if_drained();
+            }
+        }
+    }
+}
+
+/// A leased slot: write its bytes in place, then [`Sender::send`] it. Dropping a lease
+/// without sending it returns the slot to the pool.
+pub struct Lease {
+    inner: SlotLease,
+    data: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the lease is the slot's one holder; `data` points into a mapping its pool
 // keeps alive, and nothing in it is tied to a thread.
 unsafe impl Send for Lease {}
 // SAFETY: `&Lease` gives only `&[u8]`.
 unsafe impl Sync for Lease {}
 
+impl Leased for Lease {
+    fn slot_lease(&mut self) -> &mut SlotLease {
+        &mut self.inner
+    }
+    fn capacity(&self) -> usize {
+        self.len
+    }
+}
+
 impl core::fmt::Debug for Lease {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Lease")
-            .field("slot", &self.slot.slot)
-            .field("generation", &self.slot.generation)
+            .field("slot", &self.inner.slot.slot)
+            .field("generation", &self.inner.slot.generation)
             .field("len", &self.len)
-            .field("tag", &self.tag)
+            .field("tag", &self.inner.tag)
             .finish()
     }
 }
@@ -872,17 +1003,17 @@ impl core::fmt::Debug for Lease {
 impl Lease {
     /// Slot index in the pool.
     pub fn slot(&self) -> u32 {
-        self.slot.slot
+        self.inner.slot.slot
     }
 
     /// This lease's generation of the slot.
     pub fn generation(&self) -> u32 {
-        self.slot.generation
+        self.inner.slot.generation
     }
 
     /// Sets the application tag the descriptor will carry.
     pub fn set_tag(&mut self, tag: u64) {
-        self.tag = tag;
+        self.inner.tag = tag;
     }
 }
 
@@ -904,29 +1035,19 @@ impl DerefMut for Lease {
     }
 }
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
-            if pool.core.cancel(self.slot) {
-                // The sender may have left while this lease was out.
-                pool.unlink_if_drained();
-            }
-        }
-    }
-}
-
-/// Why a send did not happen. Variants that carry the [`Lease`] give it back, bytes intact.
+/// Why a send did not happen. Variants that carry the lease (`L`: [`Lease`], or
+/// `GpuLease` on GPU channels) give it back, contents intact.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum SendError {
+pub enum SendError<L = Lease> {
     /// `try_send`: the ring is full.
-    Full(Lease),
+    Full(L),
     /// `send_timeout`: the ring stayed full until the deadline.
-    Timeout(Lease),
+    Timeout(L),
     /// The metadata spans more bytes than a slot holds.
     TooLarge {
         /// The lease, back.
-        lease: Lease,
+        lease: L,
         /// Bytes the metadata spans.
         len: u64,
         /// Bytes in a slot.
@@ -934,9 +1055,11 @@ pub enum SendError {
     },
     /// The ring's shared state is impossible.
     Corrupted(Corrupted),
+    /// Recording the slot's ready event failed (the slot went back to the pool).
+    Cuda(CudaError),
 }
 
-impl core::fmt::Display for SendError {
+impl<L> core::fmt::Display for SendError<L> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             SendError::Full(_) => f.write_str("ring is full"),
@@ -945,11 +1068,12 @@ impl core::fmt::Display for SendError {
                 write!(f, "tensor spans {len} bytes, a slot holds {capacity}")
             }
             SendError::Corrupted(c) => c.fmt(f),
+            SendError::Cuda(e) => e.fmt(f),
         }
     }
 }
 
-impl std::error::Error for SendError {}
+impl<L: core::fmt::Debug> std::error::Error for SendError<L> {}
 
 /// Why nothing was received.
 #[derive(Debug)]
@@ -960,12 +1084,15 @@ pub enum RecvError {
     /// `recv_timeout`: nothing arrived before the deadline.
     Timeout,
     /// The ring is corrupt, or the descriptor popped was invalid (unknown pool, slot out of
-    /// range, stale generation, length beyond the slot, bad metadata); `what` says which.
-    /// An invalid descriptor is dropped and the pool left as it was; the next `recv`
-    /// carries on.
+    /// range, stale generation, length beyond the slot, bad metadata, handles that do not
+    /// match the pool); `what` says which. An invalid descriptor is dropped and the pool
+    /// left as it was; the next `recv` carries on.
     Corrupted(Corrupted),
     /// The descriptor's pool could not be mapped (e.g. out of file descriptors).
     Attach(ShmError),
+    /// A CUDA call failed (importing the pool, or enqueueing the wait), or a host call on
+    /// a GPU channel (`WrongBackend`).
+    Cuda(CudaError),
 }
 
 impl core::fmt::Display for RecvError {
@@ -975,6 +1102,7 @@ impl core::fmt::Display for RecvError {
             RecvError::Timeout => f.write_str("timed out waiting for a message"),
             RecvError::Corrupted(c) => c.fmt(f),
             RecvError::Attach(e) => write!(f, "cannot map the message's pool: {e}"),
+            RecvError::Cuda(e) => e.fmt(f),
         }
     }
 }
@@ -987,12 +1115,22 @@ impl From<Corrupted> for RecvError {
     }
 }
 
-/// Pools a receiver has mapped, by table row: (instance, pool).
-type PoolCache = RefCell<Box<[Option<(u32, Arc<HostPool>)>]>>;
+/// A pool a receiver has mapped (and, for GPU pools, imported).
+#[derive(Debug, Clone)]
+struct CachedPool {
+    instance: u32,
+    seg: Arc<PoolSegment>,
+    #[cfg(feature = "cuda")]
+    device: Option<Arc<crate::cuda::ImportedPool>>,
+}
+
+/// Pools a receiver has mapped, by table row.
+type PoolCache = RefCell<Box<[Option<CachedPool>]>>;
 
 /// The receiving end: pops descriptors, checks them, maps pools on first sight.
 ///
-/// `Send` but not `Sync`. In MPMC, make one receiver per thread.
+/// `Send` but not `Sync`. In MPMC, make one receiver per thread. On a GPU channel use
+/// [`recv_on`](Receiver::recv_on).
 pub struct Receiver {
     shared: Arc<Shared>,
     rx: Rx,
@@ -1008,86 +1146,102 @@ impl core::fmt::Debug for Receiver {
     }
 }
 
+/// A descriptor that passed the checks common to both backends; its slot not yet claimed.
+struct Checked {
+    pool: CachedPool,
+    desc: Descriptor,
+    meta: TensorMeta,
+}
+
 impl Receiver {
     /// Receives a message, waiting (spin, then sleep) until one arrives.
     ///
     /// # Errors
     ///
-    /// [`RecvError::Corrupted`], [`RecvError::Attach`].
+    /// [`RecvError::Corrupted`], [`RecvError::Attach`], [`RecvError::Cuda`]
+    /// (`WrongBackend`, on a GPU channel).
     pub fn recv(&self) -> Result<Message, RecvError> {
-        self.recv_with(Wait::Forever)
+        self.recv_host(Wait::Forever)
     }
 
     /// As [`recv`](Self::recv), giving up after `timeout`.
     ///
     /// # Errors
     ///
-    /// [`RecvError::Timeout`], [`RecvError::Corrupted`], [`RecvError::Attach`].
+    /// [`RecvError::Timeout`], [`RecvError::Corrupted`], [`RecvError::Attach`],
+    /// [`RecvError::Cuda`].
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message, RecvError> {
-        self.recv_with(Wait::For(timeout))
+        self.recv_host(Wait::For(timeout))
     }
 
     /// Receives a message if one is waiting.
     ///
     /// # Errors
     ///
-    /// [`RecvError::Empty`], [`RecvError::Corrupted`], [`RecvError::Attach`].
+    /// [`RecvError::Empty`], [`RecvError::Corrupted`], [`RecvError::Attach`],
+    /// [`RecvError::Cuda`].
     pub fn try_recv(&self) -> Result<Message, RecvError> {
-        self.recv_with(Wait::No)
+        self.recv_host(Wait::No)
     }
 
-    fn recv_with(&self, wait: Wait) -> Result<Message, RecvError> {
-        let popped = match (&self.rx, wait) {
+    fn recv_host(&self, wait: Wait) -> Result<Message, RecvError> {
+        if self.shared.backend != BACKEND_HOST {
+            return Err(RecvError::Cuda(CudaError::WrongBackend));
+        }
+        let c = self.check(self.pop(wait)?)?;
+        if c.desc.device_ordinal != -1 {
+            return Err(corrupt("descriptor names a device, the pool is host memory"));
+        }
+        let held = c.pool.seg.core.receive(c.desc.slot, c.desc.generation)?;
+        // SAFETY: byte_offset + len <= slot_size (checked in `check`), inside the slot.
+        let data = unsafe { c.pool.seg.slot_ptr(held.slot).add(c.desc.byte_offset as usize) };
+        Ok(Message { hold: SlotHold { pool: c.pool.seg, held }, desc: c.desc, meta: c.meta, data })
+    }
+
+    fn pop(&self, wait: Wait) -> Result<Descriptor, RecvError> {
+        match (&self.rx, wait) {
             (Rx::Spsc(c), Wait::No) => c.borrow_mut().try_pop().map_err(empty_or_corrupt),
             (Rx::Spsc(c), Wait::For(t)) => c.borrow_mut().pop_timeout(t).map_err(pop_error),
             (Rx::Spsc(c), Wait::Forever) => c.borrow_mut().pop().map_err(pop_error),
             (Rx::Mpmc(c), Wait::No) => c.try_pop().map_err(empty_or_corrupt),
             (Rx::Mpmc(c), Wait::For(t)) => c.pop_timeout(t).map_err(pop_error),
             (Rx::Mpmc(c), Wait::Forever) => c.pop().map_err(pop_error),
-        };
-        self.accept(popped?)
+        }
     }
 
-    /// Checks a popped descriptor against the pool table and its pool; claims the slot.
-    fn accept(&self, d: Descriptor) -> Result<Message, RecvError> {
-        let corrupt = |what| RecvError::Corrupted(Corrupted { what });
+    /// Checks a popped descriptor against the pool table and its pool (not yet the
+    /// slot's state, which the caller claims last).
+    fn check(&self, d: Descriptor) -> Result<Checked, RecvError> {
         let (index, instance) = (d.pool_id & 0xFFFF, d.pool_id >> 16);
         if index >= self.shared.max_pools() {
             return Err(corrupt("descriptor names an unknown pool"));
         }
         let pool = self.pool_for(index, instance)?;
         let meta = d.meta().map_err(|_| corrupt("descriptor carries invalid tensor metadata"))?;
-        if d.slot >= pool.core.slot_count() {
+        if d.slot >= pool.seg.core.slot_count() {
             return Err(corrupt("descriptor names a slot out of range"));
         }
         let end = d.byte_offset.checked_add(d.len);
-        if end.is_none_or(|e| e > pool.slot_size() as u64) {
+        if end.is_none_or(|e| e > pool.seg.slot_size() as u64) {
             return Err(corrupt("descriptor length is larger than the slot"));
         }
         if meta.nbytes() != d.len {
             return Err(corrupt("descriptor metadata is inconsistent with its length"));
         }
-        if d.device_ordinal != -1 {
-            return Err(corrupt("descriptor names a device, the pool is host memory"));
-        }
-        let held = pool.core.receive(d.slot, d.generation)?;
-        // SAFETY: byte_offset + len <= slot_size (checked above), inside the slot.
-        let data = unsafe { pool.slot_ptr(held.slot).add(d.byte_offset as usize) };
-        Ok(Message { pool, held, desc: d, meta, data })
+        Ok(Checked { pool, desc: d, meta })
     }
 
     /// The pool at table row `index`, registration `instance`: cached, or mapped now.
-    fn pool_for(&self, index: u32, instance: u32) -> Result<Arc<HostPool>, RecvError> {
+    fn pool_for(&self, index: u32, instance: u32) -> Result<CachedPool, RecvError> {
         let mut pools = self.pools.borrow_mut();
         let cached = &mut pools[index as usize];
-        if let Some((inst, pool)) = cached {
-            if *inst == instance {
+        if let Some(pool) = cached {
+            if pool.instance == instance {
                 return Ok(pool.clone());
             }
         }
         let s = &self.shared;
         let entry = s.entry(index);
-        let corrupt = |what| RecvError::Corrupted(Corrupted { what });
         // Acquire: pairs with the Release store of ACTIVE in `register_pool`.
         let state = entry.state.load(Ordering::Acquire);
         // Relaxed: after the Acquire above.
@@ -1098,22 +1252,31 @@ impl Receiver {
         }
         let params =
             (entry.slot_count.load(Ordering::Relaxed), entry.slot_size.load(Ordering::Relaxed));
-        if params != (s.slot_count, s.slot_size) || entry.backend.load(Ordering::Relaxed) != 1 {
+        if params != (s.slot_count, s.slot_size)
+            || entry.backend.load(Ordering::Relaxed) != s.backend
+        {
             return Err(corrupt("pool table entry disagrees with the channel"));
         }
         let name = s.pool_name(index, instance);
         if read_name(entry) != name {
             return Err(corrupt("pool table entry names an unexpected segment"));
         }
-        let pool = match HostPool::open(&name, s.slot_count, s.slot_size, s.open_timeout) {
-            Ok(p) => Arc::new(p),
-            Err(ShmError::NotFound { .. }) => {
-                return Err(corrupt("descriptor names a pool that no longer exists"));
-            }
-            Err(ShmError::Corrupted(c)) => return Err(RecvError::Corrupted(c)),
-            Err(e) => return Err(RecvError::Attach(e)),
+        let seg =
+            match PoolSegment::open(&name, s.backend, s.slot_count, s.slot_size, s.open_timeout) {
+                Ok(p) => Arc::new(p),
+                Err(ShmError::NotFound { .. }) => {
+                    return Err(corrupt("descriptor names a pool that no longer exists"));
+                }
+                Err(ShmError::Corrupted(c)) => return Err(RecvError::Corrupted(c)),
+                Err(e) => return Err(RecvError::Attach(e)),
+            };
+        let pool = CachedPool {
+            instance,
+            #[cfg(feature = "cuda")]
+            device: gpu::import(s, &seg)?,
+            seg,
         };
-        *cached = Some((instance, pool.clone()));
+        *cached = Some(pool.clone());
         Ok(pool)
     }
 
@@ -1124,6 +1287,10 @@ impl Receiver {
             Rx::Mpmc(c) => c.set_wait_policy(policy),
         }
     }
+}
+
+fn corrupt(what: &'static str) -> RecvError {
+    RecvError::Corrupted(Corrupted { what })
 }
 
 fn empty_or_corrupt(e: TryPopError) -> RecvError {
@@ -1140,17 +1307,32 @@ fn pop_error(e: PopError) -> RecvError {
     }
 }
 
+/// The part of a received message common to both backends: the held slot, returned on
+/// drop.
+#[derive(Debug)]
+struct SlotHold {
+    pool: Arc<PoolSegment>,
+    held: SlotRef,
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        if self.pool.core.release(self.held) {
+            self.pool.unlink_if_drained();
+        }
+    }
+}
+
 /// A received message: its metadata and a view of its slot's bytes. Dropping it returns
 /// the slot to the sender's pool (and wakes the sender if it waits for one).
 pub struct Message {
-    pool: Arc<HostPool>,
-    held: SlotRef,
+    hold: SlotHold,
     desc: Descriptor,
     meta: TensorMeta,
     data: NonNull<u8>,
 }
 
-// SAFETY: the message is the slot's one holder; `data` points into a mapping its `pool`
+// SAFETY: the message is the slot's one holder; `data` points into a mapping its pool
 // keeps alive, and nothing in it is tied to a thread.
 unsafe impl Send for Message {}
 // SAFETY: `&Message` gives only shared access to the bytes.
@@ -1162,8 +1344,8 @@ impl core::fmt::Debug for Message {
             .field("seq", &self.desc.seq)
             .field("tag", &self.desc.tag)
             .field("pool_id", &self.desc.pool_id)
-            .field("slot", &self.held.slot)
-            .field("generation", &self.held.generation)
+            .field("slot", &self.hold.held.slot)
+            .field("generation", &self.hold.held.generation)
             .field("meta", &self.meta)
             .finish()
     }
@@ -1194,16 +1376,8 @@ impl Message {
 impl Deref for Message {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `len` bytes from `data` lie inside the slot (checked in `accept`), in a
-        // mapping `pool` keeps alive; this message holds the slot until it drops.
+        // SAFETY: `len` bytes from `data` lie inside the slot (checked in `check`), in a
+        // mapping the pool keeps alive; this message holds the slot until it drops.
         unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.desc.len as usize) }
-    }
-}
-
-impl Drop for Message {
-    fn drop(&mut self) {
-        if self.pool.core.release(self.held) {
-            self.pool.unlink_if_drained();
-        }
     }
 }

@@ -1,0 +1,441 @@
+//! The CUDA backend: device slot pools handed off in stream order (feature `cuda`).
+//!
+//! A device pool is one `cuMemAlloc` allocation (slots `stride` apart, 2 MiB multiples) and,
+//! per slot, two interprocess events created with
+//! `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`: *ready* (the sender records it on its
+//! stream after writing the slot; the receiver's stream waits on it) and *release* (the
+//! receiver records it after its reads; the next lease's stream waits on it). Their IPC
+//! handles are taken once, when the pool is made, and written into the pool segment; each
+//! receiver opens them once per pool, on first sight, and never in the exporting process.
+//! Imported memory is closed with `cuIpcCloseMemHandle`, never freed. No stream or context
+//! is synchronised on the hot path: every wait is enqueued on a stream.
+//!
+//! cudarc is loaded dynamically, so the crate builds and its host paths run on machines
+//! without CUDA; [`context`] says [`CudaError::Unavailable`] there instead of panicking.
+
+/// What went wrong on the CUDA side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// No CUDA driver library on this machine (or it failed to initialise).
+    Unavailable,
+    /// This build has no CUDA support (built without the `cuda` feature).
+    NotBuilt,
+    /// A driver call failed.
+    Driver {
+        /// The call.
+        op: &'static str,
+        /// Its `CUresult` code.
+        code: i32,
+    },
+    /// The pool's device is not this context's device, and the two cannot reach each
+    /// other (no peer access).
+    DeviceMismatch {
+        /// UUID of the pool's device.
+        pool_device: [u8; 16],
+        /// UUID of this context's device.
+        this_device: [u8; 16],
+    },
+    /// A GPU call on a host channel, or a host call on a GPU channel.
+    WrongBackend,
+    /// A GPU channel was opened without a context: use `ChannelBuilder::cuda(&ctx)`.
+    NoContext,
+}
+
+impl core::fmt::Display for CudaError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CudaError::Unavailable => f.write_str("no CUDA driver on this machine"),
+            CudaError::NotBuilt => f.write_str("gpuring was built without the `cuda` feature"),
+            CudaError::Driver { op, code } => write!(f, "{op} failed: CUDA error {code}"),
+            CudaError::DeviceMismatch { pool_device, this_device } => write!(
+                f,
+                "the pool lives on device {} and this context's device {} cannot reach it",
+                hex(pool_device),
+                hex(this_device)
+            ),
+            CudaError::WrongBackend => {
+                f.write_str("host call on a GPU channel, or GPU call on a host channel")
+            }
+            CudaError::NoContext => {
+                f.write_str("a GPU channel needs a CUDA context: ChannelBuilder::cuda(&ctx)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+fn hex(bytes: &[u8; 16]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(feature = "cuda")]
+pub use imp::*;
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+
+    pub use cudarc::driver::{CudaContext, CudaStream};
+    use cudarc::driver::{result, sys};
+
+    use super::CudaError;
+    use crate::layout::{CudaPoolInfo, SlotEvents, load_bytes, store_bytes};
+    use crate::sync::Ordering;
+
+    static IPC_OPENS: AtomicU64 = AtomicU64::new(0);
+
+    /// IPC handles this process has opened (memory and event handles together). A
+    /// receiver opens a pool's handles once, on first sight: the count does not move per
+    /// message.
+    pub fn ipc_opens() -> u64 {
+        IPC_OPENS.load(StdOrdering::Relaxed)
+    }
+
+    /// Whether a CUDA driver can be loaded and initialised here.
+    pub fn available() -> bool {
+        // SAFETY: only probes for the library; loads nothing into our address space that
+        // could be used unsafely.
+        let present = unsafe { sys::is_culib_present() };
+        present && result::init().is_ok()
+    }
+
+    /// The primary context of device `ordinal`, or [`CudaError::Unavailable`] when there
+    /// is no driver (cudarc itself would panic).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Unavailable`], [`CudaError::Driver`].
+    pub fn context(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
+        if !available() {
+            return Err(CudaError::Unavailable);
+        }
+        CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))
+    }
+
+    pub(crate) fn driver(op: &'static str) -> impl Fn(result::DriverError) -> CudaError {
+        move |e| CudaError::Driver { op, code: e.0 as i32 }
+    }
+
+    fn check(op: &'static str, r: sys::CUresult) -> Result<(), CudaError> {
+        r.result().map_err(driver(op))
+    }
+
+    /// The UUID of `ctx`'s device.
+    pub(crate) fn device_uuid(ctx: &CudaContext) -> Result<[u8; 16], CudaError> {
+        let uuid = result::device::get_uuid(ctx.cu_device()).map_err(driver("cuDeviceGetUuid"))?;
+        Ok(uuid.bytes.map(|b| b as u8))
+    }
+
+    fn event_handle(event: sys::CUevent) -> Result<[u8; 64], CudaError> {
+        let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
+        // SAFETY: out-pointer valid; an interprocess event of ours.
+        check("cuIpcGetEventHandle", unsafe { sys::cuIpcGetEventHandle(&mut h, event) })?;
+        Ok(h.reserved.map(|b| b as u8))
+    }
+
+    fn interprocess_event() -> Result<sys::CUevent, CudaError> {
+        // DISABLE_TIMING is required with INTERPROCESS.
+        let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
+            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let mut event = std::ptr::null_mut();
+        // SAFETY: `event` is a valid out-pointer; the caller bound the context.
+        check("cuEventCreate", unsafe { sys::cuEventCreate(&mut event, flags) })?;
+        Ok(event)
+    }
+
+    /// The exporting side of a device pool: the allocation and the events, owned.
+    #[derive(Debug)]
+    pub(crate) struct DevicePool {
+        ctx: Arc<CudaContext>,
+        base: sys::CUdeviceptr,
+        stride: usize,
+        ready: Box<[sys::CUevent]>,
+        release: Box<[sys::CUevent]>,
+        uuid: [u8; 16],
+        mem_handle: [u8; 64],
+        // Per slot: ready, release.
+        event_handles: Box<[([u8; 64], [u8; 64])]>,
+    }
+
+    // SAFETY: driver handles are usable from any thread once the context is bound, which
+    // every method does.
+    unsafe impl Send for DevicePool {}
+    // SAFETY: as above; the driver serialises calls on one handle.
+    unsafe impl Sync for DevicePool {}
+
+    impl DevicePool {
+        /// Allocates `slot_count` slots `stride` apart on `ctx`'s device, with their events.
+        pub(crate) fn create(
+            ctx: &Arc<CudaContext>,
+            slot_count: usize,
+            stride: usize,
+        ) -> Result<Self, CudaError> {
+            ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            let uuid = device_uuid(ctx)?;
+            let len = stride * slot_count;
+            let mut base = 0;
+            // SAFETY: out-pointer valid; a plain cuMemAlloc (exportable, unlike the
+            // stream-ordered allocations cudarc makes).
+            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut base, len) })?;
+            let mut pool = Self {
+                ctx: ctx.clone(),
+                base,
+                stride,
+                ready: Box::new([]),
+                release: Box::new([]),
+                uuid,
+                mem_handle: [0; 64],
+                event_handles: Box::new([]),
+            };
+            // On error from here, Drop frees what was made so far.
+            let mut mem = sys::CUipcMemHandle { reserved: [0; 64] };
+            // SAFETY: out-pointer valid; `base` is our live cuMemAlloc allocation.
+            check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut mem, base) })?;
+            pool.mem_handle = mem.reserved.map(|b| b as u8);
+            let mut ready = Vec::with_capacity(slot_count);
+            let mut release = Vec::with_capacity(slot_count);
+            let mut handles = Vec::with_capacity(slot_count);
+            let made = (0..slot_count).try_for_each(|_| {
+                let (r, l) = (interprocess_event()?, interprocess_event()?);
+                ready.push(r);
+                release.push(l);
+                handles.push((event_handle(r)?, event_handle(l)?));
+                Ok(())
+            });
+            pool.ready = ready.into_boxed_slice();
+            pool.release = release.into_boxed_slice();
+            pool.event_handles = handles.into_boxed_slice();
+            made.map(|()| pool)
+        }
+
+        /// Writes the allocation's handle and device into a pool segment being created.
+        pub(crate) fn export(&self, info: &CudaPoolInfo) {
+            store_bytes(&info.mem_handle, &self.mem_handle);
+            store_bytes(&info.device_uuid, &self.uuid);
+            // Relaxed: published with the segment's init word.
+            info.device_ordinal.store(self.ctx.ordinal() as u32, Ordering::Relaxed);
+            info.stride.store(self.stride as u64, Ordering::Relaxed);
+        }
+
+        /// Writes slot `slot`'s event handles into a pool segment being created.
+        pub(crate) fn export_slot(&self, slot: usize, events: &SlotEvents) {
+            let (ready, release) = &self.event_handles[slot];
+            store_bytes(&events.ready, ready);
+            store_bytes(&events.release, release);
+        }
+
+        /// The handle bytes a descriptor of `slot` carries: memory, ready event.
+        pub(crate) fn handles(&self, slot: u32) -> (&[u8; 64], &[u8; 64]) {
+            (&self.mem_handle, &self.event_handles[slot as usize].0)
+        }
+
+        /// Device address of slot `slot`.
+        pub(crate) fn slot_ptr(&self, slot: u32) -> sys::CUdeviceptr {
+            assert!((slot as usize) < self.ready.len(), "slot index checked by the lease");
+            self.base + (slot as usize * self.stride) as u64
+        }
+
+        /// The device's UUID and this process's ordinal for it.
+        pub(crate) fn device(&self) -> ([u8; 16], i32) {
+            (self.uuid, self.ctx.ordinal() as i32)
+        }
+
+        /// Enqueues on `stream` a wait for the last release of `slot`.
+        pub(crate) fn wait_release(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
+            wait(&self.ctx, stream, self.release[slot as usize])
+        }
+
+        /// Records `slot`'s ready event on `stream`.
+        pub(crate) fn record_ready(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
+            record(&self.ctx, stream, self.ready[slot as usize])
+        }
+
+        /// Blocks until every recorded release has completed: receivers' GPU reads are
+        /// done and the memory can be freed. Off the hot path (the sender's drop).
+        pub(crate) fn synchronize_releases(&self) -> Result<(), CudaError> {
+            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            for &e in self.release.iter() {
+                // SAFETY: our live event.
+                check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(e) })?;
+            }
+            Ok(())
+        }
+    }
+
+    impl Drop for DevicePool {
+        fn drop(&mut self) {
+            let _ = self.ctx.bind_to_thread();
+            for &e in self.ready.iter().chain(self.release.iter()) {
+                // SAFETY: events we created and nobody else destroys.
+                let _ = unsafe { sys::cuEventDestroy_v2(e) };
+            }
+            // SAFETY: our allocation; every slot was handed back (the sender waits for
+            // that, or leaks the pool instead of dropping it).
+            let _ = unsafe { sys::cuMemFree_v2(self.base) };
+        }
+    }
+
+    fn wait(ctx: &CudaContext, stream: &CudaStream, event: sys::CUevent) -> Result<(), CudaError> {
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: a live event and the caller's live stream.
+        check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), event, 0) })
+    }
+
+    fn record(
+        ctx: &CudaContext,
+        stream: &CudaStream,
+        event: sys::CUevent,
+    ) -> Result<(), CudaError> {
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: a live event and the caller's live stream.
+        check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream.cu_stream()) })
+    }
+
+    /// The importing side of a device pool: the allocation and events opened from their
+    /// IPC handles, once.
+    #[derive(Debug)]
+    pub(crate) struct ImportedPool {
+        ctx: Arc<CudaContext>,
+        base: sys::CUdeviceptr,
+        stride: usize,
+        ready: Box<[sys::CUevent]>,
+        release: Box<[sys::CUevent]>,
+        mem_handle: [u8; 64],
+        ready_handles: Box<[[u8; 64]]>,
+        uuid: [u8; 16],
+    }
+
+    // SAFETY: as for `DevicePool`.
+    unsafe impl Send for ImportedPool {}
+    // SAFETY: as above.
+    unsafe impl Sync for ImportedPool {}
+
+    impl ImportedPool {
+        /// Opens the pool described by `info` and `events` in `ctx`. A pool on another
+        /// device is opened with lazy peer access when the devices can reach each other.
+        pub(crate) fn open(
+            ctx: &Arc<CudaContext>,
+            info: &CudaPoolInfo,
+            events: &[SlotEvents],
+            stride: usize,
+        ) -> Result<Self, CudaError> {
+            ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            let mut uuid = [0u8; 16];
+            load_bytes(&info.device_uuid, &mut uuid);
+            let here = device_uuid(ctx)?;
+            let mut flags = 0;
+            if uuid != here {
+                if !can_reach(ctx, &uuid)? {
+                    return Err(CudaError::DeviceMismatch { pool_device: uuid, this_device: here });
+                }
+                flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+            }
+            let mut mem_handle = [0u8; 64];
+            load_bytes(&info.mem_handle, &mut mem_handle);
+            let mut pool = Self {
+                ctx: ctx.clone(),
+                base: 0,
+                stride,
+                ready: Box::new([]),
+                release: Box::new([]),
+                mem_handle,
+                ready_handles: Box::new([]),
+                uuid,
+            };
+            let handle = sys::CUipcMemHandle { reserved: mem_handle.map(|b| b as _) };
+            IPC_OPENS.fetch_add(1, StdOrdering::Relaxed);
+            // SAFETY: out-pointer valid; the handle bytes came from the pool segment (a
+            // forged handle makes the driver fail, not us).
+            check("cuIpcOpenMemHandle", unsafe {
+                sys::cuIpcOpenMemHandle_v2(&mut pool.base, handle, flags)
+            })?;
+            let n = events.len();
+            let (mut ready, mut release) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            let mut ready_handles = Vec::with_capacity(n);
+            let opened = events.iter().try_for_each(|slot| {
+                let mut r = [0u8; 64];
+                load_bytes(&slot.ready, &mut r);
+                ready.push(open_event(&r)?);
+                ready_handles.push(r);
+                let mut l = [0u8; 64];
+                load_bytes(&slot.release, &mut l);
+                release.push(open_event(&l)?);
+                Ok(())
+            });
+            pool.ready = ready.into_boxed_slice();
+            pool.release = release.into_boxed_slice();
+            pool.ready_handles = ready_handles.into_boxed_slice();
+            opened.map(|()| pool)
+        }
+
+        /// Device address of slot `slot` plus `offset` (both checked by the caller).
+        pub(crate) fn slot_ptr(&self, slot: u32, offset: u64) -> sys::CUdeviceptr {
+            assert!((slot as usize) < self.ready.len(), "slot index checked by the caller");
+            self.base + (slot as usize * self.stride) as u64 + offset
+        }
+
+        /// The handle bytes a genuine descriptor of `slot` carries.
+        pub(crate) fn handles(&self, slot: u32) -> (&[u8; 64], &[u8; 64], &[u8; 16]) {
+            (&self.mem_handle, &self.ready_handles[slot as usize], &self.uuid)
+        }
+
+        /// Enqueues on `stream` a wait for `slot`'s ready event.
+        pub(crate) fn wait_ready(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
+            wait(&self.ctx, stream, self.ready[slot as usize])
+        }
+
+        /// Records `slot`'s release event on `stream`.
+        pub(crate) fn record_release(
+            &self,
+            slot: u32,
+            stream: &CudaStream,
+        ) -> Result<(), CudaError> {
+            record(&self.ctx, stream, self.release[slot as usize])
+        }
+    }
+
+    fn open_event(handle: &[u8; 64]) -> Result<sys::CUevent, CudaError> {
+        let h = sys::CUipcEventHandle { reserved: handle.map(|b| b as _) };
+        let mut event = std::ptr::null_mut();
+        IPC_OPENS.fetch_add(1, StdOrdering::Relaxed);
+        // SAFETY: out-pointer valid; bytes from the pool segment (a forged handle makes the
+        // driver fail).
+        check("cuIpcOpenEventHandle", unsafe { sys::cuIpcOpenEventHandle(&mut event, h) })?;
+        Ok(event)
+    }
+
+    /// Whether `ctx`'s device can reach the device with `uuid` (peer access).
+    fn can_reach(ctx: &CudaContext, uuid: &[u8; 16]) -> Result<bool, CudaError> {
+        let count = result::device::get_count().map_err(driver("cuDeviceGetCount"))?;
+        for ordinal in 0..count {
+            let dev = result::device::get(ordinal).map_err(driver("cuDeviceGet"))?;
+            let u = result::device::get_uuid(dev).map_err(driver("cuDeviceGetUuid"))?;
+            if u.bytes.map(|b| b as u8) == *uuid {
+                let mut can = 0;
+                // SAFETY: out-pointer valid; two valid device handles.
+                check("cuDeviceCanAccessPeer", unsafe {
+                    sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), dev)
+                })?;
+                return Ok(can != 0);
+            }
+        }
+        Ok(false)
+    }
+
+    impl Drop for ImportedPool {
+        fn drop(&mut self) {
+            let _ = self.ctx.bind_to_thread();
+            for &e in self.ready.iter().chain(self.release.iter()) {
+                // SAFETY: events we opened; destroying an imported event closes our handle.
+                let _ = unsafe { sys::cuEventDestroy_v2(e) };
+            }
+            if self.base != 0 {
+                // SAFETY: a mapping we opened; closed, never freed (the exporter owns it).
+                let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };
+            }
+        }
+    }
+}
