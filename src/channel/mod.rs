@@ -141,7 +141,7 @@ impl ChannelBuilder {
     /// Slots in device memory on `ctx`'s device (`create`), or the context this process
     /// uses for the channel's device slots (`open`). Without it, `create` makes a host
     /// channel, and a GPU channel opened without it can make no sender or receiver
-    /// ([`CudaError::NoContext`](crate::CudaError::NoContext)).
+    /// ([`CudaError::NoContext`]).
     #[cfg(feature = "cuda")]
     pub fn cuda(mut self, ctx: &Arc<crate::cuda::CudaContext>) -> Self {
         self.cuda = Some(ctx.clone());
@@ -689,7 +689,7 @@ enum Wait {
 ///
 /// `Send` but not `Sync`: one thread uses a sender at a time (make one sender per thread
 /// in MPMC; each gets its own pool). On a GPU channel use the `_on` methods
-/// ([`acquire_on`](Sender::acquire_on), [`send_gpu`](Sender::send_gpu)).
+/// (`acquire_on`, `send_gpu`: feature `cuda`).
 pub struct Sender {
     shared: Arc<Shared>,
     pool: Arc<PoolSegment>,
@@ -1130,7 +1130,7 @@ type PoolCache = RefCell<Box<[Option<CachedPool>]>>;
 /// The receiving end: pops descriptors, checks them, maps pools on first sight.
 ///
 /// `Send` but not `Sync`. In MPMC, make one receiver per thread. On a GPU channel use
-/// [`recv_on`](Receiver::recv_on).
+/// `recv_on` (feature `cuda`).
 pub struct Receiver {
     shared: Arc<Shared>,
     rx: Rx,

@@ -1,0 +1,280 @@
+//! GPU channels between processes: device slots handed off in stream order.
+//!
+//! Every test that needs a GPU is `#[ignore]`d, so `cargo test --features cuda` on a
+//! machine without one lists them as ignored (visibly skipped). On the GPU machine
+//! `bash .gpu/run.sh` (from `../shared/tools/gpu-stage`) runs them with
+//! `--include-ignored`. `cuda_absent_is_a_typed_error` runs everywhere.
+#![cfg(all(feature = "cuda", not(loom)))]
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{ring_name, role, spawn, unique_name, wait_all};
+use cudarc::driver::{result, sys};
+use gpuring::cuda::{self, CudaStream};
+use gpuring::{AcquireError, Channel, CudaError, RecvError, ShmError, TensorMeta};
+
+struct Counting;
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const LIMIT: Duration = Duration::from_secs(60);
+const WATCHDOG: Duration = Duration::from_secs(300);
+
+fn value(seq: u64) -> u32 {
+    (seq as u32).wrapping_mul(2_654_435_761) | 1
+}
+
+fn memset(ptr: sys::CUdeviceptr, v: u32, words: usize, stream: &CudaStream) {
+    // SAFETY: `ptr` is a slot (or buffer) of at least `words` words, used in stream order.
+    unsafe { sys::cuMemsetD32Async(ptr, v, words, stream.cu_stream()) }.result().unwrap();
+}
+
+fn read_words(ptr: sys::CUdeviceptr, out: &mut [u32], stream: &CudaStream) {
+    // SAFETY: `ptr` is valid for `out.len()` words in `stream`'s order; `out` lives until
+    // the synchronize below.
+    unsafe { result::memcpy_dtoh_async(out, ptr, stream.cu_stream()) }.unwrap();
+    stream.synchronize().unwrap();
+}
+
+fn setup() -> (Arc<cudarc::driver::CudaContext>, Arc<CudaStream>) {
+    let ctx = cuda::context(0).expect("a CUDA device");
+    let stream = ctx.new_stream().unwrap();
+    (ctx, stream)
+}
+
+#[test]
+fn cuda_absent_is_a_typed_error() {
+    match cuda::context(0) {
+        Ok(_) => assert!(cuda::available(), "a context implies a driver"),
+        Err(e) => {
+            assert!(!cuda::available(), "no context although a driver is present: {e}");
+            assert_eq!(e, CudaError::Unavailable);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn host_and_gpu_calls_do_not_mix() {
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-mix");
+    let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let rx = ch.receiver().unwrap();
+    assert_eq!(tx.acquire().unwrap_err(), AcquireError::Cuda(CudaError::WrongBackend));
+    assert!(matches!(rx.try_recv(), Err(RecvError::Cuda(CudaError::WrongBackend))));
+    let lease = tx.acquire_on(&stream).unwrap();
+    assert_eq!((lease.capacity(), lease.device_ptr() % 256), (4096, 0));
+    drop(lease);
+    assert_eq!(tx.free_slots(), 2);
+    // Opened without a context: the channel opens, its endpoints say why they cannot.
+    let plain = Channel::builder(&name).open().unwrap();
+    assert!(matches!(plain.receiver(), Err(ShmError::Cuda(CudaError::NoContext))));
+    // And a host channel refuses the GPU calls.
+    let host = Channel::builder(unique_name("gpu-host")).slots(1, 64).create().unwrap();
+    let htx = host.sender().unwrap();
+    assert_eq!(htx.acquire_on(&stream).unwrap_err(), AcquireError::Cuda(CudaError::WrongBackend));
+}
+
+/// 100,000 messages: the producer writes seq-dependent words into each slot with
+/// `cuMemsetD32Async` on its stream; the receiver copies the first and last word back
+/// after its wait and checks them. After warm-up: no IPC handle opened, no allocation.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_100k_messages_between_processes() {
+    const N: u64 = 100_000;
+    const BYTES: usize = 64 << 10;
+    const WORDS: usize = BYTES / 4;
+    if role().as_deref() == Some("receiver") {
+        let (ctx, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let mut words = [0u32; 1];
+        let check = |m: &gpuring::GpuMessage, seq: u64, words: &mut [u32; 1]| {
+            assert_eq!((m.seq(), m.len()), (seq, BYTES));
+            for at in [0, WORDS - 1] {
+                read_words(m.device_ptr() + at as u64 * 4, words, &stream);
+                assert_eq!(words[0], value(seq), "seq {seq} word {at}");
+            }
+        };
+        let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+        check(&m, 0, &mut words);
+        drop(m);
+        let (opens, allocs) = (cuda::ipc_opens(), ALLOCATIONS.load(Ordering::Relaxed));
+        assert_eq!(opens, 1 + 2 * 8, "one memory handle and two events per slot, once");
+        for seq in 1..N {
+            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            check(&m, seq, &mut words);
+        }
+        assert_eq!(cuda::ipc_opens(), opens, "an IPC handle opened after warm-up");
+        let n = ALLOCATIONS.load(Ordering::Relaxed) - allocs;
+        assert_eq!(n, 0, "{n} heap allocations in the receiver's steady state");
+        return;
+    }
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-100k");
+    let ch = Channel::builder(&name).capacity(64).slots(8, BYTES as u64).cuda(&ctx).create();
+    let ch = ch.unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer = [spawn("gpu_100k_messages_between_processes", "receiver", &name, &[])];
+    let meta = TensorMeta::contiguous(gpuring::DType::U32, &[WORDS as u64]).unwrap();
+    let send = |seq: u64| {
+        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        memset(lease.device_ptr(), value(seq), WORDS, &stream);
+        tx.send_gpu_timeout(lease, meta, LIMIT).unwrap();
+    };
+    send(0);
+    let allocs = ALLOCATIONS.load(Ordering::Relaxed);
+    for seq in 1..N {
+        send(seq);
+    }
+    let n = ALLOCATIONS.load(Ordering::Relaxed) - allocs;
+    assert_eq!(n, 0, "{n} heap allocations in the sender's steady state");
+    assert_eq!(cuda::ipc_opens(), 0, "the exporting process never opens its own handles");
+    wait_all(&mut peer, WATCHDOG);
+}
+
+/// The producer's write is slow (many queued memsets, the last one writing the value) and
+/// the receiver reads at once after `recv_on`: in stream order it sees the final value.
+/// The same read on a second stream, which does not wait on the ready event, must see an
+/// older value at least once, or the test could not tell ordered from unordered.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_receiver_reads_after_a_slow_write() {
+    const MESSAGES: u64 = 100;
+    const BYTES: usize = 8 << 20;
+    const WORDS: usize = BYTES / 4;
+    const PASSES: u32 = 1024;
+    if role().as_deref() == Some("receiver") {
+        let (ctx, stream) = setup();
+        let unordered = ctx.new_stream().unwrap();
+        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let (mut ordered_word, mut raced_word) = ([0u32; 1], [0u32; 1]);
+        let mut stale = 0;
+        for seq in 0..MESSAGES {
+            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let last = m.device_ptr() + (WORDS as u64 - 1) * 4;
+            read_words(last, &mut raced_word, &unordered);
+            read_words(last, &mut ordered_word, &stream);
+            assert_eq!(ordered_word[0], value(seq), "message {seq} read before its write");
+            stale += u32::from(raced_word[0] != value(seq));
+        }
+        assert!(stale > 0, "the unordered control never raced: the test cannot see ordering");
+        eprintln!("unordered control read a stale value in {stale} of {MESSAGES} messages");
+        return;
+    }
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-slow");
+    let ch = Channel::builder(&name).slots(4, BYTES as u64).cuda(&ctx).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer = [spawn("gpu_receiver_reads_after_a_slow_write", "receiver", &name, &[])];
+    for seq in 0..MESSAGES {
+        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        for pass in 0..PASSES {
+            memset(lease.device_ptr(), pass, WORDS, &stream);
+        }
+        memset(lease.device_ptr(), value(seq), WORDS, &stream);
+        tx.send_gpu_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
+    }
+    wait_all(&mut peer, WATCHDOG);
+}
+
+/// One slot. The receiver holds it under slow reads (many queued copies of the slot),
+/// then copies it a last time and drops the message; the producer immediately leases the
+/// slot again and overwrites it. The receiver's last copy must hold the old value: the
+/// producer's write waited for the release event. A control message read *after* its
+/// drop (outside the protocol) must see the overwrite at least once.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_slot_reuse_waits_for_the_receivers_reads() {
+    const ROUNDS: u64 = 40;
+    const BYTES: usize = 8 << 20;
+    const WORDS: usize = BYTES / 4;
+    const READS: u32 = 2048;
+    if role().as_deref() == Some("receiver") {
+        let (ctx, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        // SAFETY: plain device allocations for the test's copies.
+        let scratch = unsafe { result::malloc_sync(BYTES) }.unwrap();
+        // SAFETY: as above.
+        let last = unsafe { result::malloc_sync(4) }.unwrap();
+        let mut word = [0u32; 1];
+        let mut overwritten = 0;
+        for round in 0..ROUNDS {
+            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let src = m.device_ptr() + (WORDS as u64 - 1) * 4;
+            let control = round % 2 == 1;
+            if control {
+                // Outside the protocol: release first, read after.
+                drop(m);
+                slow_reads(scratch, src - (WORDS as u64 - 1) * 4, READS, &stream);
+                copy(last, src, 4, &stream);
+                read_words(last, &mut word, &stream);
+                overwritten += u32::from(word[0] != value(round));
+            } else {
+                slow_reads(scratch, m.device_ptr(), READS, &stream);
+                copy(last, src, 4, &stream);
+                drop(m); // release recorded after the reads above
+                read_words(last, &mut word, &stream);
+                assert_eq!(word[0], value(round), "round {round}: slot overwritten under a read");
+            }
+        }
+        assert!(overwritten > 0, "the control never saw the overwrite: the test is blind");
+        eprintln!("control read the overwritten slot in {overwritten} of {} rounds", ROUNDS / 2);
+        return;
+    }
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-reuse");
+    let ch = Channel::builder(&name).slots(1, BYTES as u64).cuda(&ctx).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer = [spawn("gpu_slot_reuse_waits_for_the_receivers_reads", "receiver", &name, &[])];
+    for round in 0..ROUNDS {
+        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        memset(lease.device_ptr(), value(round), WORDS, &stream);
+        tx.send_gpu_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
+        // The next round's lease: its overwrite is what the receiver must not see.
+    }
+    // A last lease and overwrite, so the final round has a write to race with.
+    let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+    memset(lease.device_ptr(), 0xDEAD, WORDS, &stream);
+    drop(lease);
+    wait_all(&mut peer, WATCHDOG);
+}
+
+fn copy(dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize, stream: &CudaStream) {
+    // SAFETY: both ranges are live device memory of at least `bytes`, in stream order.
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.unwrap();
+}
+
+fn slow_reads(scratch: sys::CUdeviceptr, slot: sys::CUdeviceptr, n: u32, stream: &CudaStream) {
+    for _ in 0..n {
+        copy(scratch, slot, 8 << 20, stream);
+    }
+}
