@@ -11,7 +11,7 @@
 //! is synchronised on the hot path: every wait is enqueued on a stream.
 //!
 //! cudarc is loaded dynamically, so the crate builds and its host paths run on machines
-//! without CUDA; [`context`] says [`CudaError::Unavailable`] there instead of panicking.
+//! without CUDA; `context` (feature `cuda`) says [`CudaError::Unavailable`] there instead of panicking.
 
 /// What went wrong on the CUDA side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
