@@ -326,13 +326,12 @@ mod imp {
             let mut uuid = [0u8; 16];
             load_bytes(&info.device_uuid, &mut uuid);
             let here = device_uuid(ctx)?;
-            let mut flags = 0;
-            if uuid != here {
-                if !can_reach(ctx, &uuid)? {
-                    return Err(CudaError::DeviceMismatch { pool_device: uuid, this_device: here });
-                }
-                flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+            if uuid != here && !can_reach(ctx, &uuid)? {
+                return Err(CudaError::DeviceMismatch { pool_device: uuid, this_device: here });
             }
+            // The driver requires this flag; it also enables peer access to a pool on
+            // another device on first use.
+            let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
             let mut mem_handle = [0u8; 64];
             load_bytes(&info.mem_handle, &mut mem_handle);
             let mut pool = Self {

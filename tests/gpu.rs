@@ -42,8 +42,8 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-const LIMIT: Duration = Duration::from_secs(60);
-const WATCHDOG: Duration = Duration::from_secs(300);
+const LIMIT: Duration = Duration::from_secs(20);
+const WATCHDOG: Duration = Duration::from_secs(120);
 
 fn value(seq: u64) -> u32 {
     (seq as u32).wrapping_mul(2_654_435_761) | 1

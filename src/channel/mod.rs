@@ -484,6 +484,7 @@ impl Channel {
     /// [`ShmError::RoleTaken`] (SPSC, another sender lives), [`ShmError::PoolTableFull`],
     /// and what creating the pool segment can return.
     pub fn sender(&self) -> Result<Sender, ShmError> {
+        self.check_backend()?;
         let tx = match self.shared.flavor {
             Flavor::Spsc => Tx::Spsc(RefCell::new(self.shared.ring.spsc_producer()?)),
             Flavor::Mpmc => Tx::Mpmc(self.shared.ring.mpmc_producer()?),
@@ -499,10 +500,6 @@ impl Channel {
         } else {
             None
         };
-        #[cfg(not(feature = "cuda"))]
-        if s.backend != BACKEND_HOST {
-            return Err(ShmError::Cuda(CudaError::NotBuilt));
-        }
         let (index, instance, pool) = self.register_pool(|name| {
             PoolSegment::create(name, s.backend, s.slot_count, s.slot_size, |_seg, _layout| {
                 #[cfg(feature = "cuda")]
@@ -536,6 +533,21 @@ impl Channel {
             #[cfg(feature = "cuda")]
             device,
         })
+    }
+
+    /// A GPU channel needs this build to have CUDA, and this handle a context.
+    fn check_backend(&self) -> Result<(), ShmError> {
+        if self.shared.backend == BACKEND_HOST {
+            return Ok(());
+        }
+        #[cfg(feature = "cuda")]
+        if self.shared.cuda.is_none() {
+            return Err(ShmError::Cuda(CudaError::NoContext));
+        }
+        #[cfg(not(feature = "cuda"))]
+        return Err(ShmError::Cuda(CudaError::NotBuilt));
+        #[cfg(feature = "cuda")]
+        Ok(())
     }
 
     fn register_pool(
@@ -602,14 +614,11 @@ impl Channel {
     ///
     /// [`ShmError::RoleTaken`] (SPSC, another receiver lives), [`ShmError::Corrupted`].
     pub fn receiver(&self) -> Result<Receiver, ShmError> {
+        self.check_backend()?;
         let rx = match self.shared.flavor {
             Flavor::Spsc => Rx::Spsc(RefCell::new(self.shared.ring.spsc_consumer()?)),
             Flavor::Mpmc => Rx::Mpmc(self.shared.ring.mpmc_consumer()?),
         };
-        #[cfg(feature = "cuda")]
-        if self.shared.backend == BACKEND_CUDA && self.shared.cuda.is_none() {
-            return Err(ShmError::Cuda(CudaError::NoContext));
-        }
         let pools = (0..self.shared.max_pools()).map(|_| None).collect();
         Ok(Receiver { shared: self.shared.clone(), rx, pools: RefCell::new(pools) })
     }
