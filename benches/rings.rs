@@ -71,58 +71,8 @@ struct Floor {
 
 const _: () = assert!(size_of::<Floor>() <= 4096);
 
-struct FloorMap {
-    ptr: *mut Floor,
-    name: Option<String>,
-}
-
-impl FloorMap {
-    fn create(name: &str) -> Self {
-        let fd = rustix::shm::open(
-            name,
-            rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
-            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
-        )
-        .unwrap();
-        rustix::fs::ftruncate(&fd, 4096).unwrap();
-        Self { ptr: Self::map(&fd), name: Some(name.to_owned()) }
-    }
-
-    fn open(name: &str) -> Self {
-        let fd =
-            rustix::shm::open(name, rustix::shm::OFlags::RDWR, rustix::fs::Mode::empty()).unwrap();
-        Self { ptr: Self::map(&fd), name: None }
-    }
-
-    fn map(fd: &std::os::fd::OwnedFd) -> *mut Floor {
-        // SAFETY: a fresh 4096-byte shared mapping; Floor is atomics only and fits.
-        unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                4096,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::SHARED,
-                fd,
-                0,
-            )
-            .unwrap()
-            .cast()
-        }
-    }
-
-    fn get(&self) -> &Floor {
-        // SAFETY: mapped for the life of self; zeroed atomics are valid.
-        unsafe { &*self.ptr }
-    }
-}
-
-impl Drop for FloorMap {
-    fn drop(&mut self) {
-        if let Some(name) = &self.name {
-            let _ = rustix::shm::unlink(name.as_str());
-        }
-    }
-}
+/// The floor's page of shared memory.
+type FloorMap = common::SharedPage<Floor>;
 
 fn futex_wait(word: &AtomicU32, expected: u32) {
     let _ =

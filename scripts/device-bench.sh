@@ -2,7 +2,7 @@
 # Runs on the GPU machine, over binaries staged here by ../shared/tools/gpu-stage:
 #   bash scripts/device-bench.sh            (results under $OUT, or /tmp/gpuring-out)
 # Records the machine, runs every staged test binary, the benchmarks (GPURING_BENCHES, by
-# default "rings payloads") pinned to one logical CPU per physical core (core 0 left
+# default "rings payloads gpu") pinned to one logical CPU per physical core (core 0 left
 # alone), in the default wake-up barrier mode (GPURING_MODES="asymmetric symmetric" runs
 # both), then the demo and the 54 MB example.
 set -uo pipefail
@@ -19,7 +19,7 @@ cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | cut -d, -f1 | sed
 # Name and median only (criterion prints [low median high]); change lines dropped.
 summary() { grep -E '^[a-z_]+/|^ +time:|^ +thrpt:' | grep -v '%' | sed -E 's/ +/ /g'; }
 for mode in ${GPURING_MODES:-asymmetric}; do
-  for b in ${GPURING_BENCHES:-rings payloads}; do
+  for b in ${GPURING_BENCHES:-rings payloads gpu}; do
     echo "== bench $b, $mode barrier, pinned to cpus $cpus"
     GPURING_BARRIER=$mode GPURING_BENCH_CPUS=$cpus .gpu/bin/bench-$b --bench >"$out/bench-$b-$mode.log" 2>&1
     grep -E 'barrier mode' "$out/bench-$b-$mode.log"

@@ -56,3 +56,64 @@ pub fn unique(tag: &str) -> String {
 pub fn peer_index() -> usize {
     std::env::var("GPURING_BENCH_PEER_INDEX").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
 }
+
+/// A 4096-byte page of named shared memory holding a `T` made only of atomics (zeroed is
+/// a valid `T`): the raw floors' shared words. The creator unlinks it on drop.
+pub struct SharedPage<T> {
+    ptr: *mut T,
+    name: Option<String>,
+}
+
+impl<T> SharedPage<T> {
+    /// Creates page `name` (exclusively).
+    pub fn create(name: &str) -> Self {
+        assert!(size_of::<T>() <= 4096);
+        let fd = rustix::shm::open(
+            name,
+            rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        )
+        .unwrap();
+        rustix::fs::ftruncate(&fd, 4096).unwrap();
+        Self { ptr: Self::map(&fd), name: Some(name.to_owned()) }
+    }
+
+    /// Opens page `name`.
+    pub fn open(name: &str) -> Self {
+        assert!(size_of::<T>() <= 4096);
+        let fd =
+            rustix::shm::open(name, rustix::shm::OFlags::RDWR, rustix::fs::Mode::empty()).unwrap();
+        Self { ptr: Self::map(&fd), name: None }
+    }
+
+    fn map(fd: &std::os::fd::OwnedFd) -> *mut T {
+        // SAFETY: a fresh 4096-byte shared mapping; T fits (asserted by the callers).
+        unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                4096,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )
+            .unwrap()
+            .cast()
+        }
+    }
+
+    /// The shared value.
+    pub fn get(&self) -> &T {
+        // SAFETY: mapped for the life of self, page aligned; T is atomics only, and zeroed
+        // atomics are valid.
+        unsafe { &*self.ptr }
+    }
+}
+
+impl<T> Drop for SharedPage<T> {
+    fn drop(&mut self) {
+        if let Some(name) = &self.name {
+            let _ = rustix::shm::unlink(name.as_str());
+        }
+    }
+}
