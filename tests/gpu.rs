@@ -9,8 +9,8 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{ring_name, role, spawn, unique_name, wait_all};
@@ -18,13 +18,27 @@ use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
 use gpuring::{AcquireError, Channel, CudaError, RecvError, ShmError, TensorMeta};
 
+/// Counts the calling thread's allocations only: the other tests of this binary run on
+/// other threads at the same time.
 struct Counting;
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    // No destructor and a const initialiser: usable from inside the allocator.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+}
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
 
 // SAFETY: forwards to the system allocator unchanged; only counts calls.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as ours.
         unsafe { System.alloc(layout) }
     }
@@ -33,7 +47,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: same contract as ours.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -125,14 +139,14 @@ fn gpu_100k_messages_between_processes() {
         let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
         check(&m, 0, &mut words);
         drop(m);
-        let (opens, allocs) = (cuda::ipc_opens(), ALLOCATIONS.load(Ordering::Relaxed));
+        let (opens, allocs) = (cuda::ipc_opens(), allocations());
         assert_eq!(opens, 1 + 2 * 8, "one memory handle and two events per slot, once");
         for seq in 1..N {
             let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
             check(&m, seq, &mut words);
         }
         assert_eq!(cuda::ipc_opens(), opens, "an IPC handle opened after warm-up");
-        let n = ALLOCATIONS.load(Ordering::Relaxed) - allocs;
+        let n = allocations() - allocs;
         assert_eq!(n, 0, "{n} heap allocations in the receiver's steady state");
         return;
     }
@@ -149,12 +163,15 @@ fn gpu_100k_messages_between_processes() {
         tx.send_gpu_timeout(lease, meta, LIMIT).unwrap();
     };
     send(0);
-    let allocs = ALLOCATIONS.load(Ordering::Relaxed);
+    let allocs = allocations();
     for seq in 1..N {
         send(seq);
     }
-    let n = ALLOCATIONS.load(Ordering::Relaxed) - allocs;
+    let n = allocations() - allocs;
     assert_eq!(n, 0, "{n} heap allocations in the sender's steady state");
+    let before = allocations();
+    drop(std::hint::black_box(vec![1u8; 16]));
+    assert!(allocations() > before, "the counter counts this thread's allocations");
     assert_eq!(cuda::ipc_opens(), 0, "the exporting process never opens its own handles");
     wait_all(&mut peer, WATCHDOG);
 }
