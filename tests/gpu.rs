@@ -138,6 +138,15 @@ fn gpu_100k_messages_between_processes() {
         };
         let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
         check(&m, 0, &mut words);
+        {
+            // The cudarc view: a borrowed slice of the payload, dropped without freeing.
+            let view = m.view::<u32>();
+            assert_eq!(view.len(), WORDS);
+            let mut host = vec![0u32; WORDS];
+            stream.memcpy_dtoh(&*view, &mut host).unwrap();
+            stream.synchronize().unwrap();
+            assert!(host.iter().all(|&w| w == value(0)), "the view reads the payload");
+        }
         drop(m);
         let (opens, allocs) = (cuda::ipc_opens(), allocations());
         assert_eq!(opens, 1 + 2 * 8, "one memory handle and two events per slot, once");
@@ -208,7 +217,8 @@ fn gpu_receiver_reads_after_a_slow_write() {
     }
     let (ctx, stream) = setup();
     let name = unique_name("gpu-slow");
-    let ch = Channel::builder(&name).slots(4, BYTES as u64).cuda(&ctx).create().unwrap();
+    // MPMC here (the other tests are SPSC); the receiver opens without naming the flavor.
+    let ch = Channel::builder(&name).mpmc().slots(4, BYTES as u64).cuda(&ctx).create().unwrap();
     let tx = ch.sender().unwrap();
     let mut peer = [spawn("gpu_receiver_reads_after_a_slow_write", "receiver", &name, &[])];
     for seq in 0..MESSAGES {
@@ -294,4 +304,40 @@ fn slow_reads(scratch: sys::CUdeviceptr, slot: sys::CUdeviceptr, n: u32, stream:
     for _ in 0..n {
         copy(scratch, slot, 8 << 20, stream);
     }
+}
+
+/// The receiver's context is on the machine's last device, the sender's on device 0: on a
+/// single-GPU machine both are device 0 (the same-device path); on several, the receiver
+/// imports a pool on another device through peer access.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_receiver_on_the_last_device() {
+    const N: u64 = 2_000;
+    if role().as_deref() == Some("receiver") {
+        assert!(cuda::available(), "a CUDA driver");
+        let last = result::device::get_count().unwrap() as usize - 1;
+        let ctx = cuda::context(last).unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let mut w = [0u32; 1];
+        for seq in 0..N {
+            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            read_words(m.device_ptr() + 4096 - 4, &mut w, &stream);
+            assert_eq!(w[0], value(seq), "seq {seq}");
+        }
+        eprintln!("receiver on device {last} of {}: {N} messages checked", last + 1);
+        return;
+    }
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-dev");
+    let ch = Channel::builder(&name).slots(4, 4096).cuda(&ctx).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer = [spawn("gpu_receiver_on_the_last_device", "receiver", &name, &[])];
+    for seq in 0..N {
+        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        memset(lease.device_ptr(), value(seq), 1024, &stream);
+        tx.send_gpu_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
+    }
+    wait_all(&mut peer, WATCHDOG);
 }
