@@ -70,10 +70,10 @@ fn hex(bytes: &[u8; 16]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", not(loom)))]
 pub use imp::*;
 
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", not(loom)))]
 mod imp {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};

@@ -35,6 +35,7 @@
 //! | [`named`] | [`SpscRing`] / [`MpmcRing`]: rings in named shared memory |
 //! | [`pool`] | slot pools: generation leases over a free-slot ring; the host backend |
 //! | [`cuda`] | the CUDA backend (feature `cuda`): device pools, IPC handles, stream-ordered hand-off |
+//! | [`inspect`] | reading segments from outside: `inspect`, `list`, `clean` (the CLI's) |
 //! | [`channel`] | [`Channel`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`]: zero-copy buffers |
 //!
 //! ## Safety
@@ -68,6 +69,8 @@ pub mod wait;
 #[cfg(not(loom))]
 pub mod channel;
 pub mod cuda;
+#[cfg(not(loom))]
+pub mod inspect;
 #[cfg(not(loom))]
 pub mod named;
 #[cfg(not(loom))]

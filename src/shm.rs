@@ -366,6 +366,25 @@ impl Segment {
     /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
     /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`], [`ShmError::Io`].
     pub fn open(name: &str, kind: SegmentKind, timeout: Duration) -> Result<Segment, ShmError> {
+        Self::open_checked(name, Some(kind), timeout).map(|(segment, _)| segment)
+    }
+
+    /// Opens segment `name` whatever gpuring kind it holds (with every other check of
+    /// [`open`](Self::open)), and says which kind: for tools that look at segments.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open); [`ShmError::Corrupted`] for a kind this version does not
+    /// know.
+    pub fn open_any(name: &str, timeout: Duration) -> Result<(Segment, SegmentKind), ShmError> {
+        Self::open_checked(name, None, timeout)
+    }
+
+    fn open_checked(
+        name: &str,
+        kind: Option<SegmentKind>,
+        timeout: Duration,
+    ) -> Result<(Segment, SegmentKind), ShmError> {
         let cname = object_name(name)?;
         let display = cname.to_string_lossy().into_owned();
         let fd =
@@ -445,15 +464,20 @@ impl Segment {
             return Err(ShmError::VersionMismatch { expected: LAYOUT_VERSION, found: version });
         }
         let found_kind = header.kind.load(Ordering::Relaxed);
-        if found_kind != kind as u32 {
-            return Err(ShmError::KindMismatch { expected: kind, found: found_kind });
-        }
+        let kind = match kind {
+            Some(k) if found_kind != k as u32 => {
+                return Err(ShmError::KindMismatch { expected: k, found: found_kind });
+            }
+            Some(k) => k,
+            None => SegmentKind::from_raw(found_kind)
+                .ok_or(ShmError::Corrupted(Corrupted { what: "unknown segment kind" }))?,
+        };
         let total = header.total_size.load(Ordering::Relaxed);
         let now = rustix::fs::fstat(&segment._fd).map_err(io_err("fstat"))?.st_size as u64;
         if total != now || total != size {
             return Err(ShmError::SizeMismatch { expected: total, found: now });
         }
-        Ok(segment)
+        Ok((segment, kind))
     }
 
     /// The object name, with its leading `/`.

@@ -1,0 +1,115 @@
+//! The `gpuring` command-line tool, run as a user would.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{ring_name, role, spawn, unique_name, wait_for};
+use gpuring::{Channel, SpscRing, TensorMeta};
+
+fn gpuring(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuring")).args(args).output().expect("run gpuring")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn demo_with_a_small_count_prints_its_table() {
+    let out = gpuring(&["demo", "--host", "--messages", "3000", "--size", "1024"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "demo failed: {stderr}");
+    for want in ["one-way p50", "items/s", "gpuring", "pipe", "3000", "1.0 KiB", "gpuring vs pipe"]
+    {
+        assert!(stdout.contains(want), "no {want:?} in:\n{stdout}");
+    }
+}
+
+#[test]
+fn inspect_shows_capacity_depth_and_pools() {
+    let name = unique_name("cli-inspect");
+    let ch = Channel::builder(&name).capacity(64).slots(4, 256).create().unwrap();
+    let tx = ch.sender().unwrap();
+    for _ in 0..3 {
+        tx.send(tx.acquire().unwrap(), TensorMeta::bytes(16)).unwrap();
+    }
+    let out = gpuring(&["inspect", &name]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "inspect failed: {stderr}");
+    assert!(stdout.contains("SpscChannel"), "{stdout}");
+    assert!(stdout.contains("capacity 64"), "{stdout}");
+    assert!(stdout.contains("depth 3"), "{stdout}");
+    assert!(stdout.contains(&format!("pid {} (alive)", std::process::id())), "{stdout}");
+    // The pool row: 4 slots, 1 free, 3 in flight.
+    let row = stdout.lines().find(|l| l.contains(&tx.pool_name()[1..])).expect("a pool row");
+    let cells: Vec<&str> = row.split(['│', '┆']).map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(&cells[4..10], ["4", "256 B", "1", "0", "3", "0"], "{row}");
+}
+
+#[test]
+fn bad_arguments_and_missing_segments_are_one_line_errors() {
+    let out = gpuring(&["inspect"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("Usage"), "{stderr}");
+    let out = gpuring(&["inspect", "gpuring-cli-no-such-segment"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let out = gpuring(&["demo", "--size", "2"]);
+    assert_eq!(out.status.code(), Some(2), "size below 8 bytes is refused");
+}
+
+#[test]
+fn list_marks_a_killed_creator_dead_and_clean_removes_only_that() {
+    if role().as_deref() == Some("creator") {
+        let _ring = SpscRing::<u64>::create(&ring_name(), 8).unwrap();
+        std::thread::sleep(Duration::from_secs(600)); // killed long before
+        return;
+    }
+    let dead = unique_name("cli-dead");
+    let mut child = spawn(
+        "list_marks_a_killed_creator_dead_and_clean_removes_only_that",
+        "creator",
+        &dead,
+        &[],
+    );
+    let path = format!("/dev/shm/{dead}");
+    wait_for("the creator's segment", Duration::from_secs(30), || {
+        std::fs::metadata(&path).is_ok_and(|m| m.len() > 0)
+    });
+    std::thread::sleep(Duration::from_millis(50)); // let it finish initialising
+    child.kill().unwrap(); // SIGKILL: no destructor runs, the segment stays
+    child.wait().unwrap();
+    assert!(std::fs::metadata(&path).is_ok(), "a killed creator leaves its segment");
+
+    let live = unique_name("cli-live");
+    let _ring = SpscRing::<u64>::create(&live, 8).unwrap();
+    let out = gpuring(&["list"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let line = |n: &str| stdout.lines().find(|l| l.contains(n)).unwrap_or_default().to_owned();
+    assert!(line(&dead).contains("(dead)"), "{stdout}");
+    assert!(line(&live).contains("(alive)"), "{stdout}");
+
+    let out = gpuring(&["clean", "--dry-run"]);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains(&format!("would remove {dead}")), "{stdout}");
+    assert!(!stdout.contains(&live), "{stdout}");
+    assert!(std::fs::metadata(&path).is_ok(), "a dry run removes nothing");
+
+    let out = gpuring(&["clean"]);
+    let (stdout, _) = text(&out);
+    assert!(out.status.success());
+    assert!(stdout.contains(&format!("removed {dead}")), "{stdout}");
+    assert!(std::fs::metadata(&path).is_err(), "the dead creator's segment is gone");
+    assert!(std::fs::metadata(format!("/dev/shm/{live}")).is_ok(), "the live one stays");
+}
