@@ -28,6 +28,9 @@ for mode in ${GPURING_MODES:-asymmetric}; do
   echo "== demo, $mode barrier"
   GPURING_BARRIER=$mode .gpu/bin/example-demo 2>&1 | tail -4
 done
+echo "== gpuring demo (GPU path), then --host"
+.gpu/bin/gpuring demo 2>&1 | tail -8
+.gpu/bin/gpuring demo --host 2>&1 | tail -8
 echo "== big_buffers (54 MB), in place, then --fill"
 .gpu/bin/example-big_buffers --items 5000 2>&1 | tail -5
 .gpu/bin/example-big_buffers --items 500 --fill 2>&1 | tail -5
