@@ -48,6 +48,14 @@ enum Cmd {
         #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(8..=(1u64 << 34)))]
         size: u64,
     },
+    /// The comparison suite at a quick setting: gpuring channels against a pipe and a Unix
+    /// socket carrying 4 KB, 5 MB and 54 MB payloads (plus the GPU path when a GPU is
+    /// present), one table with ratios. `cargo bench` runs the full criterion suites.
+    Bench {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a segment: kind, ring positions and depth, waiters, roles, pools and slots.
     Inspect {
         /// Segment name (as created; a leading `/` is optional).
@@ -70,6 +78,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Demo { host, gpu, messages, size } => demo(host, gpu, messages, size as usize),
+        Cmd::Bench { json } => bench(json),
         Cmd::Inspect { name } => inspect::inspect(&name).map_err(Error::from).map(print_inspection),
         Cmd::List => list(),
         Cmd::Clean { dry_run } => clean(dry_run),
@@ -120,7 +129,10 @@ fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<(), Error> 
         #[cfg(not(feature = "cuda"))]
         unreachable!("gpu_present() is false without the cuda feature")
     } else {
-        (host_channel(messages, size, pings)?, pipe_figures(pipe_messages, size, pings, false)?)
+        (
+            host_channel(messages, size, pings)?,
+            stream_figures(Transport::Pipe, pipe_messages, size, pings, false)?,
+        )
     };
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
@@ -228,8 +240,8 @@ fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error
     finish(child)?;
     let (p50, p99) = percentiles(samples);
 
-    // Throughput: a stream one way.
-    let slots = 64;
+    // Throughput: a stream one way, through up to 64 slots and about 256 MB of them.
+    let slots = (256_000_000 / size).clamp(4, 64) as u32;
     let s =
         Channel::builder(format!("{name}-s")).capacity(256).slots(slots, size as u64).create()?;
     let tx = s.sender()?;
@@ -263,13 +275,78 @@ fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error
     Ok(Figures { label: "gpuring".into(), messages, p50, p99, per_sec: messages as f64 / secs })
 }
 
-/// The same hand-offs through a pipe: every byte written, copied through the kernel, read.
-/// With `gpu`, each side also copies device → host before writing and host → device after
-/// reading, as a hand-rolled pipe must for GPU tensors.
-fn pipe_figures(messages: u64, size: usize, pings: u64, gpu: bool) -> Result<Figures, Error> {
-    let role = if gpu { "pipe-echo-gpu" } else { "pipe-echo" };
-    let mut child = spawn_peer(role, "-", size, true)?;
-    let (mut w, mut r) = (child.stdin.take().expect("piped"), child.stdout.take().expect("piped"));
+/// A byte stream to a peer process: its stdin/stdout, or a connected Unix socket.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Pipe,
+    Unix,
+}
+
+/// A connection to a stream peer; `close_write` signals end of stream.
+struct Conn {
+    child: Child,
+    r: Box<dyn Read>,
+    w: Option<Box<dyn Write>>,
+    socket: Option<(std::os::unix::net::UnixStream, std::path::PathBuf)>,
+}
+
+impl Conn {
+    fn open(transport: Transport, role: &str, size: usize) -> Result<Conn, Error> {
+        match transport {
+            Transport::Pipe => {
+                let mut child = spawn_peer(&format!("pipe-{role}"), "-", size, true)?;
+                let w = child.stdin.take().expect("piped");
+                let r = child.stdout.take().expect("piped");
+                Ok(Conn { child, r: Box::new(r), w: Some(Box::new(w)), socket: None })
+            }
+            Transport::Unix => {
+                let path = std::env::temp_dir()
+                    .join(format!("gpuring-{}-{role}.sock", std::process::id()));
+                let _ = std::fs::remove_file(&path);
+                let listener = std::os::unix::net::UnixListener::bind(&path)?;
+                let child =
+                    spawn_peer(&format!("unix-{role}"), &path.to_string_lossy(), size, false)?;
+                let (s, _) = listener.accept()?;
+                let (r, w) = (s.try_clone()?, s.try_clone()?);
+                Ok(Conn { child, r: Box::new(r), w: Some(Box::new(w)), socket: Some((s, path)) })
+            }
+        }
+    }
+
+    fn writer(&mut self) -> &mut dyn Write {
+        self.w.as_mut().expect("open for writing")
+    }
+
+    fn close_write(&mut self) -> Result<(), Error> {
+        self.w = None;
+        if let Some((s, _)) = &self.socket {
+            s.shutdown(std::net::Shutdown::Write)?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), Error> {
+        self.close_write()?;
+        if let Some((_, path)) = &self.socket {
+            let _ = std::fs::remove_file(path);
+        }
+        finish(self.child)
+    }
+}
+
+/// The same hand-offs through a pipe or a Unix socket: every byte written, copied through
+/// the kernel, read. With `gpu`, each side also copies device → host before writing and
+/// host → device after reading, as a hand-rolled pipe must for GPU tensors.
+fn stream_figures(
+    transport: Transport,
+    messages: u64,
+    size: usize,
+    pings: u64,
+    gpu: bool,
+) -> Result<Figures, Error> {
+    let label = if transport == Transport::Pipe { "pipe" } else { "unix socket" };
+    let suffix = if gpu { "-gpu" } else { "" };
+    let mut conn = Conn::open(transport, &format!("echo{suffix}"), size)?;
     let mut buf = vec![0u8; size];
     #[cfg(feature = "cuda")]
     let dev = if gpu { Some(gpu_demo::Staging::new(size)?) } else { None };
@@ -281,27 +358,24 @@ fn pipe_figures(messages: u64, size: usize, pings: u64, gpu: bool) -> Result<Fig
         if let Some(d) = &dev {
             d.write_then_download(seq, &mut buf)?;
         }
-        w.write_all(&buf)?;
-        r.read_exact(&mut buf)?;
+        conn.writer().write_all(&buf)?;
+        conn.r.read_exact(&mut buf)?;
         #[cfg(feature = "cuda")]
         if let Some(d) = &dev {
             d.upload(&buf)?;
         }
         if buf[..8] != seq.to_le_bytes() {
-            return Err("pipe echo returned the wrong message".into());
+            return Err(format!("{label} echo returned the wrong message").into());
         }
         if seq > 0 {
             samples.push(t.elapsed() / 2);
         }
     }
-    drop(w);
-    finish(child)?;
+    conn.finish()?;
     let (p50, p99) = percentiles(samples);
 
-    let role = if gpu { "pipe-sink-gpu" } else { "pipe-sink" };
-    let mut child = spawn_peer(role, "-", size, true)?;
-    let (mut w, mut r) = (child.stdin.take().expect("piped"), child.stdout.take().expect("piped"));
-    let bar = progress(messages, "pipe");
+    let mut conn = Conn::open(transport, &format!("sink{suffix}"), size)?;
+    let bar = progress(messages, label);
     let t = Instant::now();
     for seq in 0..messages {
         buf[..8].copy_from_slice(&seq.to_le_bytes());
@@ -309,21 +383,50 @@ fn pipe_figures(messages: u64, size: usize, pings: u64, gpu: bool) -> Result<Fig
         if let Some(d) = &dev {
             d.write_then_download(seq, &mut buf)?;
         }
-        w.write_all(&buf)?;
+        conn.writer().write_all(&buf)?;
         if seq % 1024 == 0 {
             bar.set_position(seq);
         }
     }
-    drop(w);
+    conn.close_write()?;
     let mut count = [0u8; 8];
-    r.read_exact(&mut count)?;
+    conn.r.read_exact(&mut count)?;
     let secs = t.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    finish(child)?;
+    conn.finish()?;
     if u64::from_le_bytes(count) != messages {
-        return Err("the pipe reader lost messages".into());
+        return Err(format!("the {label} reader lost messages").into());
     }
-    Ok(Figures { label: "pipe".into(), messages, p50, p99, per_sec: messages as f64 / secs })
+    Ok(Figures { label: label.into(), messages, p50, p99, per_sec: messages as f64 / secs })
+}
+
+/// The stream peer: reads `size`-byte messages; an echo writes each back, a sink counts
+/// them and writes the count at end of stream.
+fn stream_peer(mut r: impl Read, mut w: impl Write, role: &str, size: usize) -> Result<(), Error> {
+    let echo = role.contains("echo");
+    let mut buf = vec![0u8; size];
+    #[cfg(feature = "cuda")]
+    let dev = if role.ends_with("gpu") { Some(gpu_demo::Staging::new(size)?) } else { None };
+    let mut count = 0u64;
+    while r.read_exact(&mut buf).is_ok() {
+        count += 1;
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &dev {
+            d.upload(&buf)?;
+            if echo {
+                d.download(&mut buf)?;
+            }
+        }
+        if echo {
+            w.write_all(&buf)?;
+            w.flush()?;
+        }
+    }
+    if !echo {
+        w.write_all(&count.to_le_bytes())?;
+        w.flush()?;
+    }
+    Ok(())
 }
 
 fn peer(role: &str, name: &str, size: usize) -> Result<(), Error> {
@@ -353,32 +456,12 @@ fn peer(role: &str, name: &str, size: usize) -> Result<(), Error> {
                 }
             }
         }
-        "pipe-echo" | "pipe-echo-gpu" | "pipe-sink" | "pipe-sink-gpu" => {
-            let (mut r, mut w) = (std::io::stdin().lock(), std::io::stdout().lock());
-            let mut buf = vec![0u8; size];
-            #[cfg(feature = "cuda")]
-            let dev =
-                if role.ends_with("gpu") { Some(gpu_demo::Staging::new(size)?) } else { None };
-            let mut count = 0u64;
-            while r.read_exact(&mut buf).is_ok() {
-                count += 1;
-                #[cfg(feature = "cuda")]
-                if let Some(d) = &dev {
-                    d.upload(&buf)?;
-                    if role == "pipe-echo-gpu" {
-                        d.download(&mut buf)?;
-                    }
-                }
-                if role.starts_with("pipe-echo") {
-                    w.write_all(&buf)?;
-                    w.flush()?;
-                }
-            }
-            if role.starts_with("pipe-sink") {
-                w.write_all(&count.to_le_bytes())?;
-                w.flush()?;
-            }
-            Ok(())
+        r if r.starts_with("pipe-") => {
+            stream_peer(std::io::stdin().lock(), std::io::stdout().lock(), r, size)
+        }
+        r if r.starts_with("unix-") => {
+            let s = std::os::unix::net::UnixStream::connect(name)?;
+            stream_peer(s.try_clone()?, s, r, size)
         }
         #[cfg(feature = "cuda")]
         "echo-gpu" | "sink-gpu" => gpu_demo::peer(role, name, size),
@@ -494,7 +577,7 @@ mod gpu_demo {
     }
 
     pub(super) fn pipe(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
-        let mut f = super::pipe_figures(messages, size, pings, true)?;
+        let mut f = super::stream_figures(super::Transport::Pipe, messages, size, pings, true)?;
         f.label = "pipe (GPU→host→pipe→GPU)".into();
         Ok(f)
     }
@@ -573,6 +656,82 @@ mod gpu_demo {
             let _ = unsafe { result::free_sync(self.buf) };
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// bench
+
+fn bench(json: bool) -> Result<(), Error> {
+    // (payload bytes, messages streamed, ping-pongs)
+    let cases = [(4096, 50_000u64, 5_000u64), (5_000_000, 2_000, 300), (54_000_000, 300, 50)];
+    let mut rows: Vec<(usize, Figures, f64, f64)> = Vec::new();
+    let mut push = |size: usize, base: &Figures, f: Figures| {
+        let lat = f.p50.as_secs_f64() / base.p50.as_secs_f64();
+        let rate = base.per_sec / f.per_sec;
+        rows.push((size, f, lat, rate));
+    };
+    for (size, messages, pings) in cases {
+        // The copying paths get about 1 GB per phase.
+        let copied = messages.min((1_000_000_000 / size as u64).max(20));
+        let g = host_channel(messages, size, pings)?;
+        let p = stream_figures(Transport::Pipe, copied, size, pings, false)?;
+        let u = stream_figures(Transport::Unix, copied, size, pings, false)?;
+        let base = Figures { label: String::new(), ..g };
+        push(size, &base, Figures { label: g.label.clone(), ..base });
+        push(size, &base, p);
+        push(size, &base, u);
+    }
+    #[cfg(feature = "cuda")]
+    if gpu_present() {
+        let g = gpu_demo::channel(20_000, 4096, 2_000)?;
+        let p = gpu_demo::pipe(20_000, 4096, 2_000)?;
+        let base = Figures { label: String::new(), ..g };
+        push(4096, &base, Figures { label: g.label.clone(), ..base });
+        push(4096, &base, p);
+    }
+    if json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|(size, f, lat, rate)| {
+                serde_json::json!({
+                    "payload_bytes": size,
+                    "path": f.label,
+                    "messages": f.messages,
+                    "one_way_p50_ns": f.p50.as_nanos() as u64,
+                    "one_way_p99_ns": f.p99.as_nanos() as u64,
+                    "items_per_sec": f.per_sec,
+                    "p50_over_gpuring_p50": lat,
+                    "gpuring_items_per_sec_over_this": rate,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "payload",
+        "path",
+        "one-way p50",
+        "one-way p99",
+        "items/s",
+        "p50 ÷ gpuring's",
+        "gpuring's items/s ÷ this",
+    ]);
+    for (size, f, lat, rate) in &rows {
+        t.add_row([
+            bytes(*size as u64),
+            f.label.clone(),
+            duration(f.p50),
+            duration(f.p99),
+            format!("{:.0}", f.per_sec),
+            format!("{lat:.2}x"),
+            format!("{rate:.1}x"),
+        ]);
+    }
+    println!("{t}");
+    println!("(one run on this machine; a ratio above 1x means gpuring is ahead on that row)");
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
