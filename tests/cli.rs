@@ -1,5 +1,5 @@
 //! The `gpuring` command-line tool, run as a user would.
-#![cfg(not(loom))]
+#![cfg(all(feature = "cli", not(loom)))]
 
 mod common;
 
@@ -29,6 +29,22 @@ fn demo_with_a_small_count_prints_its_table() {
     {
         assert!(stdout.contains(want), "no {want:?} in:\n{stdout}");
     }
+}
+
+#[test]
+fn bench_json_has_a_row_per_path_with_ratios() {
+    let out = gpuring(&["bench", "--json", "--sizes", "4096"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).expect("JSON");
+    let paths: Vec<&str> = rows.iter().filter_map(|r| r["path"].as_str()).collect();
+    for want in ["gpuring", "pipe", "unix socket"] {
+        assert!(paths.contains(&want), "no {want} row in {paths:?}");
+    }
+    let gpuring = rows.iter().find(|r| r["path"] == "gpuring").unwrap();
+    assert_eq!(gpuring["p50_over_gpuring_p50"].as_f64(), Some(1.0));
+    assert!(rows.iter().all(|r| r["items_per_sec"].as_f64().is_some_and(|v| v > 0.0)));
+    assert!(rows.iter().all(|r| r["payload_bytes"] == 4096));
 }
 
 #[test]

@@ -55,6 +55,9 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Payload sizes in bytes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [4096u64, 5_000_000, 54_000_000])]
+        sizes: Vec<u64>,
     },
     /// Show a segment: kind, ring positions and depth, waiters, roles, pools and slots.
     Inspect {
@@ -78,7 +81,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Demo { host, gpu, messages, size } => demo(host, gpu, messages, size as usize),
-        Cmd::Bench { json } => bench(json),
+        Cmd::Bench { json, sizes } => bench(json, &sizes),
         Cmd::Inspect { name } => inspect::inspect(&name).map_err(Error::from).map(print_inspection),
         Cmd::List => list(),
         Cmd::Clean { dry_run } => clean(dry_run),
@@ -661,9 +664,16 @@ mod gpu_demo {
 // ---------------------------------------------------------------------------------------
 // bench
 
-fn bench(json: bool) -> Result<(), Error> {
-    // (payload bytes, messages streamed, ping-pongs)
-    let cases = [(4096, 50_000u64, 5_000u64), (5_000_000, 2_000, 300), (54_000_000, 300, 50)];
+fn bench(json: bool, sizes: &[u64]) -> Result<(), Error> {
+    if let Some(bad) = sizes.iter().find(|&&s| !(8..=1 << 34).contains(&s)) {
+        return Err(format!("--sizes: {bad} is outside 8..=17179869184 bytes").into());
+    }
+    // (payload bytes, messages streamed, ping-pongs): about 200 MB streamed per case, at
+    // least 300 messages.
+    let cases = sizes.iter().map(|&s| {
+        let messages = (200_000_000 / s).clamp(300, 50_000);
+        (s as usize, messages, (messages / 10).clamp(50, 5_000))
+    });
     let mut rows: Vec<(usize, Figures, f64, f64)> = Vec::new();
     let mut push = |size: usize, base: &Figures, f: Figures| {
         let lat = f.p50.as_secs_f64() / base.p50.as_secs_f64();
