@@ -699,6 +699,11 @@ enum Wait {
 /// `Send` but not `Sync`: one thread uses a sender at a time (make one sender per thread
 /// in MPMC; each gets its own pool). On a GPU channel use the `_on` methods
 /// (`acquire_on`, `send_gpu`: feature `cuda`).
+///
+/// Dropping a sender with messages in flight is fine: they still arrive, and the pool goes
+/// when the last slot comes back. On a GPU channel the drop waits up to 5 s for its slots
+/// to come back (device memory cannot outlive its process's context safely); slots still
+/// out after that are leaked rather than freed under a reader.
 pub struct Sender {
     shared: Arc<Shared>,
     pool: Arc<PoolSegment>,
