@@ -1,7 +1,8 @@
 //! Payload hand-off: 4 KB, 5 MB and 54 MB buffers from one process to another, in one run,
 //! through a gpuring channel (the producer writes in place and a descriptor travels)
-//! against a pipe and a Unix socket (the bytes are copied through the kernel, as a
-//! hand-rolled pipe or a pickling Python queue must at the least).
+//! against a pipe, a Unix socket (the bytes are copied through the kernel, as a hand-rolled
+//! pipe or a pickling Python queue must at the least) and the `ipc-channel` crate (its
+//! byte channel: the bytes go through a Unix socket, arriving in a fresh `Vec`).
 //!
 //! `cargo bench --bench payloads`. In every path the producer writes the same thing into
 //! its buffer (an 8-byte sequence number at the start, and for gpuring the same at the
@@ -49,6 +50,22 @@ fn run_peer(role: &str) {
         "unix" => {
             let s = UnixStream::connect(&name).unwrap();
             sink(s.try_clone().unwrap(), s, size);
+        }
+        "ipc" => {
+            // ipc-channel's idiom: make both channels here, hand the parent the data sender
+            // and the acknowledgement receiver through its one-shot server.
+            let (data_tx, data_rx) = ipc_channel::ipc::bytes_channel().unwrap();
+            let (ack_tx, ack_rx) = ipc_channel::ipc::channel::<u64>().unwrap();
+            let boot = ipc_channel::ipc::IpcSender::connect(name).unwrap();
+            boot.send((data_tx, ack_rx)).unwrap();
+            let mut expected = 0u64;
+            while let Ok(buf) = data_rx.recv() {
+                assert!(buf.len() == size && buf[..8] == expected.to_le_bytes(), "bad item");
+                expected += 1;
+                if buf[8] == 1 {
+                    ack_tx.send(expected).unwrap();
+                }
+            }
         }
         _ => panic!("unknown peer role {role}"),
     }
@@ -134,6 +151,32 @@ fn bench_stream(
     });
 }
 
+fn bench_ipc_channel(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    size: usize,
+) {
+    type Boot = (ipc_channel::ipc::IpcBytesSender, ipc_channel::ipc::IpcReceiver<u64>);
+    let (server, name) = ipc_channel::ipc::IpcOneShotServer::<Boot>::new().unwrap();
+    let _peer = peer(&format!("ipc:{size}"), &name, 0, false);
+    let (_, (data_tx, ack_rx)) = server.accept().unwrap();
+    let mut buf = vec![0u8; size];
+    let mut seq = 0u64;
+    g.bench_function("ipc_channel", |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for i in 0..iters {
+                buf[..8].copy_from_slice(&seq.to_le_bytes());
+                buf[8] = u8::from(i + 1 == iters);
+                data_tx.send(&buf).unwrap();
+                seq += 1;
+            }
+            assert_eq!(ack_rx.recv().unwrap(), seq, "consumer lost items");
+            t.elapsed()
+        })
+    });
+    drop(data_tx); // the peer's recv fails and it exits
+}
+
 fn main() {
     if let Ok(role) = std::env::var(PEER) {
         run_peer(&role);
@@ -163,6 +206,7 @@ fn main() {
         let mut r = s.try_clone().unwrap();
         bench_stream(&mut g, "unix_socket", size, &mut r, &mut s);
         let _ = std::fs::remove_file(&path);
+        bench_ipc_channel(&mut g, size);
         g.finish();
     }
     c.final_summary();
