@@ -58,6 +58,10 @@ enum Cmd {
         /// Payload sizes in bytes, comma-separated.
         #[arg(long, value_delimiter = ',', default_values_t = [4096u64, 5_000_000, 54_000_000])]
         sizes: Vec<u64>,
+        /// Also write every one-way latency sample to this CSV file (payload, path,
+        /// nanoseconds), for `scripts/plot_latency.py`.
+        #[arg(long)]
+        samples: Option<std::path::PathBuf>,
     },
     /// Show a segment: kind, ring positions and depth, waiters, roles, pools and slots.
     Inspect {
@@ -81,7 +85,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Demo { host, gpu, messages, size } => demo(host, gpu, messages, size as usize),
-        Cmd::Bench { json, sizes } => bench(json, &sizes),
+        Cmd::Bench { json, sizes, samples } => bench(json, &sizes, samples.as_deref()),
         Cmd::Inspect { name } => inspect::inspect(&name).map_err(Error::from).map(print_inspection),
         Cmd::List => list(),
         Cmd::Clean { dry_run } => clean(dry_run),
@@ -107,6 +111,8 @@ struct Figures {
     p50: Duration,
     p99: Duration,
     per_sec: f64,
+    /// One-way latencies of the ping-pongs, sorted.
+    samples: Vec<Duration>,
 }
 
 fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<(), Error> {
@@ -197,10 +203,11 @@ fn finish(mut child: Child) -> Result<(), Error> {
     Ok(())
 }
 
-fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
+/// p50, p99, and the samples sorted.
+fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration, Vec<Duration>) {
     v.sort_unstable();
     let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
-    (at(0.5), at(0.99))
+    (at(0.5), at(0.99), v)
 }
 
 fn progress(n: u64, what: &str) -> ProgressBar {
@@ -241,7 +248,7 @@ fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error
     stop.set_tag(STOP);
     tx.send(stop, TensorMeta::bytes(0))?;
     finish(child)?;
-    let (p50, p99) = percentiles(samples);
+    let (p50, p99, samples) = percentiles(samples);
 
     // Throughput: a stream one way, through up to 64 slots and about 256 MB of them.
     let slots = (256_000_000 / size).clamp(4, 64) as u32;
@@ -275,7 +282,14 @@ fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error
     bar.finish_and_clear();
     send(0, STOP)?;
     finish(child)?;
-    Ok(Figures { label: "gpuring".into(), messages, p50, p99, per_sec: messages as f64 / secs })
+    Ok(Figures {
+        label: "gpuring".into(),
+        messages,
+        p50,
+        p99,
+        per_sec: messages as f64 / secs,
+        samples,
+    })
 }
 
 /// A byte stream to a peer process: its stdin/stdout, or a connected Unix socket.
@@ -375,7 +389,7 @@ fn stream_figures(
         }
     }
     conn.finish()?;
-    let (p50, p99) = percentiles(samples);
+    let (p50, p99, samples) = percentiles(samples);
 
     let mut conn = Conn::open(transport, &format!("sink{suffix}"), size)?;
     let bar = progress(messages, label);
@@ -400,7 +414,14 @@ fn stream_figures(
     if u64::from_le_bytes(count) != messages {
         return Err(format!("the {label} reader lost messages").into());
     }
-    Ok(Figures { label: label.into(), messages, p50, p99, per_sec: messages as f64 / secs })
+    Ok(Figures {
+        label: label.into(),
+        messages,
+        p50,
+        p99,
+        per_sec: messages as f64 / secs,
+        samples,
+    })
 }
 
 /// The stream peer: reads `size`-byte messages; an echo writes each back, a sink counts
@@ -538,7 +559,7 @@ mod gpu_demo {
         stop.set_tag(STOP);
         tx.send_gpu(stop, TensorMeta::bytes(0))?;
         finish(child)?;
-        let (p50, p99) = percentiles(samples);
+        let (p50, p99, samples) = percentiles(samples);
 
         let slots = 64;
         let sc = make("s", 256, slots)?;
@@ -576,6 +597,7 @@ mod gpu_demo {
             p50,
             p99,
             per_sec: messages as f64 / secs,
+            samples,
         })
     }
 
@@ -664,7 +686,7 @@ mod gpu_demo {
 // ---------------------------------------------------------------------------------------
 // bench
 
-fn bench(json: bool, sizes: &[u64]) -> Result<(), Error> {
+fn bench(json: bool, sizes: &[u64], samples: Option<&std::path::Path>) -> Result<(), Error> {
     if let Some(bad) = sizes.iter().find(|&&s| !(8..=1 << 34).contains(&s)) {
         return Err(format!("--sizes: {bad} is outside 8..=17179869184 bytes").into());
     }
@@ -675,9 +697,10 @@ fn bench(json: bool, sizes: &[u64]) -> Result<(), Error> {
         (s as usize, messages, (messages / 10).clamp(50, 5_000))
     });
     let mut rows: Vec<(usize, Figures, f64, f64)> = Vec::new();
-    let mut push = |size: usize, base: &Figures, f: Figures| {
-        let lat = f.p50.as_secs_f64() / base.p50.as_secs_f64();
-        let rate = base.per_sec / f.per_sec;
+    // `base`: gpuring's (p50, items/s) for the row's payload.
+    let mut push = |size: usize, base: (Duration, f64), f: Figures| {
+        let lat = f.p50.as_secs_f64() / base.0.as_secs_f64();
+        let rate = base.1 / f.per_sec;
         rows.push((size, f, lat, rate));
     };
     for (size, messages, pings) in cases {
@@ -686,18 +709,27 @@ fn bench(json: bool, sizes: &[u64]) -> Result<(), Error> {
         let g = host_channel(messages, size, pings)?;
         let p = stream_figures(Transport::Pipe, copied, size, pings, false)?;
         let u = stream_figures(Transport::Unix, copied, size, pings, false)?;
-        let base = Figures { label: String::new(), ..g };
-        push(size, &base, Figures { label: g.label.clone(), ..base });
-        push(size, &base, p);
-        push(size, &base, u);
+        let base = (g.p50, g.per_sec);
+        push(size, base, g);
+        push(size, base, p);
+        push(size, base, u);
     }
     #[cfg(feature = "cuda")]
     if gpu_present() {
         let g = gpu_demo::channel(20_000, 4096, 2_000)?;
         let p = gpu_demo::pipe(20_000, 4096, 2_000)?;
-        let base = Figures { label: String::new(), ..g };
-        push(4096, &base, Figures { label: g.label.clone(), ..base });
-        push(4096, &base, p);
+        let base = (g.p50, g.per_sec);
+        push(4096, base, g);
+        push(4096, base, p);
+    }
+    if let Some(path) = samples {
+        let mut csv = String::from("payload_bytes,path,one_way_ns\n");
+        for (size, f, _, _) in &rows {
+            for d in &f.samples {
+                csv.push_str(&format!("{size},{},{}\n", f.label, d.as_nanos()));
+            }
+        }
+        std::fs::write(path, csv)?;
     }
     if json {
         let out: Vec<_> = rows
