@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::{NAME, PEER, SharedPage, cpus, peer, peer_index, pin, unique};
 use criterion::{Criterion, Throughput};
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
-use gpuring::{Channel, TensorMeta, WaitPolicy, cuda};
+use gpuring::{Channel, Sender, TensorMeta, WaitPolicy, cuda};
 
 const STOP: u64 = u64::MAX;
 const SPIN: WaitPolicy = WaitPolicy::spin_then_sleep(u32::MAX, 0);
@@ -156,6 +156,20 @@ fn run_peer(role: &str) {
     }
 }
 
+/// Leases a slot on `s`, writes `v` into its first word, sends it tagged `tag`.
+fn send_word(tx: &Sender, s: &Arc<CudaStream>, v: u32, tag: u64) {
+    let mut lease = tx.acquire_on(s).unwrap();
+    memset(lease.device_ptr(), v, s);
+    lease.set_tag(tag);
+    tx.send_gpu(lease, TensorMeta::bytes(4)).unwrap();
+}
+
+/// Tells the peer to stop, and gives it a moment to.
+fn stop(tx: &Sender, s: &Arc<CudaStream>) {
+    send_word(tx, s, 0, STOP);
+    std::thread::sleep(Duration::from_millis(50));
+}
+
 fn floor(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
     let (_ctx, s) = setup();
     let name = format!("/{}", unique("gpufloor"));
@@ -220,19 +234,14 @@ fn gpuring_ping_pong(g: &mut criterion::BenchmarkGroup<'_, criterion::measuremen
             let t = Instant::now();
             for _ in 0..iters {
                 seq += 1;
-                let lease = tx.acquire_on(&s).unwrap();
-                memset(lease.device_ptr(), seq as u32, &s);
-                tx.send_gpu(lease, TensorMeta::bytes(4)).unwrap();
+                send_word(&tx, &s, seq as u32, 0);
                 let m = rx.recv_on(&s).unwrap();
                 assert_eq!(read_word(m.device_ptr(), &s), seq as u32);
             }
             t.elapsed() / 2
         })
     });
-    let mut lease = tx.acquire_on(&s).unwrap();
-    lease.set_tag(STOP);
-    tx.send_gpu(lease, TensorMeta::bytes(0)).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    stop(&tx, &s);
 }
 
 fn stream(c: &mut Criterion) {
@@ -250,9 +259,7 @@ fn stream(c: &mut Criterion) {
             let t = Instant::now();
             for _ in 0..iters {
                 seq += 1;
-                let lease = tx.acquire_on(&s).unwrap();
-                memset(lease.device_ptr(), seq as u32, &s);
-                tx.send_gpu(lease, TensorMeta::bytes(4)).unwrap();
+                send_word(&tx, &s, seq as u32, 0);
             }
             while tx.free_slots() < 64 {
                 std::hint::spin_loop();
@@ -260,10 +267,7 @@ fn stream(c: &mut Criterion) {
             t.elapsed()
         })
     });
-    let mut lease = tx.acquire_on(&s).unwrap();
-    lease.set_tag(STOP);
-    tx.send_gpu(lease, TensorMeta::bytes(0)).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    stop(&tx, &s);
     g.finish();
 }
 

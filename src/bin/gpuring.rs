@@ -221,6 +221,36 @@ fn progress(n: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// Streams `messages` through `send(seq, tag)` after one untimed warm-up message (the
+/// receiver maps the pool); seconds until `all_back` says every slot returned. Ends the
+/// peer with a `STOP` tag.
+fn timed_stream(
+    messages: u64,
+    send: &dyn Fn(u64, u64) -> Result<(), Error>,
+    all_back: impl Fn() -> bool,
+) -> Result<f64, Error> {
+    let wait_back = || {
+        while !all_back() {
+            std::thread::yield_now();
+        }
+    };
+    send(0, 0)?;
+    wait_back();
+    let bar = progress(messages, "gpuring");
+    let t = Instant::now();
+    for seq in 1..=messages {
+        send(seq, 0)?;
+        if seq % 1024 == 0 {
+            bar.set_position(seq);
+        }
+    }
+    wait_back();
+    let secs = t.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    send(0, STOP)?;
+    Ok(secs)
+}
+
 fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
     let name = format!("gpuring-demo-{}", std::process::id());
     // Latency: A -> B and back, each way through its own channel.
@@ -256,7 +286,6 @@ fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error
         Channel::builder(format!("{name}-s")).capacity(256).slots(slots, size as u64).create()?;
     let tx = s.sender()?;
     let child = spawn_peer("sink-host", &name, size, false)?;
-    let bar = progress(messages, "gpuring");
     let send = |seq: u64, tag: u64| -> Result<(), Error> {
         let mut lease = tx.acquire_timeout(Duration::from_secs(10))?;
         lease[..8].copy_from_slice(&seq.to_le_bytes());
@@ -264,23 +293,7 @@ fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error
         tx.send(lease, meta)?;
         Ok(())
     };
-    send(0, 0)?; // warm-up: the receiver maps the pool
-    while tx.free_slots() < slots as usize {
-        std::thread::yield_now();
-    }
-    let t = Instant::now();
-    for seq in 1..=messages {
-        send(seq, 0)?;
-        if seq % 1024 == 0 {
-            bar.set_position(seq);
-        }
-    }
-    while tx.free_slots() < slots as usize {
-        std::thread::yield_now();
-    }
-    let secs = t.elapsed().as_secs_f64();
-    bar.finish_and_clear();
-    send(0, STOP)?;
+    let secs = timed_stream(messages, &send, || tx.free_slots() == slots as usize)?;
     finish(child)?;
     Ok(Figures {
         label: "gpuring".into(),
@@ -501,7 +514,7 @@ mod gpu_demo {
     use cudarc::driver::{CudaContext, CudaStream, result, sys};
     use gpuring::{Channel, TensorMeta, cuda};
 
-    use super::{Error, Figures, STOP, finish, percentiles, progress, spawn_peer};
+    use super::{Error, Figures, STOP, finish, percentiles, spawn_peer};
 
     fn setup() -> Result<(Arc<CudaContext>, Arc<CudaStream>), Error> {
         let ctx = cuda::context(0)?;
@@ -565,7 +578,6 @@ mod gpu_demo {
         let sc = make("s", 256, slots)?;
         let tx = sc.sender()?;
         let child = spawn_peer("sink-gpu", &name, size, false)?;
-        let bar = progress(messages, "gpuring");
         let send = |seq: u64, tag: u64| -> Result<(), Error> {
             let mut lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
             memset_word(lease.device_ptr(), seq as u32, &s)?;
@@ -573,23 +585,7 @@ mod gpu_demo {
             tx.send_gpu(lease, meta)?;
             Ok(())
         };
-        send(0, 0)?;
-        while tx.free_slots() < slots as usize {
-            std::thread::yield_now();
-        }
-        let t = Instant::now();
-        for seq in 1..=messages {
-            send(seq, 0)?;
-            if seq % 1024 == 0 {
-                bar.set_position(seq);
-            }
-        }
-        while tx.free_slots() < slots as usize {
-            std::thread::yield_now();
-        }
-        let secs = t.elapsed().as_secs_f64();
-        bar.finish_and_clear();
-        send(0, STOP)?;
+        let secs = super::timed_stream(messages, &send, || tx.free_slots() == slots as usize)?;
         finish(child)?;
         Ok(Figures {
             label: "gpuring (GPU)".into(),

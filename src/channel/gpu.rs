@@ -19,8 +19,8 @@ use std::time::Duration;
 use cudarc::driver::{CudaSlice, DeviceRepr, sys};
 
 use super::{
-    AcquireError, Leased, Receiver, RecvError, SendError, Sender, Shared, SlotHold, SlotLease,
-    Wait, corrupt,
+    AcquireError, CachedPool, Checked, Leased, Receiver, RecvError, SendError, Sender, Shared,
+    SlotHold, SlotLease, Wait, corrupt, received_accessors,
 };
 use crate::cuda::{CudaError, CudaStream, DevicePool, ImportedPool};
 use crate::descriptor::{Descriptor, TensorMeta};
@@ -261,9 +261,9 @@ impl Receiver {
         if self.shared.backend != BACKEND_CUDA {
             return Err(RecvError::Cuda(CudaError::WrongBackend));
         }
-        let c = self.check(self.pop(wait)?)?;
-        let device = c.pool.device.clone().expect("device pools are imported with their segment");
-        let d = c.desc;
+        let Checked { pool: CachedPool { seg, device, .. }, desc: d, meta } =
+            self.check(self.pop(wait)?)?;
+        let device = device.expect("device pools are imported with their segment");
         let (mem, ready, uuid) = device.handles(d.slot);
         if d.device_ordinal < 0 {
             return Err(corrupt("descriptor names host memory, the pool is on a device"));
@@ -277,15 +277,15 @@ impl Receiver {
         if d.event_handle != *ready {
             return Err(corrupt("descriptor's event handle does not match its slot"));
         }
-        let held = c.pool.seg.core.receive(d.slot, d.generation)?;
-        let hold = SlotHold { pool: c.pool.seg, held };
+        let held = seg.core.receive(d.slot, d.generation)?;
+        let hold = SlotHold { pool: seg, held };
         device.wait_ready(held.slot, stream).map_err(RecvError::Cuda)?;
         Ok(GpuMessage {
             ptr: device.slot_ptr(held.slot, d.byte_offset),
             device,
             stream: stream.clone(),
             desc: d,
-            meta: c.meta,
+            meta,
             hold,
         })
     }
@@ -331,25 +331,7 @@ impl GpuMessage {
         self.desc.len == 0
     }
 
-    /// The tensor metadata (checked).
-    pub fn meta(&self) -> &TensorMeta {
-        &self.meta
-    }
-
-    /// The sender's sequence number.
-    pub fn seq(&self) -> u64 {
-        self.desc.seq
-    }
-
-    /// The application tag.
-    pub fn tag(&self) -> u64 {
-        self.desc.tag
-    }
-
-    /// The descriptor as it arrived (already validated).
-    pub fn descriptor(&self) -> &Descriptor {
-        &self.desc
-    }
+    received_accessors!();
 
     /// The stream the message was received on.
     pub fn stream(&self) -> &Arc<CudaStream> {

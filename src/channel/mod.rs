@@ -1034,10 +1034,9 @@ impl Lease {
 impl Deref for Lease {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `len` bytes of the slot, inside the pool mapping the lease keeps alive;
-        // the lease protocol makes this process the slot's only user until it is sent
-        // (a hostile process with the segment mapped could still write; see the crate's
-        // Safety chapter).
+        // (A hostile process with the pool mapped could still write: crate docs, Safety.)
+        // SAFETY: `len` bytes of the slot inside the mapping the lease keeps alive; the
+        // lease protocol makes this process the slot's only user until it is sent.
         unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.len) }
     }
 }
@@ -1321,6 +1320,33 @@ fn pop_error(e: PopError) -> RecvError {
     }
 }
 
+/// The accessors both kinds of received message have (they hold `desc` and `meta`).
+macro_rules! received_accessors {
+    () => {
+        /// The tensor metadata (checked).
+        pub fn meta(&self) -> &TensorMeta {
+            &self.meta
+        }
+
+        /// The sender's sequence number.
+        pub fn seq(&self) -> u64 {
+            self.desc.seq
+        }
+
+        /// The application tag.
+        pub fn tag(&self) -> u64 {
+            self.desc.tag
+        }
+
+        /// The descriptor as it arrived (already validated).
+        pub fn descriptor(&self) -> &Descriptor {
+            &self.desc
+        }
+    };
+}
+#[cfg(feature = "cuda")]
+use received_accessors;
+
 /// The part of a received message common to both backends: the held slot, returned on
 /// drop.
 #[derive(Debug)]
@@ -1366,25 +1392,7 @@ impl core::fmt::Debug for Message {
 }
 
 impl Message {
-    /// The tensor metadata (checked).
-    pub fn meta(&self) -> &TensorMeta {
-        &self.meta
-    }
-
-    /// The sender's sequence number.
-    pub fn seq(&self) -> u64 {
-        self.desc.seq
-    }
-
-    /// The application tag.
-    pub fn tag(&self) -> u64 {
-        self.desc.tag
-    }
-
-    /// The descriptor as it arrived (already validated).
-    pub fn descriptor(&self) -> &Descriptor {
-        &self.desc
-    }
+    received_accessors!();
 }
 
 impl Deref for Message {
