@@ -1,15 +1,22 @@
 //! Payload hand-off: 4 KB, 5 MB and 54 MB buffers from one process to another, in one run,
 //! through a gpuring channel (the producer writes in place and a descriptor travels)
 //! against a pipe, a Unix socket (the bytes are copied through the kernel, as a hand-rolled
-//! pipe or a pickling Python queue must at the least) and the `ipc-channel` crate (its
-//! byte channel: the bytes go through a Unix socket, arriving in a fresh `Vec`).
+//! pipe or a pickling Python queue must at the least), the `ipc-channel` crate (its
+//! byte channel: the bytes go through a Unix socket, arriving in a fresh `Vec`) and iceoryx2
+//! publish-subscribe (zero-copy like gpuring: the producer loans a sample in shared memory,
+//! writes it in place and sends an offset).
 //!
 //! `cargo bench --bench payloads`. In every path the producer writes the same thing into
 //! its buffer (an 8-byte sequence number at the start, and for gpuring the same at the
 //! end) and the consumer checks it; each batch of `iters` items is timed until the
 //! consumer has them all (gpuring: every slot is back in the pool; streams: the consumer
 //! acknowledged the last). Throughput is reported in items per second; the time per
-//! element is the time per hand-off (bytes per second = items per second × size). `GPURING_BENCH_CPUS=a,b` pins as in `rings`.
+//! element is the time per hand-off (bytes per second = items per second × size).
+//! After criterion's measurement each case is sampled once more with batches of one item
+//! (write it, hand it off, learn that the consumer has it): the p50/p99 of that "hand-off
+//! until acknowledged" time are printed at the end and written to
+//! `target/criterion/samples-payloads.csv` (see `common::Samples`).
+//! `GPURING_BENCH_CPUS=a,b` pins as in `rings`.
 
 mod common;
 
@@ -17,9 +24,10 @@ use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
-use common::{NAME, PEER, cpus, peer, peer_index, pin, unique};
+use common::{Group, NAME, PEER, Samples, cpus, ice, peer, peer_index, pin, unique};
 use criterion::{Criterion, Throughput};
 use gpuring::{Channel, Flavor, TensorMeta};
+use iceoryx2::prelude::BackpressureStrategy;
 
 const STOP: u64 = u64::MAX;
 /// (label, bytes, slots in the pool)
@@ -67,6 +75,33 @@ fn run_peer(role: &str) {
                 }
             }
         }
+        "ice" => {
+            let node = ice::node();
+            let data = ice::slice_service(&node, &format!("{name}-data"), depth(size));
+            let ack = ice::u64_service(&node, &format!("{name}-ack"), 4);
+            let rx = data.subscriber_builder().create().unwrap();
+            let tx = ack
+                .publisher_builder()
+                .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+                .create()
+                .unwrap();
+            let mut expected = 0u64;
+            loop {
+                let Some(m) = rx.receive().unwrap() else {
+                    std::hint::spin_loop();
+                    continue;
+                };
+                if m.is_empty() {
+                    return; // the stop item
+                }
+                let seq = expected.to_le_bytes();
+                assert!(m.len() == size && m[..8] == seq && m[size - 8..] == seq, "bad item");
+                expected += 1;
+                if m[8] == 1 {
+                    tx.send_copy(expected).unwrap();
+                }
+            }
+        }
         _ => panic!("unknown peer role {role}"),
     }
 }
@@ -85,12 +120,7 @@ fn sink(mut r: impl Read, mut w: impl Write, size: usize) {
     }
 }
 
-fn bench_channel(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    flavor: Flavor,
-    size: usize,
-    slots: u32,
-) {
+fn bench_channel(g: &mut Group<'_>, flavor: Flavor, size: usize, slots: u32) {
     let name = unique("payload");
     let builder = Channel::builder(&name).capacity(64).slots(slots, size as u64);
     let builder = if flavor == Flavor::Mpmc { builder.mpmc() } else { builder };
@@ -100,22 +130,20 @@ fn bench_channel(
     let meta = TensorMeta::bytes(size as u64);
     let mut seq = 0u64;
     let label = if flavor == Flavor::Mpmc { "gpuring_mpmc" } else { "gpuring_spsc" };
-    g.bench_function(label, |b| {
-        b.iter_custom(|iters| {
-            let t = Instant::now();
-            for _ in 0..iters {
-                let mut lease = tx.acquire().unwrap();
-                let s = seq.to_le_bytes();
-                lease[..8].copy_from_slice(&s);
-                lease[size - 8..size].copy_from_slice(&s);
-                tx.send(lease, meta).unwrap();
-                seq += 1;
-            }
-            while tx.free_slots() < slots as usize {
-                std::hint::spin_loop();
-            }
-            t.elapsed()
-        })
+    g.run(label, size, |iters| {
+        let t = Instant::now();
+        for _ in 0..iters {
+            let mut lease = tx.acquire().unwrap();
+            let s = seq.to_le_bytes();
+            lease[..8].copy_from_slice(&s);
+            lease[size - 8..size].copy_from_slice(&s);
+            tx.send(lease, meta).unwrap();
+            seq += 1;
+        }
+        while tx.free_slots() < slots as usize {
+            std::hint::spin_loop();
+        }
+        t.elapsed()
     });
     let mut lease = tx.acquire().unwrap();
     lease.set_tag(STOP);
@@ -125,56 +153,95 @@ fn bench_channel(
     }
 }
 
-fn bench_stream(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    label: &str,
-    size: usize,
-    r: &mut dyn Read,
-    w: &mut dyn Write,
-) {
+fn bench_stream(g: &mut Group<'_>, label: &str, size: usize, r: &mut dyn Read, w: &mut dyn Write) {
     let mut buf = vec![0u8; size];
     let mut seq = 0u64;
     let mut ack = [0u8; 8];
-    g.bench_function(label, |b| {
-        b.iter_custom(|iters| {
-            let t = Instant::now();
-            for i in 0..iters {
-                buf[..8].copy_from_slice(&seq.to_le_bytes());
-                buf[8] = u8::from(i + 1 == iters);
-                w.write_all(&buf).unwrap();
-                seq += 1;
-            }
-            r.read_exact(&mut ack).unwrap();
-            assert_eq!(u64::from_le_bytes(ack), seq, "consumer lost items");
-            t.elapsed()
-        })
+    g.run(label, size, |iters| {
+        let t = Instant::now();
+        for i in 0..iters {
+            buf[..8].copy_from_slice(&seq.to_le_bytes());
+            buf[8] = u8::from(i + 1 == iters);
+            w.write_all(&buf).unwrap();
+            seq += 1;
+        }
+        r.read_exact(&mut ack).unwrap();
+        assert_eq!(u64::from_le_bytes(ack), seq, "consumer lost items");
+        t.elapsed()
     });
 }
 
-fn bench_ipc_channel(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    size: usize,
-) {
+fn bench_ipc_channel(g: &mut Group<'_>, size: usize) {
     type Boot = (ipc_channel::ipc::IpcBytesSender, ipc_channel::ipc::IpcReceiver<u64>);
     let (server, name) = ipc_channel::ipc::IpcOneShotServer::<Boot>::new().unwrap();
     let _peer = peer(&format!("ipc:{size}"), &name, 0, false);
     let (_, (data_tx, ack_rx)) = server.accept().unwrap();
     let mut buf = vec![0u8; size];
     let mut seq = 0u64;
-    g.bench_function("ipc_channel", |b| {
-        b.iter_custom(|iters| {
-            let t = Instant::now();
-            for i in 0..iters {
-                buf[..8].copy_from_slice(&seq.to_le_bytes());
-                buf[8] = u8::from(i + 1 == iters);
-                data_tx.send(&buf).unwrap();
-                seq += 1;
-            }
-            assert_eq!(ack_rx.recv().unwrap(), seq, "consumer lost items");
-            t.elapsed()
-        })
+    g.run("ipc_channel", size, |iters| {
+        let t = Instant::now();
+        for i in 0..iters {
+            buf[..8].copy_from_slice(&seq.to_le_bytes());
+            buf[8] = u8::from(i + 1 == iters);
+            data_tx.send(&buf).unwrap();
+            seq += 1;
+        }
+        assert_eq!(ack_rx.recv().unwrap(), seq, "consumer lost items");
+        t.elapsed()
     });
     drop(data_tx); // the peer's recv fails and it exits
+}
+
+/// The iceoryx2 subscriber's buffer for items of `size` bytes: as many as gpuring's pool
+/// has slots.
+fn depth(size: usize) -> usize {
+    SIZES.iter().find(|s| s.1 == size).map_or(4, |s| s.2 as usize)
+}
+
+fn bench_iceoryx2(g: &mut Group<'_>, size: usize) {
+    let name = unique("icepayload");
+    let node = ice::node();
+    let data = ice::slice_service(&node, &format!("{name}-data"), depth(size));
+    let ack = ice::u64_service(&node, &format!("{name}-ack"), 4);
+    let acks = ack.subscriber_builder().create().unwrap();
+    let tx = data
+        .publisher_builder()
+        .initial_max_slice_len(size)
+        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+        .create()
+        .unwrap();
+    let _peer = peer(&format!("ice:{size}"), &name, 0, false);
+    ice::wait_for_subscriber(&data);
+    let mut seq = 0u64;
+    g.run("iceoryx2", size, |iters| {
+        let t = Instant::now();
+        for i in 0..iters {
+            let mut sample = tx.loan_slice_uninit(size).unwrap();
+            let bytes = sample.payload_mut();
+            let s = seq.to_le_bytes();
+            for (k, b) in s.iter().enumerate() {
+                bytes[k].write(*b);
+                bytes[size - 8 + k].write(*b);
+            }
+            bytes[8].write(u8::from(i + 1 == iters));
+            // SAFETY: the sample lies in iceoryx2's shared-memory data segment, a mapping
+            // the kernel zero-filled and that only ever holds bytes: every byte is
+            // initialised (those not written here keep an earlier sample's bytes), and any
+            // byte is a valid `u8`. The producer writes in place, as gpuring's does.
+            let sample = unsafe { sample.assume_init() };
+            sample.send().unwrap();
+            seq += 1;
+        }
+        loop {
+            if let Some(a) = acks.receive().unwrap() {
+                assert_eq!(*a, seq, "consumer lost items");
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        t.elapsed()
+    });
+    tx.loan_slice_uninit(0).unwrap().write_from_fn(|_| 0).send().unwrap(); // stop
 }
 
 fn main() {
@@ -188,9 +255,10 @@ fn main() {
         .measurement_time(Duration::from_secs(3))
         .sample_size(20)
         .configure_from_args();
+    let mut samples = Samples::new("payloads", "handoff_ack");
     for (label, size, slots) in SIZES {
-        let mut g = c.benchmark_group(format!("payload_{label}"));
-        g.throughput(Throughput::Elements(1));
+        let mut g = Group::new(&mut c, &mut samples, &format!("payload_{label}"));
+        g.g.throughput(Throughput::Elements(1));
         bench_channel(&mut g, Flavor::Spsc, size, slots);
         bench_channel(&mut g, Flavor::Mpmc, size, slots);
         {
@@ -207,7 +275,9 @@ fn main() {
         bench_stream(&mut g, "unix_socket", size, &mut r, &mut s);
         let _ = std::fs::remove_file(&path);
         bench_ipc_channel(&mut g, size);
-        g.finish();
+        bench_iceoryx2(&mut g, size);
+        g.g.finish();
     }
     c.final_summary();
+    samples.finish();
 }

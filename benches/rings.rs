@@ -1,13 +1,16 @@
 //! Cross-process ring benchmarks, in one run, against the baselines a user would otherwise
-//! pick: the raw floor (two atomics / a raw futex in a shared mapping), a pipe and a Unix
-//! socket carrying the same 384 descriptor bytes.
+//! pick: the raw floor (two atomics / a raw futex in a shared mapping), a pipe, a Unix
+//! socket, the `ipc-channel` crate and iceoryx2 publish-subscribe, each carrying the same 384
+//! descriptor bytes.
 //!
 //! `cargo bench --bench rings`. The binary re-executes itself as the peer process
 //! (`GPURING_BENCH_PEER` names the role). `GPURING_BENCH_CPUS=a,b,c,...` pins this process
 //! to `a` and the peers to `b`, `c`, ... (unset: no pinning).
 //!
-//! Latency benchmarks time round trips and report half of each (one-way); throughput
-//! benchmarks report elements per second.
+//! Latency benchmarks time round trips and report half of each (one-way); after criterion's
+//! measurement each latency case is sampled once more, round trip by round trip, for its p50
+//! and p99 (printed at the end, and written to `target/criterion/samples-rings.csv`; see
+//! `common::Samples`). Throughput benchmarks report elements per second.
 
 use std::io::{BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -16,10 +19,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{NAME, PEER, Peer, cpus, peer, pin, unique};
+use common::{Group, NAME, PEER, Peer, Samples, cpus, ice, peer, pin, unique};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use gpuring::ring::spsc;
 use gpuring::{Descriptor, MpmcRing, RingOptions, SpscRing, WaitPolicy};
+use iceoryx2::prelude::BackpressureStrategy;
 
 const DESC: usize = size_of::<Descriptor>();
 const STOP: u64 = u64::MAX;
@@ -206,6 +210,22 @@ fn run_peer(role: &str) {
                 }
             }
         }
+        "ice-echo-spin" | "ice-echo-sleep" => ice_echo(&name, role == "ice-echo-sleep"),
+        "ice-sink" => ice_sink(&name),
+        "ipc-echo" | "ipc-sink" => {
+            // ipc-channel's idiom: make both channels here and hand the parent its ends
+            // through its one-shot server.
+            let (data_tx, data_rx) = ipc_channel::ipc::bytes_channel().unwrap();
+            let (back_tx, back_rx) = ipc_channel::ipc::bytes_channel().unwrap();
+            let boot = ipc_channel::ipc::IpcSender::connect(name).unwrap();
+            boot.send((data_tx, back_rx)).unwrap();
+            while let Ok(buf) = data_rx.recv() {
+                let d: Descriptor = bytemuck::pod_read_unaligned(&buf);
+                if role == "ipc-echo" || d.tag == LAST {
+                    back_tx.send(&buf).unwrap();
+                }
+            }
+        }
         "pipe-echo" => echo(std::io::stdin().lock(), std::io::stdout().lock()),
         "unix-echo" => {
             let s = UnixStream::connect(&name).unwrap();
@@ -247,6 +267,75 @@ fn sink(r: impl Read, mut w: impl Write) {
     }
 }
 
+/// iceoryx2 echo: receives on `{name}-ping`, sends each sample back on `{name}-pong`;
+/// `sleep`: waits on its listener between samples and notifies the other side's.
+fn ice_echo(name: &str, sleep: bool) {
+    let node = ice::node();
+    let ping = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 64);
+    let pong = ice::array_service::<DESC>(&node, &format!("{name}-pong"), 64);
+    let rx = ping.subscriber_builder().create().unwrap();
+    let tx = pong
+        .publisher_builder()
+        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+        .create()
+        .unwrap();
+    let wake = sleep.then(|| {
+        (
+            ice::listener(&node, &format!("{name}-ping-ev")),
+            ice::notifier(&node, &format!("{name}-pong-ev")),
+        )
+    });
+    loop {
+        let Some(sample) = rx.receive().unwrap() else {
+            match &wake {
+                Some((listener, _)) => {
+                    listener.blocking_wait(|_| {}).unwrap();
+                }
+                None => std::hint::spin_loop(),
+            }
+            continue;
+        };
+        let bytes = *sample;
+        drop(sample);
+        if bytemuck::pod_read_unaligned::<Descriptor>(&bytes).seq == STOP {
+            return;
+        }
+        tx.send_copy(bytes).unwrap();
+        if let Some((_, notifier)) = &wake {
+            notifier.notify().unwrap();
+        }
+    }
+}
+
+/// iceoryx2 sink: receives on `{name}-ping`; a descriptor tagged `LAST` is acknowledged
+/// on `{name}-pong`.
+fn ice_sink(name: &str) {
+    let node = ice::node();
+    let data = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 1024);
+    let ack = ice::u64_service(&node, &format!("{name}-pong"), 4);
+    let rx = data.subscriber_builder().create().unwrap();
+    let tx = ack
+        .publisher_builder()
+        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+        .create()
+        .unwrap();
+    loop {
+        let Some(sample) = rx.receive().unwrap() else {
+            std::hint::spin_loop();
+            continue;
+        };
+        let d: Descriptor = bytemuck::pod_read_unaligned(&*sample);
+        drop(sample);
+        match (d.seq, d.tag) {
+            (STOP, _) => return,
+            (_, LAST) => {
+                tx.send_copy(LAST).unwrap();
+            }
+            _ => {}
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Benchmarks
 
@@ -254,8 +343,8 @@ fn one_way(round_trips: Duration) -> Duration {
     round_trips / 2
 }
 
-fn latency(c: &mut Criterion) {
-    let mut g = c.benchmark_group("latency_one_way");
+fn latency(c: &mut Criterion, samples: &mut Samples) {
+    let mut g = Group::new(c, samples, "latency_one_way");
 
     {
         let name = format!("/{}", unique("floor"));
@@ -263,18 +352,16 @@ fn latency(c: &mut Criterion) {
         let _p = peer("floor-spin", &name, 0, false);
         let f = map.get();
         let mut seq = 0u64;
-        g.bench_function("floor_atomics_spin", |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    seq += 1;
-                    f.ping.0.store(seq, Ordering::Release);
-                    while f.pong.0.load(Ordering::Acquire) != seq {
-                        std::hint::spin_loop();
-                    }
+        g.run("floor_atomics_spin", DESC, |iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                seq += 1;
+                f.ping.0.store(seq, Ordering::Release);
+                while f.pong.0.load(Ordering::Acquire) != seq {
+                    std::hint::spin_loop();
                 }
-                one_way(t.elapsed())
-            })
+            }
+            one_way(t.elapsed())
         });
         f.ping.0.store(STOP, Ordering::Release);
     }
@@ -285,16 +372,14 @@ fn latency(c: &mut Criterion) {
         let _p = peer("floor-descriptor-spin", &name, 0, false);
         let f = map.get();
         let mut stamp = 0u64;
-        g.bench_function("floor_descriptor_spin", |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    stamp += 1;
-                    f.ping_cell.send(descriptor(stamp), stamp);
-                    assert_eq!(f.pong_cell.recv(stamp).seq, stamp);
-                }
-                one_way(t.elapsed())
-            })
+        g.run("floor_descriptor_spin", DESC, |iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                stamp += 1;
+                f.ping_cell.send(descriptor(stamp), stamp);
+                assert_eq!(f.pong_cell.recv(stamp).seq, stamp);
+            }
+            one_way(t.elapsed())
         });
         f.ping_cell.send(descriptor(STOP), stamp + 1);
     }
@@ -320,17 +405,15 @@ fn latency(c: &mut Criterion) {
         tx.set_demote(role.ends_with("demote"));
         let _p = peer(role, &name, 0, false);
         let mut seq = 0u64;
-        g.bench_function(label, |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    seq += 1;
-                    tx.push(descriptor(seq)).unwrap();
-                    let back = rx.pop().unwrap();
-                    assert_eq!(back.seq, seq);
-                }
-                one_way(t.elapsed())
-            })
+        g.run(label, DESC, |iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                seq += 1;
+                tx.push(descriptor(seq)).unwrap();
+                let back = rx.pop().unwrap();
+                assert_eq!(back.seq, seq);
+            }
+            one_way(t.elapsed())
         });
         tx.push(descriptor(STOP)).unwrap();
     }
@@ -341,30 +424,104 @@ fn latency(c: &mut Criterion) {
         let _p = peer("floor-futex", &name, 0, false);
         let f = map.get();
         let mut seq = 0u32;
-        g.bench_function("floor_futex", |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    seq = if seq + 1 == u32::MAX { 1 } else { seq + 1 };
-                    f.ping32.0.store(seq, Ordering::Release);
-                    futex_wake(&f.ping32.0);
-                    loop {
-                        let v = f.pong32.0.load(Ordering::Acquire);
-                        if v == seq {
-                            break;
-                        }
-                        futex_wait(&f.pong32.0, v);
+        g.run("floor_futex", DESC, |iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                seq = if seq + 1 == u32::MAX { 1 } else { seq + 1 };
+                f.ping32.0.store(seq, Ordering::Release);
+                futex_wake(&f.ping32.0);
+                loop {
+                    let v = f.pong32.0.load(Ordering::Acquire);
+                    if v == seq {
+                        break;
                     }
+                    futex_wait(&f.pong32.0, v);
                 }
-                one_way(t.elapsed())
-            })
+            }
+            one_way(t.elapsed())
         });
         f.ping32.0.store(u32::MAX, Ordering::Release);
         futex_wake(&f.ping32.0);
     }
 
+    for (label, sleep) in [("iceoryx2_spin", false), ("iceoryx2_sleep", true)] {
+        let name = unique("ice");
+        let node = ice::node();
+        let ping = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 64);
+        let pong = ice::array_service::<DESC>(&node, &format!("{name}-pong"), 64);
+        let rx = pong.subscriber_builder().create().unwrap();
+        let tx = ping
+            .publisher_builder()
+            .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+            .create()
+            .unwrap();
+        let wake = sleep.then(|| {
+            (
+                ice::listener(&node, &format!("{name}-pong-ev")),
+                ice::notifier(&node, &format!("{name}-ping-ev")),
+            )
+        });
+        let _p = peer(if sleep { "ice-echo-sleep" } else { "ice-echo-spin" }, &name, 0, false);
+        ice::wait_for_subscriber(&ping);
+        let mut seq = 0u64;
+        g.run(label, DESC, |iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                seq += 1;
+                tx.send_copy(bytemuck::cast(descriptor(seq))).unwrap();
+                if let Some((_, notifier)) = &wake {
+                    notifier.notify().unwrap();
+                }
+                let back = loop {
+                    if let Some(sample) = rx.receive().unwrap() {
+                        break bytemuck::pod_read_unaligned::<Descriptor>(&*sample);
+                    }
+                    match &wake {
+                        Some((listener, _)) => {
+                            listener.blocking_wait(|_| {}).unwrap();
+                        }
+                        None => std::hint::spin_loop(),
+                    }
+                };
+                assert_eq!(back.seq, seq);
+            }
+            one_way(t.elapsed())
+        });
+        tx.send_copy(bytemuck::cast(descriptor(STOP))).unwrap();
+        if let Some((_, notifier)) = &wake {
+            notifier.notify().unwrap();
+        }
+    }
+
+    {
+        let (_p, data_tx, back_rx) = ipc_channel_peer("ipc-echo");
+        let mut seq = 0u64;
+        g.run("ipc_channel", DESC, |iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                seq += 1;
+                data_tx.send(bytemuck::bytes_of(&descriptor(seq))).unwrap();
+                let back: Descriptor = bytemuck::pod_read_unaligned(&back_rx.recv().unwrap());
+                assert_eq!(back.seq, seq);
+            }
+            one_way(t.elapsed())
+        });
+    }
+
     with_stream_peers("echo", |label, r, w| bench_stream_latency(&mut g, label, r, w));
-    g.finish();
+    g.g.finish();
+}
+
+/// Starts an `ipc-channel` peer playing `role` ("ipc-echo" or "ipc-sink"); returns it, the
+/// sender of descriptors to it and the receiver of what it sends back.
+fn ipc_channel_peer(
+    role: &str,
+) -> (Peer, ipc_channel::ipc::IpcBytesSender, ipc_channel::ipc::IpcBytesReceiver) {
+    type Boot = (ipc_channel::ipc::IpcBytesSender, ipc_channel::ipc::IpcBytesReceiver);
+    let (server, name) = ipc_channel::ipc::IpcOneShotServer::<Boot>::new().unwrap();
+    let p = peer(role, &name, 0, false);
+    let (tx, rx) = server.accept().unwrap().1;
+    (p, tx, rx)
 }
 
 /// Starts the pipe peer and then the Unix-socket peer playing `role` ("echo" or "sink"), and
@@ -385,26 +542,19 @@ fn with_stream_peers(role: &str, mut run: impl FnMut(&str, &mut dyn Read, &mut d
     let _ = std::fs::remove_file(&path);
 }
 
-fn bench_stream_latency(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    label: &str,
-    r: &mut dyn Read,
-    w: &mut dyn Write,
-) {
+fn bench_stream_latency(g: &mut Group<'_>, label: &str, r: &mut dyn Read, w: &mut dyn Write) {
     let mut seq = 0u64;
     let mut buf = [0u8; DESC];
-    g.bench_function(label, |b| {
-        b.iter_custom(|iters| {
-            let t = Instant::now();
-            for _ in 0..iters {
-                seq += 1;
-                w.write_all(bytemuck::bytes_of(&descriptor(seq))).unwrap();
-                r.read_exact(&mut buf).unwrap();
-                let back: Descriptor = bytemuck::pod_read_unaligned(&buf);
-                assert_eq!(back.seq, seq);
-            }
-            one_way(t.elapsed())
-        })
+    g.run(label, DESC, |iters| {
+        let t = Instant::now();
+        for _ in 0..iters {
+            seq += 1;
+            w.write_all(bytemuck::bytes_of(&descriptor(seq))).unwrap();
+            r.read_exact(&mut buf).unwrap();
+            let back: Descriptor = bytemuck::pod_read_unaligned(&buf);
+            assert_eq!(back.seq, seq);
+        }
+        one_way(t.elapsed())
     });
 }
 
@@ -491,6 +641,57 @@ fn throughput(c: &mut Criterion) {
         });
     }
 
+    {
+        let name = unique("icetput");
+        let node = ice::node();
+        let data = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 1024);
+        let ack = ice::u64_service(&node, &format!("{name}-pong"), 4);
+        let acks = ack.subscriber_builder().create().unwrap();
+        let tx = data
+            .publisher_builder()
+            .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+            .create()
+            .unwrap();
+        let _p = peer("ice-sink", &name, 0, false);
+        ice::wait_for_subscriber(&data);
+        g.bench_function(BenchmarkId::new("iceoryx2", "1p1c"), |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for i in 0..iters {
+                    let mut d = descriptor(i);
+                    d.tag = u64::from(i + 1 == iters);
+                    tx.send_copy(bytemuck::cast(d)).unwrap();
+                }
+                loop {
+                    if let Some(a) = acks.receive().unwrap() {
+                        assert_eq!(*a, LAST);
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                t.elapsed()
+            })
+        });
+        tx.send_copy(bytemuck::cast(descriptor(STOP))).unwrap();
+    }
+
+    {
+        let (_p, data_tx, ack_rx) = ipc_channel_peer("ipc-sink");
+        g.bench_function(BenchmarkId::new("ipc_channel", "1p1c"), |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for i in 0..iters {
+                    let mut d = descriptor(i);
+                    d.tag = u64::from(i + 1 == iters);
+                    data_tx.send(bytemuck::bytes_of(&d)).unwrap();
+                }
+                let back: Descriptor = bytemuck::pod_read_unaligned(&ack_rx.recv().unwrap());
+                assert_eq!(back.tag, LAST);
+                t.elapsed()
+            })
+        });
+    }
+
     with_stream_peers("sink", |label, r, w| bench_stream_throughput(&mut g, label, r, w));
     g.finish();
 }
@@ -541,8 +742,10 @@ fn main() {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
-    latency(&mut c);
+    let mut samples = Samples::new("rings", "one_way");
+    latency(&mut c, &mut samples);
     throughput(&mut c);
     in_process(&mut c);
     c.final_summary();
+    samples.finish();
 }

@@ -16,8 +16,9 @@ grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq
 
 
 cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | cut -d, -f1 | sed -n '2,7p' | paste -sd,)
-# Name and median only (criterion prints [low median high]); change lines dropped.
-summary() { grep -E '^[a-z_]+/|^ +time:|^ +thrpt:' | grep -v '%' | sed -E 's/ +/ /g'; }
+# Name and median only (criterion prints [low median high]); change lines dropped; then the
+# p50/p99 lines of the single-item second pass (benches/common/mod.rs, `Samples`).
+summary() { grep -E '^[A-Za-z_0-9]+/|^ +time:|^ +thrpt:|^p99 ' | grep -v '%' | sed -E 's/ +/ /g'; }
 for mode in ${GPURING_MODES:-asymmetric}; do
   for b in ${GPURING_BENCHES:-rings payloads gpu}; do
     echo "== bench $b, $mode barrier, pinned to cpus $cpus"
@@ -34,5 +35,6 @@ echo "== gpuring demo (GPU path), then --host"
 echo "== big_buffers (54 MB), in place, then --fill"
 .gpu/bin/example-big_buffers --items 5000 2>&1 | tail -5
 .gpu/bin/example-big_buffers --items 500 --fill 2>&1 | tail -5
+cp target/criterion/samples-*.csv "$out/" 2>/dev/null
 tar czf "$out/criterion.tgz" target/criterion 2>/dev/null
 ls -la "$out"

@@ -3,6 +3,9 @@
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub mod ice;
 
 /// The environment variable that names a peer's role.
 pub const PEER: &str = "GPURING_BENCH_PEER";
@@ -115,5 +118,135 @@ impl<T> Drop for SharedPage<T> {
         if let Some(name) = &self.name {
             let _ = rustix::shm::unlink(name.as_str());
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Percentiles beside criterion's medians.
+
+/// What criterion measures per case, with a second pass for the tail: after criterion's
+/// measurement of a case, the same batch function runs again with batches of one item,
+/// each timed on its own, for up to [`Samples::BUDGET`] (at most [`Samples::MAX`] items).
+/// Those samples give the p50 and p99 printed at the end of the run and written, one row
+/// per item, to `target/criterion/samples-<bench>.csv` (`payload_bytes,path,<measure>_ns`;
+/// `scripts/plot_latency.py` draws them). Criterion's own figure for the case stays its
+/// median over batches. A filter argument (as for criterion) skips the other cases' pass;
+/// `--test` takes three samples and writes nothing.
+pub struct Samples {
+    bench: &'static str,
+    measure: &'static str,
+    filter: Option<String>,
+    test: bool,
+    csv: String,
+    rows: Vec<(String, usize, Duration, Duration, usize)>,
+}
+
+impl Samples {
+    /// Longest second pass per case.
+    pub const BUDGET: Duration = Duration::from_millis(1500);
+    /// Most samples per case.
+    pub const MAX: usize = 20_000;
+
+    /// For bench `bench`, whose single-item batches measure `measure` (the CSV column is
+    /// `<measure>_ns`), reading the filter from the command line as criterion does.
+    pub fn new(bench: &'static str, measure: &'static str) -> Self {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        // Criterion's options that take a value; anything else starting with '-' is a flag.
+        const VALUED: &[&str] = &[
+            "--save-baseline",
+            "-s",
+            "--baseline",
+            "-b",
+            "--baseline-lenient",
+            "--load-baseline",
+            "--sample-size",
+            "--warm-up-time",
+            "--measurement-time",
+            "--nresamples",
+            "--noise-threshold",
+            "--confidence-level",
+            "--significance-level",
+            "--profile-time",
+            "--color",
+            "-c",
+            "--output-format",
+            "--plotting-backend",
+            "--format",
+        ];
+        let mut filter = None;
+        let mut i = 0;
+        while i < args.len() {
+            if VALUED.contains(&args[i].as_str()) {
+                i += 1;
+            } else if !args[i].starts_with('-') && filter.is_none() {
+                filter = Some(args[i].clone());
+            }
+            i += 1;
+        }
+        let test = args.iter().any(|a| a == "--test");
+        Self { bench, measure, filter, test, csv: String::new(), rows: Vec::new() }
+    }
+
+    /// Runs the second pass for case `id` (`group/label`) carrying `payload` bytes, unless the
+    /// filter excludes it. `batch(n)` runs `n` items and returns the time they took.
+    pub fn sample(&mut self, id: &str, payload: usize, mut batch: impl FnMut(u64) -> Duration) {
+        if self.filter.as_deref().is_some_and(|f| !id.contains(f)) {
+            return;
+        }
+        let (max, budget) = if self.test { (3, Duration::MAX) } else { (Self::MAX, Self::BUDGET) };
+        let start = Instant::now();
+        let mut v = Vec::with_capacity(max);
+        while v.len() < max && start.elapsed() < budget {
+            v.push(batch(1));
+        }
+        v.sort_unstable();
+        let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
+        let path = id.rsplit('/').next().unwrap_or(id);
+        for d in &v {
+            self.csv.push_str(&format!("{payload},{path},{}\n", d.as_nanos()));
+        }
+        self.rows.push((id.to_owned(), payload, at(0.5), at(0.99), v.len()));
+    }
+
+    /// Prints the p50/p99 table (lines start with `p99 `) and writes the CSV.
+    pub fn finish(self) {
+        println!("\nsingle-item samples ({} per item, second pass after criterion):", self.measure);
+        for (id, _, p50, p99, n) in &self.rows {
+            println!("p99 {id}: p50 {p50:.2?}, p99 {p99:.2?} (n={n})");
+        }
+        if self.test || self.rows.is_empty() {
+            return;
+        }
+        let dir = std::path::PathBuf::from(
+            std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()),
+        )
+        .join("criterion");
+        let path = dir.join(format!("samples-{}.csv", self.bench));
+        let csv = format!("payload_bytes,path,{}_ns\n{}", self.measure, self.csv);
+        match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, csv)) {
+            Ok(()) => println!("samples written to {}", path.display()),
+            Err(e) => eprintln!("could not write {}: {e}", path.display()),
+        }
+    }
+}
+
+/// A criterion group whose cases also get [`Samples`]' second pass.
+pub struct Group<'a> {
+    /// The criterion group (for cases without a second pass).
+    pub g: criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>,
+    name: String,
+    samples: &'a mut Samples,
+}
+
+impl<'a> Group<'a> {
+    /// Group `name` of `c`, its second passes recorded in `samples`.
+    pub fn new(c: &'a mut criterion::Criterion, samples: &'a mut Samples, name: &str) -> Self {
+        Self { g: c.benchmark_group(name), name: name.to_owned(), samples }
+    }
+
+    /// Case `label`: criterion times `batch(iters)`, then the second pass samples `batch(1)`.
+    pub fn run(&mut self, label: &str, payload: usize, mut batch: impl FnMut(u64) -> Duration) {
+        self.g.bench_function(label, |b| b.iter_custom(&mut batch));
+        self.samples.sample(&format!("{}/{label}", self.name), payload, batch);
     }
 }
