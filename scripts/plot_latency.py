@@ -30,9 +30,10 @@ MEASURES = {
 
 
 def human(n):
-    for unit, size in (("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
+    if n >= 1e6:
+        return f"{n / 1e6:g} MB"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024} KiB"
     return f"{n} B"
 
 
@@ -52,6 +53,10 @@ def load(paths):
 def main(srcs, dst):
     panels = load(srcs)
     keys = sorted(panels)
+    # One colour per path across all panels.
+    names = sorted({p for k in keys for p in panels[k]})
+    palette = plt.get_cmap("tab20").colors
+    colour = {p: palette[i % len(palette)] for i, p in enumerate(names)}
     cols = min(2, len(keys))
     rows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), squeeze=False)
@@ -63,7 +68,13 @@ def main(srcs, dst):
             us.sort()
             n = len(us)
             style = "-" if path.startswith("gpuring") else "--"
-            ax.plot(us, [(i + 1) / n for i in range(n)], style, label=f"{path} (n={n})")
+            ax.plot(
+                us,
+                [(i + 1) / n for i in range(n)],
+                style,
+                color=colour[path],
+                label=f"{path} (n={n})",
+            )
         ax.set_xscale("log")
         what = MEASURES.get(measure, measure)
         ax.set_xlabel(f"{what} (µs, log scale)")
