@@ -2,16 +2,19 @@
 //! `clean` show. Nothing here claims a role, leases a slot or moves a position; it reads
 //! shared words once and reports them (a snapshot, racing with the live processes).
 //!
-//! Liveness is judged by the creator's or owner's pid (`kill(pid, 0)`), which the kernel
-//! may have reused for another process: a "dead" verdict is reliable, an "alive" one is a
-//! best guess. (Participant locks that the kernel drops with the process: issue 6.)
+//! Liveness is judged by the locks that segment creators and attached endpoints hold on
+//! bytes of the segment's object (open-file-description locks, dropped by the kernel when
+//! the process dies; see `shm` and `named`), not by pids. Pool owners (senders), which
+//! hold no lock of their own beyond their pool segment's creator lock, and segments of
+//! older layouts fall back to the pid (`kill(pid, 0)`), which the kernel may have reused:
+//! there a "dead" verdict is reliable and an "alive" one a best guess.
 
 use std::time::{Duration, SystemTime};
 
 use crate::layout::{
-    ChannelHeader, ChannelLayout, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, MAGIC, PoolEntry,
-    PoolHeader, PoolLayout, RingControl, RingHeader, SegmentHeader, SegmentKind, SlotRecord,
-    load_bytes,
+    ChannelHeader, ChannelLayout, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, MAGIC,
+    PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants, PoolEntry, PoolHeader, PoolLayout,
+    RingControl, RingHeader, SegmentHeader, SegmentKind, SlotRecord, load_bytes,
 };
 use crate::shm::{Segment, ShmError};
 use crate::sync::Ordering;
@@ -42,7 +45,7 @@ pub struct SegmentInfo {
     pub creator_pid: u32,
     /// Whether the creator finished initialising it.
     pub initialized: bool,
-    /// Whether the creator still runs (see the module docs on pids).
+    /// Whether the creator still runs (its liveness lock; see the module docs).
     pub creator_alive: Option<bool>,
     /// How long since the object was last modified (its age, for an untouched segment).
     pub age: Option<Duration>,
@@ -68,7 +71,8 @@ fn read_info(path: &std::path::Path) -> Option<SegmentInfo> {
         return None;
     }
     let mut head = [0u8; 32];
-    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    let mut file = std::fs::File::open(path).ok()?;
+    file.read_exact(&mut head).ok()?;
     let word = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
     if u64::from_le_bytes(head[..8].try_into().expect("8 bytes")) != MAGIC {
         return None;
@@ -81,7 +85,10 @@ fn read_info(path: &std::path::Path) -> Option<SegmentInfo> {
         size: meta.len(),
         creator_pid,
         initialized: word(28) == crate::layout::INIT_READY,
-        creator_alive: pid_alive(creator_pid),
+        creator_alive: {
+            use std::os::fd::AsFd;
+            crate::shm::creator_lock_held(file.as_fd()).ok().or_else(|| pid_alive(creator_pid))
+        },
         age: meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok()),
     })
 }
@@ -105,6 +112,21 @@ pub struct RingState {
     pub producer: Option<(u32, Option<bool>)>,
     /// SPSC: the consumer role's holder (pid, alive), if any.
     pub consumer: Option<(u32, Option<bool>)>,
+    /// The participant table: every attached endpoint, and dead ones not yet replaced.
+    pub participants: Vec<Participant>,
+}
+
+/// An entry of a ring's participant table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Participant {
+    /// Entry index.
+    pub index: usize,
+    /// `"producer"` or `"consumer"` (or `"unknown"` for a code this version does not know).
+    pub role: &'static str,
+    /// The pid it recorded.
+    pub pid: u32,
+    /// Whether its liveness lock is held.
+    pub alive: bool,
 }
 
 impl RingState {
@@ -183,7 +205,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
         name: name.to_owned(),
         kind,
         size: seg.len(),
-        creator: (creator_pid, pid_alive(creator_pid)),
+        creator: (creator_pid, seg.creator_alive().ok()),
         ring: None,
         pools: Vec::new(),
     };
@@ -242,7 +264,30 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
     // SAFETY: as above.
     let c = unsafe { seg.at::<RingControl>(base + size_of::<RingHeader>()).as_ref() };
     let spsc = matches!(kind, SegmentKind::SpscRing | SegmentKind::SpscChannel);
-    let holder = |pid: u32| (spsc && pid != 0).then(|| (pid, pid_alive(pid)));
+    let at = base + size_of::<RingHeader>() + size_of::<RingControl>();
+    // SAFETY: as above.
+    let table = unsafe { seg.at::<Participants>(at).as_ref() };
+    let mut participants = Vec::new();
+    for (index, entry) in table.entries.iter().enumerate() {
+        // Relaxed: a snapshot, checked against the lock.
+        let value = entry.load(Ordering::Relaxed);
+        if value == 0 {
+            continue;
+        }
+        let role = match (value >> 32) as u32 {
+            PARTICIPANT_PRODUCER => "producer",
+            PARTICIPANT_CONSUMER => "consumer",
+            _ => "unknown",
+        };
+        let alive = seg.byte_held_elsewhere(1 + index as u64)?;
+        participants.push(Participant { index, role, pid: value as u32, alive });
+    }
+    let holder = |pid: u32, role: &str| {
+        (spsc && pid != 0).then(|| {
+            let live = participants.iter().any(|p| p.alive && p.pid == pid && p.role == role);
+            (pid, Some(live))
+        })
+    };
     // Relaxed: a snapshot.
     Ok(RingState {
         capacity: rh.capacity.load(Ordering::Relaxed),
@@ -251,8 +296,9 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
         tail: c.tail.load(Ordering::Relaxed),
         waiting_consumers: c.not_empty.sleepers(),
         waiting_producers: c.not_full.sleepers(),
-        producer: holder(rh.producer_claim.load(Ordering::Relaxed)),
-        consumer: holder(rh.consumer_claim.load(Ordering::Relaxed)),
+        producer: holder(rh.producer_claim.load(Ordering::Relaxed), "producer"),
+        consumer: holder(rh.consumer_claim.load(Ordering::Relaxed), "consumer"),
+        participants,
     })
 }
 

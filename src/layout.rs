@@ -7,7 +7,8 @@
 //! | 0 | [`SegmentHeader`]: magic, layout version, segment kind, total size, init word |
 //! | 128 | [`RingHeader`]: capacity, element size and alignment, role claims |
 //! | 256 | [`RingControl`]: tail, head and the two wait words, each on its own 128-byte line |
-//! | 768 | `capacity` cells: [`SpscCell`]s or [`MpmcCell`]s |
+//! | 768 | [`Participants`]: who is attached, each entry backed by a liveness lock |
+//! | 1280 | `capacity` cells: [`SpscCell`]s or [`MpmcCell`]s |
 //!
 //! Everything a peer can write is an atomic (or sits in a cell that the ring protocol hands
 //! from one side to the other), and everything read from here is untrusted: the modules
@@ -23,7 +24,7 @@ use crate::wait::WaitWord;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING\0");
 
 /// Bumped whenever a shared-memory type changes shape or meaning.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// The value of [`SegmentHeader::init`] once the creator has finished writing the segment.
 pub const INIT_READY: u32 = 0x5244_5952; // "RYDR"
@@ -132,6 +133,27 @@ pub struct RingControl {
     pub not_full: Padded<WaitWord>,
 }
 
+/// Entries in a ring's [`Participants`] table: endpoints (processes' producer and consumer
+/// handles) attached at once.
+pub const MAX_PARTICIPANTS: usize = 64;
+
+/// Who is attached to a ring. Entry `i` is `role << 32 | pid` ([`PARTICIPANT_PRODUCER`] or
+/// [`PARTICIPANT_CONSUMER`]), or 0 when free; it counts only while some process holds the
+/// open-file-description lock on byte `1 + i` of the segment's object (see `shm`), which
+/// the kernel drops when the holder dies. An entry is written only by the holder of its
+/// lock; what a reader finds here is a claim to check against the lock, never proof.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct Participants {
+    /// The entries.
+    pub entries: [AtomicU64; MAX_PARTICIPANTS],
+}
+
+/// [`Participants`] role code of a producer (sender) endpoint.
+pub const PARTICIPANT_PRODUCER: u32 = 1;
+/// [`Participants`] role code of a consumer (receiver) endpoint.
+pub const PARTICIPANT_CONSUMER: u32 = 2;
+
 /// A cell of an SPSC ring: just the element. Which side owns it follows from head and tail.
 ///
 /// (A stamp per cell, polled by the consumer instead of `tail`, was measured and dropped: a
@@ -188,6 +210,8 @@ pub struct RingLayout {
     pub ring_header: usize,
     /// Offset of the [`RingControl`].
     pub control: usize,
+    /// Offset of the [`Participants`] table.
+    pub participants: usize,
     /// Offset of the first cell.
     pub cells: usize,
     /// Size of one cell.
@@ -220,7 +244,8 @@ impl RingLayout {
         }
         let ring_header = base;
         let control = ring_header + size_of::<RingHeader>();
-        let cells = control + size_of::<RingControl>();
+        let participants = control + size_of::<RingControl>();
+        let cells = participants + size_of::<Participants>();
         let Some(body) = (capacity as usize).checked_mul(cell_size) else {
             return None;
         };
@@ -230,6 +255,7 @@ impl RingLayout {
         Some(Self {
             ring_header,
             control,
+            participants,
             cells,
             cell_size,
             capacity: capacity as usize,
@@ -579,6 +605,7 @@ const _: () = {
     assert!(size_of::<SegmentHeader>() == 128);
     assert!(size_of::<RingHeader>() == 128);
     assert!(size_of::<RingControl>() == 512);
+    assert!(size_of::<Participants>() == 512);
     assert!(size_of::<WaitWord>() == 8);
     assert!(size_of::<SpscCell<u64>>() == 8);
     assert!(size_of::<SpscCell<crate::Descriptor>>() == 384);
@@ -592,7 +619,11 @@ const _: () = {
     assert!(size_of::<SlotEvents>() == 128);
     // Cells start on a 128-byte boundary, so every cell type is aligned.
     assert!(
-        (size_of::<SegmentHeader>() + size_of::<RingHeader>() + size_of::<RingControl>()) % 128
+        (size_of::<SegmentHeader>()
+            + size_of::<RingHeader>()
+            + size_of::<RingControl>()
+            + size_of::<Participants>())
+            % 128
             == 0
     );
 };
@@ -612,8 +643,8 @@ mod tests {
     #[test]
     fn layout_offsets() {
         let l = RingLayout::new(1024, 384).unwrap();
-        assert_eq!((l.ring_header, l.control, l.cells), (128, 256, 768));
-        assert_eq!(l.total_size, 768 + 1024 * 384);
+        assert_eq!((l.ring_header, l.control, l.participants, l.cells), (128, 256, 768, 1280));
+        assert_eq!(l.total_size, 1280 + 1024 * 384);
     }
 
     #[test]

@@ -2,9 +2,16 @@
 //!
 //! [`SpscRing`] and [`MpmcRing`] create or open a segment (through [`crate::shm`]), check
 //! the ring parameters in it against the element type asked for, and hand out endpoints:
-//! the [`ring`](crate::ring) algorithms over [`ShmStorage`]. SPSC endpoints claim their
-//! role in the segment header (a second producer gets [`ShmError::RoleTaken`]) and give it
-//! back on drop.
+//! the [`ring`](crate::ring) algorithms over [`ShmStorage`].
+//!
+//! Every endpoint registers in the ring's participant table and holds an
+//! open-file-description lock on its entry's byte of the segment for as long as it lives;
+//! the kernel drops the lock when the process dies, so any peer can tell a live endpoint
+//! from a dead one without trusting pids. A blocked endpoint checks, every
+//! [`LIVENESS_TICK`](crate::ring::LIVENESS_TICK), whether the side it waits for is all dead,
+//! and if so takes what they left and returns `PeerDead`. SPSC endpoints also claim their
+//! role in the ring header (a second live producer gets [`ShmError::RoleTaken`]; the role
+//! of a dead one is taken over) and give it back on drop.
 //!
 //! ```no_run
 //! use gpuring::{Descriptor, SpscRing};
@@ -27,8 +34,11 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use crate::descriptor::Descriptor;
-use crate::layout::{MpmcCell, RingControl, RingHeader, RingLayout, SegmentKind, SpscCell};
-use crate::ring::{Storage, mpmc, spsc};
+use crate::layout::{
+    MAX_PARTICIPANTS, MpmcCell, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants,
+    RingControl, RingHeader, RingLayout, SegmentKind, SpscCell,
+};
+use crate::ring::{Side, Storage, mpmc, spsc};
 use crate::shm::{Role, Segment, ShmError};
 use crate::sync::{AtomicU32, Ordering};
 
@@ -49,13 +59,13 @@ pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct ShmStorage<C> {
     ring: Arc<RingSegment>,
     // Released when the last clone drops (SPSC endpoints are never cloned).
-    _claim: Option<Arc<RoleClaim>>,
+    _attachment: Arc<Attachment>,
     _cell: PhantomData<C>,
 }
 
 impl<C> Clone for ShmStorage<C> {
     fn clone(&self) -> Self {
-        Self { ring: self.ring.clone(), _claim: self._claim.clone(), _cell: PhantomData }
+        Self { ring: self.ring.clone(), _attachment: self._attachment.clone(), _cell: PhantomData }
     }
 }
 
@@ -72,8 +82,18 @@ impl<C> ShmStorage<C> {
 // every clone holds. Cells were initialised by the creator before `init` was published.
 unsafe impl<C> Storage for ShmStorage<C> {
     type Cell = C;
+    const WATCHES_PEERS: bool = true;
     fn control(&self) -> &RingControl {
         self.ring.control()
+    }
+    fn peers_dead(&self, side: Side) -> bool {
+        let role = match side {
+            Side::Producers => Role::Producer,
+            Side::Consumers => Role::Consumer,
+        };
+        // A probe that fails (it cannot, for an open descriptor) counts as "alive": waiting
+        // on is the safe answer.
+        self.ring.peers(role).is_ok_and(|p| p.live == 0 && p.dead > 0)
     }
     fn cells(&self) -> &[C] {
         // SAFETY: `capacity` cells of `C` start at `cells`, inside the mapping; C is a cell
@@ -98,6 +118,19 @@ pub(crate) struct RingSegment {
     layout: RingLayout,
     control: NonNull<RingControl>,
     cells: NonNull<u8>,
+    /// Participant entries this handle holds (bit `i`: entry `i`). Its locks are taken
+    /// through `segment`'s descriptor, and a description never conflicts with itself, so
+    /// this handle must neither take an entry it holds nor probe it.
+    own: std::sync::Mutex<u64>,
+}
+
+/// Endpoints of one side of a ring, as the participant table and the liveness locks say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerCount {
+    /// Entries whose lock is held: live endpoints.
+    pub live: u32,
+    /// Entries whose lock is gone: endpoints whose process died.
+    pub dead: u32,
 }
 
 // SAFETY: pointers into the mapping owned by `segment`; see `ShmStorage`.
@@ -105,29 +138,103 @@ unsafe impl Send for RingSegment {}
 // SAFETY: as above.
 unsafe impl Sync for RingSegment {}
 
-/// An SPSC role held in the segment header; given back on drop.
+/// An entry of the participant table, held (with its liveness lock) for the life of an
+/// endpoint.
 #[derive(Debug)]
-pub(crate) struct RoleClaim {
+pub(crate) struct Participant {
     ring: Arc<RingSegment>,
-    role: Role,
+    index: usize,
 }
 
-impl RoleClaim {
-    fn take(ring: &Arc<RingSegment>, role: Role) -> Result<Self, ShmError> {
+impl Participant {
+    fn register(ring: &Arc<RingSegment>, role: Role) -> Result<Self, ShmError> {
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
-        // Acquire on success: pairs with the Release store in `drop` of the previous holder,
-        // so its last position and cell writes are visible to us.
-        match ring.claim_word(role).compare_exchange(0, pid, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => Ok(Self { ring: ring.clone(), role }),
-            Err(holder_pid) => Err(ShmError::RoleTaken { role, holder_pid }),
+        let code = match role {
+            Role::Producer => PARTICIPANT_PRODUCER,
+            Role::Consumer => PARTICIPANT_CONSUMER,
+        };
+        let mut own = ring.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entries = &ring.participants().entries;
+        // Free entries first, so that a dead endpoint's entry stays as evidence of its
+        // death (its peers report `PeerDead` by it) until the table has no other room.
+        let free_first = (0..MAX_PARTICIPANTS)
+            // Relaxed: a hint for the order of tries; the lock decides.
+            .filter(|&i| entries[i].load(Ordering::Relaxed) == 0)
+            .chain((0..MAX_PARTICIPANTS).filter(|&i| entries[i].load(Ordering::Relaxed) != 0));
+        for index in free_first {
+            if *own & (1 << index) != 0 {
+                continue;
+            }
+            // The lock first: holding it makes the entry ours, whatever it says (a free
+            // entry, or a dead endpoint's).
+            if ring.segment.lock_byte(1 + index as u64)? {
+                *own |= 1 << index;
+                // Relaxed: the entry is a claim that readers check against the lock (a
+                // syscall on both sides), not a publication of other data.
+                ring.participants().entries[index]
+                    .store(u64::from(code) << 32 | u64::from(pid), Ordering::Relaxed);
+                return Ok(Self { ring: ring.clone(), index });
+            }
+        }
+        Err(ShmError::TooManyParticipants { max: MAX_PARTICIPANTS as u32 })
+    }
+}
+
+impl Drop for Participant {
+    fn drop(&mut self) {
+        let mut own = self.ring.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Cleared before the lock goes, so a prober that finds the lock gone and then the
+        // entry unchanged knows that the holder died rather than left. Relaxed: as in
+        // `register`; the unlock syscall below orders it for other processes.
+        self.ring.participants().entries[self.index].store(0, Ordering::Relaxed);
+        self.ring.segment.unlock_byte(1 + self.index as u64);
+        *own &= !(1 << self.index);
+    }
+}
+
+/// What an endpoint holds in the segment: its participant entry and, for SPSC, its role.
+#[derive(Debug)]
+pub(crate) struct Attachment {
+    role: Option<Role>,
+    // Dropped after the role is given back (fields drop after `Drop::drop`).
+    participant: Participant,
+}
+
+impl Attachment {
+    /// Registers an endpoint of `role`; `spsc`: also claims the role, taking it over from
+    /// a dead holder.
+    fn take(ring: &Arc<RingSegment>, role: Role, spsc: bool) -> Result<Self, ShmError> {
+        let participant = Participant::register(ring, role)?;
+        if !spsc {
+            return Ok(Self { role: None, participant });
+        }
+        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        let word = ring.claim_word(role);
+        let mut expected = 0;
+        loop {
+            // Acquire on success: pairs with the Release store in `drop` of the previous
+            // holder (or the Relaxed-then-death of a dead one, whose last positions we
+            // re-read from the control block anyway), so its last writes are visible.
+            match word.compare_exchange(expected, pid, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Ok(Self { role: Some(role), participant }),
+                Err(0) => expected = 0,
+                Err(holder_pid) => {
+                    if ring.role_holder_alive(role, holder_pid)? {
+                        return Err(ShmError::RoleTaken { role, holder_pid });
+                    }
+                    expected = holder_pid; // dead: take the role over
+                }
+            }
         }
     }
 }
 
-impl Drop for RoleClaim {
+impl Drop for Attachment {
     fn drop(&mut self) {
-        // Release: pairs with the Acquire CAS in `take` of the next holder.
-        self.ring.claim_word(self.role).store(0, Ordering::Release);
+        if let Some(role) = self.role {
+            // Release: pairs with the Acquire CAS in `take` of the next holder.
+            self.participant.ring.claim_word(role).store(0, Ordering::Release);
+        }
     }
 }
 
@@ -147,6 +254,58 @@ impl RingSegment {
     fn sleepers(&self) -> (u32, u32) {
         let c = self.control();
         (c.not_empty.sleepers(), c.not_full.sleepers())
+    }
+
+    fn participants(&self) -> &Participants {
+        // SAFETY: offset from the checked layout, inside the mapping; Participants is
+        // atomics only, valid for any bytes.
+        unsafe { self.segment.at::<Participants>(self.layout.participants).as_ref() }
+    }
+
+    /// Live and dead endpoints of `role`, by the participant table checked against the
+    /// liveness locks. A handful of syscalls: for blocked endpoints and tools only.
+    pub(crate) fn peers(&self, role: Role) -> Result<PeerCount, ShmError> {
+        let code = u64::from(match role {
+            Role::Producer => PARTICIPANT_PRODUCER,
+            Role::Consumer => PARTICIPANT_CONSUMER,
+        });
+        let own = *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut count = PeerCount::default();
+        for (index, entry) in self.participants().entries.iter().enumerate() {
+            // Relaxed: a claim, checked against the lock below.
+            let value = entry.load(Ordering::Relaxed);
+            if value == 0 || value >> 32 != code {
+                continue;
+            }
+            if own & (1 << index) != 0 || self.segment.byte_held_elsewhere(1 + index as u64)? {
+                count.live += 1;
+            } else if entry.load(Ordering::Relaxed) == value {
+                // Unchanged after the lock was seen gone: the holder died (one that leaves
+                // clears its entry before unlocking).
+                count.dead += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    /// Whether an endpoint of `role` recorded with `pid` is attached and alive.
+    fn role_holder_alive(&self, role: Role, pid: u32) -> Result<bool, ShmError> {
+        let code = u64::from(match role {
+            Role::Producer => PARTICIPANT_PRODUCER,
+            Role::Consumer => PARTICIPANT_CONSUMER,
+        });
+        let wanted = code << 32 | u64::from(pid);
+        let own = *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (index, entry) in self.participants().entries.iter().enumerate() {
+            // Relaxed: a claim, checked against the lock.
+            if entry.load(Ordering::Relaxed) == wanted
+                && (own & (1 << index) != 0
+                    || self.segment.byte_held_elsewhere(1 + index as u64)?)
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     fn claim_word(&self, role: Role) -> &AtomicU32 {
@@ -200,26 +359,26 @@ impl RingSegment {
     }
 
     fn create<T: Pod, C>(
-        name: &str,
+        opts: &RingOptions,
         kind: SegmentKind,
-        capacity: u64,
         init_cell: impl Fn(usize) -> C,
     ) -> Result<Arc<Self>, ShmError> {
+        let capacity = opts.capacity;
         let layout = RingLayout::new(capacity, size_of::<C>())
             .ok_or(ShmError::InvalidCapacity { capacity })?;
-        let segment = Segment::create(name, kind, layout.total_size, |seg| {
+        let size = layout.total_size;
+        let segment = Segment::create_with(&opts.name, kind, size, opts.replace_stale, |seg| {
             Self::init_in::<T, C>(seg, &layout, init_cell);
             Ok(())
         })?;
         Ok(Self::view(Arc::new(segment), layout))
     }
 
-    fn open<T: Pod, C>(
-        name: &str,
-        kind: SegmentKind,
-        timeout: Duration,
-    ) -> Result<Arc<Self>, ShmError> {
-        let segment = Segment::open(name, kind, timeout)?;
+    fn open<T: Pod, C>(opts: &RingOptions, kind: SegmentKind) -> Result<Arc<Self>, ShmError> {
+        let mut segment = Segment::open(&opts.name, kind, opts.open_timeout)?;
+        if !opts.allow_dead_owner {
+            segment = segment.require_live_creator()?;
+        }
         // The segment is at least a header long; the ring header follows it. Check that
         // there is room for it before reading.
         let min = RingLayout::new(1, 0).expect("valid").cells;
@@ -262,47 +421,56 @@ impl RingSegment {
         // SAFETY: offsets from a layout that ends inside the mapping (`at` checks each).
         let (control, cells) =
             unsafe { (segment.at::<RingControl>(layout.control), segment.at::<u8>(layout.cells)) };
-        Arc::new(Self { segment, layout, control, cells })
+        Arc::new(Self { segment, layout, control, cells, own: std::sync::Mutex::new(0) })
     }
 
     /// The SPSC producer end, claiming the producer role.
     pub(crate) fn spsc_producer<T: Pod + Send>(
         self: &Arc<Self>,
     ) -> Result<SpscProducer<T>, ShmError> {
-        let claim = RoleClaim::take(self, Role::Producer)?;
+        let claim = Attachment::take(self, Role::Producer, true)?;
         // SAFETY: the claim makes this the only producer until it is dropped with the
-        // endpoint's storage.
-        Ok(unsafe { spsc::Producer::new(self.storage(Some(claim))) }?)
+        // endpoint's storage (a holder whose role was taken over is dead).
+        Ok(unsafe { spsc::Producer::new(self.storage(claim)) }?)
     }
 
     /// The SPSC consumer end, claiming the consumer role.
     pub(crate) fn spsc_consumer<T: Pod + Send>(
         self: &Arc<Self>,
     ) -> Result<SpscConsumer<T>, ShmError> {
-        let claim = RoleClaim::take(self, Role::Consumer)?;
+        let claim = Attachment::take(self, Role::Consumer, true)?;
         // SAFETY: the claim makes this the only consumer until it is dropped with the
-        // endpoint's storage.
-        Ok(unsafe { spsc::Consumer::new(self.storage(Some(claim))) }?)
+        // endpoint's storage (a holder whose role was taken over is dead).
+        Ok(unsafe { spsc::Consumer::new(self.storage(claim)) }?)
     }
 
     /// An MPMC producer end.
     pub(crate) fn mpmc_producer<T: Pod + Send>(
         self: &Arc<Self>,
     ) -> Result<MpmcProducer<T>, ShmError> {
-        Ok(mpmc::Producer::new(self.storage(None))?)
+        Ok(mpmc::Producer::new(self.storage(Attachment::take(self, Role::Producer, false)?))?)
     }
 
     /// An MPMC consumer end.
     pub(crate) fn mpmc_consumer<T: Pod + Send>(
         self: &Arc<Self>,
     ) -> Result<MpmcConsumer<T>, ShmError> {
-        Ok(mpmc::Consumer::new(self.storage(None))?)
+        Ok(mpmc::Consumer::new(self.storage(Attachment::take(self, Role::Consumer, false)?))?)
     }
 
-    pub(crate) fn storage<C>(self: &Arc<Self>, claim: Option<RoleClaim>) -> ShmStorage<C> {
+    /// Storage for a ring used by one process in both directions (a pool's free ring),
+    /// registered in the participant table as `role`.
+    pub(crate) fn attached_storage<C>(
+        self: &Arc<Self>,
+        role: Role,
+    ) -> Result<ShmStorage<C>, ShmError> {
+        Ok(self.storage(Attachment::take(self, role, false)?))
+    }
+
+    pub(crate) fn storage<C>(self: &Arc<Self>, attachment: Attachment) -> ShmStorage<C> {
         // The layout was computed for one cell type; a view with another would mis-stride.
         assert_eq!(size_of::<C>(), self.layout.cell_size, "cell type does not match the layout");
-        ShmStorage { ring: self.clone(), _claim: claim.map(Arc::new), _cell: PhantomData }
+        ShmStorage { ring: self.clone(), _attachment: Arc::new(attachment), _cell: PhantomData }
     }
 }
 
@@ -320,13 +488,35 @@ pub struct RingOptions {
     name: String,
     capacity: u64,
     open_timeout: Duration,
+    replace_stale: bool,
+    allow_dead_owner: bool,
 }
 
 impl RingOptions {
     /// Options for ring `name` (a shared-memory object name; a leading `/` is optional),
     /// capacity 1024, open timeout [`DEFAULT_OPEN_TIMEOUT`].
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), capacity: 1024, open_timeout: DEFAULT_OPEN_TIMEOUT }
+        Self {
+            name: name.into(),
+            capacity: 1024,
+            open_timeout: DEFAULT_OPEN_TIMEOUT,
+            replace_stale: false,
+            allow_dead_owner: false,
+        }
+    }
+
+    /// `create`: replace a segment of this name whose creator has died (default: fail with
+    /// [`ShmError::AlreadyExists`]). A live creator's segment is never replaced.
+    pub fn replace_stale(mut self, yes: bool) -> Self {
+        self.replace_stale = yes;
+        self
+    }
+
+    /// `open`: attach to a segment whose creator has died, e.g. to drain what it sent
+    /// (default: fail with [`ShmError::OwnerDead`]).
+    pub fn allow_dead_owner(mut self, yes: bool) -> Self {
+        self.allow_dead_owner = yes;
+        self
     }
 
     /// Number of cells, a power of two in `1..=2^24` (checked by `create`).
@@ -347,12 +537,9 @@ impl RingOptions {
     ///
     /// As [`SpscRing::create`].
     pub fn create_spsc<T: Pod + Send>(&self) -> Result<SpscRing<T>, ShmError> {
-        let ring = RingSegment::create::<T, SpscCell<T>>(
-            &self.name,
-            SegmentKind::SpscRing,
-            self.capacity,
-            |_| SpscCell::new(),
-        )?;
+        let ring = RingSegment::create::<T, SpscCell<T>>(self, SegmentKind::SpscRing, |_| {
+            SpscCell::new()
+        })?;
         Ok(SpscRing { ring, _elem: PhantomData })
     }
 
@@ -362,11 +549,7 @@ impl RingOptions {
     ///
     /// As [`SpscRing::open`].
     pub fn open_spsc<T: Pod + Send>(&self) -> Result<SpscRing<T>, ShmError> {
-        let ring = RingSegment::open::<T, SpscCell<T>>(
-            &self.name,
-            SegmentKind::SpscRing,
-            self.open_timeout,
-        )?;
+        let ring = RingSegment::open::<T, SpscCell<T>>(self, SegmentKind::SpscRing)?;
         Ok(SpscRing { ring, _elem: PhantomData })
     }
 
@@ -376,12 +559,9 @@ impl RingOptions {
     ///
     /// As [`MpmcRing::create`].
     pub fn create_mpmc<T: Pod + Send>(&self) -> Result<MpmcRing<T>, ShmError> {
-        let ring = RingSegment::create::<T, MpmcCell<T>>(
-            &self.name,
-            SegmentKind::MpmcRing,
-            self.capacity,
-            |i| MpmcCell::new(i as u64),
-        )?;
+        let ring = RingSegment::create::<T, MpmcCell<T>>(self, SegmentKind::MpmcRing, |i| {
+            MpmcCell::new(i as u64)
+        })?;
         Ok(MpmcRing { ring, _elem: PhantomData })
     }
 
@@ -391,11 +571,7 @@ impl RingOptions {
     ///
     /// As [`MpmcRing::open`].
     pub fn open_mpmc<T: Pod + Send>(&self) -> Result<MpmcRing<T>, ShmError> {
-        let ring = RingSegment::open::<T, MpmcCell<T>>(
-            &self.name,
-            SegmentKind::MpmcRing,
-            self.open_timeout,
-        )?;
+        let ring = RingSegment::open::<T, MpmcCell<T>>(self, SegmentKind::MpmcRing)?;
         Ok(MpmcRing { ring, _elem: PhantomData })
     }
 }

@@ -63,6 +63,9 @@ pub enum AcquireError {
     /// Enqueueing the wait for the slot's release failed, or a host call on a GPU channel
     /// (`WrongBackend`).
     Cuda(crate::cuda::CudaError),
+    /// Every slot is in use and every receiver that took slots from this pool has died
+    /// (their liveness locks are gone), so none will come back.
+    PeerDead,
 }
 
 impl core::fmt::Display for AcquireError {
@@ -72,6 +75,9 @@ impl core::fmt::Display for AcquireError {
             AcquireError::Timeout => f.write_str("timed out waiting for a free slot"),
             AcquireError::Corrupted(c) => c.fmt(f),
             AcquireError::Cuda(e) => e.fmt(f),
+            AcquireError::PeerDead => {
+                f.write_str("every slot is in use and every receiver holding them has died")
+            }
         }
     }
 }
@@ -207,6 +213,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         match popped {
             Ok(slot) => self.lease_popped(slot),
             Err(PopError::Timeout) => Err(AcquireError::Timeout),
+            Err(PopError::PeerDead) => Err(AcquireError::PeerDead),
             Err(PopError::Corrupted(c)) => Err(AcquireError::Corrupted(c)),
         }
     }
@@ -354,7 +361,7 @@ mod host {
     };
     use crate::named::{RingSegment, ShmStorage};
     use crate::ring::Corrupted;
-    use crate::shm::{Segment, ShmError};
+    use crate::shm::{Role, Segment, ShmError};
     use crate::sync::Ordering;
 
     /// The slot records of a mapped pool segment.
@@ -448,7 +455,7 @@ mod host {
                 init(seg, &layout)
             })?;
             segment.keep_name();
-            Self::new(Arc::new(segment), layout, backend)
+            Self::new(Arc::new(segment), layout, backend, Role::Consumer)
         }
 
         /// Opens pool segment `name`, which must hold `slot_count` slots of `slot_size`
@@ -483,10 +490,18 @@ mod host {
                 }));
             }
             RingSegment::check_in::<u32>(&segment, &layout.free_ring)?;
-            Self::new(Arc::new(segment), layout, backend)
+            Self::new(Arc::new(segment), layout, backend, Role::Producer)
         }
 
-        fn new(segment: Arc<Segment>, layout: PoolLayout, backend: u32) -> Result<Self, ShmError> {
+        /// `role` in the free ring: the sender (creator) takes slots out, a receiver
+        /// (opener) puts them back; the participant entry lets a sender that waits for
+        /// slots learn that every receiver holding them has died.
+        fn new(
+            segment: Arc<Segment>,
+            layout: PoolLayout,
+            backend: u32,
+            role: Role,
+        ) -> Result<Self, ShmError> {
             // SAFETY: offsets from the layout that sized the segment (`at` checks bounds
             // and alignment).
             let records = unsafe { segment.at::<SlotRecord>(layout.records) };
@@ -495,7 +510,7 @@ mod host {
             let records =
                 ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
             let ring = RingSegment::view(segment.clone(), layout.free_ring);
-            let core = PoolCore::new(records, ring.storage::<MpmcCell<u32>>(None))?;
+            let core = PoolCore::new(records, ring.attached_storage::<MpmcCell<u32>>(role)?)?;
             Ok(Self { core, segment, layout, backend, data })
         }
 

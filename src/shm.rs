@@ -16,7 +16,7 @@
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
@@ -133,6 +133,19 @@ pub enum ShmError {
         /// `(size, align)` recorded in the ring.
         found: (u32, u32),
     },
+    /// The segment's creator died without removing it (its liveness lock is gone): a
+    /// stale segment. `open` refuses it unless asked to adopt it; `create` can replace it.
+    OwnerDead {
+        /// The segment's name.
+        name: String,
+        /// The pid the creator recorded (diagnostic only: pids are reused).
+        creator_pid: u32,
+    },
+    /// Every entry of the ring's participant table is held by a live endpoint.
+    TooManyParticipants {
+        /// Entries in the table.
+        max: u32,
+    },
     /// Another endpoint holds this SPSC role.
     RoleTaken {
         /// The role asked for.
@@ -198,6 +211,14 @@ impl fmt::Display for ShmError {
                 "ring elements are {} bytes aligned to {}, the type asked for is {} aligned to {}",
                 found.0, found.1, expected.0, expected.1
             ),
+            ShmError::OwnerDead { name, creator_pid } => write!(
+                f,
+                "segment {name} is stale: its creator (pid {creator_pid}) died without removing \
+                 it (open it with `allow_dead_owner`, or create it with `replace_stale`)"
+            ),
+            ShmError::TooManyParticipants { max } => {
+                write!(f, "all {max} participant entries of the ring are held by live endpoints")
+            }
             ShmError::RoleTaken { role, holder_pid } => {
                 write!(f, "the {role:?} role is held (by pid {holder_pid})")
             }
@@ -265,8 +286,9 @@ pub struct Segment {
     name: CString,
     base: NonNull<u8>,
     len: usize,
-    // Kept for liveness locks (F_OFD_SETLK) later; closing it would not unmap.
-    _fd: OwnedFd,
+    // Its open file description carries this handle's liveness locks (creator and
+    // participants, `lock_byte`); closing it drops them, as the kernel does at death.
+    fd: OwnedFd,
     owner: bool,
 }
 
@@ -316,8 +338,31 @@ impl Segment {
         size: usize,
         init: impl FnOnce(&Segment) -> Result<(), ShmError>,
     ) -> Result<Segment, ShmError> {
+        Self::create_with(name, kind, size, false, init)
+    }
+
+    /// [`create`](Self::create); with `replace_stale`, a segment of that name whose creator
+    /// is dead (its liveness lock gone: killed, or died half-way through creating it) is
+    /// unlinked and created afresh. A live creator's segment, or an object of another
+    /// user, still gives [`ShmError::AlreadyExists`].
+    ///
+    /// # Errors
+    ///
+    /// As [`create`](Self::create).
+    pub fn create_with(
+        name: &str,
+        kind: SegmentKind,
+        size: usize,
+        replace_stale: bool,
+        init: impl FnOnce(&Segment) -> Result<(), ShmError>,
+    ) -> Result<Segment, ShmError> {
         assert!(size >= size_of::<SegmentHeader>(), "a segment holds at least its header");
         let cname = object_name(name)?;
+        if replace_stale && Self::stale(&cname)? {
+            // Another process may replace it at the same time: one unlink wins, and one
+            // O_EXCL create below; the other gets AlreadyExists, as it should.
+            let _ = shm::unlink(cname.as_c_str());
+        }
         let display = cname.to_string_lossy().into_owned();
         let fd = shm::open(
             cname.as_c_str(),
@@ -333,12 +378,20 @@ impl Segment {
             e => io_err("shm_open")(e),
         })?;
         let mut guard = UnlinkOnError(Some(&cname));
+        // The creator's liveness lock, before anything else: an opener trusts the segment only
+        // once `init` is READY, by which time the lock is held.
+        if !lock_byte(fd.as_fd(), CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_SETLK)"))? {
+            return Err(ShmError::Io {
+                op: "fcntl(F_OFD_SETLK)",
+                source: io::Error::other("a fresh segment's creator lock is held elsewhere"),
+            });
+        }
         rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(io_err("fchmod"))?;
         rustix::fs::ftruncate(&fd, size as u64).map_err(io_err("ftruncate"))?;
         let base = map(&fd, size)?;
         guard.0 = None; // from here the Segment's Drop unlinks
         drop(guard);
-        let segment = Segment { name: cname, base, len: size, _fd: fd, owner: true };
+        let segment = Segment { name: cname, base, len: size, fd, owner: true };
 
         let header = segment.header();
         // Relaxed: nobody may read these before `init` is READY (Release below).
@@ -435,7 +488,7 @@ impl Segment {
         }
         let len = size as usize;
         let base = map(&fd, len)?;
-        let segment = Segment { name: cname, base, len, _fd: fd, owner: false };
+        let segment = Segment { name: cname, base, len, fd, owner: false };
         let header = segment.header();
 
         loop {
@@ -473,7 +526,7 @@ impl Segment {
                 .ok_or(ShmError::Corrupted(Corrupted { what: "unknown segment kind" }))?,
         };
         let total = header.total_size.load(Ordering::Relaxed);
-        let now = rustix::fs::fstat(&segment._fd).map_err(io_err("fstat"))?.st_size as u64;
+        let now = rustix::fs::fstat(&segment.fd).map_err(io_err("fstat"))?.st_size as u64;
         if total != now || total != size {
             return Err(ShmError::SizeMismatch { expected: total, found: now });
         }
@@ -498,6 +551,49 @@ impl Segment {
     /// Whether this handle created the segment (and unlinks it on drop).
     pub fn is_owner(&self) -> bool {
         self.owner
+    }
+
+    /// Whether the segment's creator still lives: it holds its liveness lock (byte 0 of
+    /// the object) until its handle is dropped or the process dies, whatever its pid.
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::Io`] if the lock cannot be probed.
+    pub fn creator_alive(&self) -> Result<bool, ShmError> {
+        if self.owner {
+            return Ok(true);
+        }
+        held_elsewhere(self.fd.as_fd(), CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_GETLK)"))
+    }
+
+    /// [`ShmError::OwnerDead`] if the creator is dead, else `self`.
+    pub(crate) fn require_live_creator(self) -> Result<Self, ShmError> {
+        if self.creator_alive()? {
+            return Ok(self);
+        }
+        // Relaxed: diagnostics only; `open` synchronised with the creator through `init`.
+        let creator_pid = self.header().creator_pid.load(Ordering::Relaxed);
+        Err(ShmError::OwnerDead { name: self.name().to_owned(), creator_pid })
+    }
+
+    /// Takes the liveness lock on `byte` of the object for this handle; `false` if another
+    /// open file description holds it. Locks taken through this handle never conflict with
+    /// each other: callers keep track of which bytes they hold.
+    pub(crate) fn lock_byte(&self, byte: u64) -> Result<bool, ShmError> {
+        lock_byte(self.fd.as_fd(), byte).map_err(io_err("fcntl(F_OFD_SETLK)"))
+    }
+
+    /// Gives up the liveness lock on `byte`.
+    pub(crate) fn unlock_byte(&self, byte: u64) {
+        // Cannot fail for a byte this handle locked; if it did, the lock would go with the
+        // handle anyway.
+        let _ = ofd_lock(self.fd.as_fd(), libc::F_OFD_SETLK, libc::F_UNLCK as _, byte);
+    }
+
+    /// Whether another open file description (another handle, here or in another process)
+    /// holds the liveness lock on `byte`.
+    pub(crate) fn byte_held_elsewhere(&self, byte: u64) -> Result<bool, ShmError> {
+        held_elsewhere(self.fd.as_fd(), byte).map_err(io_err("fcntl(F_OFD_GETLK)"))
     }
 
     /// The segment header.
@@ -525,6 +621,20 @@ impl Segment {
         assert!(offset % align_of::<U>() == 0, "offset {offset} misaligned");
         // SAFETY: offset + size_of::<U>() <= len, inside the mapping.
         unsafe { self.base.add(offset).cast() }
+    }
+
+    /// Whether object `cname` exists, belongs to this user, and has no live creator.
+    fn stale(cname: &CString) -> Result<bool, ShmError> {
+        let fd = match shm::open(cname.as_c_str(), shm::OFlags::RDWR, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::ACCESS) => return Ok(false),
+            Err(e) => return Err(io_err("shm_open")(e)),
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(io_err("fstat"))?;
+        if stat.st_uid != rustix::process::geteuid().as_raw() {
+            return Ok(false);
+        }
+        Ok(!held_elsewhere(fd.as_fd(), CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_GETLK)"))?)
     }
 
     /// Whether an object named `name` exists (without mapping it).
@@ -561,6 +671,70 @@ impl Segment {
             e => io_err("shm_unlink")(e),
         })
     }
+}
+
+/// The byte of a segment's object whose lock says that its creator lives.
+pub(crate) const CREATOR_LOCK_BYTE: u64 = 0;
+
+/// An open-file-description lock operation on one byte of `fd`'s object. OFD locks belong
+/// to the open file description, not to the process (so threads and handles do not steal
+/// each other's), are released when it is closed and by the kernel when the process dies,
+/// and can be probed by any process that can open the object: a liveness signal that
+/// cannot be forged by writing shared memory and does not trust pids.
+#[cfg(not(miri))]
+fn ofd_lock(
+    fd: std::os::fd::BorrowedFd<'_>,
+    cmd: libc::c_int,
+    l_type: libc::c_short,
+    byte: u64,
+) -> Result<libc::flock, Errno> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = l_type;
+    lock.l_whence = libc::SEEK_SET as _;
+    lock.l_start = byte as libc::off_t;
+    lock.l_len = 1;
+    // SAFETY: `fd` is open for the call (borrowed); `lock` is a valid `flock` that the
+    // kernel reads and, for F_OFD_GETLK, writes; l_pid is 0 as OFD commands require.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut lock as *mut libc::flock) };
+    if r == -1 {
+        Err(Errno::from_io_error(&io::Error::last_os_error()).unwrap_or(Errno::IO))
+    } else {
+        Ok(lock)
+    }
+}
+
+// Miri cannot make these syscalls; its tests use no named segment (they are ignored there).
+#[cfg(miri)]
+fn ofd_lock(
+    _fd: std::os::fd::BorrowedFd<'_>,
+    _cmd: libc::c_int,
+    _l_type: libc::c_short,
+    _byte: u64,
+) -> Result<libc::flock, Errno> {
+    Err(Errno::NOSYS)
+}
+
+/// Whether some open file description holds the creator lock of the object open as `fd`
+/// (its creator lives), for tools that read a segment without mapping it.
+pub(crate) fn creator_lock_held(fd: std::os::fd::BorrowedFd<'_>) -> Result<bool, ShmError> {
+    held_elsewhere(fd, CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_GETLK)"))
+}
+
+/// Takes the write lock on `byte`; `Ok(false)` if another description holds it.
+fn lock_byte(fd: std::os::fd::BorrowedFd<'_>, byte: u64) -> Result<bool, Errno> {
+    match ofd_lock(fd, libc::F_OFD_SETLK, libc::F_WRLCK as _, byte) {
+        Ok(_) => Ok(true),
+        Err(Errno::AGAIN | Errno::ACCESS) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether another description holds a lock on `byte` (this one's own locks never show).
+fn held_elsewhere(fd: std::os::fd::BorrowedFd<'_>, byte: u64) -> Result<bool, Errno> {
+    let found = ofd_lock(fd, libc::F_OFD_GETLK, libc::F_WRLCK as _, byte)?;
+    Ok(found.l_type != libc::F_UNLCK as libc::c_short)
 }
 
 fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>, ShmError> {

@@ -804,6 +804,15 @@ fn print_inspection(i: Inspection) {
                 println!("{role:<9} pid {pid} ({})", alive(a));
             }
         }
+        for p in &r.participants {
+            println!(
+                "attached  #{} {} pid {} ({})",
+                p.index,
+                p.role,
+                p.pid,
+                if p.alive { "alive" } else { "dead: its process died attached" }
+            );
+        }
     }
     if !i.pools.is_empty() {
         let mut t = Table::new();

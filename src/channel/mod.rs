@@ -118,6 +118,8 @@ pub struct ChannelBuilder {
     slot_size: u64,
     max_senders: Option<u32>,
     open_timeout: Duration,
+    replace_stale: bool,
+    allow_dead_owner: bool,
     #[cfg(feature = "cuda")]
     cuda: Option<Arc<crate::cuda::CudaContext>>,
 }
@@ -133,6 +135,8 @@ impl ChannelBuilder {
             slot_size: 1 << 20,
             max_senders: None,
             open_timeout: DEFAULT_OPEN_TIMEOUT,
+            replace_stale: false,
+            allow_dead_owner: false,
             #[cfg(feature = "cuda")]
             cuda: None,
         }
@@ -194,6 +198,20 @@ impl ChannelBuilder {
         self
     }
 
+    /// `create`: replace a channel of this name whose creator has died (default: fail
+    /// with [`ShmError::AlreadyExists`]). A live creator's channel is never replaced.
+    pub fn replace_stale(mut self, yes: bool) -> Self {
+        self.replace_stale = yes;
+        self
+    }
+
+    /// `open`: attach to a channel whose creator has died, e.g. to drain what was sent
+    /// before the crash (default: fail with [`ShmError::OwnerDead`]).
+    pub fn allow_dead_owner(mut self, yes: bool) -> Self {
+        self.allow_dead_owner = yes;
+        self
+    }
+
     /// Creates the channel, exclusively, mode 0600. No pool exists until a sender is made.
     ///
     /// # Errors
@@ -222,7 +240,8 @@ impl ChannelBuilder {
         let layout = ChannelLayout::new(max_pools, self.capacity, flavor.cell_size())
             .ok_or(ShmError::InvalidCapacity { capacity: self.capacity })?;
         let nonce = nonce();
-        let segment = Segment::create(&self.name, flavor.kind(), layout.total_size, |seg| {
+        let (size, replace) = (layout.total_size, self.replace_stale);
+        let segment = Segment::create_with(&self.name, flavor.kind(), size, replace, |seg| {
             // SAFETY: offset from `layout`, which sized the segment; ours alone until
             // `create` publishes it.
             let h = unsafe { seg.at::<ChannelHeader>(layout.header).as_ref() };
@@ -264,7 +283,9 @@ impl ChannelBuilder {
     /// [`ShmError::NotFound`], [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`],
     /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`], [`ShmError::NotInitialized`],
     /// [`ShmError::KindMismatch`] (not a channel, or not the flavor asked for),
-    /// [`ShmError::ElementMismatch`], [`ShmError::Corrupted`], [`ShmError::Io`].
+    /// [`ShmError::OwnerDead`] (its creator died; see
+    /// [`allow_dead_owner`](Self::allow_dead_owner)), [`ShmError::ElementMismatch`],
+    /// [`ShmError::Corrupted`], [`ShmError::Io`].
     pub fn open(&self) -> Result<Channel, ShmError> {
         let base = check_name(&self.name)?;
         let (segment, flavor) = match self.flavor {
@@ -280,6 +301,8 @@ impl ChannelBuilder {
                 Err(e) => return Err(e),
             },
         };
+        let segment =
+            if self.allow_dead_owner { segment } else { segment.require_live_creator()? };
         let header_end = ChannelLayout::new(1, 1, 0).expect("valid").pools;
         if segment.len() < header_end {
             return Err(ShmError::SizeMismatch {
@@ -852,15 +875,15 @@ impl Sender {
         d.generation = u64::from(slot.generation);
         fill(&lease, &mut d).map_err(SendError::Cuda)?;
         self.pool.core.mark_sent(slot);
-        let pushed: Result<(), Result<(), Corrupted>> = match (&self.tx, wait) {
-            (Tx::Spsc(p), Wait::No) => p.borrow_mut().try_push(d).map_err(full_or_corrupt),
+        let pushed: Result<(), NotPushed> = match (&self.tx, wait) {
+            (Tx::Spsc(p), Wait::No) => p.borrow_mut().try_push(d).map_err(NotPushed::from_try),
             (Tx::Spsc(p), Wait::For(t)) => {
-                p.borrow_mut().push_timeout(d, t).map_err(timeout_or_corrupt)
+                p.borrow_mut().push_timeout(d, t).map_err(NotPushed::from_push)
             }
-            (Tx::Spsc(p), Wait::Forever) => p.borrow_mut().push(d).map_err(timeout_or_corrupt),
-            (Tx::Mpmc(p), Wait::No) => p.try_push(d).map_err(full_or_corrupt),
-            (Tx::Mpmc(p), Wait::For(t)) => p.push_timeout(d, t).map_err(timeout_or_corrupt),
-            (Tx::Mpmc(p), Wait::Forever) => p.push(d).map_err(timeout_or_corrupt),
+            (Tx::Spsc(p), Wait::Forever) => p.borrow_mut().push(d).map_err(NotPushed::from_push),
+            (Tx::Mpmc(p), Wait::No) => p.try_push(d).map_err(NotPushed::from_try),
+            (Tx::Mpmc(p), Wait::For(t)) => p.push_timeout(d, t).map_err(NotPushed::from_push),
+            (Tx::Mpmc(p), Wait::Forever) => p.push(d).map_err(NotPushed::from_push),
         };
         match pushed {
             Ok(()) => {
@@ -872,9 +895,10 @@ impl Sender {
             Err(e) => {
                 self.pool.core.unmark_sent(slot);
                 match (e, wait) {
-                    (Ok(()), Wait::No) => Err(SendError::Full(lease)),
-                    (Ok(()), _) => Err(SendError::Timeout(lease)),
-                    (Err(c), _) => Err(SendError::Corrupted(c)),
+                    (NotPushed::Waiting, Wait::No) => Err(SendError::Full(lease)),
+                    (NotPushed::Waiting, _) => Err(SendError::Timeout(lease)),
+                    (NotPushed::PeerDead, _) => Err(SendError::PeerDead(lease)),
+                    (NotPushed::Corrupted(c), _) => Err(SendError::Corrupted(c)),
                 }
             }
         }
@@ -924,12 +948,15 @@ impl Sender {
     #[doc(hidden)]
     pub fn push_raw(&self, d: Descriptor) -> Result<(), SendError> {
         let r = match &self.tx {
-            Tx::Spsc(p) => p.borrow_mut().push(d).map_err(timeout_or_corrupt),
-            Tx::Mpmc(p) => p.push(d).map_err(timeout_or_corrupt),
+            Tx::Spsc(p) => p.borrow_mut().push(d).map_err(NotPushed::from_push),
+            Tx::Mpmc(p) => p.push(d).map_err(NotPushed::from_push),
         };
         r.map_err(|e| match e {
-            Err(c) => SendError::Corrupted(c),
-            Ok(()) => unreachable!("push without a deadline does not time out"),
+            NotPushed::Corrupted(c) => SendError::Corrupted(c),
+            NotPushed::PeerDead => SendError::Corrupted(Corrupted {
+                what: "every receiver died (push_raw has no lease to hand back)",
+            }),
+            NotPushed::Waiting => unreachable!("push without a deadline does not time out"),
         })
     }
 }
@@ -946,17 +973,29 @@ impl Drop for Sender {
     }
 }
 
-fn full_or_corrupt<T>(e: TryPushError<T>) -> Result<(), Corrupted> {
-    match e {
-        TryPushError::Full(_) => Ok(()),
-        TryPushError::Corrupted(c) => Err(c),
-    }
+/// Why a descriptor was not pushed (the value itself is dropped: the lease goes back).
+enum NotPushed {
+    /// Full (try) or still full at the deadline.
+    Waiting,
+    /// Full, and every receiver died.
+    PeerDead,
+    Corrupted(Corrupted),
 }
 
-fn timeout_or_corrupt<T>(e: PushError<T>) -> Result<(), Corrupted> {
-    match e {
-        PushError::Timeout(_) => Ok(()),
-        PushError::Corrupted(c) => Err(c),
+impl NotPushed {
+    fn from_try<T>(e: TryPushError<T>) -> Self {
+        match e {
+            TryPushError::Full(_) => NotPushed::Waiting,
+            TryPushError::Corrupted(c) => NotPushed::Corrupted(c),
+        }
+    }
+
+    fn from_push<T>(e: PushError<T>) -> Self {
+        match e {
+            PushError::Timeout(_) => NotPushed::Waiting,
+            PushError::PeerDead(_) => NotPushed::PeerDead,
+            PushError::Corrupted(c) => NotPushed::Corrupted(c),
+        }
     }
 }
 
@@ -1070,6 +1109,9 @@ pub enum SendError<L = Lease> {
     Corrupted(Corrupted),
     /// Recording the slot's ready event failed (the slot went back to the pool).
     Cuda(CudaError),
+    /// The ring is full and every receiver that attached has died (noticed within
+    /// [`LIVENESS_TICK`](crate::ring::LIVENESS_TICK) of waiting); the lease, back.
+    PeerDead(L),
 }
 
 impl<L> core::fmt::Display for SendError<L> {
@@ -1082,6 +1124,7 @@ impl<L> core::fmt::Display for SendError<L> {
             }
             SendError::Corrupted(c) => c.fmt(f),
             SendError::Cuda(e) => e.fmt(f),
+            SendError::PeerDead(_) => f.write_str("the ring is full and every receiver has died"),
         }
     }
 }
@@ -1106,6 +1149,9 @@ pub enum RecvError {
     /// A CUDA call failed (importing the pool, or enqueueing the wait), or a host call on
     /// a GPU channel (`WrongBackend`).
     Cuda(CudaError),
+    /// Every sender that attached has died and everything they sent has been received
+    /// (noticed within [`LIVENESS_TICK`](crate::ring::LIVENESS_TICK) of waiting).
+    PeerDead,
 }
 
 impl core::fmt::Display for RecvError {
@@ -1116,6 +1162,9 @@ impl core::fmt::Display for RecvError {
             RecvError::Corrupted(c) => c.fmt(f),
             RecvError::Attach(e) => write!(f, "cannot map the message's pool: {e}"),
             RecvError::Cuda(e) => e.fmt(f),
+            RecvError::PeerDead => {
+                f.write_str("every sender has died, and all they sent was received")
+            }
         }
     }
 }
@@ -1316,6 +1365,7 @@ fn empty_or_corrupt(e: TryPopError) -> RecvError {
 fn pop_error(e: PopError) -> RecvError {
     match e {
         PopError::Timeout => RecvError::Timeout,
+        PopError::PeerDead => RecvError::PeerDead,
         PopError::Corrupted(c) => RecvError::Corrupted(c),
     }
 }

@@ -62,6 +62,9 @@ pub enum TryPushError<T> {
 pub enum PushError<T> {
     /// The deadline passed with the ring still full; here is the value back.
     Timeout(T),
+    /// The ring is full and every consumer that attached to it has died (named rings:
+    /// their liveness locks are gone); here is the value back.
+    PeerDead(T),
     /// The ring's shared state is impossible.
     Corrupted(Corrupted),
 }
@@ -82,6 +85,9 @@ pub enum TryPopError {
 pub enum PopError {
     /// The deadline passed with the ring still empty.
     Timeout,
+    /// Every producer that attached to the ring has died, and everything they published
+    /// has been taken (named rings: their liveness locks are gone).
+    PeerDead,
     /// The ring's shared state is impossible.
     Corrupted(Corrupted),
 }
@@ -104,6 +110,7 @@ display_errors! {
     };
     PopError => |s, f| match s {
         PopError::Timeout => f.write_str("timed out waiting for a message"),
+        PopError::PeerDead => f.write_str("every producer of the ring has died (all it published was taken)"),
         PopError::Corrupted(c) => c.fmt(f),
     };
 }
@@ -121,6 +128,7 @@ impl<T> core::fmt::Display for PushError<T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             PushError::Timeout(_) => f.write_str("timed out waiting for room in the ring"),
+            PushError::PeerDead(_) => f.write_str("the ring is full and every consumer has died"),
             PushError::Corrupted(c) => c.fmt(f),
         }
     }
@@ -147,11 +155,34 @@ pub unsafe trait Storage {
     /// The cell type: [`SpscCell`](crate::layout::SpscCell) or
     /// [`MpmcCell`](crate::layout::MpmcCell).
     type Cell;
+    /// Whether [`peers_dead`](Self::peers_dead) can ever answer yes: then blocking
+    /// operations that have to wait wake every [`LIVENESS_TICK`] to ask.
+    const WATCHES_PEERS: bool = false;
     /// The ring's positions and wait words.
     fn control(&self) -> &RingControl;
     /// The cells.
     fn cells(&self) -> &[Self::Cell];
+    /// Whether every endpoint of `side` that attached has died, none lives (a blocked
+    /// endpoint waiting for that side then gives up with `PeerDead`). Called only while
+    /// waiting, never on the fast path.
+    fn peers_dead(&self, side: Side) -> bool {
+        let _ = side;
+        false
+    }
 }
+
+/// A side of a ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The producers (senders).
+    Producers,
+    /// The consumers (receivers).
+    Consumers,
+}
+
+/// How often a blocked endpoint of a ring that watches its peers checks that they live:
+/// a death is noticed within this (plus one probe of the participant table).
+pub const LIVENESS_TICK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A ring on the heap, shared by `Arc` between the endpoints of one process.
 #[derive(Debug)]
@@ -210,6 +241,8 @@ unsafe impl<C> Storage for Heap<C> {
 pub(crate) enum Blocked {
     /// The deadline passed.
     Timeout,
+    /// Every endpoint of the side waited for has died.
+    PeerDead,
     /// The shared state is impossible.
     Corrupted(Corrupted),
 }
@@ -217,21 +250,54 @@ pub(crate) enum Blocked {
 /// The blocking form of a non-blocking operation: retries `attempt` (which returns
 /// `Ok(Some(r))` on success, `Ok(None)` to wait) as `policy` says, sleeping on `wait_on`,
 /// until `deadline`; after a success, wakes the other side's sleepers on `wake`.
-pub(crate) fn block_on<R>(
+///
+/// Storage that watches its peers is asked, every [`LIVENESS_TICK`] of waiting, whether
+/// the side `waits_for` is all dead; if so, one last attempt takes what they left, and
+/// then the wait ends with [`Blocked::PeerDead`]. The first attempt reads no clock.
+pub(crate) fn block_on<S: Storage, R>(
+    storage: &S,
+    waits_for: Side,
     wait_on: &crate::wait::WaitWord,
     wake: &crate::wait::WaitWord,
     policy: crate::wait::WaitPolicy,
     deadline: Option<std::time::Instant>,
     mut attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
 ) -> Result<R, Blocked> {
-    let outcome = crate::wait::wait_until(wait_on, policy, deadline, || attempt().transpose());
-    match outcome {
-        Ok(Ok(r)) => {
-            crate::wait::notify(wake);
-            Ok(r)
+    let done = |r| {
+        crate::wait::notify(wake);
+        Ok(r)
+    };
+    if !S::WATCHES_PEERS {
+        return match crate::wait::wait_until(wait_on, policy, deadline, || attempt().transpose()) {
+            Ok(Ok(r)) => done(r),
+            Ok(Err(c)) => Err(Blocked::Corrupted(c)),
+            Err(_) => Err(Blocked::Timeout),
+        };
+    }
+    match attempt() {
+        Ok(Some(r)) => return done(r),
+        Ok(None) => {}
+        Err(c) => return Err(Blocked::Corrupted(c)),
+    }
+    loop {
+        let tick = std::time::Instant::now() + LIVENESS_TICK;
+        let chunk = deadline.map_or(tick, |d| d.min(tick));
+        match crate::wait::wait_until(wait_on, policy, Some(chunk), || attempt().transpose()) {
+            Ok(Ok(r)) => return done(r),
+            Ok(Err(c)) => return Err(Blocked::Corrupted(c)),
+            Err(_) if deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
+                return Err(Blocked::Timeout);
+            }
+            Err(_) if storage.peers_dead(waits_for) => {
+                // What the dead published before dying is in the ring: take it first.
+                return match attempt() {
+                    Ok(Some(r)) => done(r),
+                    Ok(None) => Err(Blocked::PeerDead),
+                    Err(c) => Err(Blocked::Corrupted(c)),
+                };
+            }
+            Err(_) => {}
         }
-        Ok(Err(c)) => Err(Blocked::Corrupted(c)),
-        Err(_) => Err(Blocked::Timeout),
     }
 }
 
@@ -259,6 +325,7 @@ impl<T> PushError<T> {
     pub(crate) fn from_blocked(blocked: Blocked, value: T) -> Self {
         match blocked {
             Blocked::Timeout => PushError::Timeout(value),
+            Blocked::PeerDead => PushError::PeerDead(value),
             Blocked::Corrupted(c) => PushError::Corrupted(c),
         }
     }
@@ -268,6 +335,7 @@ impl From<Blocked> for PopError {
     fn from(blocked: Blocked) -> Self {
         match blocked {
             Blocked::Timeout => PopError::Timeout,
+            Blocked::PeerDead => PopError::PeerDead,
             Blocked::Corrupted(c) => PopError::Corrupted(c),
         }
     }

@@ -21,8 +21,8 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{
-    Corrupted, Hints, PopError, PushError, Storage, TryPopError, TryPushError, block_on, cell_at,
-    deadline_after, demote,
+    Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError, block_on,
+    cell_at, deadline_after, demote,
 };
 use crate::layout::MpmcCell;
 use crate::sync::{Ordering, spin_hint};
@@ -261,11 +261,19 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
         deadline: Option<std::time::Instant>,
     ) -> Result<(), PushError<T>> {
         let control = self.storage.control();
-        block_on(&control.not_full, &control.not_empty, self.policy, deadline, || {
-            try_push_in(&self.storage, self.capacity, self.hints, value)
-                .map(Some)
-                .or_else(TryPushError::retry)
-        })
+        block_on(
+            &self.storage,
+            Side::Consumers,
+            &control.not_full,
+            &control.not_empty,
+            self.policy,
+            deadline,
+            || {
+                try_push_in(&self.storage, self.capacity, self.hints, value)
+                    .map(Some)
+                    .or_else(TryPushError::retry)
+            },
+        )
         .map_err(|b| PushError::from_blocked(b, value))
     }
 
@@ -335,9 +343,15 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
 
     fn pop_until(&self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
         let control = self.storage.control();
-        block_on(&control.not_empty, &control.not_full, self.policy, deadline, || {
-            try_pop_in(&self.storage, self.capacity).map(Some).or_else(TryPopError::retry)
-        })
+        block_on(
+            &self.storage,
+            Side::Producers,
+            &control.not_empty,
+            &control.not_full,
+            self.policy,
+            deadline,
+            || try_pop_in(&self.storage, self.capacity).map(Some).or_else(TryPopError::retry),
+        )
         .map_err(PopError::from)
     }
 

@@ -15,8 +15,8 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{
-    Corrupted, Hints, PopError, PushError, Storage, TryPopError, TryPushError, block_on, cell_at,
-    deadline_after, demote, prefetch,
+    Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError, block_on,
+    cell_at, deadline_after, demote, prefetch,
 };
 use crate::layout::SpscCell;
 use crate::sync::Ordering;
@@ -226,9 +226,15 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     ) -> Result<(), PushError<T>> {
         let Self { storage, local, policy, .. } = self;
         let control = storage.control();
-        block_on(&control.not_full, &control.not_empty, *policy, deadline, || {
-            try_push_in(storage, local, value).map(Some).or_else(TryPushError::retry)
-        })
+        block_on(
+            &*storage,
+            Side::Consumers,
+            &control.not_full,
+            &control.not_empty,
+            *policy,
+            deadline,
+            || try_push_in(storage, local, value).map(Some).or_else(TryPushError::retry),
+        )
         .map_err(|b| PushError::from_blocked(b, value))
     }
 
@@ -322,9 +328,15 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     fn pop_until(&mut self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
         let Self { storage, local, policy, .. } = self;
         let control = storage.control();
-        block_on(&control.not_empty, &control.not_full, *policy, deadline, || {
-            try_pop_in(storage, local).map(Some).or_else(TryPopError::retry)
-        })
+        block_on(
+            &*storage,
+            Side::Producers,
+            &control.not_empty,
+            &control.not_full,
+            *policy,
+            deadline,
+            || try_pop_in(storage, local).map(Some).or_else(TryPopError::retry),
+        )
         .map_err(PopError::from)
     }
 

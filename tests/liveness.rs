@@ -1,0 +1,289 @@
+//! Crash survival: processes killed with SIGKILL while attached to a ring or channel.
+//!
+//! Each test's peer process really dies by SIGKILL (the parent checks the exit signal), at
+//! a point it announces on stdout just before, with the monotonic time, so the parent can
+//! bound how long the survivors took to notice.
+#![cfg(not(loom))] // loom builds have no shared-memory segments
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{ring_name, role, unique_name};
+use gpuring::{
+    Channel, Descriptor, PopError, RecvError, RingOptions, SendError, ShmError, SpscRing,
+    TensorMeta,
+};
+
+/// Monotonic nanoseconds, comparable between processes of this machine.
+fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Tells the parent `what` (a line on stdout, flushed).
+fn announce(what: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "GPURING:{what}").unwrap();
+    out.flush().unwrap();
+}
+
+/// Announces the death, then dies by SIGKILL: no destructor, no unlink, no unlock.
+fn die() -> ! {
+    announce(&format!("dying {}", now_ns()));
+    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL)
+        .unwrap();
+    unreachable!("SIGKILL is not caught");
+}
+
+/// A peer running `test` as `role`, its stdout piped to us.
+struct Peer {
+    child: Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Peer {
+    fn spawn(test: &str, role: &str, name: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env("GPURING_TEST_ROLE", role)
+            .env("GPURING_TEST_RING", name)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, lines }
+    }
+
+    /// The next line the peer announced with `GPURING:`, without the prefix.
+    fn expect(&mut self, what: &str) -> String {
+        for line in self.lines.by_ref() {
+            let line = line.unwrap();
+            // libtest may have printed the test's name on the same line.
+            if let Some(rest) = line.split_once("GPURING:").map(|(_, rest)| rest) {
+                assert!(rest.starts_with(what), "peer said {rest:?}, expected {what:?}");
+                return rest[what.len()..].trim().to_owned();
+            }
+        }
+        panic!("peer closed its stdout before saying {what:?}");
+    }
+
+    /// Waits for the announced death; returns its monotonic time. Checks that the peer
+    /// was really killed by SIGKILL.
+    fn died(&mut self) -> u64 {
+        let at: u64 = self.expect("dying").parse().unwrap();
+        let status = self.child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "the peer must die by SIGKILL: {status}");
+        at
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn assert_noticed(what: &str, died_at: u64, noticed_at: u64) {
+    let ms = noticed_at.saturating_sub(died_at) as f64 / 1e6;
+    println!("{what}: noticed {ms:.1} ms after the death");
+    assert!(ms < 100.0, "{what}: death noticed after {ms:.1} ms (limit 100 ms)");
+}
+
+const SENT: u64 = 40;
+
+#[test]
+fn receiver_drains_a_killed_senders_messages_then_gets_peer_dead() {
+    if role().as_deref() == Some("sender") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tx = ch.sender().unwrap();
+        for seq in 0..SENT {
+            let mut lease = tx.acquire().unwrap();
+            lease[..8].copy_from_slice(&seq.to_le_bytes());
+            tx.send(lease, TensorMeta::bytes(8)).unwrap();
+        }
+        die();
+    }
+    let name = unique_name("killed-sender");
+    let ch = Channel::builder(&name).capacity(64).slots(8, 64).create().unwrap();
+    let rx = ch.receiver().unwrap();
+    let mut peer = Peer::spawn(
+        "receiver_drains_a_killed_senders_messages_then_gets_peer_dead",
+        "sender",
+        &name,
+    );
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let noticed = loop {
+        assert!(Instant::now() < deadline, "watchdog");
+        match rx.recv() {
+            Ok(m) => got.push(u64::from_le_bytes(m[..8].try_into().unwrap())),
+            Err(RecvError::PeerDead) => break now_ns(),
+            Err(e) => panic!("unexpected {e}"),
+        }
+    };
+    let died = peer.died();
+    assert_eq!(
+        got,
+        (0..SENT).collect::<Vec<_>>(),
+        "every message sent before the kill, once, in order"
+    );
+    assert_noticed("receiver", died, noticed);
+    // What `gpuring inspect` shows: the dead sender, by its lock, and this live receiver.
+    let ring = gpuring::inspect::inspect(&name).unwrap().ring.unwrap();
+    let pid = peer.child.id();
+    assert!(
+        ring.participants.iter().any(|p| p.role == "producer" && p.pid == pid && !p.alive),
+        "{ring:?}"
+    );
+    assert!(ring.participants.iter().any(|p| p.role == "consumer" && p.alive), "{ring:?}");
+    assert_eq!(ring.producer, Some((pid, Some(false))), "the role holder is known dead");
+    // Nothing more arrives, and the error stays.
+    assert!(matches!(rx.try_recv(), Err(RecvError::Empty)));
+    assert!(matches!(rx.recv_timeout(Duration::from_millis(200)), Err(RecvError::PeerDead)));
+}
+
+#[test]
+fn sender_blocked_on_a_full_ring_gets_peer_dead_when_the_receiver_is_killed() {
+    if role().as_deref() == Some("receiver") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        announce("ready");
+        let m = rx.recv().unwrap();
+        assert_eq!(m[..8], 0u64.to_le_bytes());
+        // Holding the message, so the parent fills the ring and blocks; then die.
+        std::thread::sleep(Duration::from_millis(300));
+        die();
+    }
+    let name = unique_name("killed-receiver");
+    let ch = Channel::builder(&name).capacity(2).slots(16, 64).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer = Peer::spawn(
+        "sender_blocked_on_a_full_ring_gets_peer_dead_when_the_receiver_is_killed",
+        "receiver",
+        &name,
+    );
+    peer.expect("ready");
+    let mut sent = 0u64;
+    let noticed = loop {
+        assert!(sent < 10, "the ring (capacity 2) should have filled");
+        let mut lease = tx.acquire().unwrap();
+        lease[..8].copy_from_slice(&sent.to_le_bytes());
+        match tx.send(lease, TensorMeta::bytes(8)) {
+            Ok(()) => sent += 1,
+            Err(SendError::PeerDead(lease)) => {
+                let t = now_ns();
+                assert_eq!(lease.len(), 64, "the lease comes back");
+                break t;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    };
+    let died = peer.died();
+    assert_eq!(sent, 3, "one received, then two filled the ring");
+    assert_noticed("sender", died, noticed);
+}
+
+#[test]
+fn stale_ring_of_a_killed_creator() {
+    if role().as_deref() == Some("creator") {
+        let ring = SpscRing::<Descriptor>::create(&ring_name(), 8).unwrap();
+        let mut tx = ring.producer().unwrap();
+        for seq in 1..=3 {
+            tx.push(Descriptor { seq, ..Default::default() }).unwrap();
+        }
+        die();
+    }
+    let name = unique_name("stale");
+    let mut peer = Peer::spawn("stale_ring_of_a_killed_creator", "creator", &name);
+    peer.died();
+
+    // `open` refuses the stale segment and says why.
+    match SpscRing::<Descriptor>::open(&name) {
+        Err(ShmError::OwnerDead { creator_pid, .. }) => assert_eq!(creator_pid, peer.child.id()),
+        other => panic!("expected OwnerDead, got {other:?}"),
+    }
+    // Adopting it drains what was published, then the dead producer is reported.
+    let ring = RingOptions::new(&name).allow_dead_owner(true).open_spsc::<Descriptor>().unwrap();
+    let mut rx = ring.consumer().unwrap();
+    for seq in 1..=3 {
+        assert_eq!(rx.pop().unwrap().seq, seq);
+    }
+    let t = Instant::now();
+    assert_eq!(rx.pop(), Err(PopError::PeerDead));
+    assert!(t.elapsed() < Duration::from_millis(100), "noticed in {:?}", t.elapsed());
+    // The dead producer's role is taken over; a second live producer is refused.
+    let mut tx = ring.producer().expect("the dead holder's role is free to take");
+    assert!(matches!(ring.producer(), Err(ShmError::RoleTaken { .. })));
+    tx.push(Descriptor { seq: 4, ..Default::default() }).unwrap();
+    assert_eq!(rx.pop().unwrap().seq, 4);
+    drop((tx, rx, ring));
+
+    // `create` does not replace it unless asked to.
+    assert!(matches!(
+        RingOptions::new(&name).capacity(8).create_spsc::<Descriptor>(),
+        Err(ShmError::AlreadyExists { .. })
+    ));
+    let fresh = RingOptions::new(&name)
+        .capacity(8)
+        .replace_stale(true)
+        .create_spsc::<Descriptor>()
+        .unwrap();
+    let mut rx = fresh.consumer().unwrap();
+    assert_eq!(rx.try_pop(), Err(gpuring::TryPopError::Empty), "a fresh ring");
+    // A live creator's segment is never replaced.
+    assert!(matches!(
+        RingOptions::new(&name).capacity(8).replace_stale(true).create_spsc::<Descriptor>(),
+        Err(ShmError::AlreadyExists { .. })
+    ));
+}
+
+/// Writes an object `name` of `len` zero bytes with `mode`, as a hostile or stale process
+/// could, before the channel is made.
+fn pre_create(name: &str, len: u64, mode: u32) {
+    use rustix::fs::Mode;
+    use rustix::shm::OFlags;
+    let fd = rustix::shm::open(
+        format!("/{name}").as_str(),
+        OFlags::CREATE | OFlags::EXCL | OFlags::RDWR,
+        Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    rustix::fs::ftruncate(&fd, len).unwrap();
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).unwrap();
+}
+
+#[test]
+fn pre_created_objects_under_a_channel_name_are_refused_not_adopted() {
+    for (tag, len, mode) in [("mode0644", 1 << 16, 0o644), ("wrongsize", 100, 0o600)] {
+        let name = unique_name(tag);
+        pre_create(&name, len, mode);
+        let opened = Channel::builder(&name).open_timeout(Duration::from_millis(50)).open();
+        match (tag, opened) {
+            ("mode0644", Err(ShmError::PermissionDenied { reason, .. })) => {
+                assert!(reason.contains("0644"), "{reason}")
+            }
+            ("wrongsize", Err(ShmError::SizeMismatch { found: 100, .. })) => {}
+            (_, other) => panic!("{tag}: expected a refusal, got {other:?}"),
+        }
+        assert!(
+            matches!(Channel::builder(&name).create(), Err(ShmError::AlreadyExists { .. })),
+            "{tag}: create must not adopt the object"
+        );
+        gpuring::shm::Segment::unlink(&name).unwrap();
+        // What gpuring creates is 0600.
+        let ch = Channel::builder(&name).create().unwrap();
+        let path = format!("/dev/shm/{name}");
+        let mode = std::fs::metadata(&path).map(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode() & 0o777
+        });
+        assert_eq!(mode.unwrap(), 0o600);
+        drop(ch);
+    }
+}
