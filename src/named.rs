@@ -95,6 +95,12 @@ unsafe impl<C> Storage for ShmStorage<C> {
         // on is the safe answer.
         self.ring.peers(role).is_ok_and(|p| p.live == 0 && p.dead > 0)
     }
+    fn participant(&self) -> Option<u32> {
+        Some(self._attachment.participant.index as u32)
+    }
+    fn dead_participant(&self, index: u32) -> Option<u32> {
+        self.ring.entry_dead(index as usize).ok().flatten()
+    }
     fn cells(&self) -> &[C] {
         // SAFETY: `capacity` cells of `C` start at `cells`, inside the mapping; C is a cell
         // type (atomics and UnsafeCell<Pod>), valid for any bytes.
@@ -286,6 +292,23 @@ impl RingSegment {
             }
         }
         Ok(count)
+    }
+
+    /// If participant entry `index` is held by nobody although it names an endpoint (that
+    /// endpoint's process died), the pid it recorded. `None` for entries this handle holds.
+    pub(crate) fn entry_dead(&self, index: usize) -> Result<Option<u32>, ShmError> {
+        let Some(entry) = self.participants().entries.get(index) else {
+            return Ok(None);
+        };
+        let own = *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Relaxed: a claim, checked against the lock.
+        let value = entry.load(Ordering::Relaxed);
+        if value == 0 || own & (1 << index) != 0 {
+            return Ok(None);
+        }
+        let dead = !self.segment.byte_held_elsewhere(1 + index as u64)?
+            && entry.load(Ordering::Relaxed) == value;
+        Ok(dead.then_some(value as u32))
     }
 
     /// Whether an endpoint of `role` recorded with `pid` is attached and alive.

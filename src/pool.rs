@@ -10,6 +10,11 @@
 //!                          +---------------------- cancel (never sent) -----------+
 //! ```
 //!
+//! A HELD state also names its holder: the receiver's participant entry in the pool's
+//! free ring, plus one (0: unknown, e.g. heap pools), in bits 8..16 of the state. A slot
+//! held by a receiver whose process died (its liveness lock gone) is taken back by
+//! [`PoolCore::reclaim_dead`], which the sender runs while it waits for slots.
+//!
 //! Free slots sit in the free ring, an MPMC ring of slot indices (several receivers return
 //! slots at once; the sender takes them). Each transition that hands a slot on is a
 //! compare-and-swap from the exact state expected, so a slot is returned to the free ring
@@ -37,8 +42,19 @@ const fn pack(generation: u32, state: u32) -> u64 {
     ((generation as u64) << 32) | state as u64
 }
 
+/// (generation, state) of a state word; the state without its holder (see [`holder`]).
 const fn unpack(word: u64) -> (u32, u32) {
-    ((word >> 32) as u32, word as u32)
+    ((word >> 32) as u32, word as u32 & 0xff)
+}
+
+/// The holder recorded in a HELD state word: participant entry + 1, or 0 for unknown.
+const fn holder(word: u64) -> u32 {
+    (word as u32 >> 8) & 0xff
+}
+
+/// HELD by `holder` (participant entry + 1, or 0).
+const fn held_by(holder: u32) -> u32 {
+    HELD | (holder & 0xff) << 8
 }
 
 /// A slot and the generation it was leased at: what a descriptor names.
@@ -294,7 +310,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         // Acquire pop); this CAS only makes the receiver the slot's one holder.
         match record.state.compare_exchange(
             pack(generation, SENT),
-            pack(generation, HELD),
+            pack(generation, self.held_state()),
             Ordering::Relaxed,
             Ordering::Relaxed,
         ) {
@@ -310,7 +326,39 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// Returns `false` if the slot was not held at that generation (a forged state word):
     /// then nothing is returned, so no slot is ever in the free ring twice.
     pub fn release(&self, held: SlotRef) -> bool {
-        self.give_back(held, HELD)
+        self.give_back(held, self.held_state())
+    }
+
+    /// The HELD state this process's receives record: HELD by our participant entry.
+    fn held_state(&self) -> u32 {
+        held_by(self.free_tx.storage().participant().map_or(0, |i| i + 1))
+    }
+
+    /// Takes back every slot held by a receiver whose process died (and for which
+    /// `exited(pid)` agrees), returning them to the free ring; returns how many. A few
+    /// syscalls per held slot (the holder's liveness lock is probed): call it while
+    /// waiting, not per message.
+    pub fn reclaim_dead(&self, exited: impl Fn(u32) -> bool) -> u32 {
+        let storage = self.free_tx.storage();
+        let mut reclaimed = 0;
+        for (slot, record) in self.records.iter().enumerate() {
+            // Relaxed: the CAS in `give_back` decides; a stale read only skips a slot.
+            let word = record.state.load(Ordering::Relaxed);
+            let (generation, state) = unpack(word);
+            let h = holder(word);
+            if state == HELD && h != 0 && storage.dead_participant(h - 1).is_some_and(&exited) {
+                let lease = SlotRef { slot: slot as u32, generation };
+                if self.give_back(lease, held_by(h)) {
+                    reclaimed += 1;
+                }
+            }
+        }
+        reclaimed
+    }
+
+    /// Whether every receiver that attached to this pool has died.
+    pub fn receivers_dead(&self) -> bool {
+        self.free_rx.storage().peers_dead(crate::ring::Side::Producers)
     }
 
     fn give_back(&self, lease: SlotRef, from: u32) -> bool {

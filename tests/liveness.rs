@@ -190,6 +190,42 @@ fn sender_blocked_on_a_full_ring_gets_peer_dead_when_the_receiver_is_killed() {
 }
 
 #[test]
+fn slots_held_by_a_killed_receiver_go_back_to_the_pool() {
+    if role().as_deref() == Some("holder") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let held: Vec<_> = (0..2).map(|_| rx.recv().unwrap()).collect();
+        assert_eq!(held.len(), 2);
+        announce("holding");
+        std::thread::sleep(Duration::from_millis(200));
+        die(); // with both messages (and their slots) held
+    }
+    let name = unique_name("reclaim");
+    let ch = Channel::builder(&name).capacity(16).slots(4, 64).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer =
+        Peer::spawn("slots_held_by_a_killed_receiver_go_back_to_the_pool", "holder", &name);
+    for _ in 0..2 {
+        tx.send(tx.acquire().unwrap(), TensorMeta::bytes(8)).unwrap();
+    }
+    peer.expect("holding");
+    assert_eq!(tx.free_slots(), 2, "two slots held by the live receiver");
+    // A live holder's slots are not taken: the pool stays short until the deadline.
+    let short: Vec<_> = (0..2).map(|_| tx.acquire().unwrap()).collect();
+    assert!(matches!(
+        tx.acquire_timeout(Duration::from_millis(20)),
+        Err(gpuring::AcquireError::Timeout)
+    ));
+    let died = peer.died();
+    // Blocking acquires wait in ticks and take back the dead receiver's slots.
+    let back: Vec<_> =
+        (0..2).map(|_| tx.acquire_timeout(Duration::from_secs(5)).unwrap()).collect();
+    assert_noticed("reclaim", died, now_ns());
+    drop((short, back));
+    assert_eq!(tx.free_slots(), 4, "every slot is free again, none lost or doubled");
+}
+
+#[test]
 fn stale_ring_of_a_killed_creator() {
     if role().as_deref() == Some("creator") {
         let ring = SpscRing::<Descriptor>::create(&ring_name(), 8).unwrap();

@@ -797,11 +797,45 @@ impl Sender {
     }
 
     fn take_slot(&self, wait: Wait) -> Result<SlotRef, AcquireError> {
-        match wait {
-            Wait::No => self.pool.core.try_lease_via(&self.free),
-            Wait::For(t) => self.pool.core.lease_via(&self.free, Some(t)),
-            Wait::Forever => self.pool.core.lease_via(&self.free, None),
+        let core = &self.pool.core;
+        // The fast path: a free slot now, no clock read, no syscall.
+        match core.try_lease_via(&self.free) {
+            Err(AcquireError::Exhausted) => {}
+            other => return other,
         }
+        // Slots of dead receivers are taken back while waiting only (it probes locks).
+        let deadline = match wait {
+            Wait::No => return Err(AcquireError::Exhausted),
+            Wait::For(t) => Some(std::time::Instant::now() + t),
+            Wait::Forever => None,
+        };
+        // Waiting: in ticks, taking back the slots of dead receivers after each.
+        loop {
+            let tick = crate::ring::LIVENESS_TICK;
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            match core.lease_via(&self.free, Some(left.map_or(tick, |l| l.min(tick)))) {
+                Err(AcquireError::Timeout) => {
+                    if core.reclaim_dead(|pid| self.holder_exited(pid)) > 0 {
+                        continue;
+                    }
+                    if left.is_some_and(|l| l <= tick) {
+                        return Err(AcquireError::Timeout);
+                    }
+                    if core.receivers_dead() {
+                        return Err(AcquireError::PeerDead);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Whether a dead receiver's slots may be reused. Host slots: at once (its lock is
+    /// gone, so it runs no more code). Device slots: only once the process has exited
+    /// (a zombie or reaped), when the driver has torn its context down, so that no
+    /// kernel of it can still touch the slot.
+    fn holder_exited(&self, pid: u32) -> bool {
+        self.shared.backend == BACKEND_HOST || process_exited(pid)
     }
 
     /// Sends a leased slot holding a tensor described by `meta` (use
@@ -970,6 +1004,19 @@ impl Drop for Sender {
         }
         // Release: pairs with the Acquire loads of the state in `register_pool`.
         self.shared.entry(self.index).state.store(ENTRY_CLOSED, Ordering::Release);
+    }
+}
+
+/// Whether process `pid` has exited: gone, or a zombie (its files, and with them a CUDA
+/// context, released). An unreadable status counts as not exited.
+fn process_exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state == 'Z' || state == 'X'),
     }
 }
 

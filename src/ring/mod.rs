@@ -169,6 +169,17 @@ pub unsafe trait Storage {
         let _ = side;
         false
     }
+    /// The participant entry this endpoint's storage holds, if the storage registers
+    /// endpoints (named rings do; heap storage does not).
+    fn participant(&self) -> Option<u32> {
+        None
+    }
+    /// If participant entry `index` belongs to an endpoint whose process died, the pid
+    /// it recorded.
+    fn dead_participant(&self, index: u32) -> Option<u32> {
+        let _ = index;
+        None
+    }
 }
 
 /// A side of a ring.
