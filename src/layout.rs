@@ -543,7 +543,8 @@ impl PoolLayout {
         let records = header + size_of::<PoolHeader>();
         let ring_base =
             (records + slot_count as usize * size_of::<SlotRecord>()).next_multiple_of(128);
-        let cap = (slot_count as u64).next_power_of_two();
+        // At least 2: an MPMC ring of one cell cannot tell full from empty (see `mpmc`).
+        let cap = if slot_count < 2 { 2 } else { (slot_count as u64).next_power_of_two() };
         let Some(free_ring) = RingLayout::at(ring_base, cap, size_of::<MpmcCell<u32>>()) else {
             return None;
         };

@@ -582,6 +582,9 @@ impl RingOptions {
     ///
     /// As [`MpmcRing::create`].
     pub fn create_mpmc<T: Pod + Send>(&self) -> Result<MpmcRing<T>, ShmError> {
+        if self.capacity < 2 {
+            return Err(ShmError::InvalidCapacity { capacity: self.capacity });
+        }
         let ring = RingSegment::create::<T, MpmcCell<T>>(self, SegmentKind::MpmcRing, |i| {
             MpmcCell::new(i as u64)
         })?;

@@ -121,7 +121,7 @@ pub type HeapPool = PoolCore<std::sync::Arc<[SlotRecord]>, Heap<MpmcCell<u32>>>;
 /// If `slot_count` is 0 or above 2^24.
 pub fn heap_pool(slot_count: u32) -> HeapPool {
     let n = slot_count as usize;
-    let storage = Heap::new(n.next_power_of_two(), |i| {
+    let storage = Heap::new(n.next_power_of_two().max(2), |i| {
         if i < n { MpmcCell::written(i as u64, i as u32) } else { MpmcCell::new(i as u64) }
     });
     // Relaxed: nobody else holds the storage yet.

@@ -49,7 +49,8 @@ pub enum ShmError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A capacity that is not a power of two in `1..=2^24`.
+    /// A capacity that is not a power of two in `1..=2^24` (`2..=2^24` for MPMC rings and
+    /// channels).
     InvalidCapacity {
         /// The capacity asked for.
         capacity: u64,
@@ -171,7 +172,10 @@ impl fmt::Display for ShmError {
                 write!(f, "invalid shared-memory name {name:?}: {reason}")
             }
             ShmError::InvalidCapacity { capacity } => {
-                write!(f, "capacity {capacity} is not a power of two in 1..=16777216")
+                write!(
+                    f,
+                    "capacity {capacity} is not a power of two in 1..=16777216 (2.. for MPMC)"
+                )
             }
             ShmError::InvalidPool { slot_count, slot_size } => write!(
                 f,

@@ -237,6 +237,9 @@ impl ChannelBuilder {
                 slot_size: self.slot_size,
             });
         }
+        if flavor == Flavor::Mpmc && self.capacity < 2 {
+            return Err(ShmError::InvalidCapacity { capacity: self.capacity });
+        }
         let layout = ChannelLayout::new(max_pools, self.capacity, flavor.cell_size())
             .ok_or(ShmError::InvalidCapacity { capacity: self.capacity })?;
         let nonce = nonce();

@@ -41,8 +41,10 @@ use crate::wait::{WaitPolicy, barrier_mode, notify};
 ///
 /// # Panics
 ///
-/// If `capacity` is not a power of two in `1..=2^24`.
+/// If `capacity` is not a power of two in `2..=2^24` (one cell cannot tell full from
+/// empty in this algorithm).
 pub fn with_capacity<T: Pod + Send>(capacity: usize) -> (HeapProducer<T>, HeapConsumer<T>) {
+    assert!(capacity >= 2, "an MPMC ring needs at least 2 cells, got {capacity}");
     let storage = super::Heap::new(capacity, |i| MpmcCell::new(i as u64));
     let tx = Producer::new(storage.clone()).expect("a new ring is consistent");
     let rx = Consumer::new(storage).expect("a new ring is consistent");
@@ -87,6 +89,11 @@ impl<T, S: Clone> Clone for Consumer<T, S> {
 
 fn check_positions<S: Storage>(storage: &S) -> Result<u64, Corrupted> {
     let capacity = storage.cells().len() as u64;
+    // With one cell, "written at p" (stamp p + 1) and "free for p + 1" (stamp p + 1) are the
+    // same stamp, so a producer would overwrite an unread element: two cells at least.
+    if capacity < 2 {
+        return Err(Corrupted { what: "an MPMC ring needs at least 2 cells" });
+    }
     // Relaxed: only a consistency check at attach; every element access is guarded by the
     // cell stamps, read with Acquire.
     let tail = storage.control().tail.load(Ordering::Relaxed);
@@ -376,6 +383,25 @@ mod tests {
     use super::*;
     use crate::ring::Heap;
     use std::collections::HashSet;
+
+    /// Found by the `ring_model` fuzz target: with one cell, a push into the full ring saw
+    /// the stamp of "free for the next position" and overwrote the unread element.
+    #[test]
+    fn one_cell_is_refused_and_two_cells_tell_full_from_empty() {
+        let one = Heap::new(1, |i| MpmcCell::<u64>::new(i as u64));
+        assert!(matches!(Producer::<u64, _>::new(one.clone()), Err(Corrupted { .. })));
+        assert!(matches!(Consumer::<u64, _>::new(one), Err(Corrupted { .. })));
+        assert!(std::panic::catch_unwind(|| with_capacity::<u64>(1)).is_err());
+        let (tx, rx) = with_capacity::<u64>(2);
+        for lap in 0..4 {
+            tx.try_push(lap * 2).unwrap();
+            tx.try_push(lap * 2 + 1).unwrap();
+            assert_eq!(tx.try_push(99), Err(TryPushError::Full(99)));
+            assert_eq!(rx.try_pop(), Ok(lap * 2));
+            assert_eq!(rx.try_pop(), Ok(lap * 2 + 1));
+            assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+        }
+    }
 
     #[test]
     fn fifo_single_thread_many_laps() {
