@@ -58,6 +58,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod fault;
 mod sync;
 
 pub mod descriptor;

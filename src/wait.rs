@@ -236,6 +236,7 @@ fn wake_all(word: &WaitWord) {
     // Release: a sleeper that reads the new epoch (Acquire, in `wait_until`) also sees the
     // publication that preceded this wake.
     word.epoch.fetch_add(1, Ordering::Release);
+    crate::fault::point("inside_wake");
     futex_wake(&word.epoch);
 }
 

@@ -7,93 +7,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ring_name, role, unique_name};
+use common::{Peer, announce, assert_noticed, die, now_ns, ring_name, role, unique_name};
 use gpuring::{
     Channel, Descriptor, PopError, RecvError, RingOptions, SendError, ShmError, SpscRing,
     TensorMeta,
 };
-
-/// Monotonic nanoseconds, comparable between processes of this machine.
-fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
-
-/// Tells the parent `what` (a line on stdout, flushed).
-fn announce(what: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "GPURING:{what}").unwrap();
-    out.flush().unwrap();
-}
-
-/// Announces the death, then dies by SIGKILL: no destructor, no unlink, no unlock.
-fn die() -> ! {
-    announce(&format!("dying {}", now_ns()));
-    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL)
-        .unwrap();
-    unreachable!("SIGKILL is not caught");
-}
-
-/// A peer running `test` as `role`, its stdout piped to us.
-struct Peer {
-    child: Child,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Peer {
-    fn spawn(test: &str, role: &str, name: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([test, "--exact", "--nocapture", "--test-threads=1"])
-            .env("GPURING_TEST_ROLE", role)
-            .env("GPURING_TEST_RING", name)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Self { child, lines }
-    }
-
-    /// The next line the peer announced with `GPURING:`, without the prefix.
-    fn expect(&mut self, what: &str) -> String {
-        for line in self.lines.by_ref() {
-            let line = line.unwrap();
-            // libtest may have printed the test's name on the same line.
-            if let Some(rest) = line.split_once("GPURING:").map(|(_, rest)| rest) {
-                assert!(rest.starts_with(what), "peer said {rest:?}, expected {what:?}");
-                return rest[what.len()..].trim().to_owned();
-            }
-        }
-        panic!("peer closed its stdout before saying {what:?}");
-    }
-
-    /// Waits for the announced death; returns its monotonic time. Checks that the peer
-    /// was really killed by SIGKILL.
-    fn died(&mut self) -> u64 {
-        let at: u64 = self.expect("dying").parse().unwrap();
-        let status = self.child.wait().unwrap();
-        assert_eq!(status.signal(), Some(9), "the peer must die by SIGKILL: {status}");
-        at
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn assert_noticed(what: &str, died_at: u64, noticed_at: u64) {
-    let ms = noticed_at.saturating_sub(died_at) as f64 / 1e6;
-    println!("{what}: noticed {ms:.1} ms after the death");
-    assert!(ms < 100.0, "{what}: death noticed after {ms:.1} ms (limit 100 ms)");
-}
 
 const SENT: u64 = 40;
 

@@ -792,6 +792,7 @@ impl Sender {
             return Err(AcquireError::Cuda(CudaError::WrongBackend));
         }
         let slot = self.take_slot(wait)?;
+        crate::fault::point("send_holding_lease");
         Ok(Lease {
             data: self.pool.slot_ptr(slot.slot),
             len: self.pool.slot_size(),
@@ -1305,6 +1306,7 @@ impl Receiver {
             return Err(corrupt("descriptor names a device, the pool is host memory"));
         }
         let held = c.pool.seg.core.receive(c.desc.slot, c.desc.generation)?;
+        crate::fault::point("recv_holding");
         // SAFETY: byte_offset + len <= slot_size (checked in `check`), inside the slot.
         let data = unsafe { c.pool.seg.slot_ptr(held.slot).add(c.desc.byte_offset as usize) };
         Ok(Message { hold: SlotHold { pool: c.pool.seg, held }, desc: c.desc, meta: c.meta, data })

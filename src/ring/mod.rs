@@ -193,7 +193,7 @@ pub enum Side {
 
 /// How often a blocked endpoint of a ring that watches its peers checks that they live:
 /// a death is noticed within this (plus one probe of the participant table).
-pub const LIVENESS_TICK: std::time::Duration = std::time::Duration::from_millis(50);
+pub const LIVENESS_TICK: std::time::Duration = std::time::Duration::from_millis(30);
 
 /// A ring on the heap, shared by `Arc` between the endpoints of one process.
 #[derive(Debug)]

@@ -128,10 +128,12 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
+                    crate::fault::point("push_after_claim");
                     // SAFETY: winning the CAS at `pos` with stamp == pos makes this producer
                     // the only writer of the cell until it stores the next stamp; no
                     // consumer reads it before that store.
                     cell.value.with_mut(|p| unsafe { p.write(value) });
+                    crate::fault::point("push_before_publish");
                     // Release: pairs with the consumer's Acquire stamp load in `try_pop_in`.
                     cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
                     if hints.demote {

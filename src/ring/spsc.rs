@@ -120,6 +120,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     // SAFETY: the cell at `pos` belongs to the producer: the consumer has moved past it
     // (pos - head < capacity, checked above) and will not read it until `tail` passes it.
     cell.value.with_mut(|p| unsafe { p.write(value) });
+    crate::fault::point("push_after_write");
     local.pos = local.pos.wrapping_add(1);
     // Release: pairs with the consumer's Acquire load of `tail` in `try_pop_in`; the cell
     // write above is visible to a consumer that sees the new tail.

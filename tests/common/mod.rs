@@ -2,7 +2,9 @@
 //! running one test with a role taken from the environment.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::process::{Child, Command};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -72,4 +74,97 @@ pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "watchdog: {what} did not happen within {limit:?}");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Peers that die on purpose (tests/liveness.rs, tests/faults.rs).
+
+/// Monotonic nanoseconds, comparable between processes of this machine.
+pub fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Tells the parent `what` (a line on stdout, flushed).
+pub fn announce(what: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "GPURING:{what}").unwrap();
+    out.flush().unwrap();
+}
+
+/// Announces the death, then dies by SIGKILL: no destructor, no unlink, no unlock.
+pub fn die() -> ! {
+    announce(&format!("dying {}", now_ns()));
+    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL)
+        .unwrap();
+    unreachable!("SIGKILL is not caught");
+}
+
+/// A peer running `test` as `role`, its stdout piped to us.
+pub struct Peer {
+    /// The process.
+    pub child: Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Peer {
+    pub fn spawn(test: &str, role: &str, name: &str) -> Self {
+        Self::spawn_with(test, role, name, &[])
+    }
+
+    /// As [`spawn`](Self::spawn), with extra environment variables.
+    pub fn spawn_with(test: &str, role: &str, name: &str, env: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .env(RING, name)
+            .stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, lines }
+    }
+
+    /// The next line the peer announced with `GPURING:`, without the prefix.
+    pub fn expect(&mut self, what: &str) -> String {
+        for line in self.lines.by_ref() {
+            let line = line.unwrap();
+            // libtest may have printed the test's name on the same line.
+            if let Some(rest) = line.split_once("GPURING:").map(|(_, rest)| rest) {
+                assert!(rest.starts_with(what), "peer said {rest:?}, expected {what:?}");
+                return rest[what.len()..].trim().to_owned();
+            }
+        }
+        panic!("peer closed its stdout before saying {what:?}");
+    }
+
+    /// Waits for the announced death; returns its monotonic time. Checks that the peer
+    /// was really killed by SIGKILL.
+    pub fn died(&mut self) -> u64 {
+        let at: u64 = self.expect("dying").parse().unwrap();
+        self.killed();
+        at
+    }
+
+    /// Waits for the peer to exit, and checks that SIGKILL ended it.
+    pub fn killed(&mut self) {
+        let status = self.child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "the peer must die by SIGKILL: {status}");
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn assert_noticed(what: &str, died_at: u64, noticed_at: u64) {
+    let ms = noticed_at.saturating_sub(died_at) as f64 / 1e6;
+    println!("{what}: noticed {ms:.1} ms after the death");
+    assert!(ms < 100.0, "{what}: death noticed after {ms:.1} ms (limit 100 ms)");
 }
