@@ -13,7 +13,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ring_name, role, spawn, unique_name, wait_all};
+use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
 use gpuring::{AcquireError, Channel, CudaError, RecvError, ShmError, TensorMeta};
@@ -340,4 +340,39 @@ fn gpu_receiver_on_the_last_device() {
         tx.send_gpu_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
     }
     wait_all(&mut peer, WATCHDOG);
+}
+
+/// A GPU receiver killed while holding two messages: once its process has exited (so the
+/// driver has torn its context down), the sender's blocking acquire takes the two device
+/// slots back, and every slot can be leased again.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
+    if role().as_deref() == Some("holder") {
+        let (ctx, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let held: Vec<_> = (0..2).map(|_| rx.recv_on_timeout(&stream, LIMIT).unwrap()).collect();
+        assert_eq!(held.len(), 2);
+        announce("holding");
+        die();
+    }
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-reclaim");
+    let ch = Channel::builder(&name).capacity(8).slots(4, 4096).cuda(&ctx).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer = Peer::spawn("gpu_slots_of_a_killed_receiver_are_reclaimed", "holder", &name);
+    for seq in 0..2 {
+        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        memset(lease.device_ptr(), value(seq), 1024, &stream);
+        tx.send_gpu_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
+    }
+    peer.expect("holding");
+    assert_eq!(tx.free_slots(), 2);
+    peer.died(); // reaped: the process has exited
+    let t = std::time::Instant::now();
+    let leases: Vec<_> = (0..4).map(|_| tx.acquire_on_timeout(&stream, LIMIT).unwrap()).collect();
+    assert!(t.elapsed() < Duration::from_millis(500), "reclaimed in {:?}", t.elapsed());
+    drop(leases);
+    assert_eq!(tx.free_slots(), 4, "every device slot is free again");
 }

@@ -116,7 +116,8 @@ impl Peer {
     /// As [`spawn`](Self::spawn), with extra environment variables.
     pub fn spawn_with(test: &str, role: &str, name: &str, env: &[(&str, String)]) -> Self {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        // --include-ignored: GPU tests are #[ignore]d off the GPU machine.
+        cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"])
             .env(ROLE, role)
             .env(RING, name)
             .stdout(Stdio::piped());
