@@ -146,6 +146,42 @@ fn slots_held_by_a_killed_receiver_go_back_to_the_pool() {
 }
 
 #[test]
+fn sender_waiting_for_slots_gets_peer_dead_when_every_receiver_died() {
+    if role().as_deref() == Some("one-shot") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        drop(rx.recv().unwrap()); // maps the pool (registering in it), returns the slot
+        announce("attached");
+        die();
+    }
+    let name = unique_name("slots-dead");
+    let ch = Channel::builder(&name).capacity(16).slots(4, 64).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peer = Peer::spawn(
+        "sender_waiting_for_slots_gets_peer_dead_when_every_receiver_died",
+        "one-shot",
+        &name,
+    );
+    tx.send(tx.acquire().unwrap(), TensorMeta::bytes(8)).unwrap();
+    peer.expect("attached");
+    let died = peer.died();
+    // Every slot goes into the ring, where nobody will take it.
+    for _ in 0..4 {
+        tx.send(tx.acquire().unwrap(), TensorMeta::bytes(8)).unwrap();
+    }
+    match tx.acquire_timeout(Duration::from_secs(5)) {
+        Err(gpuring::AcquireError::PeerDead) => assert_noticed("acquire", died, now_ns()),
+        other => panic!("expected PeerDead, got {other:?}"),
+    }
+    // A live receiver attaching again makes the slots flow: it drains the ring.
+    let rx = ch.receiver().unwrap();
+    for _ in 0..4 {
+        drop(rx.recv().unwrap());
+    }
+    assert!(tx.acquire_timeout(Duration::from_secs(1)).is_ok());
+}
+
+#[test]
 fn stale_ring_of_a_killed_creator() {
     if role().as_deref() == Some("creator") {
         let ring = SpscRing::<Descriptor>::create(&ring_name(), 8).unwrap();
