@@ -224,10 +224,10 @@ fn bench_iceoryx2(g: &mut Group<'_>, size: usize) {
                 bytes[size - 8 + k].write(*b);
             }
             bytes[8].write(u8::from(i + 1 == iters));
-            // SAFETY: the sample lies in iceoryx2's shared-memory data segment, a mapping
-            // the kernel zero-filled and that only ever holds bytes: every byte is
-            // initialised (those not written here keep an earlier sample's bytes), and any
-            // byte is a valid `u8`. The producer writes in place, as gpuring's does.
+            // The producer writes in place, as gpuring's does: the sample lies in
+            // iceoryx2's shared-memory data segment, a mapping the kernel zero-filled and
+            // that only ever holds bytes (those not written here keep an earlier sample's).
+            // SAFETY: so every byte of the sample is initialised, and any byte is a `u8`.
             let sample = unsafe { sample.assume_init() };
             sample.send().unwrap();
             seq += 1;

@@ -144,6 +144,14 @@ unsafe impl Send for RingSegment {}
 // SAFETY: as above.
 unsafe impl Sync for RingSegment {}
 
+/// The participant table's code for `role`.
+fn role_code(role: Role) -> u32 {
+    match role {
+        Role::Producer => PARTICIPANT_PRODUCER,
+        Role::Consumer => PARTICIPANT_CONSUMER,
+    }
+}
+
 /// An entry of the participant table, held (with its liveness lock) for the life of an
 /// endpoint.
 #[derive(Debug)]
@@ -155,10 +163,7 @@ pub(crate) struct Participant {
 impl Participant {
     fn register(ring: &Arc<RingSegment>, role: Role) -> Result<Self, ShmError> {
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
-        let code = match role {
-            Role::Producer => PARTICIPANT_PRODUCER,
-            Role::Consumer => PARTICIPANT_CONSUMER,
-        };
+        let code = role_code(role);
         let mut own = ring.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let entries = &ring.participants().entries;
         // Free entries first, so that a dead endpoint's entry stays as evidence of its
@@ -268,27 +273,39 @@ impl RingSegment {
         unsafe { self.segment.at::<Participants>(self.layout.participants).as_ref() }
     }
 
+    /// Entry `index` checked against its liveness lock: `None` when free, else its value
+    /// and whether its holder lives. Entries this handle holds (`own`) live; another's
+    /// lives while some description holds its byte; one whose lock is gone and whose
+    /// value is unchanged after that was seen is dead (a leaving endpoint clears its entry
+    /// before it unlocks). One `F_OFD_GETLK` per entry not ours.
+    fn probe(&self, index: usize, own: u64) -> Result<Option<(u64, bool)>, ShmError> {
+        let entry = &self.participants().entries[index];
+        // Relaxed: a claim, checked against the lock.
+        let value = entry.load(Ordering::Relaxed);
+        if value == 0 {
+            return Ok(None);
+        }
+        if own & (1 << index) != 0 || self.segment.byte_held_elsewhere(1 + index as u64)? {
+            return Ok(Some((value, true)));
+        }
+        // Relaxed: as above.
+        Ok((entry.load(Ordering::Relaxed) == value).then_some((value, false)))
+    }
+
+    fn own(&self) -> u64 {
+        *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Live and dead endpoints of `role`, by the participant table checked against the
     /// liveness locks. A handful of syscalls: for blocked endpoints and tools only.
     pub(crate) fn peers(&self, role: Role) -> Result<PeerCount, ShmError> {
-        let code = u64::from(match role {
-            Role::Producer => PARTICIPANT_PRODUCER,
-            Role::Consumer => PARTICIPANT_CONSUMER,
-        });
-        let own = *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (code, own) = (u64::from(role_code(role)), self.own());
         let mut count = PeerCount::default();
-        for (index, entry) in self.participants().entries.iter().enumerate() {
-            // Relaxed: a claim, checked against the lock below.
-            let value = entry.load(Ordering::Relaxed);
-            if value == 0 || value >> 32 != code {
-                continue;
-            }
-            if own & (1 << index) != 0 || self.segment.byte_held_elsewhere(1 + index as u64)? {
-                count.live += 1;
-            } else if entry.load(Ordering::Relaxed) == value {
-                // Unchanged after the lock was seen gone: the holder died (one that leaves
-                // clears its entry before unlocking).
-                count.dead += 1;
+        for index in 0..MAX_PARTICIPANTS {
+            match self.probe(index, own)? {
+                Some((value, true)) if value >> 32 == code => count.live += 1,
+                Some((value, false)) if value >> 32 == code => count.dead += 1,
+                _ => {}
             }
         }
         Ok(count)
@@ -297,34 +314,21 @@ impl RingSegment {
     /// If participant entry `index` is held by nobody although it names an endpoint (that
     /// endpoint's process died), the pid it recorded. `None` for entries this handle holds.
     pub(crate) fn entry_dead(&self, index: usize) -> Result<Option<u32>, ShmError> {
-        let Some(entry) = self.participants().entries.get(index) else {
-            return Ok(None);
-        };
-        let own = *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Relaxed: a claim, checked against the lock.
-        let value = entry.load(Ordering::Relaxed);
-        if value == 0 || own & (1 << index) != 0 {
+        if index >= MAX_PARTICIPANTS {
             return Ok(None);
         }
-        let dead = !self.segment.byte_held_elsewhere(1 + index as u64)?
-            && entry.load(Ordering::Relaxed) == value;
-        Ok(dead.then_some(value as u32))
+        Ok(match self.probe(index, self.own())? {
+            Some((value, false)) => Some(value as u32),
+            _ => None,
+        })
     }
 
     /// Whether an endpoint of `role` recorded with `pid` is attached and alive.
     fn role_holder_alive(&self, role: Role, pid: u32) -> Result<bool, ShmError> {
-        let code = u64::from(match role {
-            Role::Producer => PARTICIPANT_PRODUCER,
-            Role::Consumer => PARTICIPANT_CONSUMER,
-        });
-        let wanted = code << 32 | u64::from(pid);
-        let own = *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (index, entry) in self.participants().entries.iter().enumerate() {
-            // Relaxed: a claim, checked against the lock.
-            if entry.load(Ordering::Relaxed) == wanted
-                && (own & (1 << index) != 0
-                    || self.segment.byte_held_elsewhere(1 + index as u64)?)
-            {
+        let wanted = u64::from(role_code(role)) << 32 | u64::from(pid);
+        let own = self.own();
+        for index in 0..MAX_PARTICIPANTS {
+            if self.probe(index, own)? == Some((wanted, true)) {
                 return Ok(true);
             }
         }

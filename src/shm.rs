@@ -567,7 +567,7 @@ impl Segment {
         if self.owner {
             return Ok(true);
         }
-        held_elsewhere(self.fd.as_fd(), CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_GETLK)"))
+        creator_lock_held(self.fd.as_fd())
     }
 
     /// [`ShmError::OwnerDead`] if the creator is dead, else `self`.
@@ -638,7 +638,7 @@ impl Segment {
         if stat.st_uid != rustix::process::geteuid().as_raw() {
             return Ok(false);
         }
-        Ok(!held_elsewhere(fd.as_fd(), CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_GETLK)"))?)
+        Ok(!creator_lock_held(fd.as_fd())?)
     }
 
     /// Whether an object named `name` exists (without mapping it).

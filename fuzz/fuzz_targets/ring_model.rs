@@ -16,52 +16,44 @@ fuzz_target!(|data: &[u8]| {
     // MPMC rings need two cells at least (one cell cannot tell full from empty).
     let mpmc = first & 0x80 != 0;
     let capacity = 1usize << (first % 7).max(u8::from(mpmc));
+    if mpmc {
+        let (tx, rx) = mpmc::with_capacity::<u64>(capacity);
+        check(ops, capacity, |v| tx.try_push(v), || rx.try_pop());
+    } else {
+        let (mut tx, mut rx) = spsc::with_capacity::<u64>(capacity);
+        check(ops, capacity, |v| tx.try_push(v), || rx.try_pop());
+    }
+});
+
+/// Runs `ops` through a ring's `push` / `pop` and a `VecDeque` bounded at `capacity`.
+fn check(
+    ops: &[u8],
+    capacity: usize,
+    mut push: impl FnMut(u64) -> Result<(), TryPushError<u64>>,
+    mut pop: impl FnMut() -> Result<u64, TryPopError>,
+) {
     let mut model = VecDeque::new();
     let mut next = 0u64;
-    if !mpmc {
-        let (mut tx, mut rx) = spsc::with_capacity::<u64>(capacity);
-        for &op in ops {
-            if op & 1 == 0 {
-                match tx.try_push(next) {
-                    Ok(()) => {
-                        model.push_back(next);
-                        assert!(model.len() <= capacity, "pushed into a full ring");
-                    }
-                    Err(TryPushError::Full(v)) => {
-                        assert_eq!(v, next);
-                        assert_eq!(model.len(), capacity, "full only at capacity");
-                    }
-                    Err(e) => panic!("{e}"),
+    for &op in ops {
+        if op & 1 == 0 {
+            match push(next) {
+                Ok(()) => {
+                    model.push_back(next);
+                    assert!(model.len() <= capacity, "pushed into a full ring");
                 }
-                next += 1;
-            } else {
-                match rx.try_pop() {
-                    Ok(v) => assert_eq!(Some(v), model.pop_front()),
-                    Err(TryPopError::Empty) => assert!(model.is_empty(), "empty only when empty"),
-                    Err(e) => panic!("{e}"),
+                Err(TryPushError::Full(v)) => {
+                    assert_eq!(v, next);
+                    assert_eq!(model.len(), capacity, "full only at capacity");
                 }
+                Err(e) => panic!("{e}"),
             }
-        }
-    } else {
-        let (tx, rx) = mpmc::with_capacity::<u64>(capacity);
-        for &op in ops {
-            if op & 1 == 0 {
-                match tx.try_push(next) {
-                    Ok(()) => {
-                        model.push_back(next);
-                        assert!(model.len() <= capacity, "pushed into a full ring");
-                    }
-                    Err(TryPushError::Full(_)) => assert_eq!(model.len(), capacity),
-                    Err(e) => panic!("{e}"),
-                }
-                next += 1;
-            } else {
-                match rx.try_pop() {
-                    Ok(v) => assert_eq!(Some(v), model.pop_front()),
-                    Err(TryPopError::Empty) => assert!(model.is_empty()),
-                    Err(e) => panic!("{e}"),
-                }
+            next += 1;
+        } else {
+            match pop() {
+                Ok(v) => assert_eq!(Some(v), model.pop_front()),
+                Err(TryPopError::Empty) => assert!(model.is_empty(), "empty only when empty"),
+                Err(e) => panic!("{e}"),
             }
         }
     }
-});
+}

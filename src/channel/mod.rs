@@ -984,16 +984,15 @@ impl Sender {
     /// Pushes a raw descriptor into the ring, bypassing the pool: for tests of what
     /// receivers do with forged descriptors. Not for applications.
     #[doc(hidden)]
-    pub fn push_raw(&self, d: Descriptor) -> Result<(), SendError> {
+    /// There is no lease, so errors carry `()` where a send's carry the lease.
+    pub fn push_raw(&self, d: Descriptor) -> Result<(), SendError<()>> {
         let r = match &self.tx {
             Tx::Spsc(p) => p.borrow_mut().push(d).map_err(NotPushed::from_push),
             Tx::Mpmc(p) => p.push(d).map_err(NotPushed::from_push),
         };
         r.map_err(|e| match e {
             NotPushed::Corrupted(c) => SendError::Corrupted(c),
-            NotPushed::PeerDead => SendError::Corrupted(Corrupted {
-                what: "every receiver died (push_raw has no lease to hand back)",
-            }),
+            NotPushed::PeerDead => SendError::PeerDead(()),
             NotPushed::Waiting => unreachable!("push without a deadline does not time out"),
         })
     }
