@@ -7,8 +7,8 @@
 //! | 0 | [`SegmentHeader`]: magic, layout version, segment kind, total size, init word |
 //! | 128 | [`RingHeader`]: capacity, element size and alignment, role claims |
 //! | 256 | [`RingControl`]: tail, head and the two wait words, each on its own 128-byte line |
-//! | 768 | [`Participants`]: who is attached, each entry backed by a liveness lock |
-//! | 1280 | `capacity` cells: [`SpscCell`]s or [`MpmcCell`]s |
+//! | 768 | [`Participants`]: who is attached, each entry backed by a liveness lock, and the MPMC position each last claimed |
+//! | 5376 | `capacity` cells: [`SpscCell`]s or [`MpmcCell`]s |
 //!
 //! Everything a peer can write is an atomic (or sits in a cell that the ring protocol hands
 //! from one side to the other), and everything read from here is untrusted: the modules
@@ -24,7 +24,7 @@ use crate::wait::WaitWord;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING\0");
 
 /// Bumped whenever a shared-memory type changes shape or meaning.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// The value of [`SegmentHeader::init`] once the creator has finished writing the segment.
 pub const INIT_READY: u32 = 0x5244_5952; // "RYDR"
@@ -142,11 +142,46 @@ pub const MAX_PARTICIPANTS: usize = 64;
 /// open-file-description lock on byte `1 + i` of the segment's object (see `shm`), which
 /// the kernel drops when the holder dies. An entry is written only by the holder of its
 /// lock; what a reader finds here is a claim to check against the lock, never proof.
+///
+/// `claims[i]` is what endpoint `i` last claimed in an MPMC ring (see [`Claims`]): the
+/// evidence by which a cell won by an endpoint that then died is repaired.
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct Participants {
     /// The entries.
     pub entries: [AtomicU64; MAX_PARTICIPANTS],
+    /// Entry `i`'s claims, one 64-byte line per entry (written by its holder only, on every
+    /// MPMC push and pop, so that no two endpoints share a line).
+    pub claims: [Claims; MAX_PARTICIPANTS],
+}
+
+/// The MPMC positions one endpoint last won: `position + 1`, or 0 for none.
+///
+/// An endpoint that wins the compare-and-swap of `tail` (`push`) or `head` (`pop`) at a
+/// position stores it here at once, before touching the cell. A word names a position only
+/// if its endpoint won it, so a cell still unstamped at a position that a *dead* endpoint's
+/// word names was won by that endpoint, which will never finish it: the cell can be
+/// repaired (`ring::mpmc`, "Repair") with no risk of racing a live writer.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Claims {
+    /// The `tail` position last won, plus one.
+    pub push: AtomicU64,
+    /// The `head` position last won, plus one.
+    pub pop: AtomicU64,
+}
+
+impl Claims {
+    /// No claims.
+    pub fn new() -> Self {
+        Self { push: AtomicU64::new(0), pop: AtomicU64::new(0) }
+    }
+}
+
+impl Default for Claims {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// [`Participants`] role code of a producer (sender) endpoint.
@@ -183,6 +218,8 @@ impl<T: bytemuck::Zeroable> Default for SpscCell<T> {
 /// Stamp protocol (positions `p` with `p % capacity` = this cell): `stamp == p` means free
 /// for the producer of position `p`; `stamp == p + 1` means written, ready for the consumer
 /// of `p`; the consumer then sets `p + capacity`, freeing it for the next lap.
+/// `(p + 1) | STAMP_SKIPPED` means that the producer that won `p` died before writing
+/// it: consumers pass it by, freeing it, without returning an element.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct MpmcCell<T> {
@@ -202,6 +239,10 @@ impl<T: bytemuck::Zeroable> MpmcCell<T> {
         Self { stamp: AtomicU64::new(pos + 1), value: UnsafeCell::new(value) }
     }
 }
+
+/// The bit of an MPMC stamp that marks a cell skipped (see [`MpmcCell`]); positions stay
+/// below it (2^63 elements: centuries at any rate this ring reaches).
+pub const STAMP_SKIPPED: u64 = 1 << 63;
 
 /// Byte offsets and size of a ring segment, derived from its parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -606,7 +647,8 @@ const _: () = {
     assert!(size_of::<SegmentHeader>() == 128);
     assert!(size_of::<RingHeader>() == 128);
     assert!(size_of::<RingControl>() == 512);
-    assert!(size_of::<Participants>() == 512);
+    assert!(size_of::<Participants>() == 512 + 64 * 64);
+    assert!(size_of::<Claims>() == 64);
     assert!(size_of::<WaitWord>() == 8);
     assert!(size_of::<SpscCell<u64>>() == 8);
     assert!(size_of::<SpscCell<crate::Descriptor>>() == 384);
@@ -644,8 +686,8 @@ mod tests {
     #[test]
     fn layout_offsets() {
         let l = RingLayout::new(1024, 384).unwrap();
-        assert_eq!((l.ring_header, l.control, l.participants, l.cells), (128, 256, 768, 1280));
-        assert_eq!(l.total_size, 1280 + 1024 * 384);
+        assert_eq!((l.ring_header, l.control, l.participants, l.cells), (128, 256, 768, 5376));
+        assert_eq!(l.total_size, 5376 + 1024 * 384);
     }
 
     #[test]

@@ -35,8 +35,8 @@ use bytemuck::Pod;
 
 use crate::descriptor::Descriptor;
 use crate::layout::{
-    MAX_PARTICIPANTS, MpmcCell, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants,
-    RingControl, RingHeader, RingLayout, SegmentKind, SpscCell,
+    Claims, MAX_PARTICIPANTS, MpmcCell, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER,
+    Participants, RingControl, RingHeader, RingLayout, SegmentKind, SpscCell,
 };
 use crate::ring::{Side, Storage, mpmc, spsc};
 use crate::shm::{Role, Segment, ShmError};
@@ -60,12 +60,19 @@ pub struct ShmStorage<C> {
     ring: Arc<RingSegment>,
     // Released when the last clone drops (SPSC endpoints are never cloned).
     _attachment: Arc<Attachment>,
+    /// The attachment's claim line, inside `ring`'s mapping.
+    claims: NonNull<Claims>,
     _cell: PhantomData<C>,
 }
 
 impl<C> Clone for ShmStorage<C> {
     fn clone(&self) -> Self {
-        Self { ring: self.ring.clone(), _attachment: self._attachment.clone(), _cell: PhantomData }
+        Self {
+            ring: self.ring.clone(),
+            _attachment: self._attachment.clone(),
+            claims: self.claims,
+            _cell: PhantomData,
+        }
     }
 }
 
@@ -101,6 +108,15 @@ unsafe impl<C> Storage for ShmStorage<C> {
     fn dead_participant(&self, index: u32) -> Option<u32> {
         self.ring.entry_dead(index as usize).ok().flatten()
     }
+    #[inline(always)]
+    fn claims(&self) -> Option<&Claims> {
+        // SAFETY: the attachment's entry of the participant table, inside the mapping that
+        // `ring` keeps alive; atomics only.
+        Some(unsafe { self.claims.as_ref() })
+    }
+    fn repair(&self) -> bool {
+        self.ring.repair() > 0
+    }
     fn cells(&self) -> &[C] {
         // SAFETY: `capacity` cells of `C` start at `cells`, inside the mapping; C is a cell
         // type (atomics and UnsafeCell<Pod>), valid for any bytes.
@@ -124,6 +140,8 @@ pub(crate) struct RingSegment {
     layout: RingLayout,
     control: NonNull<RingControl>,
     cells: NonNull<u8>,
+    /// Whether the cells are `MpmcCell`s (a stamp first), which `repair` fixes.
+    stamped: bool,
     /// Participant entries this handle holds (bit `i`: entry `i`). Its locks are taken
     /// through `segment`'s descriptor, and a description never conflicts with itself, so
     /// this handle must neither take an entry it holds nor probe it.
@@ -179,6 +197,9 @@ impl Participant {
             // The lock first: holding it makes the entry ours, whatever it says (a free
             // entry, or a dead endpoint's).
             if ring.segment.lock_byte(1 + index as u64)? {
+                // A dead endpoint's claims are the only evidence of cells it won and never
+                // finished: settle them before they are overwritten.
+                ring.settle_claims_of(index);
                 *own |= 1 << index;
                 // Relaxed: the entry is a claim that readers check against the lock (a
                 // syscall on both sides), not a publication of other data.
@@ -194,6 +215,10 @@ impl Participant {
 impl Drop for Participant {
     fn drop(&mut self) {
         let mut own = self.ring.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Every claim of a leaving endpoint is finished. Relaxed: as the entry below.
+        let claims = &self.ring.participants().claims[self.index];
+        claims.push.store(0, Ordering::Relaxed);
+        claims.pop.store(0, Ordering::Relaxed);
         // Cleared before the lock goes, so a prober that finds the lock gone and then the
         // entry unchanged knows that the holder died rather than left. Relaxed: as in
         // `register`; the unlock syscall below orders it for other processes.
@@ -335,6 +360,78 @@ impl RingSegment {
         Ok(false)
     }
 
+    /// The stamp word of position `pos`'s cell (stamped rings only: an `MpmcCell` starts
+    /// with its stamp).
+    fn stamp(&self, pos: u64) -> &crate::sync::AtomicU64 {
+        debug_assert!(self.stamped);
+        let index = (pos & (self.layout.capacity as u64 - 1)) as usize;
+        // SAFETY: index < capacity, so the cell lies inside the cell array of the checked
+        // layout; an `MpmcCell` is `repr(C)` with its `AtomicU64` stamp first and is
+        // 64-byte aligned, as the cell array is.
+        unsafe { &*self.cells.as_ptr().add(index * self.layout.cell_size).cast() }
+    }
+
+    /// Repairs the cells that endpoints died holding ([`mpmc::repair`]); how many. Probes
+    /// the lock of each entry whose claim names a stalled cell: for blocked endpoints only.
+    pub(crate) fn repair(&self) -> u32 {
+        if !self.stamped {
+            return 0;
+        }
+        let own = self.own();
+        let claims = &self.participants().claims;
+        mpmc::repair(
+            self.control(),
+            self.layout.capacity as u64,
+            |pos| self.stamp(pos),
+            |side, pos| {
+                (0..MAX_PARTICIPANTS).any(|i| {
+                    let word = match side {
+                        Side::Producers => &claims[i].push,
+                        Side::Consumers => &claims[i].pop,
+                    };
+                    // Relaxed: a word names a position only after its endpoint won it;
+                    // the lock, probed next, says whether that endpoint is dead.
+                    word.load(Ordering::Relaxed) == pos.wrapping_add(1)
+                        && matches!(self.probe(i, own), Ok(Some((_, false))))
+                })
+            },
+        )
+    }
+
+    /// Settles the claims of entry `index`, whose lock this handle has just taken (so its
+    /// previous holder, if any, is dead): a cell it won and left unfinished is repaired,
+    /// then its claim words are cleared for the new holder.
+    fn settle_claims_of(&self, index: usize) {
+        let claims = &self.participants().claims[index];
+        // Relaxed: the previous holder is dead; the stamp CASes decide.
+        let (push, pop) =
+            (claims.push.swap(0, Ordering::Relaxed), claims.pop.swap(0, Ordering::Relaxed));
+        if !self.stamped {
+            return;
+        }
+        let capacity = self.layout.capacity as u64;
+        let control = self.control();
+        // Relaxed: bounds for a forged word; the CASes decide.
+        let (tail, head) =
+            (control.tail.load(Ordering::Relaxed), control.head.load(Ordering::Relaxed));
+        // A word names a position its holder won: below tail (push) or head (pop), within
+        // a lap. Anything else is forged and ignored.
+        let won = |word: u64, end: u64| {
+            let pos = word.wrapping_sub(1);
+            (word != 0 && end.wrapping_sub(pos).wrapping_sub(1) < capacity).then_some(pos)
+        };
+        if let Some(pos) = won(push, tail) {
+            if mpmc::skip_unwritten(self.stamp(pos), pos) {
+                crate::wait::notify(&control.not_empty);
+            }
+        }
+        if let Some(pos) = won(pop, head) {
+            if mpmc::free_unread(self.stamp(pos), pos, capacity) {
+                crate::wait::notify(&control.not_full);
+            }
+        }
+    }
+
     fn claim_word(&self, role: Role) -> &AtomicU32 {
         match role {
             Role::Producer => &self.header().producer_claim,
@@ -398,7 +495,7 @@ impl RingSegment {
             Self::init_in::<T, C>(seg, &layout, init_cell);
             Ok(())
         })?;
-        Ok(Self::view(Arc::new(segment), layout))
+        Ok(Self::view(Arc::new(segment), layout, kind == SegmentKind::MpmcRing))
     }
 
     fn open<T: Pod, C>(opts: &RingOptions, kind: SegmentKind) -> Result<Arc<Self>, ShmError> {
@@ -435,7 +532,7 @@ impl RingSegment {
                 found: segment.len() as u64,
             });
         }
-        Ok(Self::view(Arc::new(segment), layout))
+        Ok(Self::view(Arc::new(segment), layout, kind == SegmentKind::MpmcRing))
     }
 
     /// The ring at `layout` inside `segment`, whose parameters the caller has checked.
@@ -443,12 +540,14 @@ impl RingSegment {
     /// # Panics
     ///
     /// If the ring does not fit in the segment (a bug in the caller's checks).
-    pub(crate) fn view(segment: Arc<Segment>, layout: RingLayout) -> Arc<Self> {
+    /// `stamped`: the cells are `MpmcCell`s.
+    pub(crate) fn view(segment: Arc<Segment>, layout: RingLayout, stamped: bool) -> Arc<Self> {
         assert!(layout.total_size <= segment.len(), "ring outside its segment");
         // SAFETY: offsets from a layout that ends inside the mapping (`at` checks each).
         let (control, cells) =
             unsafe { (segment.at::<RingControl>(layout.control), segment.at::<u8>(layout.cells)) };
-        Arc::new(Self { segment, layout, control, cells, own: std::sync::Mutex::new(0) })
+        let own = std::sync::Mutex::new(0);
+        Arc::new(Self { segment, layout, control, cells, stamped, own })
     }
 
     /// The SPSC producer end, claiming the producer role.
@@ -497,7 +596,13 @@ impl RingSegment {
     pub(crate) fn storage<C>(self: &Arc<Self>, attachment: Attachment) -> ShmStorage<C> {
         // The layout was computed for one cell type; a view with another would mis-stride.
         assert_eq!(size_of::<C>(), self.layout.cell_size, "cell type does not match the layout");
-        ShmStorage { ring: self.clone(), _attachment: Arc::new(attachment), _cell: PhantomData }
+        let claims = NonNull::from(&self.participants().claims[attachment.participant.index]);
+        ShmStorage {
+            ring: self.clone(),
+            _attachment: Arc::new(attachment),
+            claims,
+            _cell: PhantomData,
+        }
     }
 }
 

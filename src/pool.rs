@@ -557,7 +557,7 @@ mod host {
             let data = (backend == BACKEND_HOST).then(|| unsafe { segment.at::<u8>(layout.data) });
             let records =
                 ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
-            let ring = RingSegment::view(segment.clone(), layout.free_ring);
+            let ring = RingSegment::view(segment.clone(), layout.free_ring, true);
             let core = PoolCore::new(records, ring.attached_storage::<MpmcCell<u32>>(role)?)?;
             Ok(Self { core, segment, layout, backend, data })
         }

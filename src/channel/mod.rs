@@ -484,7 +484,7 @@ impl Channel {
         builder: &ChannelBuilder,
     ) -> Self {
         let segment = Arc::new(segment);
-        let ring = RingSegment::view(segment.clone(), layout.ring);
+        let ring = RingSegment::view(segment.clone(), layout.ring, flavor == Flavor::Mpmc);
         let shared = Shared {
             segment,
             layout,

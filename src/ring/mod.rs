@@ -24,7 +24,7 @@
 
 use std::sync::Arc;
 
-use crate::layout::RingControl;
+use crate::layout::{Claims, RingControl};
 
 pub mod mpmc;
 pub mod spsc;
@@ -180,6 +180,19 @@ pub unsafe trait Storage {
         let _ = index;
         None
     }
+    /// This endpoint's claim words, where an MPMC endpoint records each position it wins
+    /// (see [`mpmc`], "Repair"); `None` when the storage does not track endpoints. Read on
+    /// every MPMC push and pop: keep it a field access.
+    #[inline(always)]
+    fn claims(&self) -> Option<&Claims> {
+        None
+    }
+    /// Repairs MPMC cells won by endpoints that died before finishing them
+    /// ([`mpmc::repair`]); whether it repaired any. Called by blocked endpoints every
+    /// [`LIVENESS_TICK`], never on the fast path.
+    fn repair(&self) -> bool {
+        false
+    }
 }
 
 /// A side of a ring.
@@ -262,9 +275,11 @@ pub(crate) enum Blocked {
 /// `Ok(Some(r))` on success, `Ok(None)` to wait) as `policy` says, sleeping on `wait_on`,
 /// until `deadline`; after a success, wakes the other side's sleepers on `wake`.
 ///
-/// Storage that watches its peers is asked, every [`LIVENESS_TICK`] of waiting, whether
-/// the side `waits_for` is all dead; if so, one last attempt takes what they left, and
-/// then the wait ends with [`Blocked::PeerDead`]. The first attempt reads no clock.
+/// Storage that watches its peers is asked, every [`LIVENESS_TICK`] of waiting, first to
+/// repair cells that endpoints died holding ([`Storage::repair`]; after a repair it tries
+/// again at once), then whether the side `waits_for` is all dead; if so, one last attempt
+/// takes what they left, and then the wait ends with [`Blocked::PeerDead`]. The first
+/// attempt reads no clock.
 pub(crate) fn block_on<S: Storage, R>(
     storage: &S,
     waits_for: Side,
@@ -296,6 +311,8 @@ pub(crate) fn block_on<S: Storage, R>(
         match crate::wait::wait_until(wait_on, policy, Some(chunk), || attempt().transpose()) {
             Ok(Ok(r)) => return done(r),
             Ok(Err(c)) => return Err(Blocked::Corrupted(c)),
+            // A cell won by an endpoint that died stalls the ring: repair, then try again.
+            Err(_) if storage.repair() => {}
             Err(_) if deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
                 return Err(Blocked::Timeout);
             }

@@ -11,9 +11,28 @@
 //!
 //! Checks on shared values: a stamp more than one lap behind its position, or ahead of it
 //! while the position counter has not moved, cannot happen in a healthy ring and is
-//! [`Corrupted`]. A producer that won a cell and died before stamping it stalls the ring at
-//! that cell (issue 6 repairs it once the claimant is known dead); to the others it looks
-//! full or empty, never corrupted.
+//! [`Corrupted`]; so is a position at or above 2^63 (the stamp's skip bit).
+//!
+//! # Repair
+//!
+//! An endpoint that wins a cell and dies before stamping it would stall the ring there for
+//! ever: a producer's unwritten cell looks empty to every consumer, a consumer's unfreed
+//! cell looks full to every producer a lap later. Storage that tracks its endpoints (named
+//! rings) gives each endpoint a [`Claims`](crate::layout::Claims) line, where it records every position it wins,
+//! right after winning the compare-and-swap and before touching the cell. A word names a
+//! position only if its endpoint won it, so when the cell at that position is still
+//! unstamped and the endpoint is dead, nobody will ever finish it, and [`repair`] (run by
+//! blocked endpoints every liveness tick) may:
+//! - stamp a dead producer's cell *skipped*, `(p + 1) | STAMP_SKIPPED`: consumers pass it,
+//!   freeing it, without returning anything (nothing was published there, so nothing
+//!   published is lost, and every producer's order is unchanged);
+//! - free a dead consumer's cell, `p + capacity` (its element went with the consumer).
+//!
+//! Each repair is a compare-and-swap from the exact stalled stamp, so it can only ever
+//! replace a stamp that its dead winner would have written. What is not covered: an
+//! endpoint killed in the two instructions between its winning CAS and its claim store,
+//! and two threads sharing one endpoint (a clone of a handle) whose process dies with both
+//! mid-operation (the later claim overwrote the earlier): those cells stay stalled.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -24,8 +43,8 @@ use super::{
     Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError, block_on,
     cell_at, deadline_after, demote,
 };
-use crate::layout::MpmcCell;
-use crate::sync::{Ordering, spin_hint};
+use crate::layout::{MpmcCell, RingControl, STAMP_SKIPPED};
+use crate::sync::{AtomicU64, Ordering, spin_hint};
 use crate::wait::{WaitPolicy, barrier_mode, notify};
 
 /// An in-process MPMC ring of `capacity` elements (a power of two) on the heap. Clone the
@@ -101,6 +120,9 @@ fn check_positions<S: Storage>(storage: &S) -> Result<u64, Corrupted> {
     if tail.wrapping_sub(head) > capacity {
         return Err(Corrupted { what: "tail is more than capacity ahead of head" });
     }
+    if (tail | head) & STAMP_SKIPPED != 0 {
+        return Err(Corrupted { what: "ring position at or above 2^63" });
+    }
     Ok(capacity)
 }
 
@@ -116,10 +138,15 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     loop {
         let cell = cell_at(storage, capacity, pos);
         // Acquire: pairs with the consumer's Release stamp store in `try_pop_in` (its read
-        // of the old element happens before our write).
-        let stamp = cell.stamp.load(Ordering::Acquire);
-        let lag = stamp.wrapping_sub(pos) as i64;
+        // of the old element happens before our write), or a repairer's in `free_unread`.
+        let raw = cell.stamp.load(Ordering::Acquire);
+        let lag = (raw & !STAMP_SKIPPED).wrapping_sub(pos) as i64;
         if lag == 0 {
+            if raw & STAMP_SKIPPED != 0 {
+                return Err(TryPushError::Corrupted(Corrupted {
+                    what: "skipped stamp on a cell free for a producer",
+                }));
+            }
             // Relaxed CAS: ownership of the cell is handed over by the stamps, not by tail.
             match control.tail.compare_exchange_weak(
                 pos,
@@ -128,6 +155,11 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
+                    if let Some(claims) = storage.claims() {
+                        // Relaxed: read only by a repairer after this process died (its
+                        // liveness lock gone); nothing is published through it.
+                        claims.push.store(pos.wrapping_add(1), Ordering::Relaxed);
+                    }
                     crate::fault::point("push_after_claim");
                     // SAFETY: winning the CAS at `pos` with stamp == pos makes this producer
                     // the only writer of the cell until it stores the next stamp; no
@@ -178,9 +210,10 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     let mut pos = control.head.load(Ordering::Relaxed);
     loop {
         let cell = cell_at(storage, capacity, pos);
-        // Acquire: pairs with the producer's Release stamp store in `try_push_in`.
-        let stamp = cell.stamp.load(Ordering::Acquire);
-        let lag = stamp.wrapping_sub(pos.wrapping_add(1)) as i64;
+        // Acquire: pairs with the producer's Release stamp store in `try_push_in` (or a
+        // repairer's in `skip_unwritten`).
+        let raw = cell.stamp.load(Ordering::Acquire);
+        let lag = (raw & !STAMP_SKIPPED).wrapping_sub(pos.wrapping_add(1)) as i64;
         if lag == 0 {
             // Relaxed CAS: ownership of the cell is handed over by the stamps.
             match control.head.compare_exchange_weak(
@@ -190,6 +223,19 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
+                    if let Some(claims) = storage.claims() {
+                        // Relaxed: as for `push` in `try_push_in`.
+                        claims.pop.store(pos.wrapping_add(1), Ordering::Relaxed);
+                    }
+                    crate::fault::point("pop_after_claim");
+                    if raw & STAMP_SKIPPED != 0 {
+                        // Its producer died before writing it: nothing to return. Free it
+                        // (Release: pairs with the producer's Acquire stamp load) and go on.
+                        cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
+                        notify(&control.not_full);
+                        pos = control.head.load(Ordering::Relaxed);
+                        continue;
+                    }
                     // SAFETY: winning the CAS at `pos` with stamp == pos + 1 makes this
                     // consumer the only reader of the cell, and no producer writes it before
                     // the stamp below. `T: Pod`: any bytes form a valid `T`.
@@ -219,6 +265,96 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             spin_hint();
         }
     }
+}
+
+/// Stamps the cell of position `pos` skipped if it still holds `stamp == pos`: the
+/// producer that won `pos` never wrote it. Call only once that producer is known dead (see
+/// "Repair" above). Returns whether it did.
+pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
+    // Release on success: pairs with the consumer's Acquire stamp load in `try_pop_in`
+    // (nothing is published with it; the consumer only learns the cell is passable).
+    stamp
+        .compare_exchange(
+            pos,
+            pos.wrapping_add(1) | STAMP_SKIPPED,
+            Ordering::Release,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+}
+
+/// Frees the cell of position `pos` for the next lap if it is still won-but-unfreed
+/// (`stamp == pos + 1`, skipped or not): the consumer that won `pos` never freed it. Call
+/// only once that consumer is known dead. Returns whether it did.
+pub(crate) fn free_unread(stamp: &AtomicU64, pos: u64, capacity: u64) -> bool {
+    // Relaxed: only picks the value to replace; the CAS decides.
+    let raw = stamp.load(Ordering::Relaxed);
+    if raw & !STAMP_SKIPPED != pos.wrapping_add(1) {
+        return false;
+    }
+    // Release on success: pairs with the producer's Acquire stamp load in `try_push_in`
+    // (the dead consumer's read of the cell is over).
+    stamp
+        .compare_exchange(raw, pos.wrapping_add(capacity), Ordering::Release, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// How far past `head` (and past the cell producers wait for) one repair looks.
+const REPAIR_SCAN: u64 = 64;
+
+/// Repairs the cells that stall an MPMC ring because the endpoint that won them died: see
+/// "Repair" above. `stamp_of(p)` is the stamp word of position `p`'s cell;
+/// `claimant_dead(side, p)` says whether an endpoint of `side` that is dead recorded
+/// winning `p`. Looks at the first [`REPAIR_SCAN`] positions from `head` (cells consumers
+/// wait for) and from `tail - capacity` (cells producers wait for); wakes the side a repair
+/// unblocks. Returns how many cells it repaired. Not for the fast path: it reads up to
+/// `2 * REPAIR_SCAN` stamps, and `claimant_dead` may probe locks.
+#[doc(hidden)]
+pub fn repair<'a>(
+    control: &RingControl,
+    capacity: u64,
+    stamp_of: impl Fn(u64) -> &'a AtomicU64,
+    mut claimant_dead: impl FnMut(Side, u64) -> bool,
+) -> u32 {
+    // Relaxed: a window to look at; every repair is a CAS on a stamp, which decides.
+    let tail = control.tail.load(Ordering::Relaxed);
+    let head = control.head.load(Ordering::Relaxed);
+    let queued = tail.wrapping_sub(head);
+    if queued > capacity || (tail | head) & STAMP_SKIPPED != 0 {
+        return 0; // impossible positions: the operations report them as corrupted
+    }
+    let mut skipped = 0;
+    // Positions won by producers and not yet written: stamp == pos.
+    for pos in (0..queued.min(REPAIR_SCAN)).map(|i| head.wrapping_add(i)) {
+        let stamp = stamp_of(pos);
+        // Relaxed: a candidate; `skip_unwritten`'s CAS decides.
+        if stamp.load(Ordering::Relaxed) == pos
+            && claimant_dead(Side::Producers, pos)
+            && skip_unwritten(stamp, pos)
+        {
+            skipped += 1;
+        }
+    }
+    // Positions won by consumers and not yet freed, among those producers wait for.
+    let oldest = tail.saturating_sub(capacity);
+    let mut freed = 0;
+    for pos in (0..(head - oldest).min(REPAIR_SCAN)).map(|i| oldest + i) {
+        let stamp = stamp_of(pos);
+        // Relaxed: as above.
+        if stamp.load(Ordering::Relaxed) & !STAMP_SKIPPED == pos.wrapping_add(1)
+            && claimant_dead(Side::Consumers, pos)
+            && free_unread(stamp, pos, capacity)
+        {
+            freed += 1;
+        }
+    }
+    if skipped > 0 {
+        notify(&control.not_empty);
+    }
+    if freed > 0 {
+        notify(&control.not_full);
+    }
+    skipped + freed
 }
 
 impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
