@@ -11,6 +11,7 @@
 //! | `push_after_write` | SPSC push: the cell written, `tail` not yet published |
 //! | `push_after_claim` | MPMC push: the cell claimed (CAS on `tail` won), not yet written |
 //! | `push_before_publish` | MPMC push: the cell written, its stamp not yet stored |
+//! | `pop_after_claim` | MPMC pop: the cell claimed (CAS on `head` won), not yet read or freed |
 //! | `inside_wake` | a publisher waking sleepers: the epoch bumped, the futex not yet woken |
 //! | `send_holding_lease` | a sender: a slot leased, not yet sent |
 //! | `recv_holding` | a receiver: a slot taken (HELD), the message not yet returned |

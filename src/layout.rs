@@ -240,6 +240,15 @@ impl<T: bytemuck::Zeroable> MpmcCell<T> {
     }
 }
 
+impl<T> MpmcCell<T> {
+    /// The stamp word (for `ring::mpmc::repair` over storage outside this crate: models
+    /// and tests).
+    #[doc(hidden)]
+    pub fn stamp(&self) -> &AtomicU64 {
+        &self.stamp
+    }
+}
+
 /// The bit of an MPMC stamp that marks a cell skipped (see [`MpmcCell`]); positions stay
 /// below it (2^63 elements: centuries at any rate this ring reaches).
 pub const STAMP_SKIPPED: u64 = 1 << 63;

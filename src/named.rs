@@ -35,8 +35,8 @@ use bytemuck::Pod;
 
 use crate::descriptor::Descriptor;
 use crate::layout::{
-    Claims, MAX_PARTICIPANTS, MpmcCell, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER,
-    Participants, RingControl, RingHeader, RingLayout, SegmentKind, SpscCell,
+    Claims, MAX_PARTICIPANTS, MpmcCell, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants,
+    RingControl, RingHeader, RingLayout, SegmentKind, SpscCell,
 };
 use crate::ring::{Side, Storage, mpmc, spsc};
 use crate::shm::{Role, Segment, ShmError};

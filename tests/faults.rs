@@ -10,8 +10,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Peer, assert_noticed, now_ns, ring_name, role, unique_name};
-use gpuring::{Channel, Receiver, RecvError, TensorMeta, WaitPolicy};
+use common::{Peer, announce, assert_noticed, now_ns, ring_name, role, unique_name};
+use gpuring::{Channel, MpmcRing, PopError, Receiver, RecvError, TensorMeta, WaitPolicy};
 
 const SLOTS: u32 = 8;
 
@@ -174,4 +174,182 @@ fn random_kills_over_a_long_stream() {
         assert_noticed(&format!("round {round}"), killed_at, noticed);
         usable_after(&ch, &rx);
     }
+}
+
+/// MPMC: a producer killed after winning a cell (before writing it, or before stamping it)
+/// while another producer keeps pushing. The consumer passes the dead cell once the repair
+/// sees its claimant dead (one tick): it gets exactly what the victim published before the
+/// kill and everything the live producer pushed, each producer's in order, never stalling
+/// for 100 ms; then `PeerDead` once the live producer has left, and the ring works on.
+#[test]
+fn mpmc_producer_killed_holding_a_claimed_cell() {
+    const VICTIM: u64 = 1 << 32;
+    const STEADY: u64 = 2 << 32;
+    const STEADY_COUNT: u64 = 300;
+    match role().as_deref() {
+        Some("victim") => {
+            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let tx = ring.producer().unwrap();
+            for seq in 0..MESSAGES {
+                tx.push(VICTIM | seq).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            panic!("the fault point was never reached");
+        }
+        Some("steady") => {
+            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let tx = ring.producer().unwrap();
+            for seq in 0..STEADY_COUNT {
+                tx.push(STEADY | seq).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return; // leaves cleanly: its entry is cleared, not dead
+        }
+        _ => {}
+    }
+    for (point, n) in [
+        ("push_after_claim", 1),
+        ("push_after_claim", 9),
+        ("push_before_publish", 2),
+        ("push_before_publish", 20),
+    ] {
+        let name = unique_name("mpmc-fault");
+        let ring = MpmcRing::<u64>::create(&name, 8).unwrap();
+        let mut rx = ring.consumer().unwrap();
+        rx.set_wait_policy(WaitPolicy::SLEEP);
+        let test = "mpmc_producer_killed_holding_a_claimed_cell";
+        let fault = [("GPURING_FAULT", format!("{point}:{n}"))];
+        let mut victim = Peer::spawn_with(test, "victim", &name, &fault);
+        let mut steady = Peer::spawn(test, "steady", &name);
+        let mut got = Vec::new(); // (value, monotonic ns when popped)
+        loop {
+            // Without the repair the ring stalls for good (the live producer fills it up
+            // behind the dead cell): a timeout here is that failure, not a hang.
+            match rx.pop_timeout(Duration::from_secs(5)) {
+                Ok(v) => got.push((v, now_ns())),
+                Err(PopError::PeerDead) => break,
+                Err(e) => panic!("{point}:{n}: {e} after {} elements", got.len()),
+            }
+        }
+        let line = victim.expect("fault");
+        let (at, ns) = line.split_once(' ').unwrap();
+        assert_eq!(at, point);
+        let killed_at: u64 = ns.parse().unwrap();
+        victim.killed();
+        assert!(steady.child.wait().unwrap().success(), "the live producer finished");
+        let of = |p: u64| {
+            got.iter().filter(move |(v, _)| v & !0xffff_ffff == p).map(|(v, _)| v & 0xffff_ffff)
+        };
+        let victim_got: Vec<u64> = of(VICTIM).collect();
+        let steady_got: Vec<u64> = of(STEADY).collect();
+        // The n-th push won its cell and never published it: the n - 1 before it arrive.
+        assert_eq!(
+            victim_got,
+            (0..n - 1).collect::<Vec<_>>(),
+            "{point}:{n}: victim's, once, in order"
+        );
+        assert_eq!(
+            steady_got,
+            (0..STEADY_COUNT).collect::<Vec<_>>(),
+            "{point}:{n}: all of the live producer's, in order"
+        );
+        // The live producer pushes every millisecond: no gap after the kill may reach the
+        // 100 ms limit (a stall is repaired within a tick).
+        let mut last = killed_at;
+        let mut worst = 0;
+        for &(_, t) in got.iter().filter(|(_, t)| *t > killed_at) {
+            worst = worst.max(t - last);
+            last = t;
+        }
+        println!(
+            "{point}:{n}: longest wait for an element after the kill {:.1} ms",
+            worst as f64 / 1e6
+        );
+        assert!(worst < 100_000_000, "{point}:{n}: stalled {:.1} ms", worst as f64 / 1e6);
+        // The ring works on: a full lap through every cell.
+        let tx = ring.producer().unwrap();
+        for v in 0..8 {
+            tx.try_push(v).unwrap();
+        }
+        assert!(tx.try_push(99).is_err(), "exactly 8 cells free");
+        assert_eq!(
+            (0..8).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(),
+            (0..8).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// MPMC: a consumer killed right after winning a cell (it never frees it) while a producer
+/// waits for room a lap later. The producer's push lands within 100 ms of the kill; the
+/// element the dead consumer won went with it; everything else arrives once, in order.
+#[test]
+fn mpmc_consumer_killed_holding_a_claimed_cell() {
+    if role().as_deref() == Some("victim") {
+        let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+        let rx = ring.consumer().unwrap();
+        loop {
+            let v = rx.pop().unwrap();
+            announce(&format!("popped {v}"));
+        }
+    }
+    let name = unique_name("mpmc-fault-rx");
+    let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+    let tx = ring.producer().unwrap();
+    let rx = ring.consumer().unwrap();
+    let fault = [("GPURING_FAULT", "pop_after_claim:3".to_owned())];
+    let mut victim =
+        Peer::spawn_with("mpmc_consumer_killed_holding_a_claimed_cell", "victim", &name, &fault);
+    for v in 0..3 {
+        tx.push(v).unwrap();
+        if v < 2 {
+            assert_eq!(victim.expect("popped"), v.to_string());
+        }
+    }
+    let line = victim.expect("fault");
+    let (at, ns) = line.split_once(' ').unwrap();
+    assert_eq!(at, "pop_after_claim");
+    victim.killed();
+    // Positions 3, 4, 5 fill the cells freed by the victim's first two pops; position 6
+    // needs the cell of position 2, which the dead consumer won and never freed.
+    for v in 3..6 {
+        tx.try_push(v).unwrap();
+    }
+    assert!(tx.try_push(6).is_err(), "the dead consumer's cell is not free");
+    tx.push_timeout(6, Duration::from_secs(5)).expect("repaired");
+    assert_noticed("pop_after_claim:3", ns.parse().unwrap(), now_ns());
+    assert_eq!((0..4).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(), [3, 4, 5, 6]);
+    assert!(rx.try_pop().is_err(), "element 2 went with the dead consumer; nothing else");
+}
+
+/// A dead producer's participant entry is reused only after the cell it died holding is
+/// settled: with the table full but for the dead entry, a new endpoint takes that entry,
+/// and in doing so passes the dead cell on at once (no blocked endpoint, no tick needed).
+#[test]
+fn reused_entry_of_a_dead_claimant_settles_its_cell() {
+    if role().as_deref() == Some("victim") {
+        let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+        let tx = ring.producer().unwrap();
+        tx.push(1).unwrap();
+        panic!("the fault point was never reached");
+    }
+    let name = unique_name("mpmc-reuse");
+    let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+    let rx = ring.consumer().unwrap();
+    // 63 entries held here; the victim takes the last one.
+    let held: Vec<_> = (0..62).map(|_| ring.producer().unwrap()).collect();
+    let fault = [("GPURING_FAULT", "push_after_claim:1".to_owned())];
+    let mut victim = Peer::spawn_with(
+        "reused_entry_of_a_dead_claimant_settles_its_cell",
+        "victim",
+        &name,
+        &fault,
+    );
+    assert!(victim.expect("fault").starts_with("push_after_claim "));
+    victim.killed();
+    held[0].try_push(5).unwrap(); // position 1, behind the dead cell at 0
+    assert!(matches!(rx.try_pop(), Err(gpuring::TryPopError::Empty)), "stalled at the dead cell");
+    let reuser = ring.producer().expect("the dead entry is reused");
+    assert_eq!(rx.try_pop(), Ok(5), "settled when its entry was taken: no wait");
+    assert!(matches!(ring.producer(), Err(gpuring::ShmError::TooManyParticipants { .. })));
+    drop((held, reuser));
 }

@@ -269,3 +269,182 @@ fn pool_lease_and_return_two_receivers() {
         assert_eq!(pool.free_slots(), 1, "the slot is back");
     });
 }
+
+/// Heap MPMC storage whose endpoints each have a claim line (as named rings give them), and
+/// a fixed set of endpoints that are "dead": the repair's view of the participant table.
+mod tracked {
+    use gpuring::layout::{Claims, MpmcCell, RingControl};
+    use gpuring::ring::{Heap, Side, Storage, mpmc};
+    use loom::sync::Arc;
+
+    pub struct Tracked {
+        heap: Heap<MpmcCell<u64>>,
+        lines: Arc<[Claims; 3]>,
+        /// Which line this endpoint writes.
+        me: usize,
+        /// Bit `i`: the endpoint of line `i` is dead.
+        dead: u32,
+    }
+
+    impl Tracked {
+        pub fn new(capacity: usize, dead: u32) -> Self {
+            let heap = Heap::new(capacity, |i| MpmcCell::new(i as u64));
+            let lines = Arc::new([Claims::new(), Claims::new(), Claims::new()]);
+            Self { heap, lines, me: 0, dead }
+        }
+
+        /// Another endpoint of the same ring, writing line `me`.
+        pub fn endpoint(&self, me: usize) -> Self {
+            Self { heap: self.heap.clone(), lines: self.lines.clone(), me, dead: self.dead }
+        }
+    }
+
+    // SAFETY: delegates the memory to `Heap`, which keeps the Storage promises; the claim
+    // lines are extra state the ring only writes.
+    unsafe impl Storage for Tracked {
+        type Cell = MpmcCell<u64>;
+        fn control(&self) -> &RingControl {
+            self.heap.control()
+        }
+        fn cells(&self) -> &[MpmcCell<u64>] {
+            self.heap.cells()
+        }
+        fn claims(&self) -> Option<&Claims> {
+            Some(&self.lines[self.me])
+        }
+        fn repair(&self) -> bool {
+            let capacity = self.cells().len() as u64;
+            let repaired = mpmc::repair(
+                self.control(),
+                capacity,
+                |pos| self.cells()[(pos % capacity) as usize].stamp(),
+                |side, pos| {
+                    (0..3).any(|i| {
+                        let word = match side {
+                            Side::Producers => &self.lines[i].push,
+                            Side::Consumers => &self.lines[i].pop,
+                        };
+                        self.dead & (1 << i) != 0
+                            && word.load(loom::sync::atomic::Ordering::Relaxed) == pos + 1
+                    })
+                },
+            );
+            repaired > 0
+        }
+    }
+
+    /// What an endpoint of line `line` leaves when it dies right after winning `side`'s
+    /// next position: the CAS won and recorded, the cell untouched.
+    pub fn die_after_claim(storage: &Tracked, line: usize, side: Side) {
+        use loom::sync::atomic::Ordering::Relaxed;
+        let (counter, word) = match side {
+            Side::Producers => (&storage.control().tail, &storage.lines[line].push),
+            Side::Consumers => (&storage.control().head, &storage.lines[line].pop),
+        };
+        let pos = counter.load(Relaxed);
+        counter.store(pos + 1, Relaxed);
+        word.store(pos + 1, Relaxed);
+    }
+}
+
+/// A producer died after winning position 0 (never wrote it). A live producer pushes two
+/// elements behind it while a consumer polls and a repairer runs once: the consumer gets
+/// exactly the live producer's elements, in order (the dead cell is passed, not returned),
+/// and the ring works on the next lap.
+#[test]
+fn mpmc_dead_producer_claim_is_skipped() {
+    use gpuring::ring::Side;
+    use tracked::{Tracked, die_after_claim};
+    builder(2).check(|| {
+        let ring = Tracked::new(4, 0b001);
+        die_after_claim(&ring, 0, Side::Producers);
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        let producer = thread::spawn(move || {
+            tx.try_push(7).unwrap();
+            tx.try_push(8).unwrap();
+            tx
+        });
+        let repairer = {
+            let ring = ring.endpoint(2);
+            thread::spawn(move || gpuring::ring::Storage::repair(&ring))
+        };
+        let consumer = thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < 2 {
+                match rx.try_pop() {
+                    Ok(v) => got.push(v),
+                    Err(TryPopError::Empty) => thread::yield_now(),
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+            (got, rx)
+        });
+        let tx = producer.join().unwrap();
+        assert!(repairer.join().unwrap(), "the dead producer's cell was stalled");
+        let (got, rx) = consumer.join().unwrap();
+        assert_eq!(got, [7, 8], "the live producer's elements, once, in order");
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+        for v in 10..14 {
+            tx.try_push(v).unwrap(); // a full lap: every cell free again
+        }
+        assert!(matches!(tx.try_push(99), Err(TryPushError::Full(99))));
+        assert_eq!((0..4).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(), [10, 11, 12, 13]);
+    });
+}
+
+/// A consumer died after winning position 0 of a full ring of 2 (never freed the cell). A
+/// live producer waits for room while a live consumer pops and a repairer runs once: the
+/// producer's push lands in the freed cell, the live consumer gets element 2, and element
+/// 1 (taken by the dead consumer) is gone; nothing else is lost or duplicated.
+#[test]
+fn mpmc_dead_consumer_claim_is_freed() {
+    use gpuring::ring::Side;
+    use tracked::{Tracked, die_after_claim};
+    builder(2).check(|| {
+        let ring = Tracked::new(2, 0b001);
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        tx.try_push(1).unwrap();
+        tx.try_push(2).unwrap();
+        die_after_claim(&ring, 0, Side::Consumers);
+        let producer = thread::spawn(move || {
+            let mut item = 3;
+            loop {
+                match tx.try_push(item) {
+                    Ok(()) => return tx,
+                    Err(TryPushError::Full(back)) => {
+                        item = back;
+                        thread::yield_now();
+                    }
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        });
+        let repairer = {
+            let ring = ring.endpoint(1);
+            thread::spawn(move || gpuring::ring::Storage::repair(&ring))
+        };
+        let consumer = {
+            let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+            thread::spawn(move || pop_one(&rx))
+        };
+        let _tx = producer.join().unwrap();
+        assert!(repairer.join().unwrap(), "the dead consumer's cell was stalled");
+        assert_eq!(consumer.join().unwrap(), 2);
+        assert_eq!(rx.try_pop(), Ok(3));
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+    });
+}
+
+fn pop_one<S: gpuring::ring::Storage<Cell = gpuring::layout::MpmcCell<u64>>>(
+    rx: &mpmc::Consumer<u64, S>,
+) -> u64 {
+    loop {
+        match rx.try_pop() {
+            Ok(v) => return v,
+            Err(TryPopError::Empty) => thread::yield_now(),
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
