@@ -1,0 +1,177 @@
+//! A hostile process of the same user scribbles on a live channel: random words written
+//! into the channel segment (header, ring control, participant table, claim lines, cells)
+//! and into the sender's pool segment (slot records, free ring) while a sender streams and
+//! a receiver receives. The receiver must never panic or fault: every call returns a
+//! message or a typed error, and the scribbling shows up as `Corrupted`. `inspect` of the
+//! segment must not panic either, and the sender must not crash.
+//!
+//! `GPURING_SCRIBBLE_SECONDS` (default 2) sets how long the scribbler writes per flavor.
+//! `.ci/run` also runs this test under AddressSanitizer (nightly), so an out-of-bounds
+//! access that a forged value could cause is a failure even where it would not fault.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use common::{Peer, announce, ring_name, role, unique_name};
+use gpuring::{Channel, RecvError, TensorMeta};
+
+const SLOT_SIZE: usize = 256;
+
+fn seconds() -> f64 {
+    std::env::var("GPURING_SCRIBBLE_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2.0)
+}
+
+/// A small xorshift generator: reproducible from its seed, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Maps `/dev/shm/<name>` read-write and writes random words into it until `until`.
+fn scribble(names: &[String], until: Instant, seed: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let maps: Vec<(*mut u8, usize)> = names
+        .iter()
+        .map(|name| {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/dev/shm/{name}"))
+                .expect("open the segment to scribble on");
+            let len = file.metadata().unwrap().len() as usize;
+            // SAFETY: a fresh shared mapping of the whole object; only this function
+            // touches it, through atomic word stores inside its bounds.
+            let ptr = unsafe {
+                rustix::mm::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                    rustix::mm::MapFlags::SHARED,
+                    &file,
+                    0,
+                )
+            }
+            .expect("mmap");
+            (ptr.cast::<u8>(), len)
+        })
+        .collect();
+    let mut rng = Rng(seed | 1);
+    let mut writes = 0;
+    while Instant::now() < until {
+        let (base, len) = maps[(rng.next() % maps.len() as u64) as usize];
+        let words = len / 8;
+        // Half the writes go to the first 8 KiB (headers, positions, tables), half anywhere.
+        let word = if rng.next() % 2 == 0 {
+            rng.next() as usize % words.min(1024)
+        } else {
+            rng.next() as usize % words
+        };
+        // SAFETY: word < len / 8, so the 8 bytes lie inside the mapping, 8-aligned (the
+        // mapping is page aligned). An atomic store: the peers read these words concurrently.
+        let cell = unsafe { AtomicU64::from_ptr(base.add(word * 8).cast()) };
+        let old = cell.load(Ordering::Relaxed);
+        let value = match rng.next() % 5 {
+            0 => rng.next(),                                       // anything
+            1 => rng.next() % 64,                                  // small: counts, indices, states
+            2 => old.wrapping_add(rng.next() % 5).wrapping_sub(2), // near: positions, stamps
+            3 => old ^ (1 << (rng.next() % 64)),                   // one bit flipped
+            _ => 0,
+        };
+        cell.store(value, Ordering::Relaxed);
+        writes += 1;
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    writes
+}
+
+#[test]
+fn receiver_survives_a_scribbler() {
+    match role().as_deref() {
+        Some("sender") => {
+            let ch = Channel::builder(ring_name()).open().unwrap();
+            let tx = ch.sender().unwrap();
+            announce(&format!("pool {}", tx.pool_name()));
+            // Every error is expected once the scribbler starts: keep going, never panic.
+            for seq in 0u64.. {
+                let Ok(mut lease) = tx.acquire_timeout(Duration::from_millis(50)) else {
+                    continue;
+                };
+                lease[..8].copy_from_slice(&seq.to_le_bytes());
+                let _ = tx.send_timeout(lease, TensorMeta::bytes(8), Duration::from_millis(50));
+            }
+            unreachable!();
+        }
+        Some("scribbler") => {
+            let pool = std::env::var("GPURING_SCRIBBLE_POOL").unwrap();
+            let until = Instant::now() + Duration::from_secs_f64(seconds());
+            let writes = scribble(&[ring_name(), pool], until, u64::from(std::process::id()));
+            announce(&format!("done {writes}"));
+            return;
+        }
+        _ => {}
+    }
+    let test = "receiver_survives_a_scribbler";
+    for mpmc in [false, true] {
+        let name = unique_name("scribble");
+        let builder = Channel::builder(&name).capacity(16).slots(8, SLOT_SIZE as u64);
+        let ch = if mpmc { builder.mpmc() } else { builder }.create().unwrap();
+        let rx = ch.receiver().unwrap();
+        let mut sender = Peer::spawn(test, "sender", &name);
+        let pool = sender.expect("pool ");
+        // Let a few messages through unharmed first.
+        let mut received = 0u64;
+        while received < 20 {
+            drop(rx.recv_timeout(Duration::from_secs(5)).expect("messages before scribbling"));
+            received += 1;
+        }
+        let mut scribbler =
+            Peer::spawn_with(test, "scribbler", &name, &[("GPURING_SCRIBBLE_POOL", pool)]);
+        let until = Instant::now() + Duration::from_secs_f64(seconds() + 0.5);
+        let (mut corrupted, mut timeouts, mut other) = (0u64, 0u64, Vec::new());
+        let mut last_inspect = Instant::now();
+        while Instant::now() < until {
+            match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(m) => {
+                    // Every byte of what a message claims is readable (ASan checks it).
+                    assert!(m.len() <= SLOT_SIZE, "a message longer than its slot: {}", m.len());
+                    let sum = m.iter().fold(0u8, |a, b| a.wrapping_add(*b));
+                    std::hint::black_box(sum);
+                    received += 1;
+                }
+                Err(RecvError::Corrupted(_)) => corrupted += 1,
+                Err(RecvError::Timeout) => timeouts += 1,
+                Err(e) => other.push(e.to_string()),
+            }
+            if last_inspect.elapsed() > Duration::from_millis(100) {
+                let _ = gpuring::inspect::inspect(&name);
+                last_inspect = Instant::now();
+            }
+        }
+        let done = scribbler.expect("done");
+        assert!(scribbler.child.wait().unwrap().success(), "the scribbler finished");
+        // The sender must still be running: scribbled memory may fail its calls, never
+        // crash it.
+        let status = sender.child.try_wait().unwrap();
+        assert!(status.is_none(), "the sender died during the scribbling: {status:?}");
+        sender.child.kill().unwrap();
+        let status = sender.child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "ended by our SIGKILL only");
+        other.sort();
+        other.dedup();
+        println!(
+            "{}: {done} words scribbled; received {received}, Corrupted {corrupted}, \
+             timeouts {timeouts}, other errors {other:?}",
+            if mpmc { "mpmc" } else { "spsc" }
+        );
+        assert!(corrupted > 0, "the scribbling was reported as Corrupted");
+    }
+}
