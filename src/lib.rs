@@ -58,6 +58,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(not(loom))]
+mod bus_guard;
 mod fault;
 mod sync;
 

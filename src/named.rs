@@ -117,6 +117,11 @@ unsafe impl<C> Storage for ShmStorage<C> {
     fn repair(&self) -> bool {
         self.ring.repair() > 0
     }
+    fn damaged(&self) -> Option<crate::ring::Corrupted> {
+        self.ring.segment.truncated().then_some(crate::ring::Corrupted {
+            what: "segment truncated by another process (pages past its end now read as zeros)",
+        })
+    }
     fn cells(&self) -> &[C] {
         // SAFETY: `capacity` cells of `C` start at `cells`, inside the mapping; C is a cell
         // type (atomics and UnsafeCell<Pod>), valid for any bytes.

@@ -294,6 +294,8 @@ pub struct Segment {
     // participants, `lock_byte`); closing it drops them, as the kernel does at death.
     fd: OwnedFd,
     owner: bool,
+    /// The SIGBUS guard of the mapping (`None` when the guard table is full).
+    guard: Option<crate::bus_guard::Guard>,
 }
 
 impl fmt::Debug for Segment {
@@ -395,7 +397,8 @@ impl Segment {
         let base = map(&fd, size)?;
         guard.0 = None; // from here the Segment's Drop unlinks
         drop(guard);
-        let segment = Segment { name: cname, base, len: size, fd, owner: true };
+        let guard = crate::bus_guard::register(base.as_ptr(), size);
+        let segment = Segment { name: cname, base, len: size, fd, owner: true, guard };
 
         let header = segment.header();
         // Relaxed: nobody may read these before `init` is READY (Release below).
@@ -492,7 +495,8 @@ impl Segment {
         }
         let len = size as usize;
         let base = map(&fd, len)?;
-        let segment = Segment { name: cname, base, len, fd, owner: false };
+        let guard = crate::bus_guard::register(base.as_ptr(), len);
+        let segment = Segment { name: cname, base, len, fd, owner: false, guard };
         let header = segment.header();
 
         loop {
@@ -540,6 +544,13 @@ impl Segment {
     /// The object name, with its leading `/`.
     pub fn name(&self) -> &str {
         self.name.to_str().unwrap_or("<non-UTF-8 name>")
+    }
+
+    /// Whether another process truncated the object under this mapping and a page beyond
+    /// its new end was touched: the SIGBUS that access raised was turned into a zero page
+    /// (see `bus_guard`), and what the segment holds can no longer be trusted.
+    pub fn truncated(&self) -> bool {
+        self.guard.as_ref().is_some_and(crate::bus_guard::Guard::damaged)
     }
 
     /// Size of the mapping in bytes.
@@ -762,6 +773,8 @@ fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>, ShmError> {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        // Unguarded before it is unmapped, so the guard never touches a reused range.
+        drop(self.guard.take());
         // SAFETY: `base`/`len` are the mapping made in `map`; every reference into it borrows
         // from `self`, so none outlives this.
         let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };

@@ -161,3 +161,46 @@ fn scribbled_head_is_corrupted_and_roles_are_exclusive() {
     poke(&name, head_offset, &1u64.to_le_bytes());
     assert!(peer.consumer().is_ok());
 }
+
+/// A process of the same user shrinks a ring's object after we mapped it (POSIX shm
+/// objects cannot be sealed). Touching the vanished pages would raise SIGBUS and kill us;
+/// the guard turns each into a zero page instead: the cells still inside the object keep
+/// their values, the vanished ones read as zeros, writes into them do not crash, and a
+/// blocked endpoint reports `Corrupted` at its next tick.
+#[test]
+fn a_segment_truncated_under_us_is_corrupted_not_a_crash() {
+    use gpuring::{PopError, TryPopError};
+    let name = unique_name("truncate");
+    let ring = SpscRing::<u64>::create(&name, 4096).unwrap();
+    let mut tx = ring.producer().unwrap();
+    let mut rx = ring.consumer().unwrap();
+    for v in 1..=3000 {
+        tx.try_push(v).unwrap();
+    }
+    assert!(!ring.segment().truncated());
+    // The hostile truncation (made from this process: to the kernel it is the same).
+    let keep = 8192;
+    OpenOptions::new().write(true).open(path(&name)).unwrap().set_len(keep).unwrap();
+    let layout = RingLayout::new(4096, 8).unwrap();
+    let intact = (keep as usize - layout.cells) / 8; // cells wholly inside the object
+    let mut got = Vec::new();
+    loop {
+        match rx.try_pop() {
+            Ok(v) => got.push(v),
+            Err(TryPopError::Empty) => break,
+            Err(e) => panic!("positions live in the first page, intact: {e:?}"),
+        }
+    }
+    assert_eq!(got.len(), 3000, "the positions were intact, so every cell was popped");
+    assert_eq!(got[..intact], (1..=intact as u64).collect::<Vec<_>>()[..], "inside: kept");
+    assert!(got[intact..].iter().all(|&v| v == 0), "past the end: zeros, not SIGBUS");
+    // A write into a vanished page does not crash either (it lands in this process's
+    // private zero page, so only we see it).
+    tx.try_push(7).unwrap();
+    assert_eq!(rx.try_pop(), Ok(7));
+    assert!(ring.segment().truncated());
+    match rx.pop_timeout(Duration::from_secs(2)) {
+        Err(PopError::Corrupted(c)) => assert!(c.what.contains("truncated"), "{c}"),
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+}

@@ -193,6 +193,12 @@ pub unsafe trait Storage {
     fn repair(&self) -> bool {
         false
     }
+    /// Whether the memory itself is known to be damaged (a shared-memory segment that
+    /// another process truncated under us); blocked endpoints then give up with
+    /// [`Corrupted`] at their next [`LIVENESS_TICK`].
+    fn damaged(&self) -> Option<Corrupted> {
+        None
+    }
 }
 
 /// A side of a ring.
@@ -311,20 +317,26 @@ pub(crate) fn block_on<S: Storage, R>(
         match crate::wait::wait_until(wait_on, policy, Some(chunk), || attempt().transpose()) {
             Ok(Ok(r)) => return done(r),
             Ok(Err(c)) => return Err(Blocked::Corrupted(c)),
-            // A cell won by an endpoint that died stalls the ring: repair, then try again.
-            Err(_) if storage.repair() => {}
-            Err(_) if deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
-                return Err(Blocked::Timeout);
+            Err(_) => {
+                if let Some(c) = storage.damaged() {
+                    return Err(Blocked::Corrupted(c));
+                }
+                // A cell won by an endpoint that died stalls the ring: repair, try again.
+                if storage.repair() {
+                    continue;
+                }
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return Err(Blocked::Timeout);
+                }
+                if storage.peers_dead(waits_for) {
+                    // What the dead published before dying is in the ring: take it first.
+                    return match attempt() {
+                        Ok(Some(r)) => done(r),
+                        Ok(None) => Err(Blocked::PeerDead),
+                        Err(c) => Err(Blocked::Corrupted(c)),
+                    };
+                }
             }
-            Err(_) if storage.peers_dead(waits_for) => {
-                // What the dead published before dying is in the ring: take it first.
-                return match attempt() {
-                    Ok(Some(r)) => done(r),
-                    Ok(None) => Err(Blocked::PeerDead),
-                    Err(c) => Err(Blocked::Corrupted(c)),
-                };
-            }
-            Err(_) => {}
         }
     }
 }
