@@ -19,9 +19,11 @@ use crate::layout::{
 use crate::shm::{Segment, ShmError};
 use crate::sync::Ordering;
 
-/// Whether process `pid` exists (`None` for pid 0, "nobody").
+/// Whether process `pid` exists (`None` for pid 0, "nobody", and for values no pid can
+/// take: a pid read from shared memory may be forged, and a negative one would name a
+/// process group).
 pub fn pid_alive(pid: u32) -> Option<bool> {
-    let pid = rustix::process::Pid::from_raw(pid as i32)?;
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok().filter(|&p| p > 0)?)?;
     match rustix::process::test_kill_process(pid) {
         Ok(()) => Some(true),
         Err(rustix::io::Errno::SRCH) => Some(false),
@@ -384,4 +386,18 @@ pub fn clean(dry_run: bool) -> Result<Vec<String>, ShmError> {
         }
     }
     Ok(removed)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    /// Found by the scribbler test: a forged pid above `i32::MAX` became a negative pid
+    /// (a process group for `kill`), and tripped a debug assertion in rustix.
+    #[test]
+    #[cfg_attr(miri, ignore = "kill(2) is not available under Miri")]
+    fn pid_alive_refuses_pids_that_cannot_exist() {
+        assert_eq!(super::pid_alive(0), None);
+        assert_eq!(super::pid_alive(u32::MAX), None);
+        assert_eq!(super::pid_alive(1 << 31), None);
+        assert_eq!(super::pid_alive(std::process::id()), Some(true));
+    }
 }
