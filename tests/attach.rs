@@ -204,3 +204,50 @@ fn a_segment_truncated_under_us_is_corrupted_not_a_crash() {
         other => panic!("expected Corrupted, got {other:?}"),
     }
 }
+
+/// Writes real segment images (layout version of this build) as seeds for the `attach`
+/// fuzz target: `GPURING_SEED_DIR=fuzz/corpus/attach cargo test --test attach
+/// write_fuzz_seeds -- --ignored`. Each seed is the target's pick byte, then the bytes.
+#[test]
+#[ignore = "writes fuzz seeds; run by hand after a layout change"]
+fn write_fuzz_seeds() {
+    let Ok(dir) = std::env::var("GPURING_SEED_DIR") else { return };
+    let save = |pick: u8, tag: &str, name: &str| {
+        let mut bytes = vec![pick];
+        bytes.extend(fs::read(path(name)).unwrap());
+        fs::write(format!("{dir}/seed-v{LAYOUT_VERSION}-{tag}-{pick}"), bytes).unwrap();
+    };
+    let spsc = unique_name("seed-spsc");
+    let ring = SpscRing::<Descriptor>::create(&spsc, 4).unwrap();
+    let mut tx = ring.producer().unwrap();
+    tx.try_push(Descriptor::default()).unwrap();
+    tx.try_push(Descriptor::default()).unwrap();
+    let mpmc = unique_name("seed-mpmc");
+    let mring = MpmcRing::<u64>::create(&mpmc, 4).unwrap();
+    let mtx = mring.producer().unwrap();
+    for v in 0..3 {
+        mtx.try_push(v).unwrap();
+    }
+    let mrx = mring.consumer().unwrap();
+    mrx.try_pop().unwrap();
+    for (pick, tag, name) in [
+        (0, "spsc-ring", &spsc),
+        (1, "mpmc-ring", &mpmc),
+        (3, "spsc-ring", &spsc),
+        (3, "mpmc-ring", &mpmc),
+    ] {
+        save(pick, tag, name);
+    }
+    for mpmc in [false, true] {
+        let name = unique_name("seed-channel");
+        let b = gpuring::Channel::builder(&name).capacity(4).slots(2, 64);
+        let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+        let tx = ch.sender().unwrap();
+        let lease = tx.acquire().unwrap();
+        tx.send(lease, gpuring::TensorMeta::bytes(8)).unwrap();
+        let tag = if mpmc { "mpmc-channel" } else { "spsc-channel" };
+        save(2, tag, &name);
+        save(3, tag, &name);
+        save(3, &format!("{tag}-pool"), tx.pool_name());
+    }
+}
