@@ -308,15 +308,31 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         };
         // Relaxed: the slot's bytes were published by the descriptor ring (Release push,
         // Acquire pop); this CAS only makes the receiver the slot's one holder.
+        let mine = pack(generation, self.held_state());
         match record.state.compare_exchange(
             pack(generation, SENT),
-            pack(generation, self.held_state()),
+            mine,
             Ordering::Relaxed,
             Ordering::Relaxed,
         ) {
             Ok(_) => Ok(SlotRef { slot, generation }),
             Err(found) if unpack(found).0 != generation => {
                 Err(Corrupted { what: "descriptor carries a stale slot generation" })
+            }
+            // Held by a receiver that died before the descriptor left the ring (an SPSC
+            // receiver takes the slot first, then moves `head`): the message was never
+            // returned to it, so it is ours now. A probe of the holder's lock: this case only.
+            Err(found)
+                if unpack(found).1 == HELD
+                    && found != mine
+                    && holder(found) != 0
+                    && self.free_tx.storage().dead_participant(holder(found) - 1).is_some()
+                    && record
+                        .state
+                        .compare_exchange(found, mine, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok() =>
+            {
+                Ok(SlotRef { slot, generation })
             }
             Err(_) => Err(Corrupted { what: "descriptor names a slot that is not in flight" }),
         }
@@ -338,7 +354,16 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// `exited(pid)` agrees), returning them to the free ring; returns how many. A few
     /// syscalls per held slot (the holder's liveness lock is probed): call it while
     /// waiting, not per message.
-    pub fn reclaim_dead(&self, exited: impl Fn(u32) -> bool) -> u32 {
+    ///
+    /// `queued(slot, generation)` says whether a descriptor naming the slot is still in
+    /// the channel's ring: then its dead holder took the slot without consuming the
+    /// descriptor, and the next receiver takes the slot over with it (see `receive`), so
+    /// it is left alone.
+    pub fn reclaim_dead(
+        &self,
+        exited: impl Fn(u32) -> bool,
+        queued: impl Fn(u32, u32) -> bool,
+    ) -> u32 {
         let storage = self.free_tx.storage();
         let mut reclaimed = 0;
         for (slot, record) in self.records.iter().enumerate() {
@@ -346,7 +371,11 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             let word = record.state.load(Ordering::Relaxed);
             let (generation, state) = unpack(word);
             let h = holder(word);
-            if state == HELD && h != 0 && storage.dead_participant(h - 1).is_some_and(&exited) {
+            if state == HELD
+                && h != 0
+                && storage.dead_participant(h - 1).is_some_and(&exited)
+                && !queued(slot as u32, generation)
+            {
                 let lease = SlotRef { slot: slot as u32, generation };
                 if self.give_back(lease, held_by(h)) {
                     reclaimed += 1;

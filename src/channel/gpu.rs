@@ -261,24 +261,26 @@ impl Receiver {
         if self.shared.backend != BACKEND_CUDA {
             return Err(RecvError::Cuda(CudaError::WrongBackend));
         }
-        let Checked { pool: CachedPool { seg, device, .. }, desc: d, meta } =
-            self.check(self.pop(wait)?)?;
-        let device = device.expect("device pools are imported with their segment");
-        let (mem, ready, uuid) = device.handles(d.slot);
-        if d.device_ordinal < 0 {
-            return Err(corrupt("descriptor names host memory, the pool is on a device"));
-        }
-        if d.device_uuid != *uuid {
-            return Err(corrupt("descriptor names another device than its pool"));
-        }
-        if d.mem_handle != *mem {
-            return Err(corrupt("descriptor's memory handle does not match its pool"));
-        }
-        if d.event_handle != *ready {
-            return Err(corrupt("descriptor's event handle does not match its slot"));
-        }
-        let held = seg.core.receive(d.slot, d.generation)?;
-        let hold = SlotHold { pool: seg, held };
+        let (hold, device, d, meta) = self.take(wait, |d| {
+            let Checked { pool: CachedPool { seg, device, .. }, desc: d, meta } = self.check(d)?;
+            let device = device.expect("device pools are imported with their segment");
+            let (mem, ready, uuid) = device.handles(d.slot);
+            if d.device_ordinal < 0 {
+                return Err(corrupt("descriptor names host memory, the pool is on a device"));
+            }
+            if d.device_uuid != *uuid {
+                return Err(corrupt("descriptor names another device than its pool"));
+            }
+            if d.mem_handle != *mem {
+                return Err(corrupt("descriptor's memory handle does not match its pool"));
+            }
+            if d.event_handle != *ready {
+                return Err(corrupt("descriptor's event handle does not match its slot"));
+            }
+            let held = seg.core.receive(d.slot, d.generation)?;
+            Ok((SlotHold { pool: seg, held }, device, d, meta))
+        })?;
+        let held = hold.held;
         device.wait_ready(held.slot, stream).map_err(RecvError::Cuda)?;
         Ok(GpuMessage {
             ptr: device.slot_ptr(held.slot, d.byte_offset),

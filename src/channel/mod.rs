@@ -819,7 +819,8 @@ impl Sender {
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
             match core.lease_via(&self.free, Some(left.map_or(tick, |l| l.min(tick)))) {
                 Err(AcquireError::Timeout) => {
-                    if core.reclaim_dead(|pid| self.holder_exited(pid)) > 0 {
+                    let exited = |pid| self.holder_exited(pid);
+                    if core.reclaim_dead(exited, |slot, g| self.queued(slot, g)) > 0 {
                         continue;
                     }
                     if left.is_some_and(|l| l <= tick) {
@@ -831,6 +832,19 @@ impl Sender {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// Whether a descriptor of this sender naming `slot` at `generation` is still in the
+    /// ring. SPSC: its receiver takes a slot before the descriptor leaves the ring, so a
+    /// receiver that died in between left both: the next receiver takes the slot over.
+    /// MPMC: a receiver's pop removes the descriptor first, so never.
+    fn queued(&self, slot: u32, generation: u32) -> bool {
+        match &self.tx {
+            Tx::Spsc(p) => p.borrow().any_queued(|d| {
+                d.pool_id == self.pool_id && d.slot == slot && d.generation == u64::from(generation)
+            }),
+            Tx::Mpmc(_) => false,
         }
     }
 
@@ -1300,15 +1314,38 @@ impl Receiver {
         if self.shared.backend != BACKEND_HOST {
             return Err(RecvError::Cuda(CudaError::WrongBackend));
         }
-        let c = self.check(self.pop(wait)?)?;
-        if c.desc.device_ordinal != -1 {
-            return Err(corrupt("descriptor names a device, the pool is host memory"));
+        self.take(wait, |d| {
+            let c = self.check(d)?;
+            if c.desc.device_ordinal != -1 {
+                return Err(corrupt("descriptor names a device, the pool is host memory"));
+            }
+            let held = c.pool.seg.core.receive(c.desc.slot, c.desc.generation)?;
+            let hold = SlotHold { pool: c.pool.seg, held };
+            crate::fault::point("recv_holding");
+            // SAFETY: byte_offset + len <= slot_size (checked in `check`), inside the slot.
+            let data = unsafe { hold.pool.slot_ptr(held.slot).add(c.desc.byte_offset as usize) };
+            Ok(Message { hold, desc: c.desc, meta: c.meta, data })
+        })
+    }
+
+    /// Pops a descriptor and runs `then` on it (the checks and taking its slot). SPSC:
+    /// `then` runs before the descriptor leaves the ring, so a receiver killed inside it
+    /// leaves the message in the ring, and the next receiver gets it, taking the slot over
+    /// from the dead holder (`PoolCore::receive`). MPMC: after the pop.
+    fn take<R>(
+        &self,
+        wait: Wait,
+        then: impl FnOnce(Descriptor) -> Result<R, RecvError>,
+    ) -> Result<R, RecvError> {
+        let Rx::Spsc(c) = &self.rx else {
+            return then(self.pop(wait)?);
+        };
+        let mut c = c.borrow_mut();
+        match wait {
+            Wait::No => c.try_pop_then(then).map_err(empty_or_corrupt)?,
+            Wait::For(t) => c.pop_then(Some(t), then).map_err(pop_error)?,
+            Wait::Forever => c.pop_then(None, then).map_err(pop_error)?,
         }
-        let held = c.pool.seg.core.receive(c.desc.slot, c.desc.generation)?;
-        crate::fault::point("recv_holding");
-        // SAFETY: byte_offset + len <= slot_size (checked in `check`), inside the slot.
-        let data = unsafe { c.pool.seg.slot_ptr(held.slot).add(c.desc.byte_offset as usize) };
-        Ok(Message { hold: SlotHold { pool: c.pool.seg, held }, desc: c.desc, meta: c.meta, data })
     }
 
     fn pop(&self, wait: Wait) -> Result<Descriptor, RecvError> {

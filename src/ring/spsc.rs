@@ -134,10 +134,14 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     Ok(())
 }
 
-fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
+/// Pops the element at `head`, running `then` on it before `head` moves on (so that until
+/// `then` returns, the element is still in the ring for whoever consumes after us).
+#[inline(always)]
+fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>, R>(
     storage: &S,
     local: &mut Local,
-) -> Result<T, TryPopError> {
+    then: impl FnOnce(T) -> R,
+) -> Result<R, TryPopError> {
     if local.pos == local.peer {
         // Acquire: pairs with the producer's Release store of `tail` in `try_push_in`.
         let tail = storage.control().tail.load(Ordering::Acquire);
@@ -156,7 +160,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     // SAFETY: the cell at `pos` belongs to the consumer: the producer published it (tail >
     // pos) and will not write it again until `head` passes it. `T: Pod`, so whatever bytes
     // a misbehaving peer left there form a valid `T`.
-    let value = cell.value.with(|p| unsafe { p.read() });
+    let value = then(cell.value.with(|p| unsafe { p.read() }));
     local.pos = local.pos.wrapping_add(1);
     // While a batch is known to be published, pull a later cell toward this core so a
     // stream does not pay one cross-core miss per cache line, in series. Only published
@@ -280,6 +284,30 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     }
 }
 
+impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
+    /// Whether an element still in the ring (pushed, not yet popped) satisfies `pred`.
+    /// Reads every queued cell: for slow paths only. An impossible `head` answers `true`
+    /// (the caller then leaves things as they are).
+    #[cfg_attr(loom, allow(dead_code))] // used by channels, which loom builds leave out
+    pub(crate) fn any_queued(&self, mut pred: impl FnMut(&T) -> bool) -> bool {
+        // Acquire: pairs with the consumer's Release store of `head` in `try_pop_in`: cells
+        // below it are done with, cells from it on are still to be read.
+        let head = self.storage.control().head.load(Ordering::Acquire);
+        let queued = self.local.pos.wrapping_sub(head);
+        if queued > self.local.capacity {
+            return true;
+        }
+        (0..queued).any(|i| {
+            let cell = cell_at(&self.storage, self.local.capacity, head.wrapping_add(i));
+            // SAFETY: cells in [head, tail) were published by this producer, the only
+            // writer of cells, which does not write them again until `head` passes them;
+            // the consumer only reads them. `T: Pod`: any bytes are a valid `T`.
+            let value = cell.value.with(|p| unsafe { p.read() });
+            pred(&value)
+        })
+    }
+}
+
 impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     /// Wraps `storage` as its consumer.
     ///
@@ -303,9 +331,22 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
     #[inline]
     pub fn try_pop(&mut self) -> Result<T, TryPopError> {
-        let value = try_pop_in(&self.storage, &mut self.local)?;
+        self.try_pop_then(|v| v)
+    }
+
+    /// As [`try_pop`](Self::try_pop), running `then` on the element *before* it leaves the
+    /// ring: if this process dies inside `then`, the element is still there for the next
+    /// consumer (a channel receiver takes its slot inside `then`, so that a crash never
+    /// strands a slot between the ring and the receiver).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_pop`](Self::try_pop); `then` is not called then.
+    #[inline]
+    pub fn try_pop_then<R>(&mut self, then: impl FnOnce(T) -> R) -> Result<R, TryPopError> {
+        let r = try_pop_in(&self.storage, &mut self.local, then)?;
         notify(&self.storage.control().not_full);
-        Ok(value)
+        Ok(r)
     }
 
     /// Pops the oldest element, waiting for one as the [`WaitPolicy`] says, for ever.
@@ -323,12 +364,36 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     ///
     /// [`PopError::Timeout`]; [`PopError::Corrupted`].
     pub fn pop_timeout(&mut self, timeout: Duration) -> Result<T, PopError> {
-        self.pop_until(deadline_after(timeout))
+        self.pop_then(Some(timeout), |v| v)
     }
 
     fn pop_until(&mut self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
+        self.pop_then_until(deadline, |v| v)
+    }
+
+    /// As [`pop`](Self::pop) (`timeout` `None`) or [`pop_timeout`](Self::pop_timeout),
+    /// running `then` on the element before it leaves the ring; see
+    /// [`try_pop_then`](Self::try_pop_then).
+    ///
+    /// # Errors
+    ///
+    /// As [`pop_timeout`](Self::pop_timeout); `then` is not called then.
+    pub fn pop_then<R>(
+        &mut self,
+        timeout: Option<Duration>,
+        then: impl FnOnce(T) -> R,
+    ) -> Result<R, PopError> {
+        self.pop_then_until(timeout.and_then(deadline_after), then)
+    }
+
+    fn pop_then_until<R>(
+        &mut self,
+        deadline: Option<std::time::Instant>,
+        then: impl FnOnce(T) -> R,
+    ) -> Result<R, PopError> {
         let Self { storage, local, policy, .. } = self;
         let control = storage.control();
+        let mut then = Some(then);
         block_on(
             &*storage,
             Side::Producers,
@@ -336,9 +401,15 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
             &control.not_full,
             *policy,
             deadline,
-            || try_pop_in(storage, local).map(Some).or_else(TryPopError::retry),
+            || {
+                // `then` runs once: only a successful pop calls it, and that ends the wait.
+                try_pop_in(storage, local, |v| then.take().map(|f| f(v)))
+                    .map(Some)
+                    .or_else(TryPopError::retry)
+            },
         )
         .map_err(PopError::from)
+        .map(|r| r.expect("then runs on the one successful pop"))
     }
 
     /// Sets how blocking pops wait.
@@ -394,6 +465,28 @@ mod tests {
             next += 1;
         }
         assert_eq!(next, n);
+    }
+
+    #[test]
+    fn pop_then_runs_before_the_element_leaves_the_ring() {
+        let (mut tx, mut rx) = with_capacity::<u32>(4);
+        tx.try_push(1).unwrap();
+        tx.try_push(2).unwrap();
+        let seen = rx.try_pop_then(|v| {
+            // Still queued while `then` runs: a receiver that dies here leaves it.
+            assert_eq!(tx.len(), Some(2));
+            assert!(tx.any_queued(|&x| x == v));
+            v * 10
+        });
+        assert_eq!(seen, Ok(10));
+        assert!(!tx.any_queued(|&x| x == 1), "gone once `then` returned");
+        assert!(tx.any_queued(|&x| x == 2));
+        assert_eq!(rx.pop_then(Some(Duration::from_millis(5)), |v| v + 1), Ok(3));
+        assert_eq!(rx.pop_then(Some(Duration::from_millis(5)), |v| v), Err(PopError::Timeout));
+        assert_eq!(
+            rx.try_pop_then(|_| unreachable!("not called when empty")),
+            Err::<(), _>(TryPopError::Empty)
+        );
     }
 
     #[test]
