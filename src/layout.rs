@@ -220,6 +220,8 @@ impl<T: bytemuck::Zeroable> Default for SpscCell<T> {
 /// of `p`; the consumer then sets `p + capacity`, freeing it for the next lap.
 /// `(p + 1) | STAMP_SKIPPED` means that the producer that won `p` died before writing
 /// it: consumers pass it by, freeing it, without returning an element.
+/// `(p + 1) | STAMP_ADOPTED` means that the consumer that won `p` died before freeing it,
+/// and another consumer has taken over the element (it frees the cell when done).
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct MpmcCell<T> {
@@ -249,9 +251,14 @@ impl<T> MpmcCell<T> {
     }
 }
 
-/// The bit of an MPMC stamp that marks a cell skipped (see [`MpmcCell`]); positions stay
-/// below it (2^63 elements: centuries at any rate this ring reaches).
+/// The bit of an MPMC stamp that marks a cell skipped (see [`MpmcCell`]).
 pub const STAMP_SKIPPED: u64 = 1 << 63;
+/// The bit of an MPMC stamp that marks a cell being adopted: its consumer died before
+/// freeing it, and another consumer is taking its element (see [`MpmcCell`]).
+pub const STAMP_ADOPTED: u64 = 1 << 62;
+/// Both flag bits; positions stay below them (2^62 elements: centuries at any rate this
+/// ring reaches).
+pub const STAMP_FLAGS: u64 = STAMP_SKIPPED | STAMP_ADOPTED;
 
 /// Byte offsets and size of a ring segment, derived from its parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,7 +36,7 @@ use bytemuck::Pod;
 use crate::descriptor::Descriptor;
 use crate::layout::{
     Claims, MAX_PARTICIPANTS, MpmcCell, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants,
-    RingControl, RingHeader, RingLayout, SegmentKind, SpscCell,
+    RingControl, RingHeader, RingLayout, STAMP_SKIPPED, SegmentKind, SpscCell,
 };
 use crate::ring::{Side, Storage, mpmc, spsc};
 use crate::shm::{Role, Segment, ShmError};
@@ -116,6 +116,9 @@ unsafe impl<C> Storage for ShmStorage<C> {
     }
     fn repair(&self) -> bool {
         self.ring.repair() > 0
+    }
+    fn claimant_dead(&self, side: Side, pos: u64) -> bool {
+        self.ring.claimant_dead(side, pos)
     }
     fn damaged(&self) -> Option<crate::ring::Corrupted> {
         self.ring.segment.truncated().then_some(crate::ring::Corrupted {
@@ -203,8 +206,11 @@ impl Participant {
             // entry, or a dead endpoint's).
             if ring.segment.lock_byte(1 + index as u64)? {
                 // A dead endpoint's claims are the only evidence of cells it won and never
-                // finished: settle them before they are overwritten.
-                ring.settle_claims_of(index);
+                // finished: settle them before they are overwritten, or leave the entry.
+                if !ring.settle_claims_of(index) {
+                    ring.segment.unlock_byte(1 + index as u64);
+                    continue;
+                }
                 *own |= 1 << index;
                 // Relaxed: the entry is a claim that readers check against the lock (a
                 // syscall on both sides), not a publication of other data.
@@ -376,65 +382,73 @@ impl RingSegment {
         unsafe { &*self.cells.as_ptr().add(index * self.layout.cell_size).cast() }
     }
 
-    /// Repairs the cells that endpoints died holding ([`mpmc::repair`]); how many. Probes
+    /// Skips the cells that producers died holding ([`mpmc::repair`]); how many. Probes
     /// the lock of each entry whose claim names a stalled cell: for blocked endpoints only.
     pub(crate) fn repair(&self) -> u32 {
         if !self.stamped {
             return 0;
         }
-        let own = self.own();
-        let claims = &self.participants().claims;
         mpmc::repair(
             self.control(),
             self.layout.capacity as u64,
             |pos| self.stamp(pos),
-            |side, pos| {
-                (0..MAX_PARTICIPANTS).any(|i| {
-                    let word = match side {
-                        Side::Producers => &claims[i].push,
-                        Side::Consumers => &claims[i].pop,
-                    };
-                    // Relaxed: a word names a position only after its endpoint won it;
-                    // the lock, probed next, says whether that endpoint is dead.
-                    word.load(Ordering::Relaxed) == pos.wrapping_add(1)
-                        && matches!(self.probe(i, own), Ok(Some((_, false))))
-                })
-            },
+            |pos| self.claimant_dead(Side::Producers, pos),
         )
     }
 
+    /// Whether a dead endpoint's claim line names `pos` on `side`: a word names a position
+    /// only after its endpoint won it, and the lock says whether that endpoint is dead.
+    pub(crate) fn claimant_dead(&self, side: Side, pos: u64) -> bool {
+        let own = self.own();
+        let claims = &self.participants().claims;
+        (0..MAX_PARTICIPANTS).any(|i| {
+            let word = match side {
+                Side::Producers => &claims[i].push,
+                Side::Consumers => &claims[i].pop,
+            };
+            // Relaxed: see above; the probe that follows reads the lock.
+            word.load(Ordering::Relaxed) == pos.wrapping_add(1)
+                && matches!(self.probe(i, own), Ok(Some((_, false))))
+        })
+    }
+
     /// Settles the claims of entry `index`, whose lock this handle has just taken (so its
-    /// previous holder, if any, is dead): a cell it won and left unfinished is repaired,
-    /// then its claim words are cleared for the new holder.
-    fn settle_claims_of(&self, index: usize) {
+    /// previous holder, if any, is dead), before the entry is reused: a cell it won as a
+    /// producer and left unwritten is skipped. Returns `false`, leaving the claims alone,
+    /// when it won a cell as a consumer and never freed it: that element waits for a
+    /// consumer to adopt it (which needs this evidence), so the entry is not reused yet.
+    fn settle_claims_of(&self, index: usize) -> bool {
         let claims = &self.participants().claims[index];
         // Relaxed: the previous holder is dead; the stamp CASes decide.
-        let (push, pop) =
-            (claims.push.swap(0, Ordering::Relaxed), claims.pop.swap(0, Ordering::Relaxed));
-        if !self.stamped {
-            return;
-        }
-        let capacity = self.layout.capacity as u64;
-        let control = self.control();
-        // Relaxed: bounds for a forged word; the CASes decide.
-        let (tail, head) =
-            (control.tail.load(Ordering::Relaxed), control.head.load(Ordering::Relaxed));
-        // A word names a position its holder won: below tail (push) or head (pop), within
-        // a lap. Anything else is forged and ignored.
-        let won = |word: u64, end: u64| {
-            let pos = word.wrapping_sub(1);
-            (word != 0 && end.wrapping_sub(pos).wrapping_sub(1) < capacity).then_some(pos)
-        };
-        if let Some(pos) = won(push, tail) {
-            if mpmc::skip_unwritten(self.stamp(pos), pos) {
-                crate::wait::notify(&control.not_empty);
+        let (push, pop) = (claims.push.load(Ordering::Relaxed), claims.pop.load(Ordering::Relaxed));
+        if self.stamped {
+            let capacity = self.layout.capacity as u64;
+            let control = self.control();
+            // Relaxed: bounds for a forged word; the CASes decide.
+            let (tail, head) =
+                (control.tail.load(Ordering::Relaxed), control.head.load(Ordering::Relaxed));
+            // A word names a position its holder won: below tail (push) or head (pop),
+            // within a lap. Anything else is forged and ignored.
+            let won = |word: u64, end: u64| {
+                let pos = word.wrapping_sub(1);
+                (word != 0 && end.wrapping_sub(pos).wrapping_sub(1) < capacity).then_some(pos)
+            };
+            if let Some(pos) = won(pop, head) {
+                // Relaxed: a snapshot; an adopter's CAS changes it, never back.
+                if self.stamp(pos).load(Ordering::Relaxed) & !STAMP_SKIPPED == pos.wrapping_add(1) {
+                    return false;
+                }
+            }
+            if let Some(pos) = won(push, tail) {
+                if mpmc::skip_unwritten(self.stamp(pos), pos) {
+                    crate::wait::notify(&control.not_empty);
+                }
             }
         }
-        if let Some(pos) = won(pop, head) {
-            if mpmc::free_unread(self.stamp(pos), pos, capacity) {
-                crate::wait::notify(&control.not_full);
-            }
-        }
+        // Relaxed: the entry is ours; nobody reads these until we win a position.
+        claims.push.store(0, Ordering::Relaxed);
+        claims.pop.store(0, Ordering::Relaxed);
+        true
     }
 
     fn claim_word(&self, role: Role) -> &AtomicU32 {

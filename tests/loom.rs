@@ -312,22 +312,23 @@ mod tracked {
         fn claims(&self) -> Option<&Claims> {
             Some(&self.lines[self.me])
         }
+        fn claimant_dead(&self, side: Side, pos: u64) -> bool {
+            (0..3).any(|i| {
+                let word = match side {
+                    Side::Producers => &self.lines[i].push,
+                    Side::Consumers => &self.lines[i].pop,
+                };
+                self.dead & (1 << i) != 0
+                    && word.load(loom::sync::atomic::Ordering::Relaxed) == pos + 1
+            })
+        }
         fn repair(&self) -> bool {
             let capacity = self.cells().len() as u64;
             let repaired = mpmc::repair(
                 self.control(),
                 capacity,
                 |pos| self.cells()[(pos % capacity) as usize].stamp(),
-                |side, pos| {
-                    (0..3).any(|i| {
-                        let word = match side {
-                            Side::Producers => &self.lines[i].push,
-                            Side::Consumers => &self.lines[i].pop,
-                        };
-                        self.dead & (1 << i) != 0
-                            && word.load(loom::sync::atomic::Ordering::Relaxed) == pos + 1
-                    })
-                },
+                |pos| self.claimant_dead(Side::Producers, pos),
             );
             repaired > 0
         }
@@ -393,12 +394,13 @@ fn mpmc_dead_producer_claim_is_skipped() {
     });
 }
 
-/// A consumer died after winning position 0 of a full ring of 2 (never freed the cell). A
-/// live producer waits for room while a live consumer pops and a repairer runs once: the
-/// producer's push lands in the freed cell, the live consumer gets element 2, and element
-/// 1 (taken by the dead consumer) is gone; nothing else is lost or duplicated.
+/// A consumer died after winning position 0 of a full ring of 2 (never freed the cell).
+/// A live producer waits for room while a live consumer pops and, finding the ring empty,
+/// adopts the dead consumer's element: the consumer gets element 2, then element 1 (which
+/// the dead one never returned), the producer's push lands in the freed cell, and nothing
+/// is lost or duplicated.
 #[test]
-fn mpmc_dead_consumer_claim_is_freed() {
+fn mpmc_dead_consumers_element_is_adopted() {
     use gpuring::ring::Side;
     use tracked::{Tracked, die_after_claim};
     builder(2).check(|| {
@@ -421,30 +423,25 @@ fn mpmc_dead_consumer_claim_is_freed() {
                 }
             }
         });
-        let repairer = {
-            let ring = ring.endpoint(1);
-            thread::spawn(move || gpuring::ring::Storage::repair(&ring))
-        };
-        let consumer = {
-            let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
-            thread::spawn(move || pop_one(&rx))
-        };
+        let consumer = thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < 2 {
+                match rx.try_pop() {
+                    Ok(v) => got.push(v),
+                    Err(TryPopError::Empty) => match rx.try_adopt_then(|v| v) {
+                        Ok(Some(v)) => got.push(v),
+                        Ok(None) => thread::yield_now(),
+                        Err(e) => panic!("{e:?}"),
+                    },
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+            (got, rx)
+        });
         let _tx = producer.join().unwrap();
-        assert!(repairer.join().unwrap(), "the dead consumer's cell was stalled");
-        assert_eq!(consumer.join().unwrap(), 2);
+        let (got, rx) = consumer.join().unwrap();
+        assert_eq!(got, [2, 1], "the live element, then the dead consumer's, once each");
         assert_eq!(rx.try_pop(), Ok(3));
         assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
     });
-}
-
-fn pop_one<S: gpuring::ring::Storage<Cell = gpuring::layout::MpmcCell<u64>>>(
-    rx: &mpmc::Consumer<u64, S>,
-) -> u64 {
-    loop {
-        match rx.try_pop() {
-            Ok(v) => return v,
-            Err(TryPopError::Empty) => thread::yield_now(),
-            Err(e) => panic!("{e:?}"),
-        }
-    }
 }

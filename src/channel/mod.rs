@@ -836,15 +836,16 @@ impl Sender {
     }
 
     /// Whether a descriptor of this sender naming `slot` at `generation` is still in the
-    /// ring. SPSC: its receiver takes a slot before the descriptor leaves the ring, so a
-    /// receiver that died in between left both: the next receiver takes the slot over.
-    /// MPMC: a receiver's pop removes the descriptor first, so never.
+    /// ring. A receiver takes a slot before the descriptor leaves the ring (SPSC: before
+    /// `head` moves; MPMC: before the cell is freed), so a receiver that died in between
+    /// left both, and the next receiver takes the slot over with the message.
     fn queued(&self, slot: u32, generation: u32) -> bool {
+        let ours = |d: &Descriptor| {
+            d.pool_id == self.pool_id && d.slot == slot && d.generation == u64::from(generation)
+        };
         match &self.tx {
-            Tx::Spsc(p) => p.borrow().any_queued(|d| {
-                d.pool_id == self.pool_id && d.slot == slot && d.generation == u64::from(generation)
-            }),
-            Tx::Mpmc(_) => false,
+            Tx::Spsc(p) => p.borrow().any_queued(ours),
+            Tx::Mpmc(p) => p.any_unfreed(ours),
         }
     }
 
@@ -1328,34 +1329,29 @@ impl Receiver {
         })
     }
 
-    /// Pops a descriptor and runs `then` on it (the checks and taking its slot). SPSC:
-    /// `then` runs before the descriptor leaves the ring, so a receiver killed inside it
-    /// leaves the message in the ring, and the next receiver gets it, taking the slot over
-    /// from the dead holder (`PoolCore::receive`). MPMC: after the pop.
+    /// Pops a descriptor and runs `then` on it (the checks and taking its slot) before the
+    /// descriptor leaves the ring (SPSC: before `head` moves; MPMC: before its cell is
+    /// freed). A receiver killed inside `then` leaves the message for the next receiver
+    /// (SPSC: the next pop; MPMC: a waiting receiver adopts it within a tick), which takes
+    /// the slot over from the dead holder (`PoolCore::receive`).
     fn take<R>(
         &self,
         wait: Wait,
         then: impl FnOnce(Descriptor) -> Result<R, RecvError>,
     ) -> Result<R, RecvError> {
-        let Rx::Spsc(c) = &self.rx else {
-            return then(self.pop(wait)?);
-        };
-        let mut c = c.borrow_mut();
-        match wait {
-            Wait::No => c.try_pop_then(then).map_err(empty_or_corrupt)?,
-            Wait::For(t) => c.pop_then(Some(t), then).map_err(pop_error)?,
-            Wait::Forever => c.pop_then(None, then).map_err(pop_error)?,
-        }
-    }
-
-    fn pop(&self, wait: Wait) -> Result<Descriptor, RecvError> {
         match (&self.rx, wait) {
-            (Rx::Spsc(c), Wait::No) => c.borrow_mut().try_pop().map_err(empty_or_corrupt),
-            (Rx::Spsc(c), Wait::For(t)) => c.borrow_mut().pop_timeout(t).map_err(pop_error),
-            (Rx::Spsc(c), Wait::Forever) => c.borrow_mut().pop().map_err(pop_error),
-            (Rx::Mpmc(c), Wait::No) => c.try_pop().map_err(empty_or_corrupt),
-            (Rx::Mpmc(c), Wait::For(t)) => c.pop_timeout(t).map_err(pop_error),
-            (Rx::Mpmc(c), Wait::Forever) => c.pop().map_err(pop_error),
+            (Rx::Spsc(c), Wait::No) => {
+                c.borrow_mut().try_pop_then(then).map_err(empty_or_corrupt)?
+            }
+            (Rx::Spsc(c), Wait::For(t)) => {
+                c.borrow_mut().pop_then(Some(t), then).map_err(pop_error)?
+            }
+            (Rx::Spsc(c), Wait::Forever) => {
+                c.borrow_mut().pop_then(None, then).map_err(pop_error)?
+            }
+            (Rx::Mpmc(c), Wait::No) => c.try_pop_then(then).map_err(empty_or_corrupt)?,
+            (Rx::Mpmc(c), Wait::For(t)) => c.pop_then(Some(t), then).map_err(pop_error)?,
+            (Rx::Mpmc(c), Wait::Forever) => c.pop_then(None, then).map_err(pop_error)?,
         }
     }
 

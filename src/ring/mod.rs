@@ -187,6 +187,12 @@ pub unsafe trait Storage {
     fn claims(&self) -> Option<&Claims> {
         None
     }
+    /// Whether an endpoint of `side` that recorded winning MPMC position `pos` in its
+    /// claim line is dead (see [`mpmc`], "Repair"). Probes locks: slow paths only.
+    fn claimant_dead(&self, side: Side, pos: u64) -> bool {
+        let _ = (side, pos);
+        false
+    }
     /// Repairs MPMC cells won by endpoints that died before finishing them
     /// ([`mpmc::repair`]); whether it repaired any. Called by blocked endpoints every
     /// [`LIVENESS_TICK`], never on the fast path.
@@ -281,11 +287,14 @@ pub(crate) enum Blocked {
 /// `Ok(Some(r))` on success, `Ok(None)` to wait) as `policy` says, sleeping on `wait_on`,
 /// until `deadline`; after a success, wakes the other side's sleepers on `wake`.
 ///
-/// Storage that watches its peers is asked, every [`LIVENESS_TICK`] of waiting, first to
-/// repair cells that endpoints died holding ([`Storage::repair`]; after a repair it tries
-/// again at once), then whether the side `waits_for` is all dead; if so, one last attempt
-/// takes what they left, and then the wait ends with [`Blocked::PeerDead`]. The first
-/// attempt reads no clock.
+/// Storage that watches its peers is asked, every [`LIVENESS_TICK`] of waiting, whether
+/// its memory is damaged ([`Storage::damaged`]: the wait ends `Corrupted`), to repair
+/// cells that producers died holding ([`Storage::repair`]; then it tries again at once);
+/// then `on_tick` does the endpoint's own slow-path work (an MPMC consumer adopts a dead
+/// consumer's element: a success ends the wait); then, if the side `waits_for` is all
+/// dead, one last attempt takes what they left, and the wait ends with
+/// [`Blocked::PeerDead`]. The first attempt reads no clock.
+#[allow(clippy::too_many_arguments)] // the one place the waiting policy is written
 pub(crate) fn block_on<S: Storage, R>(
     storage: &S,
     waits_for: Side,
@@ -294,6 +303,7 @@ pub(crate) fn block_on<S: Storage, R>(
     policy: crate::wait::WaitPolicy,
     deadline: Option<std::time::Instant>,
     mut attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
+    mut on_tick: impl FnMut() -> Result<Option<R>, Corrupted>,
 ) -> Result<R, Blocked> {
     let done = |r| {
         crate::wait::notify(wake);
@@ -324,6 +334,13 @@ pub(crate) fn block_on<S: Storage, R>(
                 // A cell won by an endpoint that died stalls the ring: repair, try again.
                 if storage.repair() {
                     continue;
+                }
+                // The endpoint's own slow-path work (an MPMC consumer adopts the element
+                // of a consumer that died holding it).
+                match on_tick() {
+                    Ok(Some(r)) => return done(r),
+                    Ok(None) => {}
+                    Err(c) => return Err(Blocked::Corrupted(c)),
                 }
                 if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                     return Err(Blocked::Timeout);

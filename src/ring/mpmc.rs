@@ -43,7 +43,7 @@ use super::{
     Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError, block_on,
     cell_at, deadline_after, demote,
 };
-use crate::layout::{MpmcCell, RingControl, STAMP_SKIPPED};
+use crate::layout::{MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
 use crate::sync::{AtomicU64, Ordering, spin_hint};
 use crate::wait::{WaitPolicy, barrier_mode, notify};
 
@@ -120,8 +120,8 @@ fn check_positions<S: Storage>(storage: &S) -> Result<u64, Corrupted> {
     if tail.wrapping_sub(head) > capacity {
         return Err(Corrupted { what: "tail is more than capacity ahead of head" });
     }
-    if (tail | head) & STAMP_SKIPPED != 0 {
-        return Err(Corrupted { what: "ring position at or above 2^63" });
+    if (tail | head) & STAMP_FLAGS != 0 {
+        return Err(Corrupted { what: "ring position at or above 2^62" });
     }
     Ok(capacity)
 }
@@ -140,11 +140,11 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         // Acquire: pairs with the consumer's Release stamp store in `try_pop_in` (its read
         // of the old element happens before our write), or a repairer's in `free_unread`.
         let raw = cell.stamp.load(Ordering::Acquire);
-        let lag = (raw & !STAMP_SKIPPED).wrapping_sub(pos) as i64;
+        let lag = (raw & !STAMP_FLAGS).wrapping_sub(pos) as i64;
         if lag == 0 {
-            if raw & STAMP_SKIPPED != 0 {
+            if raw & STAMP_FLAGS != 0 {
                 return Err(TryPushError::Corrupted(Corrupted {
-                    what: "skipped stamp on a cell free for a producer",
+                    what: "flagged stamp on a cell free for a producer",
                 }));
             }
             // Relaxed CAS: ownership of the cell is handed over by the stamps, not by tail.
@@ -201,10 +201,14 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     }
 }
 
-fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
+/// Pops the element at `head`, running `then` on it before the cell is freed (so that
+/// until `then` returns, a consumer that dies leaves the element for another to adopt).
+#[inline(always)]
+fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>, R>(
     storage: &S,
     capacity: u64,
-) -> Result<T, TryPopError> {
+    then: impl FnOnce(T) -> R,
+) -> Result<R, TryPopError> {
     let control = storage.control();
     // Relaxed: a starting guess; the stamp (Acquire) and the CAS decide.
     let mut pos = control.head.load(Ordering::Relaxed);
@@ -213,8 +217,13 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         // Acquire: pairs with the producer's Release stamp store in `try_push_in` (or a
         // repairer's in `skip_unwritten`).
         let raw = cell.stamp.load(Ordering::Acquire);
-        let lag = (raw & !STAMP_SKIPPED).wrapping_sub(pos.wrapping_add(1)) as i64;
+        let lag = (raw & !STAMP_FLAGS).wrapping_sub(pos.wrapping_add(1)) as i64;
         if lag == 0 {
+            if raw & STAMP_ADOPTED != 0 {
+                return Err(TryPopError::Corrupted(Corrupted {
+                    what: "adopted stamp on a cell not yet taken",
+                }));
+            }
             // Relaxed CAS: ownership of the cell is handed over by the stamps.
             match control.head.compare_exchange_weak(
                 pos,
@@ -239,7 +248,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                     // SAFETY: winning the CAS at `pos` with stamp == pos + 1 makes this
                     // consumer the only reader of the cell, and no producer writes it before
                     // the stamp below. `T: Pod`: any bytes form a valid `T`.
-                    let value = cell.value.with(|p| unsafe { p.read() });
+                    let value = then(cell.value.with(|p| unsafe { p.read() }));
                     // Release: pairs with the producer's Acquire stamp load in `try_push_in`.
                     cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
                     return Ok(value);
@@ -267,6 +276,67 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     }
 }
 
+/// How far one repair or adoption looks (from `head`, or from the oldest cell producers
+/// wait for).
+const REPAIR_SCAN: u64 = 64;
+
+/// Adopts the element of a cell whose consumer won it and died before freeing it: takes
+/// the cell (stamp `| STAMP_ADOPTED`, a CAS from the exact stalled stamp), runs `then` on
+/// the element, frees the cell. Looks at the first [`REPAIR_SCAN`] positions from
+/// `tail - capacity` below `head`. `Ok(None)`: nothing to adopt.
+fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>, R>(
+    storage: &S,
+    capacity: u64,
+    then: impl FnOnce(T) -> R,
+) -> Result<Option<R>, Corrupted> {
+    let control = storage.control();
+    // Relaxed: a window to look at; the stamp CAS decides.
+    let tail = control.tail.load(Ordering::Relaxed);
+    let head = control.head.load(Ordering::Relaxed);
+    if tail.wrapping_sub(head) > capacity || (tail | head) & STAMP_FLAGS != 0 {
+        return Err(Corrupted { what: "tail is more than capacity ahead of head" });
+    }
+    let oldest = tail.saturating_sub(capacity);
+    for pos in (0..(head - oldest).min(REPAIR_SCAN)).map(|i| oldest + i) {
+        let cell = cell_at(storage, capacity, pos);
+        // Relaxed: a candidate; the CAS below decides.
+        let raw = cell.stamp.load(Ordering::Relaxed);
+        if raw & !STAMP_SKIPPED != pos.wrapping_add(1)
+            || !storage.claimant_dead(Side::Consumers, pos)
+        {
+            continue;
+        }
+        // Acquire on success: pairs with the producer's Release stamp store (the element's
+        // bytes are visible). The flag keeps producers out (the cell is not free) and every
+        // other adopter (the stamp is no longer the stalled one).
+        if cell
+            .stamp
+            .compare_exchange(raw, raw | STAMP_ADOPTED, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        if let Some(claims) = storage.claims() {
+            // Relaxed: as in `try_pop_in`.
+            claims.pop.store(pos.wrapping_add(1), Ordering::Relaxed);
+        }
+        let taken = (raw & STAMP_SKIPPED == 0).then(|| {
+            // SAFETY: the CAS made this consumer the cell's only user: its winner is dead,
+            // producers wait for the free below, other adopters saw the stamp change.
+            // `T: Pod`: any bytes form a valid `T`.
+            then(cell.value.with(|p| unsafe { p.read() }))
+        });
+        // Release: pairs with the producer's Acquire stamp load in `try_push_in`.
+        cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
+        notify(&control.not_full);
+        if taken.is_some() {
+            return Ok(taken);
+        }
+        return Ok(None); // a skipped cell: nothing in it; the next tick looks again
+    }
+    Ok(None)
+}
+
 /// Stamps the cell of position `pos` skipped if it still holds `stamp == pos`: the
 /// producer that won `pos` never wrote it. Call only once that producer is known dead (see
 /// "Repair" above). Returns whether it did.
@@ -283,44 +353,25 @@ pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
         .is_ok()
 }
 
-/// Frees the cell of position `pos` for the next lap if it is still won-but-unfreed
-/// (`stamp == pos + 1`, skipped or not): the consumer that won `pos` never freed it. Call
-/// only once that consumer is known dead. Returns whether it did.
-pub(crate) fn free_unread(stamp: &AtomicU64, pos: u64, capacity: u64) -> bool {
-    // Relaxed: only picks the value to replace; the CAS decides.
-    let raw = stamp.load(Ordering::Relaxed);
-    if raw & !STAMP_SKIPPED != pos.wrapping_add(1) {
-        return false;
-    }
-    // Release on success: pairs with the producer's Acquire stamp load in `try_push_in`
-    // (the dead consumer's read of the cell is over).
-    stamp
-        .compare_exchange(raw, pos.wrapping_add(capacity), Ordering::Release, Ordering::Relaxed)
-        .is_ok()
-}
-
-/// How far past `head` (and past the cell producers wait for) one repair looks.
-const REPAIR_SCAN: u64 = 64;
-
-/// Repairs the cells that stall an MPMC ring because the endpoint that won them died: see
-/// "Repair" above. `stamp_of(p)` is the stamp word of position `p`'s cell;
-/// `claimant_dead(side, p)` says whether an endpoint of `side` that is dead recorded
-/// winning `p`. Looks at the first [`REPAIR_SCAN`] positions from `head` (cells consumers
-/// wait for) and from `tail - capacity` (cells producers wait for); wakes the side a repair
-/// unblocks. Returns how many cells it repaired. Not for the fast path: it reads up to
-/// `2 * REPAIR_SCAN` stamps, and `claimant_dead` may probe locks.
+/// Repairs the cells that stall an MPMC ring because the producer that won them died
+/// before writing them: see "Repair" above. `stamp_of(p)` is the stamp word of position
+/// `p`'s cell; `producer_dead(p)` says whether a producer that is dead recorded winning
+/// `p`. Looks at the first [`REPAIR_SCAN`] positions from `head`, and wakes consumers if it
+/// skipped any. Returns how many cells it skipped. Not for the fast path: it reads up to
+/// [`REPAIR_SCAN`] stamps, and `producer_dead` may probe locks. (Cells of dead consumers
+/// are adopted by live consumers instead, so that their elements are not lost.)
 #[doc(hidden)]
 pub fn repair<'a>(
     control: &RingControl,
     capacity: u64,
     stamp_of: impl Fn(u64) -> &'a AtomicU64,
-    mut claimant_dead: impl FnMut(Side, u64) -> bool,
+    mut producer_dead: impl FnMut(u64) -> bool,
 ) -> u32 {
     // Relaxed: a window to look at; every repair is a CAS on a stamp, which decides.
     let tail = control.tail.load(Ordering::Relaxed);
     let head = control.head.load(Ordering::Relaxed);
     let queued = tail.wrapping_sub(head);
-    if queued > capacity || (tail | head) & STAMP_SKIPPED != 0 {
+    if queued > capacity || (tail | head) & STAMP_FLAGS != 0 {
         return 0; // impossible positions: the operations report them as corrupted
     }
     let mut skipped = 0;
@@ -328,33 +379,15 @@ pub fn repair<'a>(
     for pos in (0..queued.min(REPAIR_SCAN)).map(|i| head.wrapping_add(i)) {
         let stamp = stamp_of(pos);
         // Relaxed: a candidate; `skip_unwritten`'s CAS decides.
-        if stamp.load(Ordering::Relaxed) == pos
-            && claimant_dead(Side::Producers, pos)
-            && skip_unwritten(stamp, pos)
+        if stamp.load(Ordering::Relaxed) == pos && producer_dead(pos) && skip_unwritten(stamp, pos)
         {
             skipped += 1;
-        }
-    }
-    // Positions won by consumers and not yet freed, among those producers wait for.
-    let oldest = tail.saturating_sub(capacity);
-    let mut freed = 0;
-    for pos in (0..(head - oldest).min(REPAIR_SCAN)).map(|i| oldest + i) {
-        let stamp = stamp_of(pos);
-        // Relaxed: as above.
-        if stamp.load(Ordering::Relaxed) & !STAMP_SKIPPED == pos.wrapping_add(1)
-            && claimant_dead(Side::Consumers, pos)
-            && free_unread(stamp, pos, capacity)
-        {
-            freed += 1;
         }
     }
     if skipped > 0 {
         notify(&control.not_empty);
     }
-    if freed > 0 {
-        notify(&control.not_full);
-    }
-    skipped + freed
+    skipped
 }
 
 impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
@@ -418,8 +451,37 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
                     .map(Some)
                     .or_else(TryPushError::retry)
             },
+            || Ok(None),
         )
         .map_err(|b| PushError::from_blocked(b, value))
+    }
+
+    /// Whether an element still in a cell (published and not yet freed: queued, being
+    /// popped, or adopted) satisfies `pred`. Reads up to `capacity` cells: for slow paths
+    /// only. Each value is read seqlock-style: used only if its cell's stamp is the same
+    /// after the read as before (a cell freed and rewritten meanwhile is skipped).
+    #[cfg_attr(loom, allow(dead_code))] // used by channels, which loom builds leave out
+    pub(crate) fn any_unfreed(&self, mut pred: impl FnMut(&T) -> bool) -> bool {
+        // Relaxed: a window to look at; each cell's stamp decides.
+        let tail = self.storage.control().tail.load(Ordering::Relaxed);
+        let oldest = tail.saturating_sub(self.capacity);
+        (oldest..tail).any(|pos| {
+            let cell = cell_at(&self.storage, self.capacity, pos);
+            // Acquire: pairs with the producer's Release stamp store (the value is there).
+            let before = cell.stamp.load(Ordering::Acquire);
+            if before & !STAMP_FLAGS != pos.wrapping_add(1) || before & STAMP_SKIPPED != 0 {
+                return false;
+            }
+            // SAFETY: in bounds (`cell_at`); a volatile read of a `Pod` (any bytes are a
+            // valid `T`). A producer may rewrite the cell if it is freed meanwhile; the
+            // stamp check below then discards what was read.
+            let value = cell.value.with(|p| unsafe { p.read_volatile() });
+            // Acquire: orders the read above before this load (a later free and rewrite
+            // shows as a changed stamp).
+            crate::sync::fence(Ordering::Acquire);
+            let after = cell.stamp.load(Ordering::Relaxed);
+            before == after && pred(&value)
+        })
     }
 
     /// Sets how blocking pushes of this handle wait.
@@ -463,9 +525,34 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
     #[inline]
     pub fn try_pop(&self) -> Result<T, TryPopError> {
-        let value = try_pop_in(&self.storage, self.capacity)?;
+        self.try_pop_then(|v| v)
+    }
+
+    /// As [`try_pop`](Self::try_pop), running `then` on the element *before* its cell is
+    /// freed: if this process dies inside `then`, another consumer adopts the element (a
+    /// channel receiver takes its slot inside `then`, so that a crash never strands a
+    /// slot). `try_pop_then` does not adopt; blocking pops do, every liveness tick.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_pop`](Self::try_pop); `then` is not called then.
+    #[inline]
+    pub fn try_pop_then<R>(&self, then: impl FnOnce(T) -> R) -> Result<R, TryPopError> {
+        let r = try_pop_in(&self.storage, self.capacity, then)?;
         notify(&self.storage.control().not_full);
-        Ok(value)
+        Ok(r)
+    }
+
+    /// Takes the element of a cell whose consumer died before freeing it (see the module's
+    /// "Repair"), running `then` on it; `Ok(None)` when there is none. Blocking pops call
+    /// this every liveness tick; it probes locks, so it is not for the fast path.
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] when the ring's positions are impossible.
+    #[doc(hidden)]
+    pub fn try_adopt_then<R>(&self, then: impl FnOnce(T) -> R) -> Result<Option<R>, Corrupted> {
+        try_adopt_in(&self.storage, self.capacity, then)
     }
 
     /// Pops the oldest element, waiting for one as the [`WaitPolicy`] says, for ever.
@@ -487,7 +574,35 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     }
 
     fn pop_until(&self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
+        self.pop_then_until(deadline, |v| v)
+    }
+
+    /// As [`pop`](Self::pop) (`timeout` `None`) or [`pop_timeout`](Self::pop_timeout),
+    /// running `then` on the element before its cell is freed; see
+    /// [`try_pop_then`](Self::try_pop_then). While it waits, it adopts the elements of dead
+    /// consumers.
+    ///
+    /// # Errors
+    ///
+    /// As [`pop_timeout`](Self::pop_timeout); `then` is not called then.
+    pub fn pop_then<R>(
+        &self,
+        timeout: Option<Duration>,
+        then: impl FnOnce(T) -> R,
+    ) -> Result<R, PopError> {
+        self.pop_then_until(timeout.and_then(deadline_after), then)
+    }
+
+    fn pop_then_until<R>(
+        &self,
+        deadline: Option<std::time::Instant>,
+        then: impl FnOnce(T) -> R,
+    ) -> Result<R, PopError> {
         let control = self.storage.control();
+        // `then` runs once: only a successful pop or adoption calls it, and that ends the
+        // wait.
+        let then = std::cell::Cell::new(Some(then));
+        let run = |v| then.take().map(|f| f(v));
         block_on(
             &self.storage,
             Side::Producers,
@@ -495,9 +610,11 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
             &control.not_full,
             self.policy,
             deadline,
-            || try_pop_in(&self.storage, self.capacity).map(Some).or_else(TryPopError::retry),
+            || try_pop_in(&self.storage, self.capacity, run).map(Some).or_else(TryPopError::retry),
+            || try_adopt_in(&self.storage, self.capacity, run),
         )
         .map_err(PopError::from)
+        .map(|r| r.expect("then runs on the one successful pop"))
     }
 
     /// Sets how blocking pops of this handle wait.

@@ -239,6 +239,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
             *policy,
             deadline,
             || try_push_in(storage, local, value).map(Some).or_else(TryPushError::retry),
+            || Ok(None),
         )
         .map_err(|b| PushError::from_blocked(b, value))
     }
@@ -407,6 +408,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
                     .map(Some)
                     .or_else(TryPopError::retry)
             },
+            || Ok(None),
         )
         .map_err(PopError::from)
         .map(|r| r.expect("then runs on the one successful pop"))
