@@ -27,6 +27,8 @@ use iceoryx2::prelude::BackpressureStrategy;
 
 const DESC: usize = size_of::<Descriptor>();
 const STOP: u64 = u64::MAX;
+/// Elements per slice in the batched throughput rows (`push_slice` / `pop_into`).
+const BATCH: usize = 32;
 const LAST: u64 = 1;
 
 fn descriptor(seq: u64) -> Descriptor {
@@ -170,6 +172,24 @@ fn run_peer(role: &str) {
                     STOP => return,
                     LAST => tx.push(LAST).unwrap(),
                     _ => {}
+                }
+            }
+        }
+        "spsc-sink-batch" => {
+            // Drains in slices of up to BATCH (`pop_into`: one `head` store per slice).
+            let data = SpscRing::<Descriptor>::open(&format!("{name}-ping")).unwrap();
+            let ack = SpscRing::<Descriptor>::open(&format!("{name}-pong")).unwrap();
+            let (mut rx, mut tx) = (data.consumer().unwrap(), ack.producer().unwrap());
+            let mut buf = [Descriptor::default(); BATCH];
+            loop {
+                let n = rx.pop_into(&mut buf, None).unwrap();
+                for d in &buf[..n] {
+                    if d.seq == STOP {
+                        return;
+                    }
+                    if d.tag == LAST {
+                        tx.push(*d).unwrap();
+                    }
                 }
             }
         }
@@ -581,6 +601,41 @@ fn throughput(c: &mut Criterion) {
                     let mut d = descriptor(i);
                     d.tag = u64::from(i + 1 == iters);
                     tx.push(d).unwrap();
+                }
+                acks.pop().unwrap();
+                t.elapsed()
+            })
+        });
+        tx.push(descriptor(STOP)).unwrap();
+    }
+
+    {
+        // The same stream in slices of BATCH: one `tail` store per slice on the producer
+        // (`push_slice`), one `head` store per slice on the consumer (`pop_into`).
+        let name = unique("tputb");
+        let data = RingOptions::new(format!("{name}-ping"))
+            .capacity(1024)
+            .create_spsc::<Descriptor>()
+            .unwrap();
+        let ack = RingOptions::new(format!("{name}-pong"))
+            .capacity(4)
+            .create_spsc::<Descriptor>()
+            .unwrap();
+        let (mut tx, mut acks) = (data.producer().unwrap(), ack.consumer().unwrap());
+        let _p = peer("spsc-sink-batch", &name, 0, false);
+        let mut buf = [Descriptor::default(); BATCH];
+        g.bench_function(BenchmarkId::new("gpuring_spsc_batch32", "1p1c"), |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                let mut i = 0;
+                while i < iters {
+                    let n = (iters - i).min(BATCH as u64) as usize;
+                    for (k, d) in buf[..n].iter_mut().enumerate() {
+                        *d = descriptor(i + k as u64);
+                        d.tag = u64::from(i + k as u64 + 1 == iters);
+                    }
+                    tx.push_slice(&buf[..n]).unwrap();
+                    i += n as u64;
                 }
                 acks.pop().unwrap();
                 t.elapsed()
