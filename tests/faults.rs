@@ -60,15 +60,12 @@ fn sender_killed_at_each_point() {
         }
         panic!("the fault point was never reached");
     }
-    for (point, n) in [
-        ("push_after_write", 1),
-        ("push_after_write", 3),
-        ("push_after_write", 17),
-        ("inside_wake", 1),
-        ("inside_wake", 4),
-        ("send_holding_lease", 1),
-        ("send_holding_lease", 6),
-    ] {
+    let plan = [
+        ("push_after_write", [1, 2, 3, 5, 8, 17, 33].as_slice()),
+        ("inside_wake", &[1, 2, 4, 7, 12]),
+        ("send_holding_lease", &[1, 2, 6, 9, 21]),
+    ];
+    for (point, n) in plan.iter().flat_map(|(p, ns)| ns.iter().map(move |&n| (*p, n))) {
         let name = unique_name("fault");
         let ch = Channel::builder(&name).capacity(8).slots(SLOTS, 64).create().unwrap();
         let mut rx = ch.receiver().unwrap();
@@ -234,12 +231,11 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
         }
         _ => {}
     }
-    for (point, n) in [
-        ("push_after_claim", 1),
-        ("push_after_claim", 9),
-        ("push_before_publish", 2),
-        ("push_before_publish", 20),
-    ] {
+    let plan = [
+        ("push_after_claim", [1, 2, 5, 9, 17].as_slice()),
+        ("push_before_publish", &[1, 2, 7, 20, 31]),
+    ];
+    for (point, n) in plan.iter().flat_map(|(p, ns)| ns.iter().map(move |&n| (*p, n))) {
         let name = unique_name("mpmc-fault");
         let ring = MpmcRing::<u64>::create(&name, 8).unwrap();
         let mut rx = ring.consumer().unwrap();
@@ -382,4 +378,99 @@ fn reused_entry_of_a_dead_claimant_settles_its_cell() {
     assert_eq!(rx.try_pop(), Ok(5), "settled when its entry was taken: no wait");
     assert!(matches!(ring.producer(), Err(gpuring::ShmError::TooManyParticipants { .. })));
     drop((held, reuser));
+}
+
+/// MPMC: a producer SIGKILLed at random times while it streams as fast as it can beside a
+/// steady producer (the kill can land anywhere in a push, including between winning a
+/// cell and stamping it). The consumer gets a gapless prefix of the victim's elements and
+/// all of the steady producer's, in order, never waiting 100 ms after the kill.
+#[test]
+fn mpmc_random_kills_over_a_long_stream() {
+    const VICTIM: u64 = 1 << 32;
+    const STEADY: u64 = 2 << 32;
+    const STEADY_COUNT: u64 = 200;
+    match role().as_deref() {
+        Some("victim") => {
+            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let tx = ring.producer().unwrap();
+            for seq in 0.. {
+                tx.push(VICTIM | seq).unwrap();
+            }
+            unreachable!();
+        }
+        Some("steady") => {
+            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let tx = ring.producer().unwrap();
+            for seq in 0..STEADY_COUNT {
+                tx.push(STEADY | seq).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return;
+        }
+        _ => {}
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
+    for round in 0..5 {
+        state =
+            state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let kill_after = 1_000 + (state >> 33) % 40_000;
+        let name = unique_name("mpmc-stream");
+        let ring = MpmcRing::<u64>::create(&name, 64).unwrap();
+        let rx = ring.consumer().unwrap();
+        let test = "mpmc_random_kills_over_a_long_stream";
+        let mut victim = Peer::spawn(test, "victim", &name);
+        let mut steady = Peer::spawn(test, "steady", &name);
+        let (mut victim_got, mut steady_got, mut killed_at) = (Vec::new(), Vec::new(), None);
+        let mut times = Vec::new();
+        loop {
+            match rx.pop_timeout(Duration::from_secs(5)) {
+                Ok(v) => {
+                    let t = now_ns();
+                    if v & !0xffff_ffff == VICTIM {
+                        victim_got.push(v & 0xffff_ffff);
+                    } else {
+                        steady_got.push(v & 0xffff_ffff);
+                    }
+                    if killed_at.is_some() {
+                        times.push(t);
+                    }
+                }
+                Err(PopError::PeerDead) => break,
+                Err(e) => panic!(
+                    "round {round}: {e} (victim {}, steady {})",
+                    victim_got.len(),
+                    steady_got.len()
+                ),
+            }
+            if killed_at.is_none() && victim_got.len() as u64 >= kill_after {
+                killed_at = Some(now_ns());
+                victim.child.kill().unwrap();
+            }
+        }
+        victim.killed();
+        assert!(steady.child.wait().unwrap().success());
+        let n = victim_got.len() as u64;
+        assert_eq!(victim_got, (0..n).collect::<Vec<_>>(), "round {round}: a gapless prefix");
+        assert_eq!(
+            steady_got,
+            (0..STEADY_COUNT).collect::<Vec<_>>(),
+            "round {round}: all, in order"
+        );
+        let killed_at = killed_at.expect("the victim was killed");
+        let worst = times
+            .iter()
+            .scan(killed_at, |last, &t| {
+                let gap = t - *last;
+                *last = t;
+                Some(gap)
+            })
+            .max()
+            .unwrap_or(0);
+        println!(
+            "round {round}: killed after {kill_after} received, {n} of the victim's delivered; \
+             longest wait after the kill {:.1} ms",
+            worst as f64 / 1e6
+        );
+        assert!(worst < 100_000_000, "round {round}: stalled {:.1} ms", worst as f64 / 1e6);
+    }
 }
