@@ -474,3 +474,33 @@ fn mpmc_random_kills_over_a_long_stream() {
         assert!(worst < 100_000_000, "round {round}: stalled {:.1} ms", worst as f64 / 1e6);
     }
 }
+
+/// A dead consumer's entry is not reused while the cell it won waits for adoption (its
+/// claim is the only evidence); once a consumer has adopted the element, it is.
+#[test]
+fn entry_of_a_dead_consumer_waits_for_the_adoption() {
+    if role().as_deref() == Some("victim") {
+        let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+        let rx = ring.consumer().unwrap();
+        rx.pop().unwrap();
+        panic!("the fault point was never reached");
+    }
+    let name = unique_name("mpmc-reuse-rx");
+    let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+    let tx = ring.producer().unwrap();
+    let rx = ring.consumer().unwrap();
+    let held: Vec<_> = (0..61).map(|_| ring.producer().unwrap()).collect(); // 63 entries
+    tx.try_push(41).unwrap();
+    let fault = [("GPURING_FAULT", "pop_after_claim:1".to_owned())];
+    let test = "entry_of_a_dead_consumer_waits_for_the_adoption";
+    let mut victim = Peer::spawn_with(test, "victim", &name, &fault);
+    assert!(victim.expect("fault").starts_with("pop_after_claim "));
+    victim.killed();
+    assert!(
+        matches!(ring.producer(), Err(gpuring::ShmError::TooManyParticipants { .. })),
+        "the dead consumer's entry is kept while its element waits"
+    );
+    assert_eq!(rx.pop_timeout(Duration::from_secs(5)), Ok(41), "adopted");
+    let reuser = ring.producer().expect("reused once the element was adopted");
+    drop((held, reuser));
+}
