@@ -436,6 +436,32 @@ pub(crate) fn prefetch<C>(value: &C) {
     let _ = value;
 }
 
+/// Asks the CPU to bring `value`'s cache lines into this core's cache *for writing*
+/// (`prefetchw`: ownership is requested ahead, so that the stores that follow do not each
+/// wait for another core to give the line up). A hint: it never faults and changes no
+/// value; CPUs without it execute it as a NOP.
+#[inline(always)]
+pub(crate) fn prefetch_write<C>(value: &C) {
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
+    {
+        let base = (value as *const C).cast::<u8>();
+        for offset in (0..size_of::<C>()).step_by(64) {
+            // SAFETY: PREFETCHW only hints; it cannot fault, write or change a value, and
+            // decodes as a NOP where unsupported. The address is inside `value`. No stack
+            // use, flags untouched.
+            unsafe {
+                core::arch::asm!(
+                    "prefetchw byte ptr [{0}]",
+                    in(reg) base.wrapping_add(offset),
+                    options(nostack, preserves_flags)
+                )
+            };
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
+    let _ = value;
+}
+
 /// Asks the CPU to move `value`'s cache lines from this core's private caches to the
 /// shared cache (`cldemote`), where another core reads them without snooping this one. A
 /// hint: it never faults, changes no value, and executes as a NOP on CPUs without it.

@@ -16,7 +16,7 @@ use bytemuck::Pod;
 
 use super::{
     Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError, block_on,
-    cell_at, deadline_after, demote, prefetch,
+    cell_at, deadline_after, demote, prefetch, prefetch_write,
 };
 use crate::layout::SpscCell;
 use crate::sync::Ordering;
@@ -154,6 +154,13 @@ fn try_push_slice_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
         free = local.capacity - used;
     }
     let n = values.len().min(free as usize);
+    if local.hints.prefetch {
+        // Ask for every cell of the slice at once, so that the lines the consumer last
+        // read come over in parallel rather than one store miss at a time.
+        for i in 0..n as u64 {
+            prefetch_write(cell_at(storage, local.capacity, local.pos.wrapping_add(i)));
+        }
+    }
     for (i, value) in values[..n].iter().enumerate() {
         let cell = cell_at(storage, local.capacity, local.pos.wrapping_add(i as u64));
         // SAFETY: as in `try_push_in`: positions pos..pos + n are below head + capacity
@@ -188,12 +195,14 @@ fn try_pop_into_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
         ready = r;
     }
     let n = out.len().min(ready as usize);
+    if local.hints.prefetch {
+        // Every cell of the slice is published: ask for them all at once.
+        for i in 0..n as u64 {
+            prefetch(cell_at(storage, local.capacity, local.pos.wrapping_add(i)));
+        }
+    }
     for (i, slot) in out[..n].iter_mut().enumerate() {
         let pos = local.pos.wrapping_add(i as u64);
-        let ahead = pos.wrapping_add(PREFETCH_AHEAD);
-        if local.hints.prefetch && local.peer.wrapping_sub(ahead) as i64 > 0 {
-            prefetch(cell_at(storage, local.capacity, ahead));
-        }
         let cell = cell_at(storage, local.capacity, pos);
         // SAFETY: as in `try_pop_in`: positions pos..pos + n are below tail (n <= ready),
         // published, and the producer does not write them until `head` passes them.
