@@ -290,11 +290,14 @@ fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>, R>(
     then: impl FnOnce(T) -> R,
 ) -> Result<Option<R>, Corrupted> {
     let control = storage.control();
-    // Relaxed: a window to look at; the stamp CAS decides.
+    // Relaxed: a window to look at; the stamp CAS decides. The two loads are not one
+    // snapshot: while others push and pop, the window can look impossible (head moved on
+    // between the loads). That is no evidence of corruption (the operations themselves
+    // check the positions), so this only gives up until the next tick.
     let tail = control.tail.load(Ordering::Relaxed);
     let head = control.head.load(Ordering::Relaxed);
     if tail.wrapping_sub(head) > capacity || (tail | head) & STAMP_FLAGS != 0 {
-        return Err(Corrupted { what: "tail is more than capacity ahead of head" });
+        return Ok(None);
     }
     let oldest = tail.saturating_sub(capacity);
     for pos in (0..(head - oldest).min(REPAIR_SCAN)).map(|i| oldest + i) {
@@ -372,7 +375,9 @@ pub fn repair<'a>(
     let head = control.head.load(Ordering::Relaxed);
     let queued = tail.wrapping_sub(head);
     if queued > capacity || (tail | head) & STAMP_FLAGS != 0 {
-        return 0; // impossible positions: the operations report them as corrupted
+        // Not one snapshot: head may have moved on between the loads (or the positions
+        // are forged, which the operations report). Look again next tick.
+        return 0;
     }
     let mut skipped = 0;
     // Positions won by producers and not yet written: stamp == pos.
@@ -549,7 +554,8 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`Corrupted`] when the ring's positions are impossible.
+    /// None today (impossible positions are left to the operations to report); the
+    /// `Result` keeps room for one.
     #[doc(hidden)]
     pub fn try_adopt_then<R>(&self, then: impl FnOnce(T) -> R) -> Result<Option<R>, Corrupted> {
         try_adopt_in(&self.storage, self.capacity, then)
