@@ -21,6 +21,7 @@ mod common;
 
 use common::{Group, NAME, PEER, Peer, Samples, cpus, ice, peer, pin, unique};
 use criterion::{BenchmarkId, Criterion, Throughput};
+use gpuring::named::{SpscConsumer, SpscProducer};
 use gpuring::ring::spsc;
 use gpuring::{Descriptor, MpmcRing, RingOptions, SpscRing, WaitPolicy};
 use iceoryx2::prelude::BackpressureStrategy;
@@ -33,6 +34,21 @@ const LAST: u64 = 1;
 
 fn descriptor(seq: u64) -> Descriptor {
     Descriptor { seq, ..Default::default() }
+}
+
+/// The bench's side of a one-way stream: the producer of `{name}-ping` (1024 cells) and
+/// the consumer of `{name}-pong` (4 cells, for acknowledgements).
+fn stream_rings<T: bytemuck::Pod + Send>(name: &str) -> (SpscProducer<T>, SpscConsumer<T>) {
+    let data = RingOptions::new(format!("{name}-ping")).capacity(1024).create_spsc::<T>().unwrap();
+    let ack = RingOptions::new(format!("{name}-pong")).capacity(4).create_spsc::<T>().unwrap();
+    (data.producer().unwrap(), ack.consumer().unwrap())
+}
+
+/// The peer's side of `{name}-ping` / `{name}-pong`: its consumer and its producer.
+fn peer_ends<T: bytemuck::Pod + Send>(name: &str) -> (SpscConsumer<T>, SpscProducer<T>) {
+    let ping = SpscRing::<T>::open(&format!("{name}-ping")).unwrap();
+    let pong = SpscRing::<T>::open(&format!("{name}-pong")).unwrap();
+    (ping.consumer().unwrap(), pong.producer().unwrap())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -149,9 +165,7 @@ fn run_peer(role: &str) {
             } else {
                 WaitPolicy::SLEEP
             };
-            let ping = SpscRing::<Descriptor>::open(&format!("{name}-ping")).unwrap();
-            let pong = SpscRing::<Descriptor>::open(&format!("{name}-pong")).unwrap();
-            let (mut rx, mut tx) = (ping.consumer().unwrap(), pong.producer().unwrap());
+            let (mut rx, mut tx) = peer_ends::<Descriptor>(&name);
             rx.set_wait_policy(policy);
             tx.set_wait_policy(policy);
             tx.set_demote(role.ends_with("demote"));
@@ -164,9 +178,7 @@ fn run_peer(role: &str) {
             }
         }
         "spsc-sink-u64" => {
-            let data = SpscRing::<u64>::open(&format!("{name}-ping")).unwrap();
-            let ack = SpscRing::<u64>::open(&format!("{name}-pong")).unwrap();
-            let (mut rx, mut tx) = (data.consumer().unwrap(), ack.producer().unwrap());
+            let (mut rx, mut tx) = peer_ends::<u64>(&name);
             loop {
                 match rx.pop().unwrap() {
                     STOP => return,
@@ -177,9 +189,7 @@ fn run_peer(role: &str) {
         }
         "spsc-sink-batch" => {
             // Drains in slices of up to BATCH (`pop_into`: one `head` store per slice).
-            let data = SpscRing::<Descriptor>::open(&format!("{name}-ping")).unwrap();
-            let ack = SpscRing::<Descriptor>::open(&format!("{name}-pong")).unwrap();
-            let (mut rx, mut tx) = (data.consumer().unwrap(), ack.producer().unwrap());
+            let (mut rx, mut tx) = peer_ends::<Descriptor>(&name);
             let mut buf = [Descriptor::default(); BATCH];
             loop {
                 let n = rx.pop_into(&mut buf, None).unwrap();
@@ -194,9 +204,7 @@ fn run_peer(role: &str) {
             }
         }
         "spsc-sink" => {
-            let data = SpscRing::<Descriptor>::open(&format!("{name}-ping")).unwrap();
-            let ack = SpscRing::<Descriptor>::open(&format!("{name}-pong")).unwrap();
-            let (mut rx, mut tx) = (data.consumer().unwrap(), ack.producer().unwrap());
+            let (mut rx, mut tx) = peer_ends::<Descriptor>(&name);
             loop {
                 let d = rx.pop().unwrap();
                 if d.seq == STOP {
@@ -584,15 +592,7 @@ fn throughput(c: &mut Criterion) {
 
     {
         let name = unique("tput");
-        let data = RingOptions::new(format!("{name}-ping"))
-            .capacity(1024)
-            .create_spsc::<Descriptor>()
-            .unwrap();
-        let ack = RingOptions::new(format!("{name}-pong"))
-            .capacity(4)
-            .create_spsc::<Descriptor>()
-            .unwrap();
-        let (mut tx, mut acks) = (data.producer().unwrap(), ack.consumer().unwrap());
+        let (mut tx, mut acks) = stream_rings::<Descriptor>(&name);
         let _p = peer("spsc-sink", &name, 0, false);
         g.bench_function(BenchmarkId::new("gpuring_spsc", "1p1c"), |b| {
             b.iter_custom(|iters| {
@@ -613,15 +613,7 @@ fn throughput(c: &mut Criterion) {
         // The same stream in slices of BATCH: one `tail` store per slice on the producer
         // (`push_slice`), one `head` store per slice on the consumer (`pop_into`).
         let name = unique("tputb");
-        let data = RingOptions::new(format!("{name}-ping"))
-            .capacity(1024)
-            .create_spsc::<Descriptor>()
-            .unwrap();
-        let ack = RingOptions::new(format!("{name}-pong"))
-            .capacity(4)
-            .create_spsc::<Descriptor>()
-            .unwrap();
-        let (mut tx, mut acks) = (data.producer().unwrap(), ack.consumer().unwrap());
+        let (mut tx, mut acks) = stream_rings::<Descriptor>(&name);
         let _p = peer("spsc-sink-batch", &name, 0, false);
         let mut buf = [Descriptor::default(); BATCH];
         g.bench_function(BenchmarkId::new("gpuring_spsc_batch32", "1p1c"), |b| {
@@ -648,11 +640,7 @@ fn throughput(c: &mut Criterion) {
         // The same ring carrying 8-byte elements: what the algorithm costs without the
         // descriptor's six cache lines.
         let name = unique("tput64");
-        let data =
-            RingOptions::new(format!("{name}-ping")).capacity(1024).create_spsc::<u64>().unwrap();
-        let ack =
-            RingOptions::new(format!("{name}-pong")).capacity(4).create_spsc::<u64>().unwrap();
-        let (mut tx, mut acks) = (data.producer().unwrap(), ack.consumer().unwrap());
+        let (mut tx, mut acks) = stream_rings::<u64>(&name);
         let _p = peer("spsc-sink-u64", &name, 0, false);
         g.bench_function(BenchmarkId::new("gpuring_spsc_u64", "1p1c"), |b| {
             b.iter_custom(|iters| {

@@ -114,9 +114,6 @@ unsafe impl<C> Storage for ShmStorage<C> {
         // `ring` keeps alive; atomics only.
         Some(unsafe { self.claims.as_ref() })
     }
-    fn repair(&self) -> bool {
-        self.ring.repair() > 0
-    }
     fn claimant_dead(&self, side: Side, pos: u64) -> bool {
         self.ring.claimant_dead(side, pos)
     }
@@ -380,20 +377,6 @@ impl RingSegment {
         // layout; an `MpmcCell` is `repr(C)` with its `AtomicU64` stamp first and is
         // 64-byte aligned, as the cell array is.
         unsafe { &*self.cells.as_ptr().add(index * self.layout.cell_size).cast() }
-    }
-
-    /// Skips the cells that producers died holding ([`mpmc::repair`]); how many. Probes
-    /// the lock of each entry whose claim names a stalled cell: for blocked endpoints only.
-    pub(crate) fn repair(&self) -> u32 {
-        if !self.stamped {
-            return 0;
-        }
-        mpmc::repair(
-            self.control(),
-            self.layout.capacity as u64,
-            |pos| self.stamp(pos),
-            |pos| self.claimant_dead(Side::Producers, pos),
-        )
     }
 
     /// Whether a dead endpoint's claim line names `pos` on `side`: a word names a position

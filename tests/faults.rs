@@ -48,6 +48,46 @@ fn usable_after(ch: &Channel, rx: &Receiver) {
 
 const MESSAGES: u64 = 50;
 
+/// Waits for the peer's fault line and its SIGKILL; checks the point, returns when (its
+/// monotonic ns) it died there.
+fn killed_at_point(peer: &mut Peer, point: &str) -> u64 {
+    let line = peer.expect("fault");
+    let (at, ns) = line.split_once(' ').unwrap();
+    assert_eq!(at, point);
+    peer.killed();
+    ns.parse().unwrap()
+}
+
+/// MPMC tests: elements are `producer | seq`.
+const VICTIM: u64 = 1 << 32;
+const STEADY: u64 = 2 << 32;
+
+/// The steady producer of the MPMC tests: `count` elements, one a millisecond, then it
+/// leaves cleanly (its entry cleared, not dead).
+fn push_steadily(count: u64) {
+    let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+    let tx = ring.producer().unwrap();
+    for seq in 0..count {
+        tx.push(STEADY | seq).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The longest gap, in ns, between `from` and the first of `times` and between
+/// consecutive `times` (ascending).
+fn longest_wait(from: u64, times: impl IntoIterator<Item = u64>) -> u64 {
+    let mut last = from;
+    times
+        .into_iter()
+        .map(|t| {
+            let gap = t - last;
+            last = t;
+            gap
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 #[test]
 fn sender_killed_at_each_point() {
     if role().as_deref() == Some("sender") {
@@ -78,10 +118,7 @@ fn sender_killed_at_each_point() {
         );
         let (got, noticed) = drain_until_dead(&rx);
         // Where and when it died: the point's own line, then SIGKILL.
-        let line = peer.expect("fault");
-        let (at, ns) = line.split_once(' ').unwrap();
-        assert_eq!(at, point);
-        peer.killed();
+        let died = killed_at_point(&mut peer, point);
         let n_got = got.len() as u64;
         assert_eq!(got, (0..n_got).collect::<Vec<_>>(), "{point}:{n}: exactly once, in order");
         match point {
@@ -92,7 +129,7 @@ fn sender_killed_at_each_point() {
             "inside_wake" => assert!(n_got >= n && n_got <= MESSAGES, "{point}:{n}: {n_got}"),
             _ => unreachable!(),
         }
-        assert_noticed(&format!("{point}:{n}"), ns.parse().unwrap(), noticed);
+        assert_noticed(&format!("{point}:{n}"), died, noticed);
         usable_after(&ch, &rx);
     }
 }
@@ -207,8 +244,6 @@ fn random_kills_over_a_long_stream() {
 /// for 100 ms; then `PeerDead` once the live producer has left, and the ring works on.
 #[test]
 fn mpmc_producer_killed_holding_a_claimed_cell() {
-    const VICTIM: u64 = 1 << 32;
-    const STEADY: u64 = 2 << 32;
     const STEADY_COUNT: u64 = 300;
     match role().as_deref() {
         Some("victim") => {
@@ -220,15 +255,7 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
             }
             panic!("the fault point was never reached");
         }
-        Some("steady") => {
-            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
-            let tx = ring.producer().unwrap();
-            for seq in 0..STEADY_COUNT {
-                tx.push(STEADY | seq).unwrap();
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            return; // leaves cleanly: its entry is cleared, not dead
-        }
+        Some("steady") => return push_steadily(STEADY_COUNT),
         _ => {}
     }
     let plan = [
@@ -254,11 +281,7 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
                 Err(e) => panic!("{point}:{n}: {e} after {} elements", got.len()),
             }
         }
-        let line = victim.expect("fault");
-        let (at, ns) = line.split_once(' ').unwrap();
-        assert_eq!(at, point);
-        let killed_at: u64 = ns.parse().unwrap();
-        victim.killed();
+        let killed_at = killed_at_point(&mut victim, point);
         assert!(steady.child.wait().unwrap().success(), "the live producer finished");
         let of = |p: u64| {
             got.iter().filter(move |(v, _)| v & !0xffff_ffff == p).map(|(v, _)| v & 0xffff_ffff)
@@ -278,12 +301,7 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
         );
         // The live producer pushes every millisecond: no gap after the kill may reach the
         // 100 ms limit (a stall is repaired within a tick).
-        let mut last = killed_at;
-        let mut worst = 0;
-        for &(_, t) in got.iter().filter(|(_, t)| *t > killed_at) {
-            worst = worst.max(t - last);
-            last = t;
-        }
+        let worst = longest_wait(killed_at, got.iter().map(|&(_, t)| t).filter(|&t| t > killed_at));
         println!(
             "{point}:{n}: longest wait for an element after the kill {:.1} ms",
             worst as f64 / 1e6
@@ -329,10 +347,7 @@ fn mpmc_consumer_killed_holding_a_claimed_cell() {
             assert_eq!(victim.expect("popped"), v.to_string());
         }
     }
-    let line = victim.expect("fault");
-    let (at, ns) = line.split_once(' ').unwrap();
-    assert_eq!(at, "pop_after_claim");
-    victim.killed();
+    let died = killed_at_point(&mut victim, "pop_after_claim");
     // Positions 3, 4, 5 fill the cells freed by the victim's first two pops; position 6
     // needs the cell of position 2, which the dead consumer won and never freed.
     for v in 3..6 {
@@ -340,7 +355,7 @@ fn mpmc_consumer_killed_holding_a_claimed_cell() {
     }
     assert!(tx.try_push(6).is_err(), "the dead consumer's cell is not free");
     let got: Vec<u64> = (0..4).map(|_| rx.pop_timeout(Duration::from_secs(5)).unwrap()).collect();
-    assert_noticed("pop_after_claim:3 (adopted)", ns.parse().unwrap(), now_ns());
+    assert_noticed("pop_after_claim:3 (adopted)", died, now_ns());
     assert_eq!(got, [3, 4, 5, 2], "element 2, which the dead consumer won, is adopted");
     tx.try_push(6).expect("the adopted cell is free again");
     assert_eq!(rx.try_pop(), Ok(6));
@@ -386,8 +401,6 @@ fn reused_entry_of_a_dead_claimant_settles_its_cell() {
 /// all of the steady producer's, in order, never waiting 100 ms after the kill.
 #[test]
 fn mpmc_random_kills_over_a_long_stream() {
-    const VICTIM: u64 = 1 << 32;
-    const STEADY: u64 = 2 << 32;
     const STEADY_COUNT: u64 = 200;
     match role().as_deref() {
         Some("victim") => {
@@ -398,15 +411,7 @@ fn mpmc_random_kills_over_a_long_stream() {
             }
             unreachable!();
         }
-        Some("steady") => {
-            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
-            let tx = ring.producer().unwrap();
-            for seq in 0..STEADY_COUNT {
-                tx.push(STEADY | seq).unwrap();
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            return;
-        }
+        Some("steady") => return push_steadily(STEADY_COUNT),
         _ => {}
     }
     let mut state = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
@@ -457,15 +462,7 @@ fn mpmc_random_kills_over_a_long_stream() {
             "round {round}: all, in order"
         );
         let killed_at = killed_at.expect("the victim was killed");
-        let worst = times
-            .iter()
-            .scan(killed_at, |last, &t| {
-                let gap = t - *last;
-                *last = t;
-                Some(gap)
-            })
-            .max()
-            .unwrap_or(0);
+        let worst = longest_wait(killed_at, times);
         println!(
             "round {round}: killed after {kill_after} received, {n} of the victim's delivered; \
              longest wait after the kill {:.1} ms",

@@ -274,7 +274,7 @@ fn pool_lease_and_return_two_receivers() {
 /// a fixed set of endpoints that are "dead": the repair's view of the participant table.
 mod tracked {
     use gpuring::layout::{Claims, MpmcCell, RingControl};
-    use gpuring::ring::{Heap, Side, Storage, mpmc};
+    use gpuring::ring::{Heap, Side, Storage};
     use loom::sync::Arc;
 
     pub struct Tracked {
@@ -322,16 +322,6 @@ mod tracked {
                     && word.load(loom::sync::atomic::Ordering::Relaxed) == pos + 1
             })
         }
-        fn repair(&self) -> bool {
-            let capacity = self.cells().len() as u64;
-            let repaired = mpmc::repair(
-                self.control(),
-                capacity,
-                |pos| self.cells()[(pos % capacity) as usize].stamp(),
-                |pos| self.claimant_dead(Side::Producers, pos),
-            );
-            repaired > 0
-        }
     }
 
     /// What an endpoint of line `line` leaves when it dies right after winning `side`'s
@@ -368,7 +358,7 @@ fn mpmc_dead_producer_claim_is_skipped() {
         });
         let repairer = {
             let ring = ring.endpoint(2);
-            thread::spawn(move || gpuring::ring::Storage::repair(&ring))
+            thread::spawn(move || mpmc::repair(&ring) > 0)
         };
         let consumer = thread::spawn(move || {
             let mut got = Vec::new();
@@ -429,9 +419,8 @@ fn mpmc_dead_consumers_element_is_adopted() {
                 match rx.try_pop() {
                     Ok(v) => got.push(v),
                     Err(TryPopError::Empty) => match rx.try_adopt_then(|v| v) {
-                        Ok(Some(v)) => got.push(v),
-                        Ok(None) => thread::yield_now(),
-                        Err(e) => panic!("{e:?}"),
+                        Some(v) => got.push(v),
+                        None => thread::yield_now(),
                     },
                     Err(e) => panic!("{e:?}"),
                 }

@@ -193,12 +193,6 @@ pub unsafe trait Storage {
         let _ = (side, pos);
         false
     }
-    /// Repairs MPMC cells won by endpoints that died before finishing them
-    /// ([`mpmc::repair`]); whether it repaired any. Called by blocked endpoints every
-    /// [`LIVENESS_TICK`], never on the fast path.
-    fn repair(&self) -> bool {
-        false
-    }
     /// Whether the memory itself is known to be damaged (a shared-memory segment that
     /// another process truncated under us); blocked endpoints then give up with
     /// [`Corrupted`] at their next [`LIVENESS_TICK`].
@@ -288,12 +282,12 @@ pub(crate) enum Blocked {
 /// until `deadline`; after a success, wakes the other side's sleepers on `wake`.
 ///
 /// Storage that watches its peers is asked, every [`LIVENESS_TICK`] of waiting, whether
-/// its memory is damaged ([`Storage::damaged`]: the wait ends `Corrupted`), to repair
-/// cells that producers died holding ([`Storage::repair`]; then it tries again at once);
-/// then `on_tick` does the endpoint's own slow-path work (an MPMC consumer adopts a dead
-/// consumer's element: a success ends the wait); then, if the side `waits_for` is all
-/// dead, one last attempt takes what they left, and the wait ends with
-/// [`Blocked::PeerDead`]. The first attempt reads no clock.
+/// its memory is damaged ([`Storage::damaged`]: the wait ends `Corrupted`); then `on_tick`
+/// does the endpoint's own slow-path work (MPMC: skip the cells of dead producers, adopt
+/// the elements of dead consumers; a success ends the wait); then, past the deadline, one
+/// last attempt before [`Blocked::Timeout`]; then, if the side `waits_for` is all dead, one
+/// last attempt takes what they left, and the wait ends with [`Blocked::PeerDead`]. The
+/// first attempt reads no clock.
 #[allow(clippy::too_many_arguments)] // the one place the waiting policy is written
 pub(crate) fn block_on<S: Storage, R>(
     storage: &S,
@@ -303,7 +297,7 @@ pub(crate) fn block_on<S: Storage, R>(
     policy: crate::wait::WaitPolicy,
     deadline: Option<std::time::Instant>,
     mut attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
-    mut on_tick: impl FnMut() -> Result<Option<R>, Corrupted>,
+    mut on_tick: impl FnMut() -> Option<R>,
 ) -> Result<R, Blocked> {
     let done = |r| {
         crate::wait::notify(wake);
@@ -331,24 +325,18 @@ pub(crate) fn block_on<S: Storage, R>(
                 if let Some(c) = storage.damaged() {
                     return Err(Blocked::Corrupted(c));
                 }
-                // A cell won by an endpoint that died stalls the ring: repair, try again.
-                if storage.repair() {
-                    continue;
+                // The endpoint's own slow-path work (MPMC: skip cells of dead producers,
+                // adopt elements of dead consumers).
+                if let Some(r) = on_tick() {
+                    return done(r);
                 }
-                // The endpoint's own slow-path work (an MPMC consumer adopts the element
-                // of a consumer that died holding it).
-                match on_tick() {
-                    Ok(Some(r)) => return done(r),
-                    Ok(None) => {}
-                    Err(c) => return Err(Blocked::Corrupted(c)),
-                }
-                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                    return Err(Blocked::Timeout);
-                }
-                if storage.peers_dead(waits_for) {
-                    // What the dead published before dying is in the ring: take it first.
+                let timed_out = deadline.is_some_and(|d| std::time::Instant::now() >= d);
+                if timed_out || storage.peers_dead(waits_for) {
+                    // One last attempt: the tick's work may just have unblocked us, and what
+                    // the dead published before dying is in the ring: take it first.
                     return match attempt() {
                         Ok(Some(r)) => done(r),
+                        Ok(None) if timed_out => Err(Blocked::Timeout),
                         Ok(None) => Err(Blocked::PeerDead),
                         Err(c) => Err(Blocked::Corrupted(c)),
                     };

@@ -11,28 +11,33 @@
 //!
 //! Checks on shared values: a stamp more than one lap behind its position, or ahead of it
 //! while the position counter has not moved, cannot happen in a healthy ring and is
-//! [`Corrupted`]; so is a position at or above 2^63 (the stamp's skip bit).
+//! [`Corrupted`]; so is a position at or above 2^62 (the stamps' flag bits).
 //!
 //! # Repair
 //!
 //! An endpoint that wins a cell and dies before stamping it would stall the ring there for
 //! ever: a producer's unwritten cell looks empty to every consumer, a consumer's unfreed
 //! cell looks full to every producer a lap later. Storage that tracks its endpoints (named
-//! rings) gives each endpoint a [`Claims`](crate::layout::Claims) line, where it records every position it wins,
-//! right after winning the compare-and-swap and before touching the cell. A word names a
-//! position only if its endpoint won it, so when the cell at that position is still
-//! unstamped and the endpoint is dead, nobody will ever finish it, and [`repair`] (run by
-//! blocked endpoints every liveness tick) may:
-//! - stamp a dead producer's cell *skipped*, `(p + 1) | STAMP_SKIPPED`: consumers pass it,
-//!   freeing it, without returning anything (nothing was published there, so nothing
-//!   published is lost, and every producer's order is unchanged);
-//! - free a dead consumer's cell, `p + capacity` (its element went with the consumer).
+//! rings) gives each endpoint a [`Claims`](crate::layout::Claims) line, where it records
+//! every position it wins, right after winning the compare-and-swap and before touching the
+//! cell. A word names a position only if its endpoint won it, so when the cell at that
+//! position is still unfinished and the endpoint is dead, nobody else will finish it. Every
+//! liveness tick, a blocked endpoint:
+//! - stamps a dead producer's unwritten cell *skipped*, `(p + 1) | STAMP_SKIPPED`
+//!   ([`repair`]; producers and consumers both do): consumers pass it, freeing it, without
+//!   returning anything (nothing was published there, so nothing published is lost, and
+//!   every producer's order is unchanged);
+//! - adopts a dead consumer's unfreed cell (consumers only): `| STAMP_ADOPTED`, read the
+//!   element, run the consumer's work on it, free the cell. Consumers run their work before
+//!   freeing a cell ([`Consumer::pop_then`]), so the dead one never returned the element,
+//!   and it arrives exactly once, later than the elements behind it.
 //!
-//! Each repair is a compare-and-swap from the exact stalled stamp, so it can only ever
-//! replace a stamp that its dead winner would have written. What is not covered: an
-//! endpoint killed in the two instructions between its winning CAS and its claim store,
-//! and two threads sharing one endpoint (a clone of a handle) whose process dies with both
-//! mid-operation (the later claim overwrote the earlier): those cells stay stalled.
+//! Each is a compare-and-swap from the exact stalled stamp, so it can only ever replace a
+//! stamp that the dead winner would have written. What is not covered: an endpoint killed
+//! in the two instructions between its winning CAS and its claim store; two threads sharing
+//! one endpoint (a clone of a handle) whose process dies with both mid-operation (the later
+//! claim overwrote the earlier); a consumer that dies while adopting. Those cells stay
+//! stalled.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -43,7 +48,7 @@ use super::{
     Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError, block_on,
     cell_at, deadline_after, demote,
 };
-use crate::layout::{MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
+use crate::layout::{MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
 use crate::sync::{AtomicU64, Ordering, spin_hint};
 use crate::wait::{WaitPolicy, barrier_mode, notify};
 
@@ -138,7 +143,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     loop {
         let cell = cell_at(storage, capacity, pos);
         // Acquire: pairs with the consumer's Release stamp store in `try_pop_in` (its read
-        // of the old element happens before our write), or a repairer's in `free_unread`.
+        // of the old element happens before our write), or an adopter's in `try_adopt_in`.
         let raw = cell.stamp.load(Ordering::Acquire);
         let lag = (raw & !STAMP_FLAGS).wrapping_sub(pos) as i64;
         if lag == 0 {
@@ -283,12 +288,12 @@ const REPAIR_SCAN: u64 = 64;
 /// Adopts the element of a cell whose consumer won it and died before freeing it: takes
 /// the cell (stamp `| STAMP_ADOPTED`, a CAS from the exact stalled stamp), runs `then` on
 /// the element, frees the cell. Looks at the first [`REPAIR_SCAN`] positions from
-/// `tail - capacity` below `head`. `Ok(None)`: nothing to adopt.
+/// `tail - capacity` below `head`. `None`: nothing adopted.
 fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>, R>(
     storage: &S,
     capacity: u64,
     then: impl FnOnce(T) -> R,
-) -> Result<Option<R>, Corrupted> {
+) -> Option<R> {
     let control = storage.control();
     // Relaxed: a window to look at; the stamp CAS decides. The two loads are not one
     // snapshot: while others push and pop, the window can look impossible (head moved on
@@ -297,7 +302,7 @@ fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>, R>(
     let tail = control.tail.load(Ordering::Relaxed);
     let head = control.head.load(Ordering::Relaxed);
     if tail.wrapping_sub(head) > capacity || (tail | head) & STAMP_FLAGS != 0 {
-        return Ok(None);
+        return None;
     }
     let oldest = tail.saturating_sub(capacity);
     for pos in (0..(head - oldest).min(REPAIR_SCAN)).map(|i| oldest + i) {
@@ -332,12 +337,9 @@ fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>, R>(
         // Release: pairs with the producer's Acquire stamp load in `try_push_in`.
         cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
         notify(&control.not_full);
-        if taken.is_some() {
-            return Ok(taken);
-        }
-        return Ok(None); // a skipped cell: nothing in it; the next tick looks again
+        return taken; // `None` for a skipped cell: nothing in it; the next tick looks again
     }
-    Ok(None)
+    None
 }
 
 /// Stamps the cell of position `pos` skipped if it still holds `stamp == pos`: the
@@ -356,20 +358,16 @@ pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
         .is_ok()
 }
 
-/// Repairs the cells that stall an MPMC ring because the producer that won them died
-/// before writing them: see "Repair" above. `stamp_of(p)` is the stamp word of position
-/// `p`'s cell; `producer_dead(p)` says whether a producer that is dead recorded winning
-/// `p`. Looks at the first [`REPAIR_SCAN`] positions from `head`, and wakes consumers if it
-/// skipped any. Returns how many cells it skipped. Not for the fast path: it reads up to
-/// [`REPAIR_SCAN`] stamps, and `producer_dead` may probe locks. (Cells of dead consumers
-/// are adopted by live consumers instead, so that their elements are not lost.)
+/// Skips the cells that stall an MPMC ring because the producer that won them died before
+/// writing them (see "Repair" above): among the first [`REPAIR_SCAN`] positions from
+/// `head`, each still stamped unwritten whose winner [`Storage::claimant_dead`] says is
+/// dead. Wakes consumers if it skipped any; returns how many. Not for the fast path: it
+/// reads up to [`REPAIR_SCAN`] stamps and may probe locks. Blocked endpoints run it every
+/// liveness tick.
 #[doc(hidden)]
-pub fn repair<'a>(
-    control: &RingControl,
-    capacity: u64,
-    stamp_of: impl Fn(u64) -> &'a AtomicU64,
-    mut producer_dead: impl FnMut(u64) -> bool,
-) -> u32 {
+pub fn repair<T: Pod, S: Storage<Cell = MpmcCell<T>>>(storage: &S) -> u32 {
+    let control = storage.control();
+    let capacity = storage.cells().len() as u64;
     // Relaxed: a window to look at; every repair is a CAS on a stamp, which decides.
     let tail = control.tail.load(Ordering::Relaxed);
     let head = control.head.load(Ordering::Relaxed);
@@ -382,9 +380,11 @@ pub fn repair<'a>(
     let mut skipped = 0;
     // Positions won by producers and not yet written: stamp == pos.
     for pos in (0..queued.min(REPAIR_SCAN)).map(|i| head.wrapping_add(i)) {
-        let stamp = stamp_of(pos);
+        let stamp = &cell_at(storage, capacity, pos).stamp;
         // Relaxed: a candidate; `skip_unwritten`'s CAS decides.
-        if stamp.load(Ordering::Relaxed) == pos && producer_dead(pos) && skip_unwritten(stamp, pos)
+        if stamp.load(Ordering::Relaxed) == pos
+            && storage.claimant_dead(Side::Producers, pos)
+            && skip_unwritten(stamp, pos)
         {
             skipped += 1;
         }
@@ -456,7 +456,10 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
                     .map(Some)
                     .or_else(TryPushError::retry)
             },
-            || Ok(None),
+            || {
+                repair(&self.storage);
+                None
+            },
         )
         .map_err(|b| PushError::from_blocked(b, value))
     }
@@ -549,15 +552,11 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     }
 
     /// Takes the element of a cell whose consumer died before freeing it (see the module's
-    /// "Repair"), running `then` on it; `Ok(None)` when there is none. Blocking pops call
+    /// "Repair"), running `then` on it; `None` when there is none. Blocking pops call
     /// this every liveness tick; it probes locks, so it is not for the fast path.
     ///
-    /// # Errors
-    ///
-    /// None today (impossible positions are left to the operations to report); the
-    /// `Result` keeps room for one.
     #[doc(hidden)]
-    pub fn try_adopt_then<R>(&self, then: impl FnOnce(T) -> R) -> Result<Option<R>, Corrupted> {
+    pub fn try_adopt_then<R>(&self, then: impl FnOnce(T) -> R) -> Option<R> {
         try_adopt_in(&self.storage, self.capacity, then)
     }
 
@@ -567,7 +566,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     ///
     /// [`PopError::Corrupted`] (never `Timeout`).
     pub fn pop(&self) -> Result<T, PopError> {
-        self.pop_until(None)
+        self.pop_then(None, |v| v)
     }
 
     /// Pops the oldest element, waiting at most `timeout` for one.
@@ -576,11 +575,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     ///
     /// [`PopError::Timeout`]; [`PopError::Corrupted`].
     pub fn pop_timeout(&self, timeout: Duration) -> Result<T, PopError> {
-        self.pop_until(deadline_after(timeout))
-    }
-
-    fn pop_until(&self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
-        self.pop_then_until(deadline, |v| v)
+        self.pop_then(Some(timeout), |v| v)
     }
 
     /// As [`pop`](Self::pop) (`timeout` `None`) or [`pop_timeout`](Self::pop_timeout),
@@ -596,14 +591,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         timeout: Option<Duration>,
         then: impl FnOnce(T) -> R,
     ) -> Result<R, PopError> {
-        self.pop_then_until(timeout.and_then(deadline_after), then)
-    }
-
-    fn pop_then_until<R>(
-        &self,
-        deadline: Option<std::time::Instant>,
-        then: impl FnOnce(T) -> R,
-    ) -> Result<R, PopError> {
+        let deadline = timeout.and_then(deadline_after);
         let control = self.storage.control();
         // `then` runs once: only a successful pop or adoption calls it, and that ends the
         // wait.
@@ -617,7 +605,10 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
             self.policy,
             deadline,
             || try_pop_in(&self.storage, self.capacity, run).map(Some).or_else(TryPopError::retry),
-            || try_adopt_in(&self.storage, self.capacity, run),
+            || {
+                repair(&self.storage);
+                try_adopt_in(&self.storage, self.capacity, run)
+            },
         )
         .map_err(PopError::from)
         .map(|r| r.expect("then runs on the one successful pop"))

@@ -76,6 +76,39 @@ impl Local {
         let (pos, peer) = if producer { (tail, head) } else { (head, tail) };
         Ok(Self { pos, peer, capacity, hints: Hints::from_env() })
     }
+
+    /// Producer: re-reads `head` into `peer`; returns the cells free to write.
+    #[inline(always)]
+    fn refresh_head<S: Storage>(&mut self, storage: &S) -> Result<u64, Corrupted> {
+        // Acquire: pairs with the consumer's Release store of `head` in `try_pop_in` (and
+        // `try_pop_into_in`), so its reads of the cells it freed happen before we overwrite
+        // them.
+        let head = storage.control().head.load(Ordering::Acquire);
+        let used = self.pos.wrapping_sub(head);
+        if used > self.capacity {
+            return Err(Corrupted {
+                what: "head is behind tail by more than capacity, or ahead of it",
+            });
+        }
+        self.peer = head;
+        Ok(self.capacity - used)
+    }
+
+    /// Consumer: re-reads `tail` into `peer`; returns the cells ready to read.
+    #[inline(always)]
+    fn refresh_tail<S: Storage>(&mut self, storage: &S) -> Result<u64, Corrupted> {
+        // Acquire: pairs with the producer's Release store of `tail` in `try_push_in` (and
+        // `try_push_slice_in`): the cells below it are written.
+        let tail = storage.control().tail.load(Ordering::Acquire);
+        let ready = tail.wrapping_sub(self.pos);
+        if ready > self.capacity {
+            return Err(Corrupted {
+                what: "tail is more than capacity ahead of head, or behind it",
+            });
+        }
+        self.peer = tail;
+        Ok(ready)
+    }
 }
 
 /// The writing end of an SPSC ring.
@@ -102,18 +135,10 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     value: T,
 ) -> Result<(), TryPushError<T>> {
     if local.pos.wrapping_sub(local.peer) >= local.capacity {
-        // Acquire: pairs with the consumer's Release store of `head` in `try_pop_in`, so its
-        // reads of the cells it freed happen before we overwrite them.
-        let head = storage.control().head.load(Ordering::Acquire);
-        let used = local.pos.wrapping_sub(head);
-        if used > local.capacity {
-            return Err(TryPushError::Corrupted(Corrupted {
-                what: "head is behind tail by more than capacity, or ahead of it",
-            }));
-        }
-        local.peer = head;
-        if used == local.capacity {
-            return Err(TryPushError::Full(value));
+        match local.refresh_head(storage) {
+            Ok(0) => return Err(TryPushError::Full(value)),
+            Ok(_) => {}
+            Err(c) => return Err(TryPushError::Corrupted(c)),
         }
     }
     let cell = cell_at(storage, local.capacity, local.pos);
@@ -142,16 +167,7 @@ fn try_push_slice_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
 ) -> Result<usize, Corrupted> {
     let mut free = local.capacity - local.pos.wrapping_sub(local.peer).min(local.capacity);
     if (free as usize) < values.len() {
-        // Acquire: as in `try_push_in`.
-        let head = storage.control().head.load(Ordering::Acquire);
-        let used = local.pos.wrapping_sub(head);
-        if used > local.capacity {
-            return Err(Corrupted {
-                what: "head is behind tail by more than capacity, or ahead of it",
-            });
-        }
-        local.peer = head;
-        free = local.capacity - used;
+        free = local.refresh_head(storage)?;
     }
     let n = values.len().min(free as usize);
     if local.hints.prefetch {
@@ -183,16 +199,7 @@ fn try_pop_into_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
 ) -> Result<usize, Corrupted> {
     let mut ready = local.peer.wrapping_sub(local.pos).min(local.capacity);
     if (ready as usize) < out.len() {
-        // Acquire: as in `try_pop_in`.
-        let tail = storage.control().tail.load(Ordering::Acquire);
-        let r = tail.wrapping_sub(local.pos);
-        if r > local.capacity {
-            return Err(Corrupted {
-                what: "tail is more than capacity ahead of head, or behind it",
-            });
-        }
-        local.peer = tail;
-        ready = r;
+        ready = local.refresh_tail(storage)?;
     }
     let n = out.len().min(ready as usize);
     if local.hints.prefetch {
@@ -225,17 +232,10 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>, R>(
     then: impl FnOnce(T) -> R,
 ) -> Result<R, TryPopError> {
     if local.pos == local.peer {
-        // Acquire: pairs with the producer's Release store of `tail` in `try_push_in`.
-        let tail = storage.control().tail.load(Ordering::Acquire);
-        let ready = tail.wrapping_sub(local.pos);
-        if ready > local.capacity {
-            return Err(TryPopError::Corrupted(Corrupted {
-                what: "tail is more than capacity ahead of head, or behind it",
-            }));
-        }
-        local.peer = tail;
-        if ready == 0 {
-            return Err(TryPopError::Empty);
+        match local.refresh_tail(storage) {
+            Ok(0) => return Err(TryPopError::Empty),
+            Ok(_) => {}
+            Err(c) => return Err(TryPopError::Corrupted(c)),
         }
     }
     let cell = cell_at(storage, local.capacity, local.pos);
@@ -321,7 +321,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
             *policy,
             deadline,
             || try_push_in(storage, local, value).map(Some).or_else(TryPushError::retry),
-            || Ok(None),
+            || None,
         )
         .map_err(|b| PushError::from_blocked(b, value))
     }
@@ -370,7 +370,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
                 *policy,
                 None,
                 || try_push_slice_in(storage, local, rest).map(|n| (n > 0).then_some(n)),
-                || Ok(None),
+                || None,
             )
             .map_err(|b| PushError::from_blocked(b, done))?;
         }
@@ -489,7 +489,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     ///
     /// [`PopError::Corrupted`] (never `Timeout`).
     pub fn pop(&mut self) -> Result<T, PopError> {
-        self.pop_until(None)
+        self.pop_then(None, |v| v)
     }
 
     /// Pops the oldest element, waiting at most `timeout` for one.
@@ -499,10 +499,6 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     /// [`PopError::Timeout`]; [`PopError::Corrupted`].
     pub fn pop_timeout(&mut self, timeout: Duration) -> Result<T, PopError> {
         self.pop_then(Some(timeout), |v| v)
-    }
-
-    fn pop_until(&mut self, deadline: Option<std::time::Instant>) -> Result<T, PopError> {
-        self.pop_then_until(deadline, |v| v)
     }
 
     /// As [`pop`](Self::pop) (`timeout` `None`) or [`pop_timeout`](Self::pop_timeout),
@@ -517,14 +513,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
         timeout: Option<Duration>,
         then: impl FnOnce(T) -> R,
     ) -> Result<R, PopError> {
-        self.pop_then_until(timeout.and_then(deadline_after), then)
-    }
-
-    fn pop_then_until<R>(
-        &mut self,
-        deadline: Option<std::time::Instant>,
-        then: impl FnOnce(T) -> R,
-    ) -> Result<R, PopError> {
+        let deadline = timeout.and_then(deadline_after);
         let Self { storage, local, policy, .. } = self;
         let control = storage.control();
         let mut then = Some(then);
@@ -541,7 +530,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
                     .map(Some)
                     .or_else(TryPopError::retry)
             },
-            || Ok(None),
+            || None,
         )
         .map_err(PopError::from)
         .map(|r| r.expect("then runs on the one successful pop"))
@@ -585,7 +574,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
             *policy,
             timeout.and_then(deadline_after),
             || try_pop_into_in(storage, local, out).map(|n| (n > 0).then_some(n)),
-            || Ok(None),
+            || None,
         )
         .map_err(PopError::from)
     }
