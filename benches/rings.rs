@@ -215,26 +215,47 @@ fn run_peer(role: &str) {
                 }
             }
         }
-        "mpmc-producer" => {
+        "mpmc-producer" | "mpmc-producer-batch" => {
+            // One at a time, or in slices of BATCH (`push_slice`: one claim of `tail` per
+            // slice).
             let data = MpmcRing::<Descriptor>::open(&format!("{name}-data")).unwrap();
             let cmd = MpmcRing::<u64>::open(&format!("{name}-cmd")).unwrap();
             let (tx, cmds) = (data.producer().unwrap(), cmd.consumer().unwrap());
+            let batch = if role.ends_with("batch") { BATCH as u64 } else { 1 };
+            let mut buf = [Descriptor::default(); BATCH];
             loop {
                 let n = cmds.pop().unwrap();
-                for i in 0..n {
-                    let mut d = descriptor(i);
-                    d.tag = u64::from(i + 1 == n);
-                    tx.push(d).unwrap();
+                for start in (0..n).step_by(batch as usize) {
+                    let len = batch.min(n - start);
+                    for (k, d) in (start..start + len).zip(&mut buf) {
+                        *d = descriptor(k);
+                        d.tag = u64::from(k + 1 == n);
+                    }
+                    if batch == 1 {
+                        tx.push(buf[0]).unwrap();
+                    } else {
+                        tx.push_slice(&buf[..len as usize]).unwrap();
+                    }
                 }
             }
         }
-        "mpmc-consumer" => {
+        "mpmc-consumer" | "mpmc-consumer-batch" => {
             let data = MpmcRing::<Descriptor>::open(&format!("{name}-data")).unwrap();
             let ack = MpmcRing::<u64>::open(&format!("{name}-ack")).unwrap();
             let (rx, acks) = (data.consumer().unwrap(), ack.producer().unwrap());
+            let batch = if role.ends_with("batch") { BATCH } else { 1 };
+            let mut buf = [Descriptor::default(); BATCH];
             loop {
-                if rx.pop().unwrap().tag == LAST {
-                    acks.push(1).unwrap();
+                let n = if batch == 1 {
+                    buf[0] = rx.pop().unwrap();
+                    1
+                } else {
+                    rx.pop_into(&mut buf, None).unwrap()
+                };
+                for d in &buf[..n] {
+                    if d.tag == LAST {
+                        acks.push(1).unwrap();
+                    }
                 }
             }
         }
@@ -656,7 +677,7 @@ fn throughput(c: &mut Criterion) {
         tx.push(STOP).unwrap();
     }
 
-    {
+    for (label, suffix) in [("gpuring_mpmc", ""), ("gpuring_mpmc_batch32", "-batch")] {
         let name = unique("mpmc");
         let _data = RingOptions::new(format!("{name}-data"))
             .capacity(1024)
@@ -668,9 +689,12 @@ fn throughput(c: &mut Criterion) {
             RingOptions::new(format!("{name}-ack")).capacity(16).create_mpmc::<u64>().unwrap();
         let (cmds, acks) = (cmd.producer().unwrap(), ack.consumer().unwrap());
         let _peers: Vec<Peer> = (0..4)
-            .map(|i| peer(if i < 2 { "mpmc-producer" } else { "mpmc-consumer" }, &name, i, false))
+            .map(|i| {
+                let role = if i < 2 { "mpmc-producer" } else { "mpmc-consumer" };
+                peer(&format!("{role}{suffix}"), &name, i, false)
+            })
             .collect();
-        g.bench_function(BenchmarkId::new("gpuring_mpmc", "2p2c"), |b| {
+        g.bench_function(BenchmarkId::new(label, "2p2c"), |b| {
             b.iter_custom(|iters| {
                 let half = iters.div_ceil(2);
                 let t = Instant::now();

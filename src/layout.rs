@@ -24,7 +24,7 @@ use crate::wait::WaitWord;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING\0");
 
 /// Bumped whenever a shared-memory type changes shape or meaning.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// The value of [`SegmentHeader::init`] once the creator has finished writing the segment.
 pub const INIT_READY: u32 = 0x5244_5952; // "RYDR"
@@ -155,26 +155,70 @@ pub struct Participants {
     pub claims: [Claims; MAX_PARTICIPANTS],
 }
 
-/// The MPMC positions one endpoint last won: `position + 1`, or 0 for none.
+/// The run of MPMC positions one endpoint last won, as a claim word ([`Claims::word`]), or
+/// 0 for none.
 ///
-/// An endpoint that wins the compare-and-swap of `tail` (`push`) or `head` (`pop`) at a
-/// position stores it here at once, before touching the cell. A word names a position only
-/// if its endpoint won it, so a cell still unstamped at a position that a *dead* endpoint's
-/// word names was won by that endpoint, which will never finish it: the cell can be
-/// repaired (`ring::mpmc`, "Repair") with no risk of racing a live writer.
+/// An endpoint that wins the compare-and-swap of `tail` (`push`) or `head` (`pop`), for one
+/// position or a run of them (a slice), stores the run here at once, in one store, before
+/// touching the cells. A word names a position only if its endpoint won it, so a cell
+/// still unfinished at a position that a *dead* endpoint's word names was won by that
+/// endpoint, which will never finish it: the cell can be repaired (`ring::mpmc`, "Repair")
+/// with no risk of racing a live writer.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct Claims {
-    /// The `tail` position last won, plus one.
+    /// The run of `tail` positions last won.
     pub push: AtomicU64,
-    /// The `head` position last won, plus one.
+    /// The run of `head` positions last won.
     pub pop: AtomicU64,
 }
+
+/// Bits of a claim word that hold the first position of the run (modulo 2^56).
+const CLAIM_POS_BITS: u32 = 56;
+const CLAIM_POS_MASK: u64 = (1 << CLAIM_POS_BITS) - 1;
+
+/// The longest run one claim word can name.
+pub const MAX_CLAIM_RUN: u64 = 255;
 
 impl Claims {
     /// No claims.
     pub fn new() -> Self {
         Self { push: AtomicU64::new(0), pop: AtomicU64::new(0) }
+    }
+
+    /// The claim word naming the `count` positions from `first`: the count in the top 8
+    /// bits, `first` modulo 2^56 below (never 0, since `count` is at least 1). Positions
+    /// a claim is compared with lie within one lap (≤ 2^24) of each other, so the modulus
+    /// never makes two of them alike.
+    ///
+    /// # Panics
+    ///
+    /// In debug builds, if `count` is not in `1..=MAX_CLAIM_RUN`.
+    #[inline(always)]
+    pub const fn word(first: u64, count: u64) -> u64 {
+        debug_assert!(count >= 1 && count <= MAX_CLAIM_RUN);
+        (count << CLAIM_POS_BITS) | (first & CLAIM_POS_MASK)
+    }
+
+    /// Whether the claim `word` names position `pos`. A forged word names at most 255
+    /// positions somewhere; every repair it leads to is still a CAS from the exact stalled
+    /// stamp of a cell whose claimant is dead.
+    pub const fn names(word: u64, pos: u64) -> bool {
+        let count = word >> CLAIM_POS_BITS;
+        count != 0 && (pos.wrapping_sub(word) & CLAIM_POS_MASK) < count
+    }
+
+    /// The positions `word` names, given that they lie within one lap below `end` (the
+    /// `tail` for a push claim, the `head` for a pop claim) of a ring of `capacity` cells;
+    /// positions at or above `end` or more than a lap below it are dropped (a stale or
+    /// forged word).
+    pub fn positions(word: u64, end: u64, capacity: u64) -> impl Iterator<Item = u64> {
+        let count = word >> CLAIM_POS_BITS;
+        // The full position of the run's first cell: `end` less the distance back to it.
+        let first = end.wrapping_sub(end.wrapping_sub(word) & CLAIM_POS_MASK);
+        (0..count)
+            .map(move |i| first.wrapping_add(i))
+            .filter(move |&pos| end.wrapping_sub(pos).wrapping_sub(1) < capacity)
     }
 }
 
@@ -690,6 +734,31 @@ const _: () = {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claim_words_name_their_run_and_nothing_else() {
+        assert!(!Claims::names(0, 0), "0 names nothing");
+        let w = Claims::word(10, 3);
+        assert!((10..13).all(|p| Claims::names(w, p)));
+        assert!(!Claims::names(w, 9) && !Claims::names(w, 13));
+        // Positions compare modulo 2^56: a run across that boundary still names its cells.
+        let first = (1u64 << 56) - 2;
+        let w = Claims::word(first, 4);
+        assert!((first..first + 4).all(|p| Claims::names(w, p)));
+        assert!(!Claims::names(w, first + 4));
+        // Back to full positions, below `end` and within a lap; the rest is dropped.
+        let w = Claims::word(100, 5);
+        assert_eq!(Claims::positions(w, 105, 16).collect::<Vec<_>>(), [100, 101, 102, 103, 104]);
+        assert_eq!(Claims::positions(w, 103, 16).collect::<Vec<_>>(), [100, 101, 102]);
+        assert_eq!(Claims::positions(w, 117, 16).collect::<Vec<_>>(), [101, 102, 103, 104]);
+        assert_eq!(Claims::positions(w, 100, 16).count(), 0);
+        assert_eq!(Claims::positions(0, 100, 16).count(), 0);
+        let w = Claims::word(first, 4);
+        assert_eq!(
+            Claims::positions(w, first + 4, 8).collect::<Vec<_>>(),
+            [first, first + 1, first + 2, first + 3]
+        );
+    }
 
     #[test]
     fn layout_rejects_bad_capacity() {

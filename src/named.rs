@@ -390,7 +390,7 @@ impl RingSegment {
                 Side::Consumers => &claims[i].pop,
             };
             // Relaxed: see above; the probe that follows reads the lock.
-            word.load(Ordering::Relaxed) == pos.wrapping_add(1)
+            Claims::names(word.load(Ordering::Relaxed), pos)
                 && matches!(self.probe(i, own), Ok(Some((_, false))))
         })
     }
@@ -410,22 +410,20 @@ impl RingSegment {
             // Relaxed: bounds for a forged word; the CASes decide.
             let (tail, head) =
                 (control.tail.load(Ordering::Relaxed), control.head.load(Ordering::Relaxed));
-            // A word names a position its holder won: below tail (push) or head (pop),
-            // within a lap. Anything else is forged and ignored.
-            let won = |word: u64, end: u64| {
-                let pos = word.wrapping_sub(1);
-                (word != 0 && end.wrapping_sub(pos).wrapping_sub(1) < capacity).then_some(pos)
-            };
-            if let Some(pos) = won(pop, head) {
+            // A word names positions its holder won: below tail (push) or head (pop),
+            // within a lap. Anything else is stale or forged and ignored.
+            for pos in Claims::positions(pop, head, capacity) {
                 // Relaxed: a snapshot; an adopter's CAS changes it, never back.
                 if self.stamp(pos).load(Ordering::Relaxed) & !STAMP_SKIPPED == pos.wrapping_add(1) {
                     return false;
                 }
             }
-            if let Some(pos) = won(push, tail) {
-                if mpmc::skip_unwritten(self.stamp(pos), pos) {
-                    crate::wait::notify(&control.not_empty);
-                }
+            let mut skipped = false;
+            for pos in Claims::positions(push, tail, capacity) {
+                skipped |= mpmc::skip_unwritten(self.stamp(pos), pos);
+            }
+            if skipped {
+                crate::wait::notify(&control.not_empty);
             }
         }
         // Relaxed: the entry is ours; nobody reads these until we win a position.

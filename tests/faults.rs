@@ -255,21 +255,45 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
             }
             panic!("the fault point was never reached");
         }
+        Some("victim-slices") => {
+            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let tx = ring.producer().unwrap();
+            for run in 0..MESSAGES {
+                let slice: Vec<u64> = (0..RUN).map(|i| VICTIM | (run * RUN + i)).collect();
+                tx.push_slice(&slice).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            panic!("the fault point was never reached");
+        }
         Some("steady") => return push_steadily(STEADY_COUNT),
         _ => {}
     }
-    let plan = [
-        ("push_after_claim", [1, 2, 5, 9, 17].as_slice()),
-        ("push_before_publish", &[1, 2, 7, 20, 31]),
+    // A slice of the "victim-slices" role: four cells claimed with one CAS.
+    const RUN: u64 = 4;
+    // (role, point, counts, how many of the victim's elements arrive when it dies at count
+    // n): one at a time, the n-th push won its cell and never published it; in slices, the
+    // n-th claim leaves its whole run unwritten, and the n-th publish point is the n-th
+    // cell, with the cells before it published.
+    type Arrived = fn(u64) -> u64;
+    let plan: [(&str, &str, &[u64], Arrived); 4] = [
+        ("victim", "push_after_claim", &[1, 2, 5, 9, 17], |n| n - 1),
+        ("victim", "push_before_publish", &[1, 2, 7, 20, 31], |n| n - 1),
+        ("victim-slices", "push_after_claim", &[1, 3], |n| (n - 1) * RUN),
+        ("victim-slices", "push_before_publish", &[2, 7], |n| n - 1),
     ];
-    for (point, n) in plan.iter().flat_map(|(p, ns)| ns.iter().map(move |&n| (*p, n))) {
+    let cases = plan
+        .iter()
+        .flat_map(|&(role, p, ns, arrived)| ns.iter().map(move |&n| (role, p, n, arrived(n))));
+    for (role, point, n, arrived) in cases {
         let name = unique_name("mpmc-fault");
-        let ring = MpmcRing::<u64>::create(&name, 8).unwrap();
+        // Slices get room enough that no run is ever cut short by a full ring.
+        let cells = if role == "victim" { 8 } else { 64 };
+        let ring = MpmcRing::<u64>::create(&name, cells).unwrap();
         let mut rx = ring.consumer().unwrap();
         rx.set_wait_policy(WaitPolicy::SLEEP);
         let test = "mpmc_producer_killed_holding_a_claimed_cell";
         let fault = [("GPURING_FAULT", format!("{point}:{n}"))];
-        let mut victim = Peer::spawn_with(test, "victim", &name, &fault);
+        let mut victim = Peer::spawn_with(test, role, &name, &fault);
         let mut steady = Peer::spawn(test, "steady", &name);
         let mut got = Vec::new(); // (value, monotonic ns when popped)
         loop {
@@ -288,11 +312,10 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
         };
         let victim_got: Vec<u64> = of(VICTIM).collect();
         let steady_got: Vec<u64> = of(STEADY).collect();
-        // The n-th push won its cell and never published it: the n - 1 before it arrive.
         assert_eq!(
             victim_got,
-            (0..n - 1).collect::<Vec<_>>(),
-            "{point}:{n}: victim's, once, in order"
+            (0..arrived).collect::<Vec<_>>(),
+            "{role} {point}:{n}: victim's, once, in order"
         );
         assert_eq!(
             steady_got,
@@ -303,19 +326,19 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
         // 100 ms limit (a stall is repaired within a tick).
         let worst = longest_wait(killed_at, got.iter().map(|&(_, t)| t).filter(|&t| t > killed_at));
         println!(
-            "{point}:{n}: longest wait for an element after the kill {:.1} ms",
+            "{role} {point}:{n}: longest wait for an element after the kill {:.1} ms",
             worst as f64 / 1e6
         );
         assert!(worst < 100_000_000, "{point}:{n}: stalled {:.1} ms", worst as f64 / 1e6);
         // The ring works on: a full lap through every cell.
         let tx = ring.producer().unwrap();
-        for v in 0..8 {
+        for v in 0..cells {
             tx.try_push(v).unwrap();
         }
-        assert!(tx.try_push(99).is_err(), "exactly 8 cells free");
+        assert!(tx.try_push(99).is_err(), "exactly {cells} cells free");
         assert_eq!(
-            (0..8).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(),
-            (0..8).collect::<Vec<_>>()
+            (0..cells).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(),
+            (0..cells).collect::<Vec<_>>()
         );
     }
 }
@@ -360,6 +383,40 @@ fn mpmc_consumer_killed_holding_a_claimed_cell() {
     tx.try_push(6).expect("the adopted cell is free again");
     assert_eq!(rx.try_pop(), Ok(6));
     assert!(rx.try_pop().is_err(), "nothing else");
+}
+
+/// MPMC slices: a consumer killed right after claiming a run of four cells with one CAS
+/// (`pop_into`). A live consumer waiting in `pop_into` adopts the whole run within one
+/// tick, in order, and the producer gets the four cells back.
+#[test]
+fn mpmc_slice_consumer_killed_holding_a_run() {
+    if role().as_deref() == Some("victim") {
+        let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+        let rx = ring.consumer().unwrap();
+        let mut buf = [0u64; 8];
+        loop {
+            let n = rx.pop_into(&mut buf, None).unwrap();
+            announce(&format!("popped {n}"));
+        }
+    }
+    let name = unique_name("mpmc-fault-run");
+    let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+    let tx = ring.producer().unwrap();
+    let rx = ring.consumer().unwrap();
+    tx.push_slice(&[0, 1, 2, 3]).unwrap();
+    let fault = [("GPURING_FAULT", "pop_after_claim:1".to_owned())];
+    let test = "mpmc_slice_consumer_killed_holding_a_run";
+    let mut victim = Peer::spawn_with(test, "victim", &name, &fault);
+    let died = killed_at_point(&mut victim, "pop_after_claim");
+    assert_eq!(tx.try_push_slice(&[4]), Ok(0), "the dead consumer holds every cell");
+    let mut buf = [0u64; 8];
+    let n = rx.pop_into(&mut buf, Some(Duration::from_secs(5))).unwrap();
+    assert_noticed("pop_after_claim:1 (run adopted)", died, now_ns());
+    assert_eq!(buf[..n], [0, 1, 2, 3], "the dead consumer's whole run, once, in order");
+    tx.push_slice(&[4, 5, 6, 7]).expect("the adopted cells are free again");
+    assert_eq!(rx.try_pop_into(&mut buf), Ok(4));
+    assert_eq!(buf[..4], [4, 5, 6, 7]);
+    assert_eq!(rx.try_pop_into(&mut buf), Ok(0), "nothing else");
 }
 
 /// A dead producer's participant entry is reused only after the cell it died holding is

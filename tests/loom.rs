@@ -144,6 +144,52 @@ fn mpmc_two_by_two_exactly_once_per_producer_fifo() {
     });
 }
 
+/// Slices: one producer pushes a run of two, another one element, one consumer pops into a
+/// buffer of two while another pops single elements; capacity 4, started three positions
+/// into a lap so the run wraps. Every element exactly once, each producer's in order.
+#[test]
+fn mpmc_slices_exactly_once_per_producer_fifo() {
+    builder(2).check(|| {
+        let (tx, rx) = mpmc::with_capacity::<u64>(4);
+        advance(&tx, &rx, 3);
+        let slicer = {
+            let tx = tx.clone();
+            thread::spawn(move || {
+                // Four cells for three elements: a run is never refused, but a racing
+                // producer's claim can cut it.
+                let values = [11u64, 12];
+                let mut done = 0;
+                while done < values.len() {
+                    let n = tx.try_push_slice(&values[done..]).unwrap();
+                    assert!(n > 0, "free cells, yet nothing pushed");
+                    done += n;
+                }
+            })
+        };
+        let single = thread::spawn(move || tx.try_push(21).unwrap());
+        let batcher = {
+            let rx = rx.clone();
+            thread::spawn(move || {
+                let mut buf = [0u64; 2];
+                let n = rx.try_pop_into(&mut buf).unwrap();
+                buf[..n].to_vec()
+            })
+        };
+        let popper = {
+            let rx = rx.clone();
+            thread::spawn(move || pop_some(&rx, 1))
+        };
+        slicer.join().unwrap();
+        single.join().unwrap();
+        let got = [batcher.join().unwrap(), popper.join().unwrap()];
+        let rest = drain(&rx);
+        assert_fifo(&got.iter().collect::<Vec<_>>(), &rest);
+        let mut all: Vec<_> = got.iter().flatten().chain(&rest).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, [11, 12, 21], "lost or duplicated");
+    });
+}
+
 /// Capacity 2, one element already queued, two producers racing for the last cell while a
 /// consumer frees one: a refused push hands its value back, and every accepted element
 /// arrives exactly once.
@@ -319,7 +365,7 @@ mod tracked {
                     Side::Consumers => &self.lines[i].pop,
                 };
                 self.dead & (1 << i) != 0
-                    && word.load(loom::sync::atomic::Ordering::Relaxed) == pos + 1
+                    && Claims::names(word.load(loom::sync::atomic::Ordering::Relaxed), pos)
             })
         }
     }
@@ -334,7 +380,7 @@ mod tracked {
         };
         let pos = counter.load(Relaxed);
         counter.store(pos + 1, Relaxed);
-        word.store(pos + 1, Relaxed);
+        word.store(Claims::word(pos, 1), Relaxed);
     }
 }
 
