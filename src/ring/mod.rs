@@ -390,7 +390,8 @@ impl From<Blocked> for PopError {
 /// demoting is off unless `GPURING_DEMOTE=1` (both read when an endpoint is made).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Hints {
-    /// Consumer: prefetch published cells ahead of the one being read.
+    /// Consumer: prefetch published cells ahead of the one being read. Producer:
+    /// `prefetchw` the cells it is about to write.
     pub(crate) prefetch: bool,
     /// Producer: `cldemote` what it just published.
     pub(crate) demote: bool,

@@ -9,6 +9,11 @@
 //! Order: elements leave in the order their producers won `tail`, so each producer's own
 //! elements stay in order.
 //!
+//! Slices: [`Producer::try_push_slice`] and [`Consumer::try_pop_into`] claim a *run* of
+//! cells that are ready in a row (up to [`MAX_RUN`]) with one compare-and-swap, so the
+//! contended `tail` / `head` lines move once per run instead of once per element. A single
+//! push or pop is a run of one.
+//!
 //! Checks on shared values: a stamp more than one lap behind its position, or ahead of it
 //! while the position counter has not moved, cannot happen in a healthy ring and is
 //! [`Corrupted`]; so is a position at or above 2^62 (the stamps' flag bits).
@@ -18,11 +23,11 @@
 //! An endpoint that wins a cell and dies before stamping it would stall the ring there for
 //! ever: a producer's unwritten cell looks empty to every consumer, a consumer's unfreed
 //! cell looks full to every producer a lap later. Storage that tracks its endpoints (named
-//! rings) gives each endpoint a [`Claims`](crate::layout::Claims) line, where it records
-//! every position it wins, right after winning the compare-and-swap and before touching the
-//! cell. A word names a position only if its endpoint won it, so when the cell at that
-//! position is still unfinished and the endpoint is dead, nobody else will finish it. Every
-//! liveness tick, a blocked endpoint:
+//! rings) gives each endpoint a [`Claims`] line, where it records
+//! every run of positions it wins (one position, or a slice's run), right after winning the
+//! compare-and-swap and before touching the cells. A word names a position only if its
+//! endpoint won it, so when the cell at that position is still unfinished and the endpoint
+//! is dead, nobody else will finish it. Every liveness tick, a blocked endpoint:
 //! - stamps a dead producer's unwritten cell *skipped*, `(p + 1) | STAMP_SKIPPED`
 //!   ([`repair`]; producers and consumers both do): consumers pass it, freeing it, without
 //!   returning anything (nothing was published there, so nothing published is lost, and
@@ -48,7 +53,7 @@ use super::{
     Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError, block_on,
     cell_at, deadline_after, demote, prefetch, prefetch_write,
 };
-use crate::layout::{Claims, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
+use crate::layout::{Claims, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
 use crate::sync::{AtomicU64, Ordering, spin_hint};
 use crate::wait::{WaitPolicy, barrier_mode, notify};
 
@@ -132,9 +137,11 @@ fn check_positions<S: Storage>(storage: &S) -> Result<u64, Corrupted> {
 }
 
 /// The longest run of cells one push or pop claims with one compare-and-swap (a slice
-/// longer than this moves in several runs). Within [`REPAIR_SCAN`], so that one liveness
-/// tick repairs the whole run of an endpoint that died holding it.
+/// longer than this moves in several runs). No longer than the span one repair looks at,
+/// so that one liveness tick repairs the whole run of an endpoint that died holding it.
 pub const MAX_RUN: usize = 64;
+const _: () = assert!(MAX_RUN as u64 <= REPAIR_SCAN);
+const _: () = assert!(MAX_RUN as u64 <= MAX_CLAIM_RUN);
 
 /// Which side of the ring a run is claimed for.
 #[derive(Clone, Copy)]
@@ -294,7 +301,8 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         return Ok(0);
     };
     crate::fault::point("push_after_claim");
-    if n > 1 {
+    if hints.prefetch {
+        // All of the run's lines at once (see `spsc`'s push).
         for i in 0..n {
             prefetch_write(cell_at(storage, capacity, first.wrapping_add(i)));
         }

@@ -142,6 +142,11 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
         }
     }
     let cell = cell_at(storage, local.capacity, local.pos);
+    if local.hints.prefetch {
+        // Ask for all of the cell's lines (which the consumer read last) at once: the
+        // stores alone fetch them one miss after another.
+        prefetch_write(cell);
+    }
     // SAFETY: the cell at `pos` belongs to the producer: the consumer has moved past it
     // (pos - head < capacity, checked above) and will not read it until `tail` passes it.
     cell.value.with_mut(|p| unsafe { p.write(value) });
