@@ -66,6 +66,22 @@ struct RawCell {
 
 impl RawCell {
     fn send(&self, d: Descriptor, stamp: u64) {
+        // Ask for every line of the cell for writing at once (as gpuring's producers do):
+        // the stores alone fetch them one miss after another, which measured 1.4-1.6x
+        // slower on an H100 VM. Runs before O (docs/BENCHMARKS.md) timed this floor
+        // without it.
+        #[cfg(target_arch = "x86_64")]
+        for offset in (0..size_of::<Self>()).step_by(64) {
+            // SAFETY: PREFETCHW only hints; it cannot fault or change memory, and decodes
+            // as a NOP where unsupported. The address is inside `self`.
+            unsafe {
+                std::arch::asm!(
+                    "prefetchw byte ptr [{0}]",
+                    in(reg) (self as *const Self).cast::<u8>().wrapping_add(offset),
+                    options(nostack, preserves_flags)
+                )
+            };
+        }
         // SAFETY: the reader reads the value only after seeing this stamp, and the writer
         // waits for the reply before writing again.
         unsafe { self.value.get().write(d) };
