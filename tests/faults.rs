@@ -424,32 +424,45 @@ fn mpmc_slice_consumer_killed_holding_a_run() {
 /// and in doing so passes the dead cell on at once (no blocked endpoint, no tick needed).
 #[test]
 fn reused_entry_of_a_dead_claimant_settles_its_cell() {
-    if role().as_deref() == Some("victim") {
-        let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
-        let tx = ring.producer().unwrap();
-        tx.push(1).unwrap();
-        panic!("the fault point was never reached");
+    match role().as_deref() {
+        Some("victim") => {
+            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            ring.producer().unwrap().push(1).unwrap();
+            panic!("the fault point was never reached");
+        }
+        Some("victim-slice") => {
+            // One claim of a run of three cells, dying before writing any.
+            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            ring.producer().unwrap().push_slice(&[1, 2, 3]).unwrap();
+            panic!("the fault point was never reached");
+        }
+        _ => {}
     }
-    let name = unique_name("mpmc-reuse");
-    let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
-    let rx = ring.consumer().unwrap();
-    // 63 entries held here; the victim takes the last one.
-    let held: Vec<_> = (0..62).map(|_| ring.producer().unwrap()).collect();
-    let fault = [("GPURING_FAULT", "push_after_claim:1".to_owned())];
-    let mut victim = Peer::spawn_with(
-        "reused_entry_of_a_dead_claimant_settles_its_cell",
-        "victim",
-        &name,
-        &fault,
-    );
-    assert!(victim.expect("fault").starts_with("push_after_claim "));
-    victim.killed();
-    held[0].try_push(5).unwrap(); // position 1, behind the dead cell at 0
-    assert!(matches!(rx.try_pop(), Err(gpuring::TryPopError::Empty)), "stalled at the dead cell");
-    let reuser = ring.producer().expect("the dead entry is reused");
-    assert_eq!(rx.try_pop(), Ok(5), "settled when its entry was taken: no wait");
-    assert!(matches!(ring.producer(), Err(gpuring::ShmError::TooManyParticipants { .. })));
-    drop((held, reuser));
+    for (role, dead_cells) in [("victim", 1), ("victim-slice", 3)] {
+        let name = unique_name("mpmc-reuse");
+        let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+        let rx = ring.consumer().unwrap();
+        // 63 entries held here; the victim takes the last one.
+        let held: Vec<_> = (0..62).map(|_| ring.producer().unwrap()).collect();
+        let fault = [("GPURING_FAULT", "push_after_claim:1".to_owned())];
+        let test = "reused_entry_of_a_dead_claimant_settles_its_cell";
+        let mut victim = Peer::spawn_with(test, role, &name, &fault);
+        assert!(victim.expect("fault").starts_with("push_after_claim "));
+        victim.killed();
+        held[0].try_push(5).unwrap(); // behind the dead cells
+        assert!(
+            matches!(rx.try_pop(), Err(gpuring::TryPopError::Empty)),
+            "{role}: stalled at the dead cells"
+        );
+        let reuser = ring.producer().expect("the dead entry is reused");
+        assert_eq!(
+            rx.try_pop(),
+            Ok(5),
+            "{role}: all {dead_cells} dead cells settled when the entry was taken: no wait"
+        );
+        assert!(matches!(ring.producer(), Err(gpuring::ShmError::TooManyParticipants { .. })));
+        drop((held, reuser));
+    }
 }
 
 /// MPMC: a producer SIGKILLed at random times while it streams as fast as it can beside a
