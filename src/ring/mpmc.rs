@@ -557,7 +557,8 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`PushError::Corrupted`], with how many were pushed; never `Timeout`.
+    /// [`PushError::PeerDead`] with how many were pushed, when the ring stays full and
+    /// every consumer has died; [`PushError::Corrupted`]. Never `Timeout`.
     pub fn push_slice(&self, values: &[T]) -> Result<(), PushError<usize>> {
         let control = self.storage.control();
         let mut done = 0;
@@ -588,7 +589,8 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`PushError::Corrupted`] (never `Timeout`).
+    /// [`PushError::PeerDead`] when the ring stays full and every consumer has died;
+    /// [`PushError::Corrupted`]. Never `Timeout`.
     pub fn push(&self, value: T) -> Result<(), PushError<T>> {
         self.push_until(value, None)
     }
@@ -740,7 +742,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     /// Pops at least one and up to `out.len()` elements into `out` (see
     /// [`try_pop_into`](Self::try_pop_into)), waiting for the first as the [`WaitPolicy`]
     /// says, at most `timeout` (`None`: for ever). Returns how many. While it waits, it
-    /// adopts the elements of dead consumers, one per liveness tick.
+    /// adopts the elements of dead consumers, up to `out.len()` each liveness tick.
     ///
     /// # Errors
     ///
@@ -799,7 +801,8 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`PopError::Corrupted`] (never `Timeout`).
+    /// [`PopError::PeerDead`] once every producer has died and all they published is
+    /// taken; [`PopError::Corrupted`]. Never `Timeout`.
     pub fn pop(&self) -> Result<T, PopError> {
         self.pop_then(None, |v| v)
     }

@@ -297,7 +297,8 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`PushError::Corrupted`] (never `Timeout`).
+    /// [`PushError::PeerDead`] when the ring stays full and its consumer has died;
+    /// [`PushError::Corrupted`]. Never `Timeout`.
     pub fn push(&mut self, value: T) -> Result<(), PushError<T>> {
         self.push_until(value, None)
     }
@@ -492,7 +493,8 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`PopError::Corrupted`] (never `Timeout`).
+    /// [`PopError::PeerDead`] once the producer has died and all it published is taken;
+    /// [`PopError::Corrupted`]. Never `Timeout`.
     pub fn pop(&mut self) -> Result<T, PopError> {
         self.pop_then(None, |v| v)
     }
