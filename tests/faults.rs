@@ -386,8 +386,9 @@ fn mpmc_consumer_killed_holding_a_claimed_cell() {
 }
 
 /// MPMC slices: a consumer killed right after claiming a run of four cells with one CAS
-/// (`pop_into`). A live consumer waiting in `pop_into` adopts the whole run within one
-/// tick, in order, and the producer gets the four cells back.
+/// (`pop_into`). A live consumer adopts the whole run, in order, within one tick, whether
+/// it waits in `pop_into` (all four at that tick) or in `pop` (the first at that tick, the
+/// rest at once after it), and the producer gets the four cells back.
 #[test]
 fn mpmc_slice_consumer_killed_holding_a_run() {
     if role().as_deref() == Some("victim") {
@@ -399,24 +400,35 @@ fn mpmc_slice_consumer_killed_holding_a_run() {
             announce(&format!("popped {n}"));
         }
     }
-    let name = unique_name("mpmc-fault-run");
-    let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
-    let tx = ring.producer().unwrap();
-    let rx = ring.consumer().unwrap();
-    tx.push_slice(&[0, 1, 2, 3]).unwrap();
-    let fault = [("GPURING_FAULT", "pop_after_claim:1".to_owned())];
-    let test = "mpmc_slice_consumer_killed_holding_a_run";
-    let mut victim = Peer::spawn_with(test, "victim", &name, &fault);
-    let died = killed_at_point(&mut victim, "pop_after_claim");
-    assert_eq!(tx.try_push_slice(&[4]), Ok(0), "the dead consumer holds every cell");
-    let mut buf = [0u64; 8];
-    let n = rx.pop_into(&mut buf, Some(Duration::from_secs(5))).unwrap();
-    assert_noticed("pop_after_claim:1 (run adopted)", died, now_ns());
-    assert_eq!(buf[..n], [0, 1, 2, 3], "the dead consumer's whole run, once, in order");
-    tx.push_slice(&[4, 5, 6, 7]).expect("the adopted cells are free again");
-    assert_eq!(rx.try_pop_into(&mut buf), Ok(4));
-    assert_eq!(buf[..4], [4, 5, 6, 7]);
-    assert_eq!(rx.try_pop_into(&mut buf), Ok(0), "nothing else");
+    for single in [false, true] {
+        let name = unique_name("mpmc-fault-run");
+        let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+        let tx = ring.producer().unwrap();
+        let rx = ring.consumer().unwrap();
+        tx.push_slice(&[0, 1, 2, 3]).unwrap();
+        let fault = [("GPURING_FAULT", "pop_after_claim:1".to_owned())];
+        let test = "mpmc_slice_consumer_killed_holding_a_run";
+        let mut victim = Peer::spawn_with(test, "victim", &name, &fault);
+        let died = killed_at_point(&mut victim, "pop_after_claim");
+        assert_eq!(tx.try_push_slice(&[4]), Ok(0), "the dead consumer holds every cell");
+        let mut buf = [0u64; 8];
+        let wait = Some(Duration::from_secs(5));
+        let got = if single {
+            // One element per `pop`: the first comes at a tick, the rest of the run at once
+            // after it (the handle remembers that it is adopting), not a tick each.
+            (0..4).map(|_| rx.pop_timeout(Duration::from_secs(5)).unwrap()).collect()
+        } else {
+            let n = rx.pop_into(&mut buf, wait).unwrap();
+            buf[..n].to_vec()
+        };
+        let how = if single { "pop, one at a time" } else { "pop_into" };
+        assert_noticed(&format!("pop_after_claim:1 (run adopted by {how})"), died, now_ns());
+        assert_eq!(got, [0, 1, 2, 3], "{how}: the dead consumer's whole run, once, in order");
+        tx.push_slice(&[4, 5, 6, 7]).expect("the adopted cells are free again");
+        assert_eq!(rx.try_pop_into(&mut buf), Ok(4));
+        assert_eq!(buf[..4], [4, 5, 6, 7]);
+        assert_eq!(rx.try_pop_into(&mut buf), Ok(0), "nothing else");
+    }
 }
 
 /// A dead producer's participant entry is reused only after the cell it died holding is

@@ -56,6 +56,7 @@ use super::{
 use crate::layout::{Claims, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
 use crate::sync::{AtomicU64, Ordering, spin_hint};
 use crate::wait::{WaitPolicy, barrier_mode, notify};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// An in-process MPMC ring of `capacity` elements (a power of two) on the heap. Clone the
 /// handles for more producers or consumers.
@@ -101,6 +102,10 @@ pub struct Consumer<T, S> {
     storage: S,
     capacity: u64,
     policy: WaitPolicy,
+    /// A blocking `pop` of this handle adopted a dead consumer's cell at its last tick, so
+    /// more of that consumer's run may be waiting: the next `pop` that finds the ring empty
+    /// looks for them at once instead of a tick later. Local to this handle.
+    adopting: std::sync::atomic::AtomicBool,
     _elem: PhantomData<fn() -> T>,
 }
 
@@ -112,7 +117,13 @@ impl<T, S: Clone> Clone for Producer<T, S> {
 
 impl<T, S: Clone> Clone for Consumer<T, S> {
     fn clone(&self) -> Self {
-        Self { storage: self.storage.clone(), ..*self }
+        Self {
+            storage: self.storage.clone(),
+            capacity: self.capacity,
+            policy: self.policy,
+            adopting: std::sync::atomic::AtomicBool::new(false),
+            _elem: PhantomData,
+        }
     }
 }
 
@@ -688,7 +699,8 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     pub fn new(storage: S) -> Result<Self, Corrupted> {
         let capacity = check_positions(&storage)?;
         barrier_mode(); // registers for membarrier now, not on the first publish
-        Ok(Self { storage, capacity, policy: WaitPolicy::default(), _elem: PhantomData })
+        let adopting = std::sync::atomic::AtomicBool::new(false);
+        Ok(Self { storage, capacity, policy: WaitPolicy::default(), adopting, _elem: PhantomData })
     }
 
     /// Pops the oldest element if there is one; never blocks. Wakes sleeping producers.
@@ -844,12 +856,21 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
             deadline,
             || {
                 let mut r = None;
-                try_pop_in(&self.storage, self.capacity, 1, |v| r = Some(run(v))).map(|n| n.and(r))
+                let popped = try_pop_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)))?;
+                // Relaxed: a hint local to this handle (see `adopting`).
+                if popped.is_none() && self.adopting.load(Relaxed) {
+                    try_adopt_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)));
+                    self.adopting.store(r.is_some(), Relaxed);
+                    return Ok(r);
+                }
+                Ok(popped.and(r))
             },
             || {
                 repair(&self.storage);
                 let mut r = None;
                 try_adopt_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)));
+                // Relaxed: as above.
+                self.adopting.store(r.is_some(), Relaxed);
                 r
             },
         )
