@@ -407,22 +407,35 @@ impl Hints {
     }
 }
 
+/// Calls `hint` with the address of each 64-byte line of `value`, in native x86_64 builds;
+/// elsewhere (other targets, loom, Miri) does nothing. The cache hints below share it.
+#[inline(always)]
+fn for_each_line<C>(value: &C, hint: impl Fn(*const u8)) {
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
+    {
+        let base = (value as *const C).cast::<u8>();
+        for offset in (0..size_of::<C>()).step_by(64) {
+            hint(base.wrapping_add(offset));
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
+    let _ = (value, hint);
+}
+
 /// Asks the CPU to bring `value`'s cache lines into this core's cache. A hint: it never
 /// faults and changes no value.
 #[inline(always)]
 pub(crate) fn prefetch<C>(value: &C) {
-    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-    {
-        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let base = (value as *const C).cast::<i8>();
-        for offset in (0..size_of::<C>()).step_by(64) {
-            // SAFETY: `prefetch` is a hint that cannot fault or write; the address is
-            // inside `value`. SSE is part of the x86_64 baseline.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(offset)) };
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
-    let _ = value;
+    for_each_line(value, |line| {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `prefetch` is a hint that cannot fault or write; the address is inside
+        // `value`. SSE is part of the x86_64 baseline.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(line.cast())
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = line;
+    });
 }
 
 /// Asks the CPU to bring `value`'s cache lines into this core's cache *for writing*
@@ -431,24 +444,17 @@ pub(crate) fn prefetch<C>(value: &C) {
 /// value; CPUs without it execute it as a NOP.
 #[inline(always)]
 pub(crate) fn prefetch_write<C>(value: &C) {
-    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-    {
-        let base = (value as *const C).cast::<u8>();
-        for offset in (0..size_of::<C>()).step_by(64) {
-            // SAFETY: PREFETCHW only hints; it cannot fault, write or change a value, and
-            // decodes as a NOP where unsupported. The address is inside `value`. No stack
-            // use, flags untouched.
-            unsafe {
-                core::arch::asm!(
-                    "prefetchw byte ptr [{0}]",
-                    in(reg) base.wrapping_add(offset),
-                    options(nostack, preserves_flags)
-                )
-            };
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
-    let _ = value;
+    for_each_line(value, |line| {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: PREFETCHW only hints; it cannot fault, write or change a value, and
+        // decodes as a NOP where unsupported. The address is inside `value`. No stack use,
+        // flags untouched.
+        unsafe {
+            core::arch::asm!("prefetchw byte ptr [{0}]", in(reg) line, options(nostack, preserves_flags))
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = line;
+    });
 }
 
 /// Asks the CPU to move `value`'s cache lines from this core's private caches to the
@@ -456,24 +462,17 @@ pub(crate) fn prefetch_write<C>(value: &C) {
 /// hint: it never faults, changes no value, and executes as a NOP on CPUs without it.
 #[inline(always)]
 pub(crate) fn demote<C>(value: &C) {
-    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-    {
-        let base = (value as *const C).cast::<u8>();
-        for offset in (0..size_of::<C>()).step_by(64) {
-            // SAFETY: CLDEMOTE only hints where a line should live; it cannot fault, write
-            // or change a value, and its encoding is a NOP where unsupported. The address
-            // is inside `value`. No stack use, flags untouched.
-            unsafe {
-                core::arch::asm!(
-                    "cldemote byte ptr [{0}]",
-                    in(reg) base.wrapping_add(offset),
-                    options(nostack, preserves_flags)
-                )
-            };
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
-    let _ = value;
+    for_each_line(value, |line| {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: CLDEMOTE only hints where a line should live; it cannot fault, write or
+        // change a value, and its encoding is a NOP where unsupported. The address is
+        // inside `value`. No stack use, flags untouched.
+        unsafe {
+            core::arch::asm!("cldemote byte ptr [{0}]", in(reg) line, options(nostack, preserves_flags))
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = line;
+    });
 }
 
 /// The cell of position `pos`, masked with the `capacity` this process validated (never a

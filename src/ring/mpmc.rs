@@ -50,8 +50,8 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use super::{
-    Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError, block_on,
-    cell_at, deadline_after, demote, prefetch, prefetch_write,
+    Blocked, Corrupted, Hints, PopError, PushError, Side, Storage, TryPopError, TryPushError,
+    block_on, cell_at, deadline_after, demote, prefetch, prefetch_write,
 };
 use crate::layout::{Claims, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
 use crate::sync::{AtomicU64, Ordering, spin_hint};
@@ -134,15 +134,25 @@ fn check_positions<S: Storage>(storage: &S) -> Result<u64, Corrupted> {
     if capacity < 2 {
         return Err(Corrupted { what: "an MPMC ring needs at least 2 cells" });
     }
-    // Relaxed: only a consistency check at attach; every element access is guarded by the
-    // cell stamps, read with Acquire.
-    let tail = storage.control().tail.load(Ordering::Relaxed);
-    let head = storage.control().head.load(Ordering::Relaxed);
-    if tail.wrapping_sub(head) > capacity {
-        return Err(Corrupted { what: "tail is more than capacity ahead of head" });
-    }
-    if (tail | head) & STAMP_FLAGS != 0 {
-        return Err(Corrupted { what: "ring position at or above 2^62" });
+    let control = storage.control();
+    // Two loads are no snapshot: on a busy ring head can pass the tail read before it, or
+    // tail run far ahead of the head read before it. So the window is judged only when
+    // head did not move across the tail load (then tail ≤ head + capacity held throughout);
+    // on a ring too busy for that, the operations' own stamp checks stand guard.
+    // Acquire: pairs with the Release CASes of the endpoints that moved the counters
+    // (`claim_run`), so the tail read here is no older than what the head read implies.
+    for _ in 0..3 {
+        let head = control.head.load(Ordering::Acquire);
+        let tail = control.tail.load(Ordering::Acquire);
+        if (tail | head) & STAMP_FLAGS != 0 {
+            return Err(Corrupted { what: "ring position at or above 2^62" });
+        }
+        if control.head.load(Ordering::Acquire) == head {
+            if tail.wrapping_sub(head) > capacity {
+                return Err(Corrupted { what: "tail is more than capacity ahead of head" });
+            }
+            break;
+        }
     }
     Ok(capacity)
 }
@@ -163,10 +173,21 @@ enum Turn {
     Read,
 }
 
+/// A run of cells claimed (or found ready) from `first`: `n` cells; bit `i` of `skipped`
+/// set when the cell at `first + i` is stamped skipped (consumers only: its producer died
+/// before writing it). `n` ≤ [`MAX_RUN`] = 64, so the mask fits.
+#[derive(Clone, Copy)]
+struct Claimed {
+    first: u64,
+    n: u64,
+    skipped: u64,
+}
+
 /// What a look at the cells from a position found.
 enum Run {
-    /// The first `n` (≥ 1) cells are ready for this side.
-    Ready(u64),
+    /// The first `n` (≥ 1) cells are ready for this side; bit `i` of the mask: the cell at
+    /// `pos + i` is stamped skipped.
+    Ready(u64, u64),
     /// The first cell is not ready yet: the ring is full (producers) or empty (consumers).
     Wait,
     /// The first cell was already taken by another endpoint: the position counter has moved
@@ -205,6 +226,7 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         ),
     };
     let mut n = 0;
+    let mut skipped = 0;
     while n < want {
         let at = pos.wrapping_add(n);
         // Acquire: see above.
@@ -214,6 +236,8 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             if raw & bad_flags != 0 {
                 return Err(Corrupted { what: flagged });
             }
+            // Producers never get here with the flag (it is in `bad_flags`).
+            skipped |= u64::from(raw & STAMP_SKIPPED != 0) << n;
             n += 1;
         } else if lag < -(capacity as i64) {
             return Err(Corrupted { what: behind });
@@ -228,8 +252,8 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             return Ok(Run::Wait);
         } else {
             // Another endpoint of this side won `pos` and already stamped it, so the
-            // counter has moved on. Relaxed: a fresh guess; the next look and CAS decide.
-            let current = counter.load(Ordering::Relaxed);
+            // counter has moved on. Acquire: as the first load in `claim_run`.
+            let current = counter.load(Ordering::Acquire);
             if current == pos {
                 // The Acquire stamp load above saw a store made after the counter passed
                 // `pos`, so it cannot still read `pos`: the stamp is forged.
@@ -238,29 +262,32 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             return Ok(Run::Moved(current));
         }
     }
-    Ok(Run::Ready(n))
+    Ok(Run::Ready(n, skipped))
 }
 
 /// Claims a run of up to `want` (≥ 1) cells ready for `turn` from the side's position
-/// counter, records it in the endpoint's claim line, and returns its first position and
-/// length; `None` when the first cell is not ready (full / empty).
+/// counter, records it in the endpoint's claim line, and returns it; `None` when the first
+/// cell is not ready (full / empty).
 #[inline(always)]
 fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     storage: &S,
     capacity: u64,
     want: u64,
     turn: Turn,
-) -> Result<Option<(u64, u64)>, Corrupted> {
+) -> Result<Option<Claimed>, Corrupted> {
     let control = storage.control();
     let counter = match turn {
         Turn::Write => &control.tail,
         Turn::Read => &control.head,
     };
-    // Relaxed: a starting guess; the stamps (Acquire) and the CAS decide.
-    let mut pos = counter.load(Ordering::Relaxed);
+    // Acquire: pairs with the Release CAS of the endpoint that moved the counter here (a
+    // release sequence: every earlier winner's CAS too). So whatever each winner saw of its
+    // cells before winning, this endpoint sees as well, and a stamp more than a lap behind
+    // the position read here is truly impossible, never a stale view (`ready_run`).
+    let mut pos = counter.load(Ordering::Acquire);
     loop {
-        let n = match ready_run(storage, capacity, counter, pos, want, turn)? {
-            Run::Ready(n) => n,
+        let (n, skipped) = match ready_run(storage, capacity, counter, pos, want, turn)? {
+            Run::Ready(n, skipped) => (n, skipped),
             Run::Wait => return Ok(None),
             Run::Moved(current) => {
                 pos = current;
@@ -268,15 +295,18 @@ fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                 continue;
             }
         };
-        // Relaxed CAS: ownership of the cells is handed over by their stamps, not by the
-        // counter. A cell of the run cannot change under us before the CAS: only the
-        // winner of its position (which moves the counter past it, failing our CAS) or a
-        // repair of a cell of an earlier, dead winner (never a ready one) touches it.
+        // Ownership of the cells is handed over by their stamps, not by the counter. A
+        // cell of the run cannot change under us before the CAS: only the winner of its
+        // position (which moves the counter past it, failing our CAS) or a repair of a cell
+        // of an earlier, dead winner (never a ready one) touches it. Release on success,
+        // Acquire on failure: pairs with the counter loads above and in `ready_run` (the
+        // stamps this endpoint read before winning are visible to whoever reads the new
+        // position).
         match counter.compare_exchange_weak(
             pos,
             pos.wrapping_add(n),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
+            Ordering::Release,
+            Ordering::Acquire,
         ) {
             Ok(_) => {
                 if let Some(claims) = storage.claims() {
@@ -288,7 +318,7 @@ fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                     // liveness lock gone); nothing is published through it.
                     line.store(Claims::word(pos, n), Ordering::Relaxed);
                 }
-                return Ok(Some((pos, n)));
+                return Ok(Some(Claimed { first: pos, n, skipped }));
             }
             Err(current) => pos = current,
         }
@@ -308,7 +338,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     if want == 0 {
         return Ok(0);
     }
-    let Some((first, n)) = claim_run(storage, capacity, want, Turn::Write)? else {
+    let Some(Claimed { first, n, .. }) = claim_run(storage, capacity, want, Turn::Write)? else {
         return Ok(0);
     };
     crate::fault::point("push_after_claim");
@@ -351,7 +381,8 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
 ) -> Result<Option<usize>, Corrupted> {
     let control = storage.control();
     loop {
-        let Some((first, n)) = claim_run(storage, capacity, want, Turn::Read)? else {
+        let Some(Claimed { first, n, skipped }) = claim_run(storage, capacity, want, Turn::Read)?
+        else {
             return Ok(None);
         };
         crate::fault::point("pop_after_claim");
@@ -361,10 +392,8 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             cells.clone().for_each(|(_, cell)| prefetch(cell));
         }
         let mut seen = 0;
-        for (_, cell) in cells.clone() {
-            // Relaxed: this consumer read the stamp with Acquire in `ready_run` and owns
-            // the cell since; only the flag is asked again.
-            if cell.stamp.load(Ordering::Relaxed) & STAMP_SKIPPED != 0 {
+        for (i, (_, cell)) in cells.clone().enumerate() {
+            if skipped >> i & 1 != 0 {
                 continue; // its producer died before writing it: nothing to pass on
             }
             // SAFETY: winning the CAS over the run with stamp == pos + 1 for each cell
@@ -383,6 +412,13 @@ fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         // Only skipped cells: wake producers waiting for room, and look again.
         notify(&control.not_full);
     }
+}
+
+/// Writes the elements it is given into `out`, front to back (callers pass at most
+/// `out.len()`: a run or an adoption no longer than `out`).
+fn fill<T>(out: &mut [T]) -> impl FnMut(T) + '_ {
+    let mut slots = out.iter_mut();
+    move |v| *slots.next().expect("no more elements than `out` holds") = v
 }
 
 /// How far one repair or adoption looks (from `head`, or from the oldest cell producers
@@ -571,27 +607,11 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     /// [`PushError::PeerDead`] with how many were pushed, when the ring stays full and
     /// every consumer has died; [`PushError::Corrupted`]. Never `Timeout`.
     pub fn push_slice(&self, values: &[T]) -> Result<(), PushError<usize>> {
-        let control = self.storage.control();
         let mut done = 0;
         while done < values.len() {
-            let rest = &values[done..];
-            done += block_on(
-                &self.storage,
-                Side::Consumers,
-                &control.not_full,
-                &control.not_empty,
-                self.policy,
-                None,
-                || {
-                    try_push_in(&self.storage, self.capacity, self.hints, rest)
-                        .map(|n| (n > 0).then_some(n))
-                },
-                || {
-                    repair(&self.storage);
-                    None
-                },
-            )
-            .map_err(|b| PushError::from_blocked(b, done))?;
+            done += self
+                .push_run_until(&values[done..], None)
+                .map_err(|b| PushError::from_blocked(b, done))?;
         }
         Ok(())
     }
@@ -620,6 +640,19 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
         value: T,
         deadline: Option<std::time::Instant>,
     ) -> Result<(), PushError<T>> {
+        self.push_run_until(std::slice::from_ref(&value), deadline)
+            .map(drop)
+            .map_err(|b| PushError::from_blocked(b, value))
+    }
+
+    /// Pushes one run of `values` (at least one element), waiting for room as the
+    /// [`WaitPolicy`] says until `deadline`, running the producer-side repair at every
+    /// liveness tick. Returns how many were pushed.
+    fn push_run_until(
+        &self,
+        values: &[T],
+        deadline: Option<std::time::Instant>,
+    ) -> Result<usize, Blocked> {
         let control = self.storage.control();
         block_on(
             &self.storage,
@@ -629,15 +662,14 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
             self.policy,
             deadline,
             || {
-                try_push_in(&self.storage, self.capacity, self.hints, std::slice::from_ref(&value))
-                    .map(|n| (n > 0).then_some(()))
+                try_push_in(&self.storage, self.capacity, self.hints, values)
+                    .map(|n| (n > 0).then_some(n))
             },
             || {
                 repair(&self.storage);
                 None
             },
         )
-        .map_err(|b| PushError::from_blocked(b, value))
     }
 
     /// Whether an element still in a cell (published and not yet freed: queued, being
@@ -763,27 +795,16 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         if out.is_empty() {
             return Ok(0);
         }
-        let control = self.storage.control();
         let out = std::cell::RefCell::new(out);
-        block_on(
-            &self.storage,
-            Side::Producers,
-            &control.not_empty,
-            &control.not_full,
-            self.policy,
+        self.block_pop(
             timeout.and_then(deadline_after),
             || self.pop_run(&mut out.borrow_mut()).map(|n| (n > 0).then_some(n)),
             || {
-                repair(&self.storage);
                 let mut out = out.borrow_mut();
-                let max = out.len();
-                let mut slots = out.iter_mut();
-                let each = |v| *slots.next().expect("at most `out.len()` adopted") = v;
-                let n = try_adopt_in(&self.storage, self.capacity, max, each);
+                let n = try_adopt_in(&self.storage, self.capacity, out.len(), fill(&mut out));
                 (n > 0).then_some(n)
             },
         )
-        .map_err(PopError::from)
     }
 
     /// One run into `out` (no wake-up).
@@ -792,9 +813,32 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         if want == 0 {
             return Ok(0);
         }
-        let mut slots = out.iter_mut();
-        let each = |v| *slots.next().expect("a run is no longer than `out`") = v;
-        Ok(try_pop_in(&self.storage, self.capacity, want, each)?.unwrap_or(0))
+        Ok(try_pop_in(&self.storage, self.capacity, want, fill(out))?.unwrap_or(0))
+    }
+
+    /// Waits as the [`WaitPolicy`] says until `attempt` gives something, running the
+    /// repairs and then `adopt` at every liveness tick.
+    fn block_pop<R>(
+        &self,
+        deadline: Option<std::time::Instant>,
+        attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
+        mut adopt: impl FnMut() -> Option<R>,
+    ) -> Result<R, PopError> {
+        let control = self.storage.control();
+        block_on(
+            &self.storage,
+            Side::Producers,
+            &control.not_empty,
+            &control.not_full,
+            self.policy,
+            deadline,
+            attempt,
+            || {
+                repair(&self.storage);
+                adopt()
+            },
+        )
+        .map_err(PopError::from)
     }
 
     /// Takes the element of a cell whose consumer died before freeing it (see the module's
@@ -841,40 +885,31 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         timeout: Option<Duration>,
         then: impl FnOnce(T) -> R,
     ) -> Result<R, PopError> {
-        let deadline = timeout.and_then(deadline_after);
-        let control = self.storage.control();
         // `then` runs once: only a successful pop or adoption calls it, and that ends the
         // wait.
         let then = std::cell::Cell::new(Some(then));
         let run = |v| then.take().map(|f| f(v));
-        block_on(
-            &self.storage,
-            Side::Producers,
-            &control.not_empty,
-            &control.not_full,
-            self.policy,
-            deadline,
+        // One adoption; remembers whether it found one (see `adopting`).
+        let adopt_one = || {
+            let mut r = None;
+            try_adopt_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)));
+            // Relaxed: a hint local to this handle.
+            self.adopting.store(r.is_some(), Relaxed);
+            r
+        };
+        self.block_pop(
+            timeout.and_then(deadline_after),
             || {
                 let mut r = None;
                 let popped = try_pop_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)))?;
-                // Relaxed: a hint local to this handle (see `adopting`).
+                // Relaxed: as in `adopt_one`.
                 if popped.is_none() && self.adopting.load(Relaxed) {
-                    try_adopt_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)));
-                    self.adopting.store(r.is_some(), Relaxed);
-                    return Ok(r);
+                    return Ok(adopt_one());
                 }
                 Ok(popped.and(r))
             },
-            || {
-                repair(&self.storage);
-                let mut r = None;
-                try_adopt_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)));
-                // Relaxed: as above.
-                self.adopting.store(r.is_some(), Relaxed);
-                r
-            },
+            adopt_one,
         )
-        .map_err(PopError::from)
         .map(|r| r.expect("then runs on the one successful pop"))
     }
 
