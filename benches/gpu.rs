@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::{NAME, PEER, SharedPage, cpus, peer, peer_index, pin, unique};
 use criterion::{Criterion, Throughput};
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
-use gpuring::{Channel, Sender, TensorMeta, WaitPolicy, cuda};
+use gpuring::{Channel, Cuda, Sender, TensorMeta, WaitPolicy, cuda};
 
 const STOP: u64 = u64::MAX;
 const SPIN: WaitPolicy = WaitPolicy::spin_then_sleep(u32::MAX, 0);
@@ -37,7 +37,7 @@ struct FloorPage {
 
 fn bytes_of(words: &[AtomicU64; 8]) -> [u8; 64] {
     let mut out = [0u8; 64];
-    gpuring::layout::load_bytes(words, &mut out);
+    gpuring::internal::load_bytes(words, &mut out);
     out
 }
 
@@ -138,7 +138,7 @@ fn run_peer(role: &str) {
                 let lease = tx.acquire_on(&s).unwrap();
                 copy_word(lease.device_ptr(), m.device_ptr(), &s);
                 drop(m);
-                tx.send_gpu(lease, TensorMeta::bytes(4)).unwrap();
+                tx.send(lease, TensorMeta::bytes(4)).unwrap();
             }
         }
         "sink" => {
@@ -157,15 +157,15 @@ fn run_peer(role: &str) {
 }
 
 /// Leases a slot on `s`, writes `v` into its first word, sends it tagged `tag`.
-fn send_word(tx: &Sender, s: &Arc<CudaStream>, v: u32, tag: u64) {
+fn send_word(tx: &Sender<Cuda>, s: &Arc<CudaStream>, v: u32, tag: u64) {
     let mut lease = tx.acquire_on(s).unwrap();
     memset(lease.device_ptr(), v, s);
     lease.set_tag(tag);
-    tx.send_gpu(lease, TensorMeta::bytes(4)).unwrap();
+    tx.send(lease, TensorMeta::bytes(4)).unwrap();
 }
 
 /// Tells the peer to stop, and gives it a moment to.
-fn stop(tx: &Sender, s: &Arc<CudaStream>) {
+fn stop(tx: &Sender<Cuda>, s: &Arc<CudaStream>) {
     send_word(tx, s, 0, STOP);
     std::thread::sleep(Duration::from_millis(50));
 }
@@ -183,13 +183,13 @@ fn floor(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: out-pointer valid; our allocation.
         ok(unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) });
-        gpuring::layout::store_bytes(&p.handles[i], &h.reserved.map(|b| b as u8));
+        gpuring::internal::store_bytes(&p.handles[i], &h.reserved.map(|b| b as u8));
     }
     for (i, e) in [(2, a_to_b), (3, b_to_a)] {
         let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
         // SAFETY: out-pointer valid; our interprocess event.
         ok(unsafe { sys::cuIpcGetEventHandle(&mut h, e) });
-        gpuring::layout::store_bytes(&p.handles[i], &h.reserved.map(|b| b as u8));
+        gpuring::internal::store_bytes(&p.handles[i], &h.reserved.map(|b| b as u8));
     }
     let _peer = peer("floor", &name, 0, false);
     let mut seq = 0u64;

@@ -21,9 +21,10 @@ mod common;
 
 use common::{Group, NAME, PEER, Peer, Samples, cpus, ice, peer, pin, unique};
 use criterion::{BenchmarkId, Criterion, Throughput};
-use gpuring::named::{SpscConsumer, SpscProducer};
-use gpuring::ring::spsc;
-use gpuring::{Descriptor, MpmcRing, RingOptions, SpscRing, WaitPolicy};
+use gpuring::internal::spsc;
+use gpuring::{
+    Descriptor, MpmcRing, RingOptions, SpscConsumer, SpscProducer, SpscRing, WaitPolicy,
+};
 use iceoryx2::prelude::BackpressureStrategy;
 
 const DESC: usize = size_of::<Descriptor>();
@@ -208,7 +209,7 @@ fn run_peer(role: &str) {
             let (mut rx, mut tx) = peer_ends::<Descriptor>(&name);
             let mut buf = [Descriptor::default(); BATCH];
             loop {
-                let n = rx.pop_into(&mut buf, None).unwrap();
+                let n = rx.pop_into(&mut buf).unwrap();
                 for d in &buf[..n] {
                     if d.seq == STOP {
                         return;
@@ -266,7 +267,7 @@ fn run_peer(role: &str) {
                     buf[0] = rx.pop().unwrap();
                     1
                 } else {
-                    rx.pop_into(&mut buf, None).unwrap()
+                    rx.pop_into(&mut buf).unwrap()
                 };
                 for d in &buf[..n] {
                     if d.tag == LAST {

@@ -4,31 +4,31 @@
 //!
 //! Liveness is judged by the locks that segment creators and attached endpoints hold on
 //! bytes of the segment's object (open-file-description locks, dropped by the kernel when
-//! the process dies; see `shm` and `named`), not by pids. Pool owners (senders), which
-//! hold no lock of their own beyond their pool segment's creator lock, and segments of
-//! older layouts fall back to the pid (`kill(pid, 0)`), which the kernel may have reused:
-//! there a "dead" verdict is reliable and an "alive" one a best guess.
+//! the process dies; see `liveness`), not by pids. Pool owners (senders), which hold no
+//! lock of their own beyond their pool segment's creator lock, and segments of older
+//! layouts fall back to the pid ([`crate::liveness::process_state`]), which the kernel may
+//! have reused: there a "dead" verdict is reliable and an "alive" one a best guess.
 
 use std::time::{Duration, SystemTime};
 
+pub use crate::layout::SegmentKind;
 use crate::layout::{
-    ChannelHeader, ChannelLayout, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, MAGIC,
+    ChannelHeader, ChannelLayout, Corrupted, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, MAGIC,
     PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants, PoolEntry, PoolHeader, PoolLayout,
-    RingControl, RingHeader, SegmentHeader, SegmentKind, SlotRecord, load_bytes,
+    RingControl, RingHeader, SegmentHeader, SlotRecord, load_bytes,
 };
+use crate::liveness::{ProcessState, process_state};
 use crate::shm::{Segment, ShmError};
 use crate::sync::Ordering;
 
-/// Whether process `pid` exists (`None` for pid 0, "nobody", and for values no pid can
-/// take: a pid read from shared memory may be forged, and a negative one would name a
-/// process group).
+/// Whether process `pid` runs, as far as the process table tells (`None` when it cannot:
+/// pid 0, a value no pid can take, as a forged one may be, or no `/proc`). A zombie has
+/// exited.
 pub fn pid_alive(pid: u32) -> Option<bool> {
-    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok().filter(|&p| p > 0)?)?;
-    match rustix::process::test_kill_process(pid) {
-        Ok(()) => Some(true),
-        Err(rustix::io::Errno::SRCH) => Some(false),
-        // EPERM: it exists, under another user.
-        Err(_) => Some(true),
+    match process_state(pid) {
+        ProcessState::Running => Some(true),
+        ProcessState::Exited => Some(false),
+        ProcessState::Unknown => None,
     }
 }
 
@@ -202,7 +202,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
     let h = seg.header();
     // Relaxed: `open_any` synchronised with the creator through `init`.
     let creator_pid = h.creator_pid.load(Ordering::Relaxed);
-    let corrupted = |what| ShmError::Corrupted(crate::ring::Corrupted { what });
+    let corrupted = |what| ShmError::Corrupted(Corrupted { what });
     let mut report = Inspection {
         name: name.to_owned(),
         kind,
@@ -281,7 +281,9 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
             PARTICIPANT_CONSUMER => "consumer",
             _ => "unknown",
         };
-        let alive = seg.byte_held_elsewhere(1 + index as u64)?;
+        let alive = seg
+            .byte_held_elsewhere(1 + index as u64)
+            .map_err(|source| ShmError::Io { op: "fcntl(F_OFD_GETLK)", source })?;
         participants.push(Participant { index, role, pid: value as u32, alive });
     }
     let holder = |pid: u32, role: &str| {
@@ -390,11 +392,9 @@ pub fn clean(dry_run: bool) -> Result<Vec<String>, ShmError> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    /// Found by the scribbler test: a forged pid above `i32::MAX` became a negative pid
-    /// (a process group for `kill`), and tripped a debug assertion in rustix.
     #[test]
-    #[cfg_attr(miri, ignore = "kill(2) is not available under Miri")]
-    fn pid_alive_refuses_pids_that_cannot_exist() {
+    #[cfg_attr(miri, ignore = "/proc is not available under Miri")]
+    fn pid_alive_says_unknown_for_pids_that_cannot_exist() {
         assert_eq!(super::pid_alive(0), None);
         assert_eq!(super::pid_alive(u32::MAX), None);
         assert_eq!(super::pid_alive(1 << 31), None);

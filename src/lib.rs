@@ -1,102 +1,187 @@
 //! # gpuring
 //!
 //! Zero-copy hand-off of GPU tensors and host buffers between processes on one machine.
-//! A lock-free ring in POSIX shared memory carries fixed-size [`Descriptor`]s; the data
-//! stays where it was written. Blocking waits spin, then sleep on a shared futex, and the
-//! fast path makes no syscall while nobody sleeps.
+//! A sender leases a preallocated slot, writes its tensor in place and sends it; a
+//! lock-free ring in POSIX shared memory carries only a fixed-size 384-byte
+//! [`Descriptor`]; the receiver reads the slot in place, and dropping the message returns
+//! it. Blocking waits spin, then sleep on a shared futex, and the fast path makes no
+//! syscall while nobody sleeps.
 //!
 //! ```no_run
-//! use gpuring::{Descriptor, DType, SpscRing, TensorMeta};
+//! use gpuring::{Channel, DType, TensorMeta};
 //!
-//! // Producer process.
-//! let ring = SpscRing::<Descriptor>::create("frames", 1024)?;
-//! let mut tx = ring.producer()?;
-//! let meta = TensorMeta::contiguous(DType::F16, &[3, 224, 224])?;
-//! tx.push(Descriptor::new(0, &meta))?;
+//! // Producer process: a channel whose senders each own 8 slots of 64 MB.
+//! let ch = Channel::builder("frames").capacity(64).slots(8, 64 << 20).create()?;
+//! let tx = ch.sender()?;
+//! let mut lease = tx.acquire()?; // waits while every slot is in use
+//! let meta = TensorMeta::contiguous(DType::F32, &[3, 2160, 2080])?;
+//! lease[..4].copy_from_slice(&1.5f32.to_le_bytes()); // write the tensor in place
+//! tx.send(lease, meta)?; // a descriptor travels, not the bytes
 //!
-//! // Consumer process.
-//! let ring = SpscRing::<Descriptor>::open("frames")?;
-//! let mut rx = ring.consumer()?;
-//! let d = rx.pop()?;
-//! assert_eq!(d.meta()?.shape(), &[3, 224, 224]);
+//! // Consumer process: open (checks owner, mode, size, magic, version) and receive.
+//! let ch = Channel::builder("frames").open()?;
+//! let rx = ch.receiver()?;
+//! let msg = rx.recv()?; // validated against the pool table
+//! assert_eq!(msg.meta().shape(), &[3, 2160, 2080]);
+//! drop(msg); // the slot goes back to the sender's pool
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! GPU tensors (feature `cuda`): `Channel::builder(..).cuda(&ctx)` makes a
+//! `Channel<Cuda>`, whose slots are device memory handed off in stream order
+//! (`Cuda` has an example). [`SpscRing`] and [`MpmcRing`] are the rings under the
+//! channels, usable on their own for any `Pod` element.
+//!
+//! ## The API at a glance
+//!
+//! | what | types |
+//! |---|---|
+//! | channels of slots | [`Channel`], [`ChannelBuilder`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`], [`Host`], `Cuda` |
+//! | rings of `Pod` values | [`SpscRing`], [`MpmcRing`], [`RingOptions`], their producer and consumer ends |
+//! | what travels | [`Descriptor`], [`TensorMeta`], [`DType`] |
+//! | waiting | [`WaitPolicy`], [`LIVENESS_TICK`], [`wait_stats`], [`barrier_mode`] |
+//! | errors | [`ChannelError`], [`AcquireError`], [`SendError`], [`RecvError`]; [`RingError`], [`AttachError`], [`PushError`], [`PopError`], ...; [`ShmError`], [`Corrupted`] |
+//! | tools | [`inspect`] (`inspect`, `list`, `clean`), `cuda` (contexts, counters) |
+//!
+//! Every blocking operation comes in four forms that mean the same on every type:
+//! `try_x` (never waits), `x` (waits as long as it takes), `x_timeout(.., Duration)` and
+//! `x_deadline(.., Instant)`. A wait gives up with a `PeerDead` error once every peer it
+//! waits for has died (noticed within a [`LIVENESS_TICK`]).
+//!
 //! ## Modules, bottom to top
+//!
+//! Private; each imports only the ones above it in this table (`liveness` is asked by the
+//! layers below it and asks none of them).
 //!
 //! | module | what lives there |
 //! |---|---|
-//! | `sync` (private) | the one import of atomics and `UnsafeCell`; loom's under `--cfg loom` |
-//! | [`layout`] | `#[repr(C)]` shared-memory structures and their sizes |
-//! | [`descriptor`] | [`Descriptor`], [`DType`], [`TensorMeta`] |
-//! | [`wait`] | spin → yield → shared futex, with a sleeper count |
-//! | [`ring`] | the SPSC and MPMC algorithms, generic over storage; heap storage |
-//! | [`shm`] | named segments: exclusive create, checked open, unlink |
-//! | [`named`] | [`SpscRing`] / [`MpmcRing`]: rings in named shared memory |
-//! | [`pool`] | slot pools: generation leases over a free-slot ring; the host backend |
-//! | [`cuda`] | the CUDA backend (feature `cuda`): device pools, IPC handles, stream-ordered hand-off |
-//! | [`inspect`] | reading segments from outside: `inspect`, `list`, `clean` (the CLI's) |
-//! | [`channel`] | [`Channel`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`]: zero-copy buffers |
+//! | `sync`, `fault` | the one import of atomics (loom's under `--cfg loom`); crash-test kill points |
+//! | `descriptor` | [`Descriptor`], [`DType`], [`TensorMeta`] |
+//! | `layout` | `#[repr(C)]` shared-memory structures, one file per segment kind; [`Corrupted`] |
+//! | `wait` | spin → yield → shared futex; the one deadline type; the `blocking!` forms |
+//! | `bus_guard` | the SIGBUS guard for segments truncated under us |
+//! | `shm` | named segments: exclusive create, checked open, unlink, byte locks; [`ShmError`] |
+//! | `liveness` | participants and their locks, SPSC roles, the process probe, the tick loop; [`AttachError`] |
+//! | `ring` | the SPSC and MPMC algorithms over any storage; slices; MPMC repair; rings placed in segments |
+//! | `named` | [`SpscRing`] / [`MpmcRing`] and their endpoints; [`RingError`] |
+//! | `pool` | the lease protocol, pools in shared memory, device pools; [`AcquireError`], [`CudaError`] |
+//! | `channel` | [`Channel`], builder, pool table, senders, receivers, the GPU backend; channel errors |
+//! | [`inspect`] | reading segments from outside, for tools |
 //!
 //! ## Safety
 //!
 //! Shared memory is writable by every process that maps it, so gpuring treats it as
 //! untrusted input: every position, stamp, size and descriptor field read from it is read
 //! once into a local and checked before use, and cell indices are masked with the capacity
-//! this process validated at attach. A bad value is an error ([`ring::Corrupted`],
-//! [`ShmError`], [`MetaError`]), never an out-of-bounds access. Elements are
-//! [`bytemuck::Pod`], valid for any bytes. Segments are created 0600 and `open` refuses one
-//! of another owner or mode.
+//! this process validated at attach. A bad value is an error ([`Corrupted`] inside
+//! [`PopError`], [`RecvError`], ...; [`ShmError`] at open), never an out-of-bounds access.
+//! Elements are [`bytemuck::Pod`], valid for any bytes. Segments are created 0600 and
+//! `open` refuses one of another owner or mode.
 //!
 //! Slot bytes are handed out as `&mut [u8]` ([`Lease`]) and `&[u8]` ([`Message`]) while
 //! the lease protocol makes this process the slot's only legitimate user. A hostile process
 //! that maps the pool can still write them meanwhile; it can garble the bytes it was
-//! given, not reach outside the mapping.
-//!
-//! One limit remains (see `docs/RELIABILITY.md` once written): a segment truncated by a
-//! hostile process after we mapped it raises `SIGBUS` on access.
+//! given, not reach outside the mapping. A segment truncated by another process after we
+//! mapped it reads as zeros past its new end, and blocked endpoints report it as
+//! [`Corrupted`] (docs/RELIABILITY.md lists what is covered and what is not).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+// Loom builds only the algorithms (its atomics cannot live in a mapping): what serves the
+// shared-memory layers alone is unused there.
+#![cfg_attr(loom, allow(dead_code, unused_imports, unused_macros))]
 
 #[cfg(not(loom))]
 mod bus_guard;
+mod descriptor;
 mod fault;
+mod layout;
+mod liveness;
+mod pool;
+mod ring;
 mod sync;
-
-pub mod descriptor;
-pub mod layout;
-pub mod pool;
-pub mod ring;
-pub mod wait;
+mod wait;
 
 #[cfg(not(loom))]
-pub mod channel;
-pub mod cuda;
+mod channel;
 #[cfg(not(loom))]
 pub mod inspect;
 #[cfg(not(loom))]
-pub mod named;
+mod named;
 #[cfg(not(loom))]
-pub mod shm;
+mod shm;
+
+pub use descriptor::{DType, Descriptor, DlDataType, MAX_DIMS, MetaError, TensorMeta};
+pub use layout::{
+    Corrupted, MAX_CAPACITY, MAX_PARTICIPANTS, MAX_POOLS as MAX_SENDERS, MAX_SLOT_SIZE, MAX_SLOTS,
+};
+pub use liveness::{AttachError, LIVENESS_TICK, Role};
+pub use pool::{AcquireError, CudaError};
+pub use ring::{PopError, PushError, TryPopError, TryPushError};
+pub use wait::{BarrierMode, WaitPolicy, WaitStats, barrier_mode, wait_stats};
 
 #[cfg(not(loom))]
 pub use channel::{
-    Channel, ChannelBuilder, Flavor, Lease, Message, PoolInfo, PoolState, Receiver, RecvError,
-    SendError, Sender,
+    Backend, Channel, ChannelBuilder, ChannelError, Flavor, Host, Lease, MAX_CHANNEL_NAME, Message,
+    PoolInfo, PoolState, Receiver, RecvError, SendError, Sender,
 };
 #[cfg(all(feature = "cuda", not(loom)))]
-pub use channel::{DeviceView, GpuLease, GpuMessage};
-pub use cuda::CudaError;
-pub use descriptor::{DType, Descriptor, MetaError, TensorMeta};
+pub use channel::{Cuda, DeviceView};
 #[cfg(not(loom))]
 pub use named::{
-    MpmcConsumer, MpmcProducer, MpmcRing, RingOptions, SpscConsumer, SpscProducer, SpscRing,
+    MpmcConsumer, MpmcProducer, MpmcRing, RingError, RingOptions, SpscConsumer, SpscProducer,
+    SpscRing,
 };
-pub use pool::AcquireError;
-pub use ring::{Corrupted, PopError, PushError, TryPopError, TryPushError};
 #[cfg(not(loom))]
-pub use shm::{Role, ShmError};
-pub use wait::{BarrierMode, WaitPolicy, WaitStats, barrier_mode, wait_stats};
+pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};
+
+/// CUDA helpers (feature `cuda`): a context for a device, whether a driver is present, and
+/// the count of IPC handles this process has opened. cudarc loads the driver at run time,
+/// so this builds everywhere and says [`CudaError::Unavailable`] where there is no driver.
+///
+/// ```no_run
+/// let ctx = gpuring::cuda::context(0)?; // the primary context of device 0
+/// let stream = ctx.new_stream()?;
+/// # let _ = stream;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(all(feature = "cuda", not(loom)))]
+pub mod cuda {
+    pub use crate::pool::CudaError;
+    pub use crate::pool::cuda::{CudaContext, CudaStream, available, context, ipc_opens};
+}
+
+/// Not API: what the crate's own tests, fuzz targets and benchmarks need of its insides.
+/// No stability promise of any kind.
+#[doc(hidden)]
+pub mod internal {
+    pub use crate::layout::*;
+    pub use crate::liveness::{ProcessState, Unwatched, Watch, process_state};
+    pub use crate::pool::{HeapPool, PoolCore, SlotRef, heap_pool};
+    pub use crate::ring::{Heap, Storage, mpmc, repair, spsc};
+
+    #[cfg(not(loom))]
+    pub use crate::shm::Segment;
+
+    /// The segment an SPSC ring lives in.
+    #[cfg(not(loom))]
+    pub fn ring_segment<T: bytemuck::Pod + Send>(ring: &crate::SpscRing<T>) -> &Segment {
+        ring.segment()
+    }
+
+    /// Pushes a raw descriptor into a channel's ring, bypassing the sender's pool: what
+    /// tests and fuzz targets use to see what receivers do with forged descriptors.
+    ///
+    /// # Errors
+    ///
+    /// As a blocking push.
+    #[cfg(not(loom))]
+    pub fn push_raw<B: crate::Backend>(
+        tx: &crate::Sender<B>,
+        d: crate::Descriptor,
+    ) -> Result<(), crate::PushError<()>> {
+        tx.push_raw(d)
+    }
+}
 
 /// The README's examples, compiled as doctests so that they stay true.
 #[doc = include_str!("../README.md")]

@@ -11,7 +11,12 @@
 //! before a deadline, be of the expected kind, and have exactly the size its header
 //! states.
 //!
-//! This module knows the header, not what follows it.
+//! It also owns the byte locks on a segment's object (open-file-description locks, see
+//! [`Segment::lock_byte`]), the mechanism that [`crate::liveness`] builds on: byte 0 is the
+//! creator's, held for the life of the creating handle.
+//!
+//! This module knows the header, not what follows it: its errors ([`ShmError`]) are about
+//! segments, never about rings, pools or channels.
 
 use std::ffi::CString;
 use std::fmt;
@@ -25,20 +30,10 @@ use rustix::io::Errno;
 use rustix::mm::{MapFlags, ProtFlags};
 use rustix::shm;
 
-use crate::layout::{INIT_READY, LAYOUT_VERSION, MAGIC, SegmentHeader, SegmentKind};
-use crate::ring::Corrupted;
+use crate::layout::{Corrupted, INIT_READY, LAYOUT_VERSION, MAGIC, SegmentHeader, SegmentKind};
 use crate::sync::Ordering;
 
-/// The role an SPSC endpoint claims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The single producer.
-    Producer,
-    /// The single consumer.
-    Consumer,
-}
-
-/// Why a segment could not be created, opened or attached to.
+/// Why a named segment could not be created or opened.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ShmError {
@@ -49,32 +44,6 @@ pub enum ShmError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A capacity that is not a power of two in `1..=2^24` (`2..=2^24` for MPMC rings and
-    /// channels).
-    InvalidCapacity {
-        /// The capacity asked for.
-        capacity: u64,
-    },
-    /// A pool of `slot_count` slots of `slot_size` bytes is out of range (1..=2^20 slots of
-    /// 1 byte..=256 GiB, at most 1 TiB in all).
-    InvalidPool {
-        /// Slots asked for.
-        slot_count: u32,
-        /// Bytes per slot asked for.
-        slot_size: u64,
-    },
-    /// A channel option is out of range.
-    InvalidConfig {
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// Every entry of the channel's pool table is in use (raise `max_senders`).
-    PoolTableFull {
-        /// Entries in the table.
-        max_pools: u32,
-    },
-    /// Setting up a device pool failed, or the channel needs CUDA this process lacks.
-    Cuda(crate::cuda::CudaError),
     /// `create`: a segment of that name exists.
     AlreadyExists {
         /// The segment's name.
@@ -127,13 +96,6 @@ pub enum ShmError {
         /// The raw kind found.
         found: u32,
     },
-    /// The ring holds elements of another size or alignment than the type asked for.
-    ElementMismatch {
-        /// `(size, align)` of the type asked for.
-        expected: (u32, u32),
-        /// `(size, align)` recorded in the ring.
-        found: (u32, u32),
-    },
     /// The segment's creator died without removing it (its liveness lock is gone): a
     /// stale segment. `open` refuses it unless asked to adopt it; `create` can replace it.
     OwnerDead {
@@ -141,18 +103,6 @@ pub enum ShmError {
         name: String,
         /// The pid the creator recorded (diagnostic only: pids are reused).
         creator_pid: u32,
-    },
-    /// Every entry of the ring's participant table is held by a live endpoint.
-    TooManyParticipants {
-        /// Entries in the table.
-        max: u32,
-    },
-    /// Another endpoint holds this SPSC role.
-    RoleTaken {
-        /// The role asked for.
-        role: Role,
-        /// The pid recorded by the holder (diagnostic only).
-        holder_pid: u32,
     },
     /// A value in the segment is impossible.
     Corrupted(Corrupted),
@@ -171,24 +121,6 @@ impl fmt::Display for ShmError {
             ShmError::InvalidName { name, reason } => {
                 write!(f, "invalid shared-memory name {name:?}: {reason}")
             }
-            ShmError::InvalidCapacity { capacity } => {
-                write!(
-                    f,
-                    "capacity {capacity} is not a power of two in 1..=16777216 (2.. for MPMC)"
-                )
-            }
-            ShmError::InvalidPool { slot_count, slot_size } => write!(
-                f,
-                "a pool of {slot_count} slots of {slot_size} bytes is out of range \
-                 (1..=1048576 slots of 1 byte..=256 GiB, at most 1 TiB in all)"
-            ),
-            ShmError::InvalidConfig { reason } => write!(f, "invalid channel option: {reason}"),
-            ShmError::PoolTableFull { max_pools } => write!(
-                f,
-                "all {max_pools} pool table entries are in use (raise max_senders, or wait \
-                 for messages of departed senders to drain)"
-            ),
-            ShmError::Cuda(e) => e.fmt(f),
             ShmError::AlreadyExists { name } => write!(f, "segment {name} already exists"),
             ShmError::NotFound { name } => write!(f, "segment {name} does not exist"),
             ShmError::PermissionDenied { name, reason } => {
@@ -210,22 +142,11 @@ impl fmt::Display for ShmError {
             ShmError::KindMismatch { expected, found } => {
                 write!(f, "segment holds kind {found}, expected {expected:?}")
             }
-            ShmError::ElementMismatch { expected, found } => write!(
-                f,
-                "ring elements are {} bytes aligned to {}, the type asked for is {} aligned to {}",
-                found.0, found.1, expected.0, expected.1
-            ),
             ShmError::OwnerDead { name, creator_pid } => write!(
                 f,
                 "segment {name} is stale: its creator (pid {creator_pid}) died without removing \
                  it (open it with `allow_dead_owner`, or create it with `replace_stale`)"
             ),
-            ShmError::TooManyParticipants { max } => {
-                write!(f, "all {max} participant entries of the ring are held by live endpoints")
-            }
-            ShmError::RoleTaken { role, holder_pid } => {
-                write!(f, "the {role:?} role is held (by pid {holder_pid})")
-            }
             ShmError::Corrupted(c) => c.fmt(f),
             ShmError::Io { op, source } => write!(f, "{op} failed: {source}"),
         }
@@ -282,6 +203,84 @@ pub fn object_name(name: &str) -> Result<CString, ShmError> {
     Ok(CString::new(format!("/{bare}")).expect("checked: no NUL"))
 }
 
+/// How long `open` waits for a creator to finish initialising, by default.
+pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How a named segment is created and opened: the options every builder of a named object
+/// (rings, channels) shares, with their setters written once by [`segment_options!`].
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentOptions {
+    /// The object name (a leading `/` is optional).
+    pub(crate) name: String,
+    /// How long `open` waits for the creator to finish initialising.
+    pub(crate) open_timeout: Duration,
+    /// `create`: replace a segment of this name whose creator is dead.
+    pub(crate) replace_stale: bool,
+    /// `open`: attach to a segment whose creator is dead.
+    pub(crate) allow_dead_owner: bool,
+}
+
+impl SegmentOptions {
+    pub(crate) fn new(name: String) -> Self {
+        Self {
+            name,
+            open_timeout: DEFAULT_OPEN_TIMEOUT,
+            replace_stale: false,
+            allow_dead_owner: false,
+        }
+    }
+
+    /// Creates the segment (see [`Segment::create`]).
+    pub(crate) fn create<E: From<ShmError>>(
+        &self,
+        kind: SegmentKind,
+        size: usize,
+        init: impl FnOnce(&Segment) -> Result<(), E>,
+    ) -> Result<Segment, E> {
+        Segment::create(&self.name, kind, size, self.replace_stale, init)
+    }
+
+    /// Opens the segment, which must hold one of `kinds`, and refuses one whose creator is
+    /// dead unless `allow_dead_owner` says otherwise.
+    pub(crate) fn open(&self, kinds: &[SegmentKind]) -> Result<(Segment, SegmentKind), ShmError> {
+        let (segment, kind) = Segment::open_checked(&self.name, kinds, self.open_timeout)?;
+        if self.allow_dead_owner {
+            Ok((segment, kind))
+        } else {
+            Ok((segment.require_live_creator()?, kind))
+        }
+    }
+}
+
+/// The setters of [`SegmentOptions`] on a builder with a `segment: SegmentOptions` field.
+macro_rules! segment_options {
+    () => {
+        /// How long `open` waits for the creator to finish initialising the segment
+        /// (default [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)).
+        pub fn open_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+            self.segment.open_timeout = timeout;
+            self
+        }
+
+        /// `create`: replace an object of this name whose creator has died (default: fail
+        /// with [`ShmError::AlreadyExists`](crate::ShmError::AlreadyExists)). A live
+        /// creator's object is never replaced.
+        pub fn replace_stale(mut self, yes: bool) -> Self {
+            self.segment.replace_stale = yes;
+            self
+        }
+
+        /// `open`: attach to an object whose creator has died, e.g. to drain what was sent
+        /// before the crash (default: fail with
+        /// [`ShmError::OwnerDead`](crate::ShmError::OwnerDead)).
+        pub fn allow_dead_owner(mut self, yes: bool) -> Self {
+            self.segment.allow_dead_owner = yes;
+            self
+        }
+    };
+}
+pub(crate) use segment_options;
+
 /// A mapped shared-memory segment.
 ///
 /// The creator's `Segment` unlinks the name when dropped; the mapping itself lives on in
@@ -329,6 +328,10 @@ impl Drop for UnlinkOnError<'_> {
 
 impl Segment {
     /// Creates segment `name` of `size` bytes holding a `kind`, exclusively, mode 0600.
+    /// With `replace_stale`, a segment of that name whose creator is dead (its liveness
+    /// lock gone: killed, or died half-way through creating it) is unlinked and created
+    /// afresh; a live creator's segment, or an object of another user, still gives
+    /// [`ShmError::AlreadyExists`].
     ///
     /// `init` writes the body (the memory is zeroed); the header's `init` word is written
     /// after it returns, with Release, so openers see a finished segment or none.
@@ -338,29 +341,28 @@ impl Segment {
     /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`],
     /// [`ShmError::PermissionDenied`], [`ShmError::Io`], or what `init` returns. On any
     /// error the object is unlinked.
-    pub fn create(
-        name: &str,
-        kind: SegmentKind,
-        size: usize,
-        init: impl FnOnce(&Segment) -> Result<(), ShmError>,
-    ) -> Result<Segment, ShmError> {
-        Self::create_with(name, kind, size, false, init)
-    }
-
-    /// [`create`](Self::create); with `replace_stale`, a segment of that name whose creator
-    /// is dead (its liveness lock gone: killed, or died half-way through creating it) is
-    /// unlinked and created afresh. A live creator's segment, or an object of another
-    /// user, still gives [`ShmError::AlreadyExists`].
-    ///
-    /// # Errors
-    ///
-    /// As [`create`](Self::create).
-    pub fn create_with(
+    pub(crate) fn create<E: From<ShmError>>(
         name: &str,
         kind: SegmentKind,
         size: usize,
         replace_stale: bool,
-        init: impl FnOnce(&Segment) -> Result<(), ShmError>,
+        init: impl FnOnce(&Segment) -> Result<(), E>,
+    ) -> Result<Segment, E> {
+        let segment = Self::create_object(name, kind, size, replace_stale)?;
+        init(&segment)?;
+        // Release: pairs with the Acquire load of `init` in `open`; every write in
+        // `create_object` and in `init` is visible to an opener that sees READY.
+        segment.header().init.store(INIT_READY, Ordering::Release);
+        Ok(segment)
+    }
+
+    /// [`create`](Self::create) up to the body: the object, its creator lock, its size,
+    /// the mapping and the header (all but `init`).
+    fn create_object(
+        name: &str,
+        kind: SegmentKind,
+        size: usize,
+        replace_stale: bool,
     ) -> Result<Segment, ShmError> {
         assert!(size >= size_of::<SegmentHeader>(), "a segment holds at least its header");
         let cname = object_name(name)?;
@@ -401,7 +403,7 @@ impl Segment {
         let segment = Segment { name: cname, base, len: size, fd, owner: true, guard };
 
         let header = segment.header();
-        // Relaxed: nobody may read these before `init` is READY (Release below).
+        // Relaxed: nobody may read these before `init` is READY (Release in `create`).
         header.magic.store(MAGIC, Ordering::Relaxed);
         header.version.store(LAYOUT_VERSION, Ordering::Relaxed);
         header.kind.store(kind as u32, Ordering::Relaxed);
@@ -409,10 +411,6 @@ impl Segment {
         header
             .creator_pid
             .store(rustix::process::getpid().as_raw_nonzero().get() as u32, Ordering::Relaxed);
-        init(&segment)?;
-        // Release: pairs with the Acquire load of `init` in `open`; every write above and in
-        // `init` is visible to an opener that sees READY.
-        header.init.store(INIT_READY, Ordering::Release);
         Ok(segment)
     }
 
@@ -426,7 +424,7 @@ impl Segment {
     /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
     /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`], [`ShmError::Io`].
     pub fn open(name: &str, kind: SegmentKind, timeout: Duration) -> Result<Segment, ShmError> {
-        Self::open_checked(name, Some(kind), timeout).map(|(segment, _)| segment)
+        Self::open_checked(name, &[kind], timeout).map(|(segment, _)| segment)
     }
 
     /// Opens segment `name` whatever gpuring kind it holds (with every other check of
@@ -437,12 +435,14 @@ impl Segment {
     /// As [`open`](Self::open); [`ShmError::Corrupted`] for a kind this version does not
     /// know.
     pub fn open_any(name: &str, timeout: Duration) -> Result<(Segment, SegmentKind), ShmError> {
-        Self::open_checked(name, None, timeout)
+        Self::open_checked(name, &[], timeout)
     }
 
+    /// Opens segment `name`, which must hold one of `kinds` (any kind this version knows
+    /// when `kinds` is empty; [`ShmError::KindMismatch`] names the first otherwise).
     fn open_checked(
         name: &str,
-        kind: Option<SegmentKind>,
+        kinds: &[SegmentKind],
         timeout: Duration,
     ) -> Result<(Segment, SegmentKind), ShmError> {
         let cname = object_name(name)?;
@@ -525,13 +525,15 @@ impl Segment {
             return Err(ShmError::VersionMismatch { expected: LAYOUT_VERSION, found: version });
         }
         let found_kind = header.kind.load(Ordering::Relaxed);
-        let kind = match kind {
-            Some(k) if found_kind != k as u32 => {
-                return Err(ShmError::KindMismatch { expected: k, found: found_kind });
+        let kind = match (SegmentKind::from_raw(found_kind), kinds.first()) {
+            (Some(k), _) if kinds.is_empty() || kinds.contains(&k) => k,
+            (_, Some(&expected)) => {
+                return Err(ShmError::KindMismatch { expected, found: found_kind });
             }
-            Some(k) => k,
-            None => SegmentKind::from_raw(found_kind)
-                .ok_or(ShmError::Corrupted(Corrupted { what: "unknown segment kind" }))?,
+            (None, None) => {
+                return Err(ShmError::Corrupted(Corrupted { what: "unknown segment kind" }));
+            }
+            (Some(_), None) => unreachable!("an empty list accepts every known kind"),
         };
         let total = header.total_size.load(Ordering::Relaxed);
         let now = rustix::fs::fstat(&segment.fd).map_err(io_err("fstat"))?.st_size as u64;
@@ -594,8 +596,8 @@ impl Segment {
     /// Takes the liveness lock on `byte` of the object for this handle; `false` if another
     /// open file description holds it. Locks taken through this handle never conflict with
     /// each other: callers keep track of which bytes they hold.
-    pub(crate) fn lock_byte(&self, byte: u64) -> Result<bool, ShmError> {
-        lock_byte(self.fd.as_fd(), byte).map_err(io_err("fcntl(F_OFD_SETLK)"))
+    pub(crate) fn lock_byte(&self, byte: u64) -> io::Result<bool> {
+        lock_byte(self.fd.as_fd(), byte).map_err(io::Error::from)
     }
 
     /// Gives up the liveness lock on `byte`.
@@ -607,8 +609,8 @@ impl Segment {
 
     /// Whether another open file description (another handle, here or in another process)
     /// holds the liveness lock on `byte`.
-    pub(crate) fn byte_held_elsewhere(&self, byte: u64) -> Result<bool, ShmError> {
-        held_elsewhere(self.fd.as_fd(), byte).map_err(io_err("fcntl(F_OFD_GETLK)"))
+    pub(crate) fn byte_held_elsewhere(&self, byte: u64) -> io::Result<bool> {
+        held_elsewhere(self.fd.as_fd(), byte).map_err(io::Error::from)
     }
 
     /// The segment header.
@@ -803,15 +805,18 @@ mod tests {
     fn create_that_fails_half_way_leaves_nothing() {
         let name = format!("gpuring-unit-halfway-{}", std::process::id());
         let path = format!("/dev/shm/{name}");
-        let r = Segment::create(&name, SegmentKind::SpscRing, 4096, |seg| {
+        let failed = Corrupted { what: "a body that cannot be written" };
+        let r = Segment::create(&name, SegmentKind::SpscRing, 4096, false, |seg| {
             assert!(std::fs::metadata(&path).is_ok(), "the object exists while initialising");
             assert_eq!(seg.header().init.load(Ordering::Relaxed), 0, "not yet published");
-            Err(ShmError::InvalidCapacity { capacity: 0 })
+            Err(ShmError::Corrupted(failed))
         });
-        assert!(matches!(r, Err(ShmError::InvalidCapacity { capacity: 0 })));
+        assert!(matches!(r, Err(ShmError::Corrupted(c)) if c == failed));
         assert!(std::fs::metadata(&path).is_err(), "a failed create unlinks its object");
         // The name is free again.
-        let seg = Segment::create(&name, SegmentKind::SpscRing, 4096, |_| Ok(())).unwrap();
+        let seg =
+            Segment::create(&name, SegmentKind::SpscRing, 4096, false, |_| Ok::<_, ShmError>(()))
+                .unwrap();
         assert_eq!(seg.header().init.load(Ordering::Acquire), INIT_READY);
         drop(seg);
         assert!(std::fs::metadata(&path).is_err(), "the owner unlinks on drop");

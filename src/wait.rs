@@ -31,6 +31,10 @@
 //! The futex is shared (never `FUTEX_PRIVATE_FLAG`): the word lives in a `MAP_SHARED`
 //! mapping that other processes map at other addresses.
 //!
+//! Every blocking call of the crate is written against one [`Deadline`] (at once, never,
+//! or an instant), and its public forms (`x`, `x_timeout`, `x_deadline`) are made from that
+//! one entry point by the [`blocking!`] macro, so that they mean the same on every type.
+//!
 //! This module knows nothing about rings: it takes a closure that tries the operation.
 
 use std::time::{Duration, Instant};
@@ -133,13 +137,132 @@ pub fn wait_stats() -> WaitStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TimedOut;
 
+/// When a blocking call gives up: the one deadline type under every blocking call.
+///
+/// `try_x` is `x` with [`Deadline::Now`] (one attempt, no clock read), `x` waits with
+/// [`Deadline::Never`], `x_timeout(t)` with [`Deadline::after`]`(t)` and `x_deadline(i)`
+/// with [`Deadline::At`]`(i)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// Do not wait: one attempt.
+    Now,
+    /// Wait as long as it takes.
+    Never,
+    /// Give up at this instant.
+    At(Instant),
+}
+
+impl Deadline {
+    /// `timeout` from now (a timeout too long to represent never passes).
+    pub(crate) fn after(timeout: Duration) -> Self {
+        Instant::now().checked_add(timeout).map_or(Deadline::Never, Deadline::At)
+    }
+
+    /// Whether the deadline has passed (reads the clock for `At` only).
+    pub(crate) fn passed(self) -> bool {
+        match self {
+            Deadline::Now => true,
+            Deadline::Never => false,
+            Deadline::At(at) => Instant::now() >= at,
+        }
+    }
+
+    /// Time left: `None` for no deadline, `Some(ZERO)` once it has passed.
+    pub(crate) fn remaining(self) -> Option<Duration> {
+        match self {
+            Deadline::Now => Some(Duration::ZERO),
+            Deadline::Never => None,
+            Deadline::At(at) => Some(at.saturating_duration_since(Instant::now())),
+        }
+    }
+
+    /// The earlier of this deadline and `tick` from now.
+    pub(crate) fn or_within(self, tick: Duration) -> Self {
+        let soon = Deadline::after(tick);
+        match (self, soon) {
+            (Deadline::At(a), Deadline::At(b)) => Deadline::At(a.min(b)),
+            (Deadline::Now, _) => Deadline::Now,
+            (Deadline::Never, _) => soon,
+            (at, Deadline::Never | Deadline::Now) => at,
+        }
+    }
+}
+
+/// Writes the three blocking forms of an operation from its deadline form `$until` (a
+/// method of `self`, or of one of its fields: `inner.push_until`, taking the operation's
+/// arguments and a `Deadline`): `$name` waits as long as it takes, `$timeout`
+/// gives up after a `Duration`, `$deadline` at an `Instant`. The operation's own summary
+/// and `# Errors` text go in; each form adds how long it waits. One macro for every
+/// blocking call, so that the forms mean the same on every type.
+macro_rules! blocking {
+    (
+        $(#[doc = $doc:expr])*
+        errors { $(#[doc = $err:expr])* }
+        $vis:vis fn $name:ident, $timeout:ident, $deadline:ident
+            (&mut $self:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty => $($until:ident).+;
+    ) => {
+        $crate::wait::blocking!(@emit $self [&mut $self] [$(#[doc = $doc])*] [$(#[doc = $err])*]
+            $vis $name $timeout $deadline ($($arg: $ty),*) $ret, [$($until).+]);
+    };
+    (
+        $(#[doc = $doc:expr])*
+        errors { $(#[doc = $err:expr])* }
+        $vis:vis fn $name:ident, $timeout:ident, $deadline:ident
+            (&$self:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty => $($until:ident).+;
+    ) => {
+        $crate::wait::blocking!(@emit $self [&$self] [$(#[doc = $doc])*] [$(#[doc = $err])*]
+            $vis $name $timeout $deadline ($($arg: $ty),*) $ret, [$($until).+]);
+    };
+    (@emit $self:ident [$($recv:tt)*] [$($doc:tt)*] [$($err:tt)*] $vis:vis $name:ident
+        $timeout:ident $deadline:ident ($($arg:ident: $ty:ty),*) $ret:ty, [$($until:tt)+]) => {
+        $($doc)*
+        ///
+        /// Waits as long as it takes; the
+        #[doc = concat!("[`", stringify!($timeout), "`](Self::", stringify!($timeout), ")")]
+        /// and
+        #[doc = concat!("[`", stringify!($deadline), "`](Self::", stringify!($deadline), ")")]
+        /// forms give up in time.
+        ///
+        /// # Errors
+        ///
+        $($err)*
+        /// Never `Timeout`.
+        $vis fn $name($($recv)* $(, $arg: $ty)*) -> $ret {
+            $self.$($until)+($($arg,)* $crate::wait::Deadline::Never)
+        }
+
+        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), giving up once `timeout` has passed.")]
+        ///
+        /// # Errors
+        ///
+        /// `Timeout` once `timeout` has passed (carrying back what the call was given,
+        /// where it takes something), or as
+        #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
+        $vis fn $timeout($($recv)* $(, $arg: $ty)*, timeout: ::std::time::Duration) -> $ret {
+            $self.$($until)+($($arg,)* $crate::wait::Deadline::after(timeout))
+        }
+
+        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), giving up at `deadline`: one deadline for several calls.")]
+        ///
+        /// # Errors
+        ///
+        /// `Timeout` once `deadline` has passed (carrying back what the call was given,
+        /// where it takes something), or as
+        #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
+        $vis fn $deadline($($recv)* $(, $arg: $ty)*, deadline: ::std::time::Instant) -> $ret {
+            $self.$($until)+($($arg,)* $crate::wait::Deadline::At(deadline))
+        }
+    };
+}
+pub(crate) use blocking;
+
 /// How the two halves of the wake-up handshake are ordered in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BarrierMode {
     /// Publishers use a compiler fence; sleepers call `membarrier(GLOBAL_EXPEDITED)`.
     Asymmetric,
     /// `membarrier` is not available: `SeqCst` fences on both sides, and sleepers re-check
-    /// every [`DEGRADED_RECHECK`].
+    /// every millisecond (`DEGRADED_RECHECK`).
     Symmetric,
 }
 
@@ -241,16 +364,19 @@ fn wake_all(word: &WaitWord) {
 }
 
 /// Runs `attempt` until it returns `Some`, spinning, yielding and then sleeping on `word`
-/// as `policy` says, until `deadline` (none: forever).
+/// as `policy` says, until `deadline`.
 ///
 /// `attempt` must be the whole check: after a wake-up it is simply called again, so
 /// spurious wake-ups and `EINTR` are harmless.
 pub(crate) fn wait_until<R>(
     word: &WaitWord,
     policy: WaitPolicy,
-    deadline: Option<Instant>,
+    deadline: Deadline,
     mut attempt: impl FnMut() -> Option<R>,
 ) -> Result<R, TimedOut> {
+    if deadline == Deadline::Now {
+        return attempt().ok_or(TimedOut);
+    }
     let mut spins = 0u32;
     loop {
         if let Some(r) = attempt() {
@@ -262,7 +388,7 @@ pub(crate) fn wait_until<R>(
         spins += 1;
         std::hint::spin_loop();
         // Never-sleep policies still honour the deadline, checked now and then.
-        if spins % 1024 == 0 && past(deadline) {
+        if spins % 1024 == 0 && deadline.passed() {
             return Err(TimedOut);
         }
     }
@@ -281,7 +407,7 @@ pub(crate) fn wait_until<R>(
         let epoch = word.epoch.load(Ordering::Acquire);
         let outcome = match attempt() {
             Some(r) => Some(Ok(r)),
-            None => match remaining(deadline) {
+            None => match deadline.remaining() {
                 Some(Duration::ZERO) => Some(Err(TimedOut)),
                 left => {
                     let left = if bounded {
@@ -307,15 +433,6 @@ pub(crate) fn wait_until<R>(
             return Ok(r);
         }
     }
-}
-
-fn past(deadline: Option<Instant>) -> bool {
-    deadline.is_some_and(|d| Instant::now() >= d)
-}
-
-/// Time left before `deadline`: `None` for no deadline, `Some(ZERO)` when it has passed.
-fn remaining(deadline: Option<Instant>) -> Option<Duration> {
-    deadline.map(|d| d.saturating_duration_since(Instant::now()))
 }
 
 #[cfg(all(not(loom), not(miri)))]
@@ -389,7 +506,7 @@ mod tests {
         let r: Result<(), _> = wait_until(
             &word,
             WaitPolicy::SLEEP,
-            Some(Instant::now() + Duration::from_millis(20)),
+            Deadline::after(Duration::from_millis(20)),
             || None,
         );
         assert_eq!(r, Err(TimedOut));
@@ -402,7 +519,7 @@ mod tests {
         let r: Result<(), _> = wait_until(
             &word,
             WaitPolicy::spin_then_sleep(u32::MAX, 0),
-            Some(Instant::now() + Duration::from_millis(5)),
+            Deadline::after(Duration::from_millis(5)),
             || None,
         );
         assert_eq!(r, Err(TimedOut));
@@ -414,7 +531,9 @@ mod tests {
         let flag = Arc::new(AtomicBool::new(false));
         let (w, f) = (word.clone(), flag.clone());
         let sleeper = std::thread::spawn(move || {
-            wait_until(&w, WaitPolicy::SLEEP, None, || f.load(Ordering::Acquire).then_some(()))
+            wait_until(&w, WaitPolicy::SLEEP, Deadline::Never, || {
+                f.load(Ordering::Acquire).then_some(())
+            })
         });
         // Wait until the sleeper registered, so the wake must go through the futex.
         while word.sleepers() == 0 {

@@ -9,8 +9,10 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::time::Duration;
 
 use common::unique_name;
-use gpuring::layout::{LAYOUT_VERSION, RingLayout, SegmentKind};
-use gpuring::{Descriptor, MpmcRing, RingOptions, Role, ShmError, SpscRing};
+use gpuring::internal::{LAYOUT_VERSION, RingLayout, SegmentKind, ring_segment};
+use gpuring::{
+    AttachError, Descriptor, MpmcRing, RingError, RingOptions, Role, ShmError, SpscRing,
+};
 
 fn path(name: &str) -> String {
     format!("/dev/shm/{name}")
@@ -31,21 +33,30 @@ fn created_segment_is_private_and_exclusive() {
     assert_eq!(meta.len(), layout.total_size as u64);
     assert!(matches!(
         SpscRing::<Descriptor>::create(&name, 64),
-        Err(ShmError::AlreadyExists { .. })
+        Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
     drop(ring);
     assert!(fs::metadata(path(&name)).is_err(), "the owner unlinks on drop");
-    assert!(matches!(SpscRing::<Descriptor>::open(&name), Err(ShmError::NotFound { .. })));
+    assert!(matches!(
+        SpscRing::<Descriptor>::open(&name),
+        Err(RingError::Segment(ShmError::NotFound { .. }))
+    ));
 }
 
 #[test]
 fn bad_arguments() {
-    assert!(matches!(SpscRing::<u64>::create("a/b", 8), Err(ShmError::InvalidName { .. })));
-    assert!(matches!(SpscRing::<u64>::create("", 8), Err(ShmError::InvalidName { .. })));
+    assert!(matches!(
+        SpscRing::<u64>::create("a/b", 8),
+        Err(RingError::Segment(ShmError::InvalidName { .. }))
+    ));
+    assert!(matches!(
+        SpscRing::<u64>::create("", 8),
+        Err(RingError::Segment(ShmError::InvalidName { .. }))
+    ));
     let name = unique_name("cap");
     assert!(matches!(
         SpscRing::<u64>::create(&name, 12),
-        Err(ShmError::InvalidCapacity { capacity: 12 })
+        Err(RingError::InvalidCapacity { capacity: 12 })
     ));
     assert!(fs::metadata(path(&name)).is_err(), "a failed create leaves nothing behind");
 }
@@ -58,7 +69,7 @@ fn wrong_size_is_size_mismatch() {
     let f = OpenOptions::new().write(true).open(path(&name)).unwrap();
     f.set_len(expected + 4096).unwrap();
     match SpscRing::<Descriptor>::open(&name) {
-        Err(ShmError::SizeMismatch { expected: e, found }) => {
+        Err(RingError::Segment(ShmError::SizeMismatch { expected: e, found })) => {
             assert_eq!((e, found), (expected, expected + 4096))
         }
         other => panic!("expected SizeMismatch, got {other:?}"),
@@ -72,12 +83,12 @@ fn bad_magic_and_wrong_version() {
     poke(&name, 8, &(LAYOUT_VERSION + 1).to_le_bytes());
     assert!(matches!(
         SpscRing::<Descriptor>::open(&name),
-        Err(ShmError::VersionMismatch { expected: LAYOUT_VERSION, found }) if found == LAYOUT_VERSION + 1
+        Err(RingError::Segment(ShmError::VersionMismatch { expected: LAYOUT_VERSION, found })) if found == LAYOUT_VERSION + 1
     ));
     poke(&name, 0, b"NOTOURS!");
     assert!(matches!(
         SpscRing::<Descriptor>::open(&name),
-        Err(ShmError::BadMagic { found }) if found == u64::from_le_bytes(*b"NOTOURS!")
+        Err(RingError::Segment(ShmError::BadMagic { found })) if found == u64::from_le_bytes(*b"NOTOURS!")
     ));
 }
 
@@ -87,7 +98,7 @@ fn mode_0644_is_refused() {
     let _ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
     fs::set_permissions(path(&name), fs::Permissions::from_mode(0o644)).unwrap();
     match SpscRing::<Descriptor>::open(&name) {
-        Err(ShmError::PermissionDenied { reason, .. }) => {
+        Err(RingError::Segment(ShmError::PermissionDenied { reason, .. })) => {
             assert!(reason.contains("0644"), "{reason}")
         }
         other => panic!("expected PermissionDenied, got {other:?}"),
@@ -101,12 +112,18 @@ fn a_pre_created_foreign_object_is_refused_not_adopted() {
     f.set_len(4096).unwrap();
     // All zeros: the header never becomes ready.
     let r = RingOptions::new(&name).open_timeout(Duration::from_millis(30)).open_spsc::<u64>();
-    assert!(matches!(r, Err(ShmError::NotInitialized { .. })), "{r:?}");
+    assert!(matches!(r, Err(RingError::Segment(ShmError::NotInitialized { .. }))), "{r:?}");
     // Someone else's data.
     f.write_all_at(&[0xAB; 64], 0).unwrap();
-    assert!(matches!(SpscRing::<u64>::open(&name), Err(ShmError::BadMagic { .. })));
+    assert!(matches!(
+        SpscRing::<u64>::open(&name),
+        Err(RingError::Segment(ShmError::BadMagic { .. }))
+    ));
     // `create` will not take it over either.
-    assert!(matches!(SpscRing::<u64>::create(&name, 8), Err(ShmError::AlreadyExists { .. })));
+    assert!(matches!(
+        SpscRing::<u64>::create(&name, 8),
+        Err(RingError::Segment(ShmError::AlreadyExists { .. }))
+    ));
     fs::remove_file(path(&name)).unwrap();
 }
 
@@ -116,11 +133,14 @@ fn kind_and_element_type_must_match() {
     let _ring = SpscRing::<u64>::create(&name, 8).unwrap();
     assert!(matches!(
         MpmcRing::<u64>::open(&name),
-        Err(ShmError::KindMismatch { expected: SegmentKind::MpmcRing, found: 1 })
+        Err(RingError::Segment(ShmError::KindMismatch {
+            expected: SegmentKind::MpmcRing,
+            found: 1
+        }))
     ));
     assert!(matches!(
         SpscRing::<u32>::open(&name),
-        Err(ShmError::ElementMismatch { expected: (4, 4), found: (8, 8) })
+        Err(RingError::ElementMismatch { expected: (4, 4), found: (8, 8) })
     ));
 }
 
@@ -129,9 +149,12 @@ fn forged_capacity_is_corrupted() {
     let name = unique_name("capforge");
     let _ring = SpscRing::<u64>::create(&name, 8).unwrap();
     poke(&name, 128, &3u64.to_le_bytes());
-    assert!(matches!(SpscRing::<u64>::open(&name), Err(ShmError::Corrupted(_))));
+    assert!(matches!(SpscRing::<u64>::open(&name), Err(RingError::Corrupted(_))));
     poke(&name, 128, &16u64.to_le_bytes());
-    assert!(matches!(SpscRing::<u64>::open(&name), Err(ShmError::SizeMismatch { .. })));
+    assert!(matches!(
+        SpscRing::<u64>::open(&name),
+        Err(RingError::Segment(ShmError::SizeMismatch { .. }))
+    ));
 }
 
 #[test]
@@ -142,7 +165,7 @@ fn scribbled_head_is_corrupted_and_roles_are_exclusive() {
         let mut tx = ring.producer().unwrap();
         assert!(matches!(
             ring.producer(),
-            Err(ShmError::RoleTaken { role: Role::Producer, holder_pid }) if holder_pid == std::process::id()
+            Err(AttachError::RoleTaken { role: Role::Producer, holder_pid }) if holder_pid == std::process::id()
         ));
         tx.try_push(Descriptor::default()).unwrap();
     }
@@ -155,8 +178,8 @@ fn scribbled_head_is_corrupted_and_roles_are_exclusive() {
     let layout = RingLayout::new(64, size_of::<Descriptor>()).unwrap();
     let head_offset = (layout.control + 128) as u64;
     poke(&name, head_offset, &0xdead_beef_dead_beef_u64.to_le_bytes());
-    assert!(matches!(peer.consumer(), Err(ShmError::Corrupted(_))));
-    assert!(matches!(ring.producer(), Err(ShmError::Corrupted(_))));
+    assert!(matches!(peer.consumer(), Err(AttachError::Corrupted(_))));
+    assert!(matches!(ring.producer(), Err(AttachError::Corrupted(_))));
     // A failed attach gives the role back.
     poke(&name, head_offset, &1u64.to_le_bytes());
     assert!(peer.consumer().is_ok());
@@ -177,7 +200,7 @@ fn a_segment_truncated_under_us_is_corrupted_not_a_crash() {
     for v in 1..=3000 {
         tx.try_push(v).unwrap();
     }
-    assert!(!ring.segment().truncated());
+    assert!(!ring_segment(&ring).truncated());
     // The hostile truncation (made from this process: to the kernel it is the same).
     let keep = 8192;
     OpenOptions::new().write(true).open(path(&name)).unwrap().set_len(keep).unwrap();
@@ -198,7 +221,7 @@ fn a_segment_truncated_under_us_is_corrupted_not_a_crash() {
     // private zero page, so only we see it).
     tx.try_push(7).unwrap();
     assert_eq!(rx.try_pop(), Ok(7));
-    assert!(ring.segment().truncated());
+    assert!(ring_segment(&ring).truncated());
     match rx.pop_timeout(Duration::from_secs(2)) {
         Err(PopError::Corrupted(c)) => assert!(c.what.contains("truncated"), "{c}"),
         other => panic!("expected Corrupted, got {other:?}"),

@@ -8,9 +8,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{ring_name, role, spawn, unique_name, wait_all, wait_for};
+use gpuring::internal::push_raw;
 use gpuring::{
-    AcquireError, Channel, DType, Descriptor, Flavor, PoolState, RecvError, SendError, ShmError,
-    TensorMeta, WaitPolicy,
+    AcquireError, AttachError, Channel, ChannelError, DType, Descriptor, Flavor, PoolState,
+    RecvError, SendError, ShmError, TensorMeta, WaitPolicy,
 };
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -116,9 +117,15 @@ fn leases_back_pressure_and_errors() {
     let name = unique_name("ch-err");
     let ch = Channel::builder(&name).capacity(1).slots(2, 64).create().unwrap();
     let tx = ch.sender().unwrap();
-    assert!(matches!(ch.sender(), Err(ShmError::RoleTaken { .. })), "one SPSC sender");
+    assert!(
+        matches!(ch.sender(), Err(ChannelError::Attach(AttachError::RoleTaken { .. }))),
+        "one SPSC sender"
+    );
     let rx = ch.receiver().unwrap();
-    assert!(matches!(ch.receiver(), Err(ShmError::RoleTaken { .. })), "one SPSC receiver");
+    assert!(
+        matches!(ch.receiver(), Err(ChannelError::Attach(AttachError::RoleTaken { .. }))),
+        "one SPSC receiver"
+    );
 
     let a = tx.try_acquire().unwrap();
     let b = tx.try_acquire().unwrap();
@@ -158,38 +165,47 @@ fn builder_and_open_checks() {
     let name = unique_name("ch-open");
     assert!(matches!(
         Channel::builder(&name).slots(0, 64).create(),
-        Err(ShmError::InvalidPool { slot_count: 0, .. })
+        Err(ChannelError::InvalidPool { slot_count: 0, .. })
     ));
     assert!(matches!(
         Channel::builder(&name).capacity(3).create(),
-        Err(ShmError::InvalidCapacity { capacity: 3 })
+        Err(ChannelError::InvalidCapacity { capacity: 3 })
     ));
     assert!(matches!(
         Channel::builder(&name).max_senders(0).create(),
-        Err(ShmError::InvalidConfig { .. })
+        Err(ChannelError::InvalidConfig { .. })
     ));
     assert!(matches!(
         Channel::builder("x".repeat(201)).create(),
-        Err(ShmError::InvalidName { .. })
+        Err(ChannelError::Segment(ShmError::InvalidName { .. }))
     ));
-    assert!(matches!(Channel::builder(&name).open(), Err(ShmError::NotFound { .. })));
+    assert!(matches!(
+        Channel::builder(&name).open(),
+        Err(ChannelError::Segment(ShmError::NotFound { .. }))
+    ));
 
     let ch = Channel::builder(&name).mpmc().capacity(8).slots(3, 100).max_senders(2).create();
     let ch = ch.unwrap();
     let opened = Channel::builder(&name).open().unwrap();
     assert_eq!(opened.flavor(), Flavor::Mpmc, "open finds the flavor");
     assert_eq!((opened.capacity(), opened.slots(), opened.max_senders()), (8, (3, 100), 2));
-    assert!(matches!(Channel::builder(&name).spsc().open(), Err(ShmError::KindMismatch { .. })));
+    assert!(matches!(
+        Channel::builder(&name).spsc().open(),
+        Err(ChannelError::Segment(ShmError::KindMismatch { .. }))
+    ));
 
     // A plain ring is not a channel.
     let ring_name = unique_name("ch-ring");
     let _ring = gpuring::SpscRing::<Descriptor>::create(&ring_name, 4).unwrap();
-    assert!(matches!(Channel::builder(&ring_name).open(), Err(ShmError::KindMismatch { .. })));
+    assert!(matches!(
+        Channel::builder(&ring_name).open(),
+        Err(ChannelError::Segment(ShmError::KindMismatch { .. }))
+    ));
 
     // Pool table: two senders fit, a third does not.
     let s1 = ch.sender().unwrap();
     let _s2 = opened.sender().unwrap();
-    assert!(matches!(ch.sender(), Err(ShmError::PoolTableFull { max_pools: 2 })));
+    assert!(matches!(ch.sender(), Err(ChannelError::PoolTableFull { max_pools: 2 })));
     // A departed sender with nothing in flight frees its entry for a newcomer.
     drop(s1);
     let s3 = ch.sender().unwrap();
@@ -238,7 +254,7 @@ fn forged_descriptors_are_rejected_and_the_pool_is_untouched() {
         (forge(&|d| d.device_ordinal = 0), "descriptor names a device, the pool is host memory"),
     ];
     for (d, what) in &cases {
-        tx.push_raw(*d).unwrap();
+        push_raw(&tx, *d).unwrap();
         match rx.try_recv() {
             Err(RecvError::Corrupted(c)) => assert_eq!(c.what, *what, "{d:?}"),
             other => panic!("forged {d:?} gave {other:?}, expected Corrupted({what})"),
@@ -250,7 +266,7 @@ fn forged_descriptors_are_rejected_and_the_pool_is_untouched() {
     drop(real);
     assert_eq!(tx.free_slots(), 4);
     // A slot returned cannot be returned again by replaying its descriptor.
-    tx.push_raw(good).unwrap();
+    push_raw(&tx, good).unwrap();
     assert!(matches!(rx.try_recv(), Err(RecvError::Corrupted(_))));
     assert_eq!(tx.free_slots(), 4);
     let mut lease = tx.acquire().unwrap();

@@ -396,7 +396,7 @@ fn mpmc_slice_consumer_killed_holding_a_run() {
         let rx = ring.consumer().unwrap();
         let mut buf = [0u64; 8];
         loop {
-            let n = rx.pop_into(&mut buf, None).unwrap();
+            let n = rx.pop_into(&mut buf).unwrap();
             announce(&format!("popped {n}"));
         }
     }
@@ -412,13 +412,13 @@ fn mpmc_slice_consumer_killed_holding_a_run() {
         let died = killed_at_point(&mut victim, "pop_after_claim");
         assert_eq!(tx.try_push_slice(&[4]), Ok(0), "the dead consumer holds every cell");
         let mut buf = [0u64; 8];
-        let wait = Some(Duration::from_secs(5));
+        let wait = Duration::from_secs(5);
         let got = if single {
             // One element per `pop`: the first comes at a tick, the rest of the run at once
             // after it (the handle remembers that it is adopting), not a tick each.
             (0..4).map(|_| rx.pop_timeout(Duration::from_secs(5)).unwrap()).collect()
         } else {
-            let n = rx.pop_into(&mut buf, wait).unwrap();
+            let n = rx.pop_into_timeout(&mut buf, wait).unwrap();
             buf[..n].to_vec()
         };
         let how = if single { "pop, one at a time" } else { "pop_into" };
@@ -472,7 +472,7 @@ fn reused_entry_of_a_dead_claimant_settles_its_cell() {
             Ok(5),
             "{role}: all {dead_cells} dead cells settled when the entry was taken: no wait"
         );
-        assert!(matches!(ring.producer(), Err(gpuring::ShmError::TooManyParticipants { .. })));
+        assert!(matches!(ring.producer(), Err(gpuring::AttachError::TooManyParticipants { .. })));
         drop((held, reuser));
     }
 }
@@ -576,7 +576,7 @@ fn entry_of_a_dead_consumer_waits_for_the_adoption() {
     assert!(victim.expect("fault").starts_with("pop_after_claim "));
     victim.killed();
     assert!(
-        matches!(ring.producer(), Err(gpuring::ShmError::TooManyParticipants { .. })),
+        matches!(ring.producer(), Err(gpuring::AttachError::TooManyParticipants { .. })),
         "the dead consumer's entry is kept while its element waits"
     );
     assert_eq!(rx.pop_timeout(Duration::from_secs(5)), Ok(41), "adopted");

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
-use gpuring::{AcquireError, Channel, CudaError, RecvError, ShmError, TensorMeta};
+use gpuring::{Channel, ChannelError, Cuda, CudaError, Message, TensorMeta};
 
 /// Counts the calling thread's allocations only: the other tests of this binary run on
 /// other threads at the same time.
@@ -92,27 +92,28 @@ fn cuda_absent_is_a_typed_error() {
     }
 }
 
+/// Host and GPU ends cannot mix: a host call on a GPU end does not compile (the backend is
+/// a type; see the `compile_fail` example on `gpuring::Backend`), and opening a channel
+/// with the other backend's builder is refused at `open`, saying why.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
-fn host_and_gpu_calls_do_not_mix() {
+fn host_and_gpu_channels_do_not_mix() {
     let (ctx, stream) = setup();
     let name = unique_name("gpu-mix");
     let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
     let tx = ch.sender().unwrap();
-    let rx = ch.receiver().unwrap();
-    assert_eq!(tx.acquire().unwrap_err(), AcquireError::Cuda(CudaError::WrongBackend));
-    assert!(matches!(rx.try_recv(), Err(RecvError::Cuda(CudaError::WrongBackend))));
     let lease = tx.acquire_on(&stream).unwrap();
     assert_eq!((lease.capacity(), lease.device_ptr() % 256), (4096, 0));
     drop(lease);
     assert_eq!(tx.free_slots(), 2);
-    // Opened without a context: the channel opens, its endpoints say why they cannot.
-    let plain = Channel::builder(&name).open().unwrap();
-    assert!(matches!(plain.receiver(), Err(ShmError::Cuda(CudaError::NoContext))));
-    // And a host channel refuses the GPU calls.
-    let host = Channel::builder(unique_name("gpu-host")).slots(1, 64).create().unwrap();
-    let htx = host.sender().unwrap();
-    assert_eq!(htx.acquire_on(&stream).unwrap_err(), AcquireError::Cuda(CudaError::WrongBackend));
+    // Opened without a context: refused at open, not at the first call.
+    let wrong = |e| matches!(e, Err(ChannelError::WrongBackend { channel: "cuda", asked: "host" }));
+    assert!(wrong(Channel::builder(&name).open().map(drop)));
+    // And a host channel opened as a GPU one.
+    let host_name = unique_name("gpu-host");
+    let _host = Channel::builder(&host_name).slots(1, 64).create().unwrap();
+    let opened = Channel::builder(&host_name).cuda(&ctx).open().map(drop);
+    assert!(matches!(opened, Err(ChannelError::WrongBackend { channel: "host", asked: "cuda" })));
 }
 
 /// 100,000 messages: the producer writes seq-dependent words into each slot with
@@ -129,7 +130,7 @@ fn gpu_100k_messages_between_processes() {
         let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
         let rx = ch.receiver().unwrap();
         let mut words = [0u32; 1];
-        let check = |m: &gpuring::GpuMessage, seq: u64, words: &mut [u32; 1]| {
+        let check = |m: &Message<Cuda>, seq: u64, words: &mut [u32; 1]| {
             assert_eq!((m.seq(), m.len()), (seq, BYTES));
             for at in [0, WORDS - 1] {
                 read_words(m.device_ptr() + at as u64 * 4, words, &stream);
@@ -169,7 +170,7 @@ fn gpu_100k_messages_between_processes() {
     let send = |seq: u64| {
         let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
         memset(lease.device_ptr(), value(seq), WORDS, &stream);
-        tx.send_gpu_timeout(lease, meta, LIMIT).unwrap();
+        tx.send_timeout(lease, meta, LIMIT).unwrap();
     };
     send(0);
     let allocs = allocations();
@@ -227,7 +228,7 @@ fn gpu_receiver_reads_after_a_slow_write() {
             memset(lease.device_ptr(), pass, WORDS, &stream);
         }
         memset(lease.device_ptr(), value(seq), WORDS, &stream);
-        tx.send_gpu_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
+        tx.send_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
     }
     wait_all(&mut peer, WATCHDOG);
 }
@@ -285,7 +286,7 @@ fn gpu_slot_reuse_waits_for_the_receivers_reads() {
     for round in 0..ROUNDS {
         let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
         memset(lease.device_ptr(), value(round), WORDS, &stream);
-        tx.send_gpu_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
+        tx.send_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
         // The next round's lease: its overwrite is what the receiver must not see.
     }
     // A last lease and overwrite, so the final round has a write to race with.
@@ -337,7 +338,7 @@ fn gpu_receiver_on_the_last_device() {
     for seq in 0..N {
         let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
         memset(lease.device_ptr(), value(seq), 1024, &stream);
-        tx.send_gpu_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
+        tx.send_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
     }
     wait_all(&mut peer, WATCHDOG);
 }
@@ -365,7 +366,7 @@ fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
     for seq in 0..2 {
         let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
         memset(lease.device_ptr(), value(seq), 1024, &stream);
-        tx.send_gpu_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
+        tx.send_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
     }
     peer.expect("holding");
     assert_eq!(tx.free_slots(), 2);

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::{Peer, announce, assert_noticed, die, now_ns, ring_name, role, unique_name};
 use gpuring::{
-    Channel, Descriptor, PopError, RecvError, RingOptions, SendError, ShmError, SpscRing,
-    TensorMeta,
+    AttachError, Channel, ChannelError, Descriptor, PopError, RecvError, RingError, RingOptions,
+    SendError, ShmError, SpscRing, TensorMeta,
 };
 
 const SENT: u64 = 40;
@@ -197,7 +197,9 @@ fn stale_ring_of_a_killed_creator() {
 
     // `open` refuses the stale segment and says why.
     match SpscRing::<Descriptor>::open(&name) {
-        Err(ShmError::OwnerDead { creator_pid, .. }) => assert_eq!(creator_pid, peer.child.id()),
+        Err(RingError::Segment(ShmError::OwnerDead { creator_pid, .. })) => {
+            assert_eq!(creator_pid, peer.child.id())
+        }
         other => panic!("expected OwnerDead, got {other:?}"),
     }
     // Adopting it drains what was published, then the dead producer is reported.
@@ -211,7 +213,7 @@ fn stale_ring_of_a_killed_creator() {
     assert!(t.elapsed() < Duration::from_millis(100), "noticed in {:?}", t.elapsed());
     // The dead producer's role is taken over; a second live producer is refused.
     let mut tx = ring.producer().expect("the dead holder's role is free to take");
-    assert!(matches!(ring.producer(), Err(ShmError::RoleTaken { .. })));
+    assert!(matches!(ring.producer(), Err(AttachError::RoleTaken { .. })));
     tx.push(Descriptor { seq: 4, ..Default::default() }).unwrap();
     assert_eq!(rx.pop().unwrap().seq, 4);
     drop((tx, rx, ring));
@@ -219,7 +221,7 @@ fn stale_ring_of_a_killed_creator() {
     // `create` does not replace it unless asked to.
     assert!(matches!(
         RingOptions::new(&name).capacity(8).create_spsc::<Descriptor>(),
-        Err(ShmError::AlreadyExists { .. })
+        Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
     let fresh = RingOptions::new(&name)
         .capacity(8)
@@ -231,7 +233,7 @@ fn stale_ring_of_a_killed_creator() {
     // A live creator's segment is never replaced.
     assert!(matches!(
         RingOptions::new(&name).capacity(8).replace_stale(true).create_spsc::<Descriptor>(),
-        Err(ShmError::AlreadyExists { .. })
+        Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
 }
 
@@ -257,17 +259,23 @@ fn pre_created_objects_under_a_channel_name_are_refused_not_adopted() {
         pre_create(&name, len, mode);
         let opened = Channel::builder(&name).open_timeout(Duration::from_millis(50)).open();
         match (tag, opened) {
-            ("mode0644", Err(ShmError::PermissionDenied { reason, .. })) => {
+            ("mode0644", Err(ChannelError::Segment(ShmError::PermissionDenied { reason, .. }))) => {
                 assert!(reason.contains("0644"), "{reason}")
             }
-            ("wrongsize", Err(ShmError::SizeMismatch { found: 100, .. })) => {}
+            (
+                "wrongsize",
+                Err(ChannelError::Segment(ShmError::SizeMismatch { found: 100, .. })),
+            ) => {}
             (_, other) => panic!("{tag}: expected a refusal, got {other:?}"),
         }
         assert!(
-            matches!(Channel::builder(&name).create(), Err(ShmError::AlreadyExists { .. })),
+            matches!(
+                Channel::builder(&name).create(),
+                Err(ChannelError::Segment(ShmError::AlreadyExists { .. }))
+            ),
             "{tag}: create must not adopt the object"
         );
-        gpuring::shm::Segment::unlink(&name).unwrap();
+        gpuring::internal::Segment::unlink(&name).unwrap();
         // What gpuring creates is 0600.
         let ch = Channel::builder(&name).create().unwrap();
         let path = format!("/dev/shm/{name}");

@@ -8,7 +8,8 @@
 use loom::model::Builder;
 use loom::thread;
 
-use gpuring::ring::{TryPopError, TryPushError, mpmc, spsc};
+use gpuring::internal::{mpmc, repair, spsc};
+use gpuring::{TryPopError, TryPushError};
 
 fn builder(default_bound: usize) -> Builder {
     let mut b = Builder::new();
@@ -238,7 +239,7 @@ fn mpmc_full_ring_capacity_2() {
 /// free.
 #[test]
 fn pool_lease_and_return_two_receivers() {
-    use gpuring::pool::{HeapPool, heap_pool};
+    use gpuring::internal::{HeapPool, heap_pool};
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicU64, Ordering};
@@ -319,8 +320,8 @@ fn pool_lease_and_return_two_receivers() {
 /// Heap MPMC storage whose endpoints each have a claim line (as named rings give them), and
 /// a fixed set of endpoints that are "dead": the repair's view of the participant table.
 mod tracked {
-    use gpuring::layout::{Claims, MpmcCell, RingControl};
-    use gpuring::ring::{Heap, Side, Storage};
+    use gpuring::Role;
+    use gpuring::internal::{Claims, Heap, MpmcCell, RingControl, Storage, Watch};
     use loom::sync::Arc;
 
     pub struct Tracked {
@@ -349,20 +350,30 @@ mod tracked {
     // lines are extra state the ring only writes.
     unsafe impl Storage for Tracked {
         type Cell = MpmcCell<u64>;
+        type Watch = Self;
         fn control(&self) -> &RingControl {
             self.heap.control()
         }
         fn cells(&self) -> &[MpmcCell<u64>] {
             self.heap.cells()
         }
+        fn watch(&self) -> &Self {
+            self
+        }
+    }
+
+    /// The repair's view of the participant table: a claim line per endpoint, and which of
+    /// them are dead.
+    impl Watch for Tracked {
+        const WATCHES: bool = true;
         fn claims(&self) -> Option<&Claims> {
             Some(&self.lines[self.me])
         }
-        fn claimant_dead(&self, side: Side, pos: u64) -> bool {
+        fn claimant_dead(&self, role: Role, pos: u64) -> bool {
             (0..3).any(|i| {
-                let word = match side {
-                    Side::Producers => &self.lines[i].push,
-                    Side::Consumers => &self.lines[i].pop,
+                let word = match role {
+                    Role::Producer => &self.lines[i].push,
+                    Role::Consumer => &self.lines[i].pop,
                 };
                 self.dead & (1 << i) != 0
                     && Claims::names(word.load(loom::sync::atomic::Ordering::Relaxed), pos)
@@ -372,11 +383,11 @@ mod tracked {
 
     /// What an endpoint of line `line` leaves when it dies right after winning `side`'s
     /// next position: the CAS won and recorded, the cell untouched.
-    pub fn die_after_claim(storage: &Tracked, line: usize, side: Side) {
+    pub fn die_after_claim(storage: &Tracked, line: usize, role: Role) {
         use loom::sync::atomic::Ordering::Relaxed;
-        let (counter, word) = match side {
-            Side::Producers => (&storage.control().tail, &storage.lines[line].push),
-            Side::Consumers => (&storage.control().head, &storage.lines[line].pop),
+        let (counter, word) = match role {
+            Role::Producer => (&storage.control().tail, &storage.lines[line].push),
+            Role::Consumer => (&storage.control().head, &storage.lines[line].pop),
         };
         let pos = counter.load(Relaxed);
         counter.store(pos + 1, Relaxed);
@@ -390,11 +401,11 @@ mod tracked {
 /// and the ring works on the next lap.
 #[test]
 fn mpmc_dead_producer_claim_is_skipped() {
-    use gpuring::ring::Side;
+    use gpuring::Role;
     use tracked::{Tracked, die_after_claim};
     builder(2).check(|| {
         let ring = Tracked::new(4, 0b001);
-        die_after_claim(&ring, 0, Side::Producers);
+        die_after_claim(&ring, 0, Role::Producer);
         let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
         let producer = thread::spawn(move || {
@@ -404,7 +415,7 @@ fn mpmc_dead_producer_claim_is_skipped() {
         });
         let repairer = {
             let ring = ring.endpoint(2);
-            thread::spawn(move || mpmc::repair(&ring) > 0)
+            thread::spawn(move || repair(&ring) > 0)
         };
         let consumer = thread::spawn(move || {
             let mut got = Vec::new();
@@ -437,7 +448,7 @@ fn mpmc_dead_producer_claim_is_skipped() {
 /// is lost or duplicated.
 #[test]
 fn mpmc_dead_consumers_element_is_adopted() {
-    use gpuring::ring::Side;
+    use gpuring::Role;
     use tracked::{Tracked, die_after_claim};
     builder(2).check(|| {
         let ring = Tracked::new(2, 0b001);
@@ -445,7 +456,7 @@ fn mpmc_dead_consumers_element_is_adopted() {
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
         tx.try_push(1).unwrap();
         tx.try_push(2).unwrap();
-        die_after_claim(&ring, 0, Side::Consumers);
+        die_after_claim(&ring, 0, Role::Consumer);
         let producer = thread::spawn(move || {
             let mut item = 3;
             loop {

@@ -63,7 +63,7 @@ fuzz_target!(|data: &[u8]| {
         _ => {
             // `inspect` waits up to 100 ms for an unfinished segment: only ask it about
             // ones whose init word says finished, so the run stays fast.
-            if body.get(28..32) == Some(&gpuring::layout::INIT_READY.to_le_bytes()[..]) {
+            if body.get(28..32) == Some(&gpuring::internal::INIT_READY.to_le_bytes()[..]) {
                 let _ = gpuring::inspect::inspect(&name);
             }
         }

@@ -10,8 +10,8 @@
 
 use std::collections::VecDeque;
 
-use gpuring::ring::{Corrupted, mpmc, spsc};
-use gpuring::{TryPopError, TryPushError};
+use gpuring::internal::{mpmc, spsc};
+use gpuring::{Corrupted, TryPopError, TryPushError};
 use libfuzzer_sys::fuzz_target;
 
 /// One ring's operations, as closures over its two ends.

@@ -1,343 +1,278 @@
-//! GPU channels: leases and messages of device slots, handed off in stream order.
+//! GPU channels (feature `cuda`): the [`Cuda`] backend, leases and messages of device
+//! slots, handed off in stream order.
 //!
 //! ```text
 //! sender:   acquire_on(&s1)  -> s1 waits on the slot's release event
 //!           (kernels on s1 write the slot)
-//!           send_gpu(lease)  -> ready event recorded on s1; descriptor pushed
+//!           send(lease)      -> ready event recorded on s1; descriptor pushed
 //! receiver: recv_on(&s2)     -> descriptor checked; s2 waits on the ready event
 //!           (kernels on s2 read the slot)
 //!           drop(message)    -> release event recorded on s2; slot back in the pool
 //! ```
 //!
 //! Nothing here synchronises a stream or a context: every wait is enqueued on a stream, so
-//! the CPU never blocks for GPU work.
+//! the CPU never blocks for GPU work. The device pools themselves (allocation, events,
+//! their export and import) live in `pool/cuda.rs`.
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::Duration;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, sys};
 
-use super::{
-    AcquireError, CachedPool, Checked, Leased, Receiver, RecvError, SendError, Sender, Shared,
-    SlotHold, SlotLease, Wait, corrupt, received_accessors,
-};
-use crate::cuda::{CudaError, CudaStream, DevicePool, ImportedPool};
-use crate::descriptor::{Descriptor, TensorMeta};
-use crate::layout::BACKEND_CUDA;
-use crate::pool::PoolSegment;
+use super::backend::process_exited;
+use super::backend::sealed::Backend;
+use super::error::{ChannelError, RecvError};
+use super::receiver::Taken;
+use super::{ChannelBuilder, Host, Lease, Message, Receiver, Sender};
+use crate::descriptor::Descriptor;
+use crate::layout::{BACKEND_CUDA, Corrupted, PoolLayout};
+use crate::pool::cuda::{CudaContext, CudaStream, DevicePool, ImportedPool};
+use crate::pool::{AcquireError, CudaError, PoolSegment};
+use crate::wait::{Deadline, blocking};
 
-/// A leased device slot: enqueue writes to [`device_ptr`](Self::device_ptr) on the lease's
-/// stream, then [`Sender::send_gpu`] it. Dropping it unsent returns the slot.
-pub struct GpuLease {
-    inner: SlotLease,
+/// Slots in CUDA device memory: the backend of GPU channels (`Channel<Cuda>`,
+/// `Sender<Cuda>`, ...), made with [`ChannelBuilder::cuda`].
+///
+/// ```no_run
+/// use gpuring::{Channel, Cuda, DType, Sender, TensorMeta, cuda};
+/// let ctx = cuda::context(0)?;
+/// let stream = ctx.new_stream()?;
+/// let ch = Channel::builder("frames").slots(8, 64 << 20).cuda(&ctx).create()?;
+/// let tx: Sender<Cuda> = ch.sender()?;
+/// let lease = tx.acquire_on(&stream)?; // `stream` waits until the last reader is done
+/// // ... enqueue kernels on `stream` that write lease.device_ptr() ...
+/// tx.send(lease, TensorMeta::contiguous(DType::F16, &[4, 1024, 1024])?)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cuda;
+
+/// A device slot a lease holds: the sender's pool, the stream the lease was taken on.
+#[derive(Debug)]
+pub struct DeviceLease {
     device: Arc<DevicePool>,
     stream: Arc<CudaStream>,
     ptr: sys::CUdeviceptr,
-    len: usize,
 }
 
-impl Leased for GpuLease {
-    fn slot_lease(&mut self) -> &mut SlotLease {
-        &mut self.inner
-    }
-    fn capacity(&self) -> usize {
-        self.len
+/// A device slot a message holds. Dropping it records the slot's release event on the
+/// message's stream (after the reads queued there), before the slot goes back.
+#[derive(Debug)]
+pub struct DeviceRead {
+    device: Arc<ImportedPool>,
+    stream: Arc<CudaStream>,
+    ptr: sys::CUdeviceptr,
+    slot: u32,
+}
+
+impl Drop for DeviceRead {
+    fn drop(&mut self) {
+        // The next lease's stream waits on this record, so it writes only after our reads.
+        if self.device.record_release(self.slot, &self.stream).is_err() {
+            // Without the record the slot would be handed back under pending reads: wait
+            // for them instead (a failed driver call; never the normal path).
+            let _ = self.stream.synchronize();
+        }
     }
 }
 
-impl core::fmt::Debug for GpuLease {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("GpuLease")
-            .field("slot", &self.inner.slot.slot)
-            .field("generation", &self.inner.slot.generation)
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("len", &self.len)
-            .finish()
+impl Backend for Cuda {
+    const CODE: u32 = BACKEND_CUDA;
+    const NAME: &'static str = "cuda";
+    type Context = Arc<CudaContext>;
+    type Exported = Arc<DevicePool>;
+    type Imported = Arc<ImportedPool>;
+    type LeaseSlot = DeviceLease;
+    type MessageSlot = DeviceRead;
+
+    fn create_pool(
+        ctx: &Arc<CudaContext>,
+        name: &str,
+        slot_count: u32,
+        slot_size: u64,
+    ) -> Result<(PoolSegment, Arc<DevicePool>), ChannelError> {
+        let stride = PoolLayout::cuda(slot_count, slot_size).expect("checked at create").stride;
+        // The allocation, its events and every IPC handle first: the segment publishes them.
+        let device = DevicePool::create(ctx, slot_count as usize, stride)?;
+        let pool =
+            PoolSegment::create(name, BACKEND_CUDA, slot_count, slot_size, |seg, layout| {
+                device.export_into(seg, layout);
+            })?;
+        Ok((pool, Arc::new(device)))
+    }
+
+    fn retire(device: Arc<DevicePool>, pool: &PoolSegment) {
+        device.retire(pool);
+    }
+
+    fn holder_gone(pid: u32) -> bool {
+        process_exited(pid)
+    }
+
+    fn import(ctx: &Arc<CudaContext>, seg: &PoolSegment) -> Result<Arc<ImportedPool>, RecvError> {
+        ImportedPool::import(ctx, seg).map(Arc::new).map_err(RecvError::Cuda)
+    }
+
+    fn check(device: &Arc<ImportedPool>, d: &Descriptor) -> Result<(), Corrupted> {
+        let what = |what| Err(Corrupted { what });
+        let (mem, ready, uuid) = device.handles(d.slot);
+        if d.device_ordinal < 0 {
+            return what("descriptor names host memory, the pool is on a device");
+        }
+        if d.device_uuid != *uuid {
+            return what("descriptor names another device than its pool");
+        }
+        if d.mem_handle != *mem {
+            return what("descriptor's memory handle does not match its pool");
+        }
+        if d.event_handle != *ready {
+            return what("descriptor's event handle does not match its slot");
+        }
+        Ok(())
+    }
+
+    fn fill(lease: &DeviceLease, slot: u32, d: &mut Descriptor) -> Result<(), CudaError> {
+        lease.device.record_ready(slot, &lease.stream)?;
+        let (uuid, ordinal) = lease.device.device();
+        let (mem, ready) = lease.device.handles(slot);
+        d.device_ordinal = ordinal;
+        d.device_uuid = uuid;
+        d.mem_handle = *mem;
+        d.event_handle = *ready;
+        Ok(())
     }
 }
 
-impl GpuLease {
+impl ChannelBuilder<Host> {
+    /// Slots in device memory on `ctx`'s device (`create`), or the context this process
+    /// uses for the channel's device slots (`open`): the builder of a GPU channel.
+    pub fn cuda(self, ctx: &Arc<CudaContext>) -> ChannelBuilder<Cuda> {
+        let ChannelBuilder {
+            segment, flavor, capacity, slot_count, slot_size, max_senders, ..
+        } = self;
+        ChannelBuilder {
+            segment,
+            flavor,
+            capacity,
+            slot_count,
+            slot_size,
+            max_senders,
+            ctx: ctx.clone(),
+        }
+    }
+}
+
+impl Sender<Cuda> {
+    /// Leases a free device slot if one is free now, and enqueues on `stream` a wait for
+    /// the slot's last release (see [`acquire_on`](Self::acquire_on)).
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Exhausted`], [`AcquireError::Corrupted`]; [`AcquireError::Cuda`]
+    /// when the driver refused the wait.
+    pub fn try_acquire_on(&self, stream: &Arc<CudaStream>) -> Result<Lease<Cuda>, AcquireError> {
+        self.acquire_on_until(stream, Deadline::Now)
+    }
+
+    blocking! {
+        /// Leases a free device slot (waiting, spin then sleep, until one is free) and
+        /// enqueues on `stream` a wait for the slot's last release, so that work queued on
+        /// `stream` after this runs only after the previous holder's reads. Blocks the CPU
+        /// only for a free slot, never for GPU work.
+        errors {
+            /// [`AcquireError::PeerDead`] when every slot is out and every receiver holding
+            /// them has died; [`AcquireError::Corrupted`], [`AcquireError::Cuda`] as for
+            /// `try_acquire_on`.
+        }
+        pub fn acquire_on, acquire_on_timeout, acquire_on_deadline(&self, stream: &Arc<CudaStream>)
+            -> Result<Lease<Cuda>, AcquireError> => acquire_on_until;
+    }
+
+    fn acquire_on_until(
+        &self,
+        stream: &Arc<CudaStream>,
+        deadline: Deadline,
+    ) -> Result<Lease<Cuda>, AcquireError> {
+        let device = self.exported.as_ref().expect("a live sender has its device pool");
+        let slot = self.take_slot(deadline)?;
+        let view = DeviceLease {
+            device: device.clone(),
+            stream: stream.clone(),
+            ptr: device.slot_ptr(slot.slot),
+        };
+        // Made first, so that an error below returns the slot.
+        let lease = Lease::new(self.pool.clone(), slot, view);
+        device.wait_release(slot.slot, stream).map_err(AcquireError::Cuda)?;
+        Ok(lease)
+    }
+}
+
+impl Lease<Cuda> {
     /// The slot's device address (valid for [`capacity`](Self::capacity) bytes).
     pub fn device_ptr(&self) -> sys::CUdeviceptr {
-        self.ptr
-    }
-
-    /// Bytes in the slot.
-    pub fn capacity(&self) -> usize {
-        self.len
+        self.slot.ptr
     }
 
     /// The stream the lease was taken on: write the slot in its order.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
-    /// Slot index in the pool.
-    pub fn slot(&self) -> u32 {
-        self.inner.slot.slot
-    }
-
-    /// This lease's generation of the slot.
-    pub fn generation(&self) -> u32 {
-        self.inner.slot.generation
-    }
-
-    /// Sets the application tag the descriptor will carry.
-    pub fn set_tag(&mut self, tag: u64) {
-        self.inner.tag = tag;
+        &self.slot.stream
     }
 }
 
-impl Sender {
-    /// Leases a free device slot (waiting, spin then sleep, until one is free) and
-    /// enqueues on `stream` a wait for the slot's last release, so that work queued on
-    /// `stream` after this runs only after the previous holder's reads. Blocks the CPU
-    /// only for a free slot, never for GPU work.
+impl Receiver<Cuda> {
+    /// Receives a device message if one is waiting, and enqueues on `stream` a wait for
+    /// the slot's ready event (see [`recv_on`](Self::recv_on)).
     ///
     /// # Errors
     ///
-    /// [`AcquireError::Corrupted`]; [`AcquireError::Cuda`] (`WrongBackend` on a host
-    /// channel, or the driver refused the wait).
-    pub fn acquire_on(&self, stream: &Arc<CudaStream>) -> Result<GpuLease, AcquireError> {
-        self.gpu_lease(stream, Wait::Forever)
+    /// [`RecvError::Empty`], [`RecvError::Corrupted`] (also when the descriptor's memory or
+    /// event handle or device does not match its pool), [`RecvError::Pool`],
+    /// [`RecvError::Cuda`].
+    pub fn try_recv_on(&self, stream: &Arc<CudaStream>) -> Result<Message<Cuda>, RecvError> {
+        self.recv_on_until(stream, Deadline::Now)
     }
 
-    /// As [`acquire_on`](Self::acquire_on), giving up after `timeout`.
-    ///
-    /// # Errors
-    ///
-    /// [`AcquireError::Timeout`], [`AcquireError::Corrupted`], [`AcquireError::Cuda`].
-    pub fn acquire_on_timeout(
+    blocking! {
+        /// Receives a device message, waiting (spin, then sleep) until one arrives, and
+        /// enqueues on `stream` a wait for the slot's ready event: work queued on `stream`
+        /// after this sees the sender's writes. The CPU does not wait for the GPU.
+        errors {
+            /// [`RecvError::PeerDead`] once every sender has died and all they sent was
+            /// received; [`RecvError::Corrupted`], [`RecvError::Pool`], [`RecvError::Cuda`]
+            /// as for `try_recv_on`.
+        }
+        pub fn recv_on, recv_on_timeout, recv_on_deadline(&self, stream: &Arc<CudaStream>)
+            -> Result<Message<Cuda>, RecvError> => recv_on_until;
+    }
+
+    fn recv_on_until(
         &self,
         stream: &Arc<CudaStream>,
-        timeout: Duration,
-    ) -> Result<GpuLease, AcquireError> {
-        self.gpu_lease(stream, Wait::For(timeout))
-    }
-
-    /// As [`acquire_on`](Self::acquire_on), if a slot is free now.
-    ///
-    /// # Errors
-    ///
-    /// [`AcquireError::Exhausted`], [`AcquireError::Corrupted`], [`AcquireError::Cuda`].
-    pub fn try_acquire_on(&self, stream: &Arc<CudaStream>) -> Result<GpuLease, AcquireError> {
-        self.gpu_lease(stream, Wait::No)
-    }
-
-    fn gpu_lease(&self, stream: &Arc<CudaStream>, wait: Wait) -> Result<GpuLease, AcquireError> {
-        let device = self.device.as_ref().ok_or(AcquireError::Cuda(CudaError::WrongBackend))?;
-        let slot = self.take_slot(wait)?;
-        // Made first, so that an error below returns the slot.
-        let inner = SlotLease { pool: Some(self.pool.clone()), slot, tag: 0 };
-        device.wait_release(slot.slot, stream).map_err(AcquireError::Cuda)?;
-        Ok(GpuLease {
-            ptr: device.slot_ptr(slot.slot),
-            len: self.pool.slot_size(),
-            device: device.clone(),
-            stream: stream.clone(),
-            inner,
-        })
-    }
-
-    /// Sends a device slot: records the slot's ready event on the lease's stream (after
-    /// the writes queued there), then publishes the descriptor, which carries the pool's
-    /// memory handle, the slot's ready-event handle and the device's UUID. Waits while
-    /// the ring is full.
-    ///
-    /// # Errors
-    ///
-    /// [`SendError::TooLarge`] (lease back), [`SendError::Corrupted`],
-    /// [`SendError::Cuda`].
-    ///
-    /// # Panics
-    ///
-    /// If `lease` came from another sender.
-    pub fn send_gpu(&self, lease: GpuLease, meta: TensorMeta) -> Result<(), SendError<GpuLease>> {
-        self.send_with(lease, meta, Wait::Forever, fill)
-    }
-
-    /// As [`send_gpu`](Self::send_gpu), giving up after `timeout` with the lease back.
-    ///
-    /// # Errors
-    ///
-    /// [`SendError::Timeout`], [`SendError::TooLarge`], [`SendError::Corrupted`],
-    /// [`SendError::Cuda`].
-    ///
-    /// # Panics
-    ///
-    /// If `lease` came from another sender.
-    pub fn send_gpu_timeout(
-        &self,
-        lease: GpuLease,
-        meta: TensorMeta,
-        timeout: Duration,
-    ) -> Result<(), SendError<GpuLease>> {
-        self.send_with(lease, meta, Wait::For(timeout), fill)
-    }
-}
-
-/// The device part of a descriptor, after recording the ready event.
-fn fill(lease: &GpuLease, d: &mut Descriptor) -> Result<(), CudaError> {
-    let slot = lease.inner.slot.slot;
-    lease.device.record_ready(slot, &lease.stream)?;
-    let (uuid, ordinal) = lease.device.device();
-    let (mem, ready) = lease.device.handles(slot);
-    d.device_ordinal = ordinal;
-    d.device_uuid = uuid;
-    d.mem_handle = *mem;
-    d.event_handle = *ready;
-    Ok(())
-}
-
-/// A sender is leaving: once every slot is back and every recorded release has
-/// completed, the allocation and events may go (with the last lease holding them). If
-/// slots are still out after a while, the pool is leaked instead: a receiver may still
-/// read it, and freeing it under that read would be worse than the leak.
-pub(super) fn retire(pool: &PoolSegment, device: Arc<DevicePool>) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !pool.core.all_free() {
-        if std::time::Instant::now() >= deadline {
-            std::mem::forget(device);
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    if device.synchronize_releases().is_err() {
-        std::mem::forget(device);
-    }
-}
-
-/// Imports a device pool for a receiver (first sight only).
-pub(super) fn import(
-    s: &Shared,
-    seg: &PoolSegment,
-) -> Result<Option<Arc<ImportedPool>>, RecvError> {
-    if s.backend != BACKEND_CUDA {
-        return Ok(None);
-    }
-    let ctx = s.cuda.as_ref().ok_or(RecvError::Cuda(CudaError::NoContext))?;
-    let pool = ImportedPool::open(ctx, seg.cuda_info(), seg.slot_events(), seg.stride())
-        .map_err(RecvError::Cuda)?;
-    Ok(Some(Arc::new(pool)))
-}
-
-impl Receiver {
-    /// Receives a device message, waiting (spin, then sleep) until one arrives, and
-    /// enqueues on `stream` a wait for the slot's ready event: work queued on `stream`
-    /// after this sees the sender's writes. The CPU does not wait for the GPU.
-    ///
-    /// # Errors
-    ///
-    /// [`RecvError::Corrupted`] (also when the descriptor's memory or event handle or
-    /// device does not match its pool), [`RecvError::Attach`], [`RecvError::Cuda`].
-    pub fn recv_on(&self, stream: &Arc<CudaStream>) -> Result<GpuMessage, RecvError> {
-        self.recv_gpu(stream, Wait::Forever)
-    }
-
-    /// As [`recv_on`](Self::recv_on), giving up after `timeout`.
-    ///
-    /// # Errors
-    ///
-    /// [`RecvError::Timeout`], and as [`recv_on`](Self::recv_on).
-    pub fn recv_on_timeout(
-        &self,
-        stream: &Arc<CudaStream>,
-        timeout: Duration,
-    ) -> Result<GpuMessage, RecvError> {
-        self.recv_gpu(stream, Wait::For(timeout))
-    }
-
-    /// As [`recv_on`](Self::recv_on), if a message is waiting.
-    ///
-    /// # Errors
-    ///
-    /// [`RecvError::Empty`], and as [`recv_on`](Self::recv_on).
-    pub fn try_recv_on(&self, stream: &Arc<CudaStream>) -> Result<GpuMessage, RecvError> {
-        self.recv_gpu(stream, Wait::No)
-    }
-
-    fn recv_gpu(&self, stream: &Arc<CudaStream>, wait: Wait) -> Result<GpuMessage, RecvError> {
-        if self.shared.backend != BACKEND_CUDA {
-            return Err(RecvError::Cuda(CudaError::WrongBackend));
-        }
-        let (hold, device, d, meta) = self.take(wait, |d| {
-            let Checked { pool: CachedPool { seg, device, .. }, desc: d, meta } = self.check(d)?;
-            let device = device.expect("device pools are imported with their segment");
-            let (mem, ready, uuid) = device.handles(d.slot);
-            if d.device_ordinal < 0 {
-                return Err(corrupt("descriptor names host memory, the pool is on a device"));
-            }
-            if d.device_uuid != *uuid {
-                return Err(corrupt("descriptor names another device than its pool"));
-            }
-            if d.mem_handle != *mem {
-                return Err(corrupt("descriptor's memory handle does not match its pool"));
-            }
-            if d.event_handle != *ready {
-                return Err(corrupt("descriptor's event handle does not match its slot"));
-            }
-            let held = seg.core.receive(d.slot, d.generation)?;
-            Ok((SlotHold { pool: seg, held }, device, d, meta))
-        })?;
-        let held = hold.held;
-        device.wait_ready(held.slot, stream).map_err(RecvError::Cuda)?;
-        Ok(GpuMessage {
-            ptr: device.slot_ptr(held.slot, d.byte_offset),
+        deadline: Deadline,
+    ) -> Result<Message<Cuda>, RecvError> {
+        let Taken { pool, hold, desc, meta } = self.take(deadline)?;
+        let device = pool.imported;
+        let slot = hold.held.slot;
+        device.wait_ready(slot, stream).map_err(RecvError::Cuda)?;
+        let view = DeviceRead {
+            ptr: device.slot_ptr(slot, desc.byte_offset),
             device,
             stream: stream.clone(),
-            desc: d,
-            meta,
-            hold,
-        })
+            slot,
+        };
+        Ok(Message::new(hold, desc, meta, view))
     }
 }
 
-/// A received device message: metadata and the slot's device address, valid in the order
-/// of the stream it was received on. Dropping it records the slot's release event on that
-/// stream (after the reads queued there) and returns the slot.
-pub struct GpuMessage {
-    device: Arc<ImportedPool>,
-    stream: Arc<CudaStream>,
-    desc: Descriptor,
-    meta: TensorMeta,
-    ptr: sys::CUdeviceptr,
-    hold: SlotHold,
-}
-
-impl core::fmt::Debug for GpuMessage {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("GpuMessage")
-            .field("seq", &self.desc.seq)
-            .field("tag", &self.desc.tag)
-            .field("slot", &self.hold.held.slot)
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("meta", &self.meta)
-            .finish()
-    }
-}
-
-impl GpuMessage {
+impl Message<Cuda> {
     /// The tensor's device address.
     pub fn device_ptr(&self) -> sys::CUdeviceptr {
-        self.ptr
+        self.slot_view().ptr
     }
-
-    /// Bytes of payload.
-    pub fn len(&self) -> usize {
-        self.desc.len as usize
-    }
-
-    /// Whether the payload is empty.
-    pub fn is_empty(&self) -> bool {
-        self.desc.len == 0
-    }
-
-    received_accessors!();
 
     /// The stream the message was received on.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        &self.slot_view().stream
     }
 
     /// The payload as a cudarc slice of `T` on the message's stream, without taking
@@ -349,27 +284,15 @@ impl GpuMessage {
         // SAFETY: `ptr` is valid for `len * size_of::<T>()` bytes (checked against the
         // slot) while this message, which the view borrows, lives; the slice is leaked,
         // never freed, when the view drops.
-        let slice = unsafe { self.stream.upgrade_device_ptr(self.ptr, len) };
+        let slice = unsafe { self.stream().upgrade_device_ptr(self.device_ptr(), len) };
         DeviceView { slice: ManuallyDrop::new(slice), _message: core::marker::PhantomData }
     }
 }
 
-impl Drop for GpuMessage {
-    fn drop(&mut self) {
-        // Before the slot goes back (`hold` drops after this): the next lease's stream
-        // waits on this record, so it writes only after our reads.
-        if self.device.record_release(self.hold.held.slot, &self.stream).is_err() {
-            // Without the record the slot would be handed back under pending reads: wait
-            // for them instead (a failed driver call; never the normal path).
-            let _ = self.stream.synchronize();
-        }
-    }
-}
-
-/// A borrowed cudarc view of a [`GpuMessage`]'s payload; never frees the memory.
+/// A borrowed cudarc view of a GPU [`Message`]'s payload; never frees the memory.
 pub struct DeviceView<'a, T> {
     slice: ManuallyDrop<CudaSlice<T>>,
-    _message: core::marker::PhantomData<&'a GpuMessage>,
+    _message: core::marker::PhantomData<&'a Message<Cuda>>,
 }
 
 impl<T> core::ops::Deref for DeviceView<'_, T> {

@@ -1,4 +1,5 @@
-//! The CUDA backend: device slot pools handed off in stream order (feature `cuda`).
+//! Device pools (feature `cuda`): everything about slots in device memory lives here, the
+//! channel's GPU ends (`channel/gpu.rs`) excepted.
 //!
 //! A device pool is one `cuMemAlloc` allocation (slots `stride` apart, 2 MiB multiples) and,
 //! per slot, two interprocess events created with
@@ -10,8 +11,13 @@
 //! Imported memory is closed with `cuIpcCloseMemHandle`, never freed. No stream or context
 //! is synchronised on the hot path: every wait is enqueued on a stream.
 //!
+//! A sender makes a [`DevicePool`] and writes its handles into the pool segment
+//! ([`DevicePool::export_into`], `layout::CudaPoolInfo` and `layout::SlotEvents`); a
+//! receiver opens them as an [`ImportedPool`] on first sight of the pool
+//! ([`ImportedPool::import`]).
+//!
 //! cudarc is loaded dynamically, so the crate builds and its host paths run on machines
-//! without CUDA; `context` (feature `cuda`) says [`CudaError::Unavailable`] there instead of panicking.
+//! without CUDA; [`context`] says [`CudaError::Unavailable`] there instead of panicking.
 
 /// What went wrong on the CUDA side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,8 +25,6 @@
 pub enum CudaError {
     /// No CUDA driver library on this machine (or it failed to initialise).
     Unavailable,
-    /// This build has no CUDA support (built without the `cuda` feature).
-    NotBuilt,
     /// A driver call failed.
     Driver {
         /// The call.
@@ -36,17 +40,12 @@ pub enum CudaError {
         /// UUID of this context's device.
         this_device: [u8; 16],
     },
-    /// A GPU call on a host channel, or a host call on a GPU channel.
-    WrongBackend,
-    /// A GPU channel was opened without a context: use `ChannelBuilder::cuda(&ctx)`.
-    NoContext,
 }
 
 impl core::fmt::Display for CudaError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             CudaError::Unavailable => f.write_str("no CUDA driver on this machine"),
-            CudaError::NotBuilt => f.write_str("gpuring was built without the `cuda` feature"),
             CudaError::Driver { op, code } => write!(f, "{op} failed: CUDA error {code}"),
             CudaError::DeviceMismatch { pool_device, this_device } => write!(
                 f,
@@ -54,12 +53,6 @@ impl core::fmt::Display for CudaError {
                 hex(pool_device),
                 hex(this_device)
             ),
-            CudaError::WrongBackend => {
-                f.write_str("host call on a GPU channel, or GPU call on a host channel")
-            }
-            CudaError::NoContext => {
-                f.write_str("a GPU channel needs a CUDA context: ChannelBuilder::cuda(&ctx)")
-            }
         }
     }
 }
@@ -82,7 +75,11 @@ mod imp {
     use cudarc::driver::{result, sys};
 
     use super::CudaError;
-    use crate::layout::{CudaPoolInfo, SlotEvents, load_bytes, store_bytes};
+    use crate::layout::{
+        BACKEND_CUDA, CudaPoolInfo, PoolLayout, SlotEvents, load_bytes, store_bytes,
+    };
+    use crate::pool::PoolSegment;
+    use crate::shm::Segment;
     use crate::sync::Ordering;
 
     static IPC_OPENS: AtomicU64 = AtomicU64::new(0);
@@ -148,7 +145,7 @@ mod imp {
 
     /// The exporting side of a device pool: the allocation and the events, owned.
     #[derive(Debug)]
-    pub(crate) struct DevicePool {
+    pub struct DevicePool {
         ctx: Arc<CudaContext>,
         base: sys::CUdeviceptr,
         stride: usize,
@@ -211,20 +208,44 @@ mod imp {
             made.map(|()| pool)
         }
 
-        /// Writes the allocation's handle and device into a pool segment being created.
-        pub(crate) fn export(&self, info: &CudaPoolInfo) {
+        /// Writes the allocation's handle, device and stride, and every slot's event
+        /// handles, into the pool segment `seg` being created with `layout` (from
+        /// `PoolSegment::create`'s `init`; published with the segment's init word).
+        pub(crate) fn export_into(&self, seg: &Segment, layout: &PoolLayout) {
+            // SAFETY: offsets from the device-pool layout that sized the segment (`at`
+            // checks bounds); atomics only; ours alone until published.
+            let info = unsafe { seg.at::<CudaPoolInfo>(layout.cuda_info).as_ref() };
             store_bytes(&info.mem_handle, &self.mem_handle);
             store_bytes(&info.device_uuid, &self.uuid);
             // Relaxed: published with the segment's init word.
             info.device_ordinal.store(self.ctx.ordinal() as u32, Ordering::Relaxed);
             info.stride.store(self.stride as u64, Ordering::Relaxed);
+            for (i, (ready, release)) in self.event_handles.iter().enumerate() {
+                let at = layout.slot_events + i * size_of::<SlotEvents>();
+                // SAFETY: as above; slot `i` < slot_count, inside the events array.
+                let events = unsafe { seg.at::<SlotEvents>(at).as_ref() };
+                store_bytes(&events.ready, ready);
+                store_bytes(&events.release, release);
+            }
         }
 
-        /// Writes slot `slot`'s event handles into a pool segment being created.
-        pub(crate) fn export_slot(&self, slot: usize, events: &SlotEvents) {
-            let (ready, release) = &self.event_handles[slot];
-            store_bytes(&events.ready, ready);
-            store_bytes(&events.release, release);
+        /// The sender is leaving: once every slot of `pool` is back and every recorded
+        /// release has completed, the allocation and events may go (with the last lease
+        /// holding them). If slots are still out after 5 s, the pool is leaked instead: a
+        /// receiver may still read it, and freeing it under that read would be worse than
+        /// the leak.
+        pub(crate) fn retire(self: Arc<Self>, pool: &PoolSegment) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !pool.core.all_free() {
+                if std::time::Instant::now() >= deadline {
+                    std::mem::forget(self);
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if self.synchronize_releases().is_err() {
+                std::mem::forget(self);
+            }
         }
 
         /// The handle bytes a descriptor of `slot` carries: memory, ready event.
@@ -297,7 +318,7 @@ mod imp {
     /// The importing side of a device pool: the allocation and events opened from their
     /// IPC handles, once.
     #[derive(Debug)]
-    pub(crate) struct ImportedPool {
+    pub struct ImportedPool {
         ctx: Arc<CudaContext>,
         base: sys::CUdeviceptr,
         stride: usize,
@@ -314,14 +335,11 @@ mod imp {
     unsafe impl Sync for ImportedPool {}
 
     impl ImportedPool {
-        /// Opens the pool described by `info` and `events` in `ctx`. A pool on another
-        /// device is opened with lazy peer access when the devices can reach each other.
-        pub(crate) fn open(
-            ctx: &Arc<CudaContext>,
-            info: &CudaPoolInfo,
-            events: &[SlotEvents],
-            stride: usize,
-        ) -> Result<Self, CudaError> {
+        /// Opens the device pool whose handles `seg` holds, in `ctx` (a receiver, on first
+        /// sight of the pool). A pool on another device is opened with lazy peer access
+        /// when the devices can reach each other.
+        pub(crate) fn import(ctx: &Arc<CudaContext>, seg: &PoolSegment) -> Result<Self, CudaError> {
+            let (info, events, stride) = (seg.cuda_info(), seg.slot_events(), seg.layout.stride);
             ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
             let mut uuid = [0u8; 16];
             load_bytes(&info.device_uuid, &mut uuid);
@@ -434,6 +452,45 @@ mod imp {
             if self.base != 0 {
                 // SAFETY: a mapping we opened; closed, never freed (the exporter owns it).
                 let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };
+            }
+        }
+    }
+
+    /// The device part of a pool segment.
+    impl PoolSegment {
+        /// Device pools: the allocation's handle and device.
+        ///
+        /// # Panics
+        ///
+        /// On a host pool.
+        pub(crate) fn cuda_info(&self) -> &CudaPoolInfo {
+            assert_eq!(self.backend, BACKEND_CUDA, "a device pool");
+            // SAFETY: offset from the checked device-pool layout; atomics only.
+            unsafe { self.segment.at::<CudaPoolInfo>(self.layout.cuda_info).as_ref() }
+        }
+
+        /// Device pools: every slot's event handles.
+        ///
+        /// # Panics
+        ///
+        /// On a host pool.
+        pub(crate) fn slot_events(&self) -> &[SlotEvents] {
+            assert_eq!(self.backend, BACKEND_CUDA, "a device pool");
+            let first = self.layout.slot_events;
+            // Checks the last record's bounds (and the first's alignment).
+            // SAFETY: `at` checks bounds; atomics only.
+            let _ = unsafe {
+                self.segment.at::<SlotEvents>(
+                    first + (self.layout.slot_count - 1) * size_of::<SlotEvents>(),
+                )
+            };
+            // SAFETY: `slot_count` records from `first` lie inside the mapping (checked just
+            // above), aligned; atomics only, valid for any bytes.
+            unsafe {
+                std::slice::from_raw_parts(
+                    self.segment.at::<SlotEvents>(first).as_ptr(),
+                    self.layout.slot_count,
+                )
             }
         }
     }

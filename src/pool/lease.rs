@@ -21,17 +21,16 @@
 //! only by the one party that holds it, and a descriptor whose generation is stale, or whose
 //! slot is not in flight, is refused without touching the pool.
 //!
-//! [`PoolCore`] is the protocol over any ring storage (heap storage for loom and unit tests).
-//! The host backend puts the records, the free ring and the slots in one shared-memory
-//! segment (see [`PoolLayout`](crate::layout::PoolLayout)); the channel describes it in its
-//! pool table so that receivers can map it.
+//! [`PoolCore`] is the protocol over any ring storage (heap storage for loom and unit
+//! tests); `segment.rs` puts it in shared memory.
 
 use std::ops::Deref;
-use std::time::Duration;
 
-use crate::layout::{MpmcCell, SlotRecord};
-use crate::ring::{Corrupted, Heap, PopError, Storage, TryPopError, mpmc};
+use crate::layout::{Corrupted, MpmcCell, SlotRecord};
+use crate::liveness::Watch;
+use crate::ring::{Heap, PopError, Storage, mpmc};
 use crate::sync::Ordering;
+use crate::wait::Deadline;
 
 const FREE: u32 = 0;
 const LEASED: u32 = 1;
@@ -76,9 +75,9 @@ pub enum AcquireError {
     Timeout,
     /// The pool's shared state is impossible.
     Corrupted(Corrupted),
-    /// Enqueueing the wait for the slot's release failed, or a host call on a GPU channel
-    /// (`WrongBackend`).
-    Cuda(crate::cuda::CudaError),
+    /// Enqueueing the wait for the slot's release on the caller's stream failed (GPU
+    /// channels).
+    Cuda(super::CudaError),
     /// Every slot is in use and every receiver that took slots from this pool has died
     /// (their liveness locks are gone), so none will come back.
     PeerDead,
@@ -169,28 +168,19 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             .all(|r| unpack(r.state.load(Ordering::SeqCst)).1 == FREE)
     }
 
-    /// Leases a free slot without waiting.
+    /// Leases a free slot without waiting (models and tests; channels lease through
+    /// [`lease_until`](Self::lease_until)).
     ///
     /// # Errors
     ///
     /// [`AcquireError::Exhausted`], or [`AcquireError::Corrupted`] when the free ring hands
     /// out a slot index out of range or a slot that is not free.
     pub fn try_lease(&self) -> Result<SlotRef, AcquireError> {
-        self.try_lease_via(&self.free_rx)
-    }
-
-    /// Leases a free slot, waiting (spin, then futex) up to `timeout` (`None`: forever) for
-    /// a receiver to return one.
-    ///
-    /// # Errors
-    ///
-    /// [`AcquireError::Timeout`], [`AcquireError::Corrupted`].
-    pub fn lease(&self, timeout: Option<Duration>) -> Result<SlotRef, AcquireError> {
-        self.lease_via(&self.free_rx, timeout)
+        self.lease_until(&self.free_rx, Deadline::Now, || false)
     }
 
     /// A handle on the free ring's taking side, to lease through with a wait policy of
-    /// its own ([`try_lease_via`](Self::try_lease_via), [`lease_via`](Self::lease_via)).
+    /// its own ([`lease_until`](Self::lease_until)).
     pub fn free_consumer(&self) -> mpmc::Consumer<u32, S>
     where
         S: Clone,
@@ -198,36 +188,25 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         self.free_rx.clone()
     }
 
-    /// [`try_lease`](Self::try_lease) through `free` (from
-    /// [`free_consumer`](Self::free_consumer)).
+    /// Leases a free slot through `free` (from [`free_consumer`](Self::free_consumer)),
+    /// waiting (spin, then futex) until `deadline` for a receiver to return one. At each
+    /// liveness tick of the wait, `tick` may take slots back (the sender's
+    /// [`reclaim_dead`](Self::reclaim_dead)) and says whether it did.
     ///
     /// # Errors
     ///
-    /// As [`try_lease`](Self::try_lease).
-    pub fn try_lease_via(&self, free: &mpmc::Consumer<u32, S>) -> Result<SlotRef, AcquireError> {
-        match free.try_pop() {
-            Ok(slot) => self.lease_popped(slot),
-            Err(TryPopError::Empty) => Err(AcquireError::Exhausted),
-            Err(TryPopError::Corrupted(c)) => Err(AcquireError::Corrupted(c)),
-        }
-    }
-
-    /// [`lease`](Self::lease) through `free` (from [`free_consumer`](Self::free_consumer)).
-    ///
-    /// # Errors
-    ///
-    /// As [`lease`](Self::lease).
-    pub fn lease_via(
+    /// [`AcquireError::Exhausted`] (with [`Deadline::Now`]), [`AcquireError::Timeout`],
+    /// [`AcquireError::PeerDead`] (every slot out, every receiver holding them dead),
+    /// [`AcquireError::Corrupted`].
+    pub(crate) fn lease_until(
         &self,
         free: &mpmc::Consumer<u32, S>,
-        timeout: Option<Duration>,
+        deadline: Deadline,
+        tick: impl FnMut() -> bool,
     ) -> Result<SlotRef, AcquireError> {
-        let popped = match timeout {
-            None => free.pop(),
-            Some(t) => free.pop_timeout(t),
-        };
-        match popped {
+        match free.pop_then_ticking(deadline, |slot| slot, tick) {
             Ok(slot) => self.lease_popped(slot),
+            Err(PopError::Timeout) if deadline == Deadline::Now => Err(AcquireError::Exhausted),
             Err(PopError::Timeout) => Err(AcquireError::Timeout),
             Err(PopError::PeerDead) => Err(AcquireError::PeerDead),
             Err(PopError::Corrupted(c)) => Err(AcquireError::Corrupted(c)),
@@ -326,7 +305,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
                 if unpack(found).1 == HELD
                     && found != mine
                     && holder(found) != 0
-                    && self.free_tx.storage().dead_participant(holder(found) - 1).is_some()
+                    && self.free_rx.storage().watch().entry_dead(holder(found) - 1).is_some()
                     && record
                         .state
                         .compare_exchange(found, mine, Ordering::Relaxed, Ordering::Relaxed)
@@ -347,7 +326,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
 
     /// The HELD state this process's receives record: HELD by our participant entry.
     fn held_state(&self) -> u32 {
-        held_by(self.free_tx.storage().participant().map_or(0, |i| i + 1))
+        held_by(self.free_rx.storage().watch().entry().map_or(0, |i| i + 1))
     }
 
     /// Takes back every slot held by a receiver whose process died (and for which
@@ -364,7 +343,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         exited: impl Fn(u32) -> bool,
         queued: impl Fn(u32, u32) -> bool,
     ) -> u32 {
-        let storage = self.free_tx.storage();
+        let watch = self.free_rx.storage().watch();
         let mut reclaimed = 0;
         for (slot, record) in self.records.iter().enumerate() {
             // Relaxed: the CAS in `give_back` decides; a stale read only skips a slot.
@@ -373,7 +352,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             let h = holder(word);
             if state == HELD
                 && h != 0
-                && storage.dead_participant(h - 1).is_some_and(&exited)
+                && watch.entry_dead(h - 1).is_some_and(&exited)
                 && !queued(slot as u32, generation)
             {
                 let lease = SlotRef { slot: slot as u32, generation };
@@ -383,11 +362,6 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             }
         }
         reclaimed
-    }
-
-    /// Whether every receiver that attached to this pool has died.
-    pub fn receivers_dead(&self) -> bool {
-        self.free_rx.storage().peers_dead(crate::ring::Side::Producers)
     }
 
     fn give_back(&self, lease: SlotRef, from: u32) -> bool {
@@ -408,7 +382,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         {
             return false;
         }
-        match self.free_tx.push(lease.slot) {
+        match self.free_tx.push_until(lease.slot, Deadline::Never) {
             Ok(()) => true,
             // The free ring holds at most `slot_count` entries and has room for all: a full
             // or broken ring is corruption, and the slot cannot be returned.
@@ -419,267 +393,6 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// Threads asleep waiting for a free slot (a diagnostic snapshot).
     pub fn sleepers(&self) -> u32 {
         self.free_rx.storage().control().not_empty.sleepers()
-    }
-}
-
-#[cfg(not(loom))]
-pub(crate) use host::PoolSegment;
-
-#[cfg(not(loom))]
-mod host {
-    use std::ptr::NonNull;
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::{PoolCore, SlotRecord};
-    use crate::layout::{
-        BACKEND_CUDA, BACKEND_HOST, CudaPoolInfo, MpmcCell, PoolHeader, PoolLayout, SegmentKind,
-        SlotEvents,
-    };
-    use crate::named::{RingSegment, ShmStorage};
-    use crate::ring::Corrupted;
-    use crate::shm::{Role, Segment, ShmError};
-    use crate::sync::Ordering;
-
-    /// The slot records of a mapped pool segment.
-    #[derive(Debug)]
-    pub(crate) struct ShmRecords {
-        // Keeps the mapping alive.
-        _segment: Arc<Segment>,
-        ptr: NonNull<SlotRecord>,
-        len: usize,
-    }
-
-    impl std::ops::Deref for ShmRecords {
-        type Target = [SlotRecord];
-        fn deref(&self) -> &[SlotRecord] {
-            // SAFETY: `len` records start at `ptr`, inside the mapping that `segment` keeps
-            // alive (placed by a checked `PoolLayout`); records are atomics, valid for any
-            // bytes.
-            unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-        }
-    }
-
-    // SAFETY: a view of shared memory made only of atomics; nothing ties it to a thread.
-    unsafe impl Send for ShmRecords {}
-    // SAFETY: as above.
-    unsafe impl Sync for ShmRecords {}
-
-    /// A pool's shared-memory segment: records and free ring, then the slots (host
-    /// backend) or the CUDA IPC handles of the allocation and of each slot's events (CUDA
-    /// backend).
-    ///
-    /// The sender creates it; receivers open it. Its name is not unlinked on drop: the
-    /// sender marks it closed, and whoever sees it closed with every slot free (the sender
-    /// itself, or the receiver returning the last slot in flight) unlinks it.
-    #[derive(Debug)]
-    pub(crate) struct PoolSegment {
-        pub(crate) core: PoolCore<ShmRecords, ShmStorage<MpmcCell<u32>>>,
-        segment: Arc<Segment>,
-        layout: PoolLayout,
-        backend: u32,
-        // Host backend only: slot 0's bytes.
-        data: Option<NonNull<u8>>,
-    }
-
-    // SAFETY: `data` points into the mapping `segment` keeps alive; slot bytes are only
-    // handed out under the lease protocol.
-    unsafe impl Send for PoolSegment {}
-    // SAFETY: as above.
-    unsafe impl Sync for PoolSegment {}
-
-    fn kind(backend: u32) -> SegmentKind {
-        if backend == BACKEND_CUDA { SegmentKind::CudaPool } else { SegmentKind::HostPool }
-    }
-
-    impl PoolSegment {
-        /// Creates pool segment `name` for `backend`: `slot_count` free slots of
-        /// `slot_size` bytes. `init` writes the backend's part (CUDA handles) before the
-        /// segment is published.
-        pub(crate) fn create(
-            name: &str,
-            backend: u32,
-            slot_count: u32,
-            slot_size: u64,
-            init: impl FnOnce(&Segment, &PoolLayout) -> Result<(), ShmError>,
-        ) -> Result<Self, ShmError> {
-            let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
-                .ok_or(ShmError::InvalidPool { slot_count, slot_size })?;
-            let n = slot_count as usize;
-            let mut segment = Segment::create(name, kind(backend), layout.total_size, |seg| {
-                // SAFETY: offsets from `layout`, which sized the segment; ours alone until
-                // `create` publishes it.
-                let header = unsafe { seg.at::<PoolHeader>(layout.header).as_ref() };
-                // Relaxed: published by the Release store of `init` in `Segment::create`.
-                header.slot_count.store(slot_count, Ordering::Relaxed);
-                header.backend.store(backend, Ordering::Relaxed);
-                header.slot_size.store(slot_size, Ordering::Relaxed);
-                header.owner_pid.store(std::process::id(), Ordering::Relaxed);
-                // Records are zero (free, generation 0) in a fresh object. The free ring
-                // starts full: cell i holds slot i, written at position i.
-                RingSegment::init_in::<u32, MpmcCell<u32>>(seg, &layout.free_ring, |i| {
-                    if i < n {
-                        MpmcCell::written(i as u64, i as u32)
-                    } else {
-                        MpmcCell::new(i as u64)
-                    }
-                });
-                // SAFETY: as above.
-                let control = unsafe {
-                    seg.at::<crate::layout::RingControl>(layout.free_ring.control).as_ref()
-                };
-                control.tail.store(n as u64, Ordering::Relaxed);
-                init(seg, &layout)
-            })?;
-            segment.keep_name();
-            Self::new(Arc::new(segment), layout, backend, Role::Consumer)
-        }
-
-        /// Opens pool segment `name`, which must hold `slot_count` slots of `slot_size`
-        /// bytes (what the channel's pool table says).
-        pub(crate) fn open(
-            name: &str,
-            backend: u32,
-            slot_count: u32,
-            slot_size: u64,
-            timeout: Duration,
-        ) -> Result<Self, ShmError> {
-            let segment = Segment::open(name, kind(backend), timeout)?;
-            let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
-                .ok_or(ShmError::InvalidPool { slot_count, slot_size })?;
-            if segment.len() != layout.total_size {
-                return Err(ShmError::SizeMismatch {
-                    expected: layout.total_size as u64,
-                    found: segment.len() as u64,
-                });
-            }
-            // SAFETY: inside the mapping (its size equals the layout's); atomics only.
-            let header = unsafe { segment.at::<PoolHeader>(layout.header).as_ref() };
-            // Relaxed: `Segment::open` synchronised with the creator through `init`.
-            let found = (
-                header.slot_count.load(Ordering::Relaxed),
-                header.slot_size.load(Ordering::Relaxed),
-                header.backend.load(Ordering::Relaxed),
-            );
-            if found != (slot_count, slot_size, backend) {
-                return Err(ShmError::Corrupted(Corrupted {
-                    what: "pool header disagrees with the channel's pool table",
-                }));
-            }
-            RingSegment::check_in::<u32>(&segment, &layout.free_ring)?;
-            Self::new(Arc::new(segment), layout, backend, Role::Producer)
-        }
-
-        /// `role` in the free ring: the sender (creator) takes slots out, a receiver
-        /// (opener) puts them back; the participant entry lets a sender that waits for
-        /// slots learn that every receiver holding them has died.
-        fn new(
-            segment: Arc<Segment>,
-            layout: PoolLayout,
-            backend: u32,
-            role: Role,
-        ) -> Result<Self, ShmError> {
-            // SAFETY: offsets from the layout that sized the segment (`at` checks bounds
-            // and alignment).
-            let records = unsafe { segment.at::<SlotRecord>(layout.records) };
-            // SAFETY: as above; host pools end with their slots.
-            let data = (backend == BACKEND_HOST).then(|| unsafe { segment.at::<u8>(layout.data) });
-            let records =
-                ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
-            let ring = RingSegment::view(segment.clone(), layout.free_ring, true);
-            let core = PoolCore::new(records, ring.attached_storage::<MpmcCell<u32>>(role)?)?;
-            Ok(Self { core, segment, layout, backend, data })
-        }
-
-        /// The bytes of slot `slot` (`slot < slot_count`, checked by the caller's lease).
-        ///
-        /// # Panics
-        ///
-        /// On a device pool (its bytes are not here), or a slot out of range.
-        pub(crate) fn slot_ptr(&self, slot: u32) -> NonNull<u8> {
-            assert!((slot as usize) < self.layout.slot_count, "slot index checked by the lease");
-            let data = self.data.expect("host slots live in host pools only");
-            // SAFETY: slot < slot_count, so the slot lies inside the mapping.
-            unsafe { data.add(self.layout.slot_offset(slot as usize) - self.layout.data) }
-        }
-
-        #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-        /// Distance between slots.
-        pub(crate) fn stride(&self) -> usize {
-            self.layout.stride
-        }
-
-        #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-        /// Device pools: the allocation's handle and device.
-        ///
-        /// # Panics
-        ///
-        /// On a host pool.
-        pub(crate) fn cuda_info(&self) -> &CudaPoolInfo {
-            assert_eq!(self.backend, BACKEND_CUDA, "a device pool");
-            // SAFETY: offset from the checked device-pool layout; atomics only.
-            unsafe { self.segment.at::<CudaPoolInfo>(self.layout.cuda_info).as_ref() }
-        }
-
-        #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-        /// Device pools: every slot's event handles.
-        ///
-        /// # Panics
-        ///
-        /// On a host pool.
-        pub(crate) fn slot_events(&self) -> &[SlotEvents] {
-            assert_eq!(self.backend, BACKEND_CUDA, "a device pool");
-            let first = self.layout.slot_events;
-            // Checks the last record's bounds (and the first's alignment).
-            // SAFETY: `at` checks bounds; atomics only.
-            let _ = unsafe {
-                self.segment.at::<SlotEvents>(
-                    first + (self.layout.slot_count - 1) * size_of::<SlotEvents>(),
-                )
-            };
-            // SAFETY: `slot_count` records from `first` lie inside the mapping (checked just
-            // above), aligned; atomics only, valid for any bytes.
-            unsafe {
-                std::slice::from_raw_parts(
-                    self.segment.at::<SlotEvents>(first).as_ptr(),
-                    self.layout.slot_count,
-                )
-            }
-        }
-
-        /// Usable bytes per slot.
-        pub(crate) fn slot_size(&self) -> usize {
-            self.layout.slot_size
-        }
-
-        /// The segment's name.
-        pub(crate) fn name(&self) -> &str {
-            self.segment.name()
-        }
-
-        fn header(&self) -> &PoolHeader {
-            // SAFETY: offset from the checked layout; atomics only.
-            unsafe { self.segment.at::<PoolHeader>(self.layout.header).as_ref() }
-        }
-
-        /// The sender is gone: mark the pool closed, and unlink it if nothing is in flight.
-        pub(crate) fn close(&self) {
-            // SeqCst: pairs with the SeqCst load in `unlink_if_drained` and the SeqCst
-            // slot CAS in `PoolCore::release` (a store-load handshake: of the closer and
-            // the last releaser, at least one sees the pool closed and drained).
-            self.header().closed.store(1, Ordering::SeqCst);
-            self.unlink_if_drained();
-        }
-
-        /// After a release: if the sender is gone and every slot is free, nothing can
-        /// refer to the pool any more, so remove its name.
-        pub(crate) fn unlink_if_drained(&self) {
-            // SeqCst: see `close`.
-            if self.header().closed.load(Ordering::SeqCst) == 1 && self.core.all_free() {
-                // Two parties may both get here; the second unlink finds nothing.
-                let _ = Segment::unlink(self.segment.name());
-            }
-        }
     }
 }
 
@@ -709,7 +422,8 @@ mod tests {
         let a = pool.try_lease().unwrap();
         let b = pool.try_lease().unwrap();
         assert_eq!(pool.try_lease(), Err(AcquireError::Exhausted));
-        assert_eq!(pool.lease(Some(Duration::from_millis(5))), Err(AcquireError::Timeout));
+        let soon = Deadline::after(std::time::Duration::from_millis(5));
+        assert_eq!(pool.lease_until(&pool.free_rx, soon, || false), Err(AcquireError::Timeout));
         pool.cancel(a);
         let c = pool.try_lease().unwrap();
         assert_eq!((c.slot, c.generation), (a.slot, a.generation + 1), "reuse bumps");

@@ -1,0 +1,104 @@
+//! `gpuring bench`: the comparison suite at a quick setting, one table with ratios.
+
+use std::time::Duration;
+
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+
+use crate::demo::{Figures, Transport, gpu_present, host_channel, stream_figures};
+#[cfg(feature = "cuda")]
+use crate::gpu_demo;
+use crate::{Error, bytes, duration};
+
+pub(crate) fn bench(
+    json: bool,
+    sizes: &[u64],
+    samples: Option<&std::path::Path>,
+) -> Result<(), Error> {
+    if let Some(bad) = sizes.iter().find(|&&s| !(8..=1 << 34).contains(&s)) {
+        return Err(format!("--sizes: {bad} is outside 8..=17179869184 bytes").into());
+    }
+    // (payload bytes, messages streamed, ping-pongs): about 200 MB streamed per case, at
+    // least 300 messages.
+    let cases = sizes.iter().map(|&s| {
+        let messages = (200_000_000 / s).clamp(300, 50_000);
+        (s as usize, messages, (messages / 10).clamp(50, 5_000))
+    });
+    let mut rows: Vec<(usize, Figures, f64, f64)> = Vec::new();
+    // `base`: gpuring's (p50, items/s) for the row's payload.
+    let mut push = |size: usize, base: (Duration, f64), f: Figures| {
+        let lat = f.p50.as_secs_f64() / base.0.as_secs_f64();
+        let rate = base.1 / f.per_sec;
+        rows.push((size, f, lat, rate));
+    };
+    for (size, messages, pings) in cases {
+        // The copying paths get about 1 GB per phase.
+        let copied = messages.min((1_000_000_000 / size as u64).max(20));
+        let g = host_channel(messages, size, pings)?;
+        let p = stream_figures(Transport::Pipe, copied, size, pings, false)?;
+        let u = stream_figures(Transport::Unix, copied, size, pings, false)?;
+        let base = (g.p50, g.per_sec);
+        push(size, base, g);
+        push(size, base, p);
+        push(size, base, u);
+    }
+    #[cfg(feature = "cuda")]
+    if gpu_present() {
+        let g = gpu_demo::channel(20_000, 4096, 2_000)?;
+        let p = gpu_demo::pipe(20_000, 4096, 2_000)?;
+        let base = (g.p50, g.per_sec);
+        push(4096, base, g);
+        push(4096, base, p);
+    }
+    if let Some(path) = samples {
+        let mut csv = String::from("payload_bytes,path,one_way_ns\n");
+        for (size, f, _, _) in &rows {
+            for d in &f.samples {
+                csv.push_str(&format!("{size},{},{}\n", f.label, d.as_nanos()));
+            }
+        }
+        std::fs::write(path, csv)?;
+    }
+    if json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|(size, f, lat, rate)| {
+                serde_json::json!({
+                    "payload_bytes": size,
+                    "path": f.label,
+                    "messages": f.messages,
+                    "one_way_p50_ns": f.p50.as_nanos() as u64,
+                    "one_way_p99_ns": f.p99.as_nanos() as u64,
+                    "items_per_sec": f.per_sec,
+                    "p50_over_gpuring_p50": lat,
+                    "gpuring_items_per_sec_over_this": rate,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "payload",
+        "path",
+        "one-way p50",
+        "one-way p99",
+        "items/s",
+        "p50 ÷ gpuring's",
+        "gpuring's items/s ÷ this",
+    ]);
+    for (size, f, lat, rate) in &rows {
+        t.add_row([
+            bytes(*size as u64),
+            f.label.clone(),
+            duration(f.p50),
+            duration(f.p99),
+            format!("{:.0}", f.per_sec),
+            format!("{lat:.2}x"),
+            format!("{rate:.1}x"),
+        ]);
+    }
+    println!("{t}");
+    println!("(one run on this machine; a ratio above 1x means gpuring is ahead on that row)");
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! The demo's GPU path (feature `cuda`): device slots through a GPU channel, against a
+//! pipe that must copy device → host → pipe → host → device.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
+use gpuring::{Channel, TensorMeta, cuda};
+
+use crate::Error;
+use crate::demo::{
+    Figures, STOP, Transport, finish, percentiles, spawn_peer, stream_figures, timed_stream,
+};
+
+fn setup() -> Result<(Arc<CudaContext>, Arc<CudaStream>), Error> {
+    let ctx = cuda::context(0)?;
+    let stream = ctx.new_stream()?;
+    Ok((ctx, stream))
+}
+
+fn memset_word(ptr: sys::CUdeviceptr, v: u32, s: &CudaStream) -> Result<(), Error> {
+    // SAFETY: a live device slot of at least one word, in stream order.
+    unsafe { sys::cuMemsetD32Async(ptr, v, 1, s.cu_stream()) }.result()?;
+    Ok(())
+}
+
+fn read_word(ptr: sys::CUdeviceptr, s: &CudaStream) -> Result<u32, Error> {
+    let mut w = [0u32; 1];
+    // SAFETY: a live device word; `w` outlives the synchronize.
+    unsafe { result::memcpy_dtoh_async(&mut w, ptr, s.cu_stream()) }?;
+    s.synchronize()?;
+    Ok(w[0])
+}
+
+/// GPU channel figures: ping-pong (A writes a word on its stream, B's stream waits,
+/// copies it into its own slot and sends it back, A's stream waits, A reads it back
+/// to the host), then a one-way stream.
+pub(super) fn channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
+    let (ctx, s) = setup()?;
+    let name = format!("gpuring-demo-{}", std::process::id());
+    let make = |suffix: &str, cap: u64, slots: u32| {
+        Channel::builder(format!("{name}-{suffix}"))
+            .capacity(cap)
+            .slots(slots, size as u64)
+            .cuda(&ctx)
+            .create()
+    };
+    let (ab, ba) = (make("ab", 16, 4)?, make("ba", 16, 4)?);
+    let (tx, rx) = (ab.sender()?, ba.receiver()?);
+    let child = spawn_peer("echo-gpu", &name, size, false)?;
+    let meta = TensorMeta::bytes(size as u64);
+    let mut samples = Vec::with_capacity(pings as usize);
+    for seq in 0..=pings {
+        let t = Instant::now();
+        let lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
+        memset_word(lease.device_ptr(), seq as u32, &s)?;
+        tx.send(lease, meta)?;
+        let m = rx.recv_on_timeout(&s, Duration::from_secs(10))?;
+        if read_word(m.device_ptr(), &s)? != seq as u32 {
+            return Err("echo returned the wrong word".into());
+        }
+        drop(m);
+        if seq > 0 {
+            samples.push(t.elapsed() / 2);
+        }
+    }
+    let mut stop = tx.acquire_on(&s)?;
+    stop.set_tag(STOP);
+    tx.send(stop, TensorMeta::bytes(0))?;
+    finish(child)?;
+    let (p50, p99, samples) = percentiles(samples);
+
+    let slots = 64;
+    let sc = make("s", 256, slots)?;
+    let tx = sc.sender()?;
+    let child = spawn_peer("sink-gpu", &name, size, false)?;
+    let send = |seq: u64, tag: u64| -> Result<(), Error> {
+        let mut lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
+        memset_word(lease.device_ptr(), seq as u32, &s)?;
+        lease.set_tag(tag);
+        tx.send(lease, meta)?;
+        Ok(())
+    };
+    let secs = timed_stream(messages, &send, || tx.free_slots() == slots as usize)?;
+    finish(child)?;
+    Ok(Figures {
+        label: "gpuring (GPU)".into(),
+        messages,
+        p50,
+        p99,
+        per_sec: messages as f64 / secs,
+        samples,
+    })
+}
+
+pub(super) fn pipe(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
+    let mut f = stream_figures(Transport::Pipe, messages, size, pings, true)?;
+    f.label = "pipe (GPU→host→pipe→GPU)".into();
+    Ok(f)
+}
+
+pub(super) fn peer(role: &str, name: &str, size: usize) -> Result<(), Error> {
+    let (ctx, s) = setup()?;
+    if role == "sink-gpu" {
+        let sc = Channel::builder(format!("{name}-s")).cuda(&ctx).open()?;
+        let rx = sc.receiver()?;
+        loop {
+            let m = rx.recv_on_timeout(&s, Duration::from_secs(30))?;
+            if m.tag() == STOP {
+                return Ok(());
+            }
+        }
+    }
+    let ab = Channel::builder(format!("{name}-ab")).cuda(&ctx).open()?;
+    let ba = Channel::builder(format!("{name}-ba")).cuda(&ctx).open()?;
+    let (rx, tx) = (ab.receiver()?, ba.sender()?);
+    loop {
+        let m = rx.recv_on_timeout(&s, Duration::from_secs(30))?;
+        if m.tag() == STOP {
+            return Ok(());
+        }
+        let lease = tx.acquire_on_timeout(&s, Duration::from_secs(30))?;
+        // SAFETY: both are live device slots of at least 4 bytes, in stream order.
+        unsafe { result::memcpy_dtod_async(lease.device_ptr(), m.device_ptr(), 4, s.cu_stream()) }?;
+        drop(m);
+        tx.send(lease, TensorMeta::bytes(size as u64))?;
+    }
+}
+
+/// A device buffer for the pipe baseline's copies.
+pub(super) struct Staging {
+    _ctx: Arc<CudaContext>,
+    s: Arc<CudaStream>,
+    buf: sys::CUdeviceptr,
+}
+
+impl Staging {
+    pub(super) fn new(size: usize) -> Result<Self, Error> {
+        let (ctx, s) = setup()?;
+        // SAFETY: a plain allocation, freed in Drop.
+        let buf = unsafe { result::malloc_sync(size) }?;
+        Ok(Self { _ctx: ctx, s, buf })
+    }
+
+    /// Writes the sequence word on the device, then copies the buffer to the host.
+    pub(super) fn write_then_download(&self, seq: u64, host: &mut [u8]) -> Result<(), Error> {
+        memset_word(self.buf, seq as u32, &self.s)?;
+        self.download(host)?;
+        host[..8].copy_from_slice(&seq.to_le_bytes());
+        Ok(())
+    }
+
+    pub(super) fn download(&self, host: &mut [u8]) -> Result<(), Error> {
+        // SAFETY: `buf` holds `host.len()` bytes; synchronised before `host` is used.
+        unsafe { result::memcpy_dtoh_async(host, self.buf, self.s.cu_stream()) }?;
+        self.s.synchronize()?;
+        Ok(())
+    }
+
+    pub(super) fn upload(&self, host: &[u8]) -> Result<(), Error> {
+        // SAFETY: as above, the other way.
+        unsafe { result::memcpy_htod_async(self.buf, host, self.s.cu_stream()) }?;
+        self.s.synchronize()?;
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // SAFETY: our allocation, no work pending after the synchronizes above.
+        let _ = unsafe { result::free_sync(self.buf) };
+    }
+}

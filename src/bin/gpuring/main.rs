@@ -1,0 +1,128 @@
+//! `gpuring`: see what the rings do, and what they cost next to a pipe.
+//!
+//! | file | command |
+//! |---|---|
+//! | `demo.rs` | `demo` (and the peer processes it starts) |
+//! | `gpu_demo.rs` | the demo's GPU path (feature `cuda`) |
+//! | `bench.rs` | `bench` |
+//! | `show.rs` | `inspect`, `list`, `clean` |
+//!
+//! ```text
+//! gpuring demo [--host | --gpu] [--messages N] [--size BYTES]
+//! gpuring inspect NAME
+//! gpuring list
+//! gpuring clean [--dry-run]
+//! ```
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod demo;
+#[cfg(feature = "cuda")]
+mod gpu_demo;
+mod show;
+
+type Error = Box<dyn std::error::Error>;
+
+#[derive(Parser)]
+#[command(
+    name = "gpuring",
+    version,
+    about = "Zero-copy hand-off between processes: demo and tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Two processes hand off messages through a gpuring channel (GPU slots when a GPU is
+    /// present, host slots otherwise), then through a pipe; prints both.
+    Demo {
+        /// Host slots, even on a GPU machine.
+        #[arg(long, conflicts_with = "gpu")]
+        host: bool,
+        /// GPU slots (fails without a CUDA device).
+        #[arg(long)]
+        gpu: bool,
+        /// Messages streamed one way for the throughput figure.
+        #[arg(long, default_value_t = 100_000)]
+        messages: u64,
+        /// Payload bytes per message.
+        #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(8..=(1u64 << 34)))]
+        size: u64,
+    },
+    /// The comparison suite at a quick setting: gpuring channels against a pipe and a Unix
+    /// socket carrying 4 KB, 5 MB and 54 MB payloads (plus the GPU path when a GPU is
+    /// present), one table with ratios. `cargo bench` runs the full criterion suites.
+    Bench {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Payload sizes in bytes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [4096u64, 5_000_000, 54_000_000])]
+        sizes: Vec<u64>,
+        /// Also write every one-way latency sample to this CSV file (payload, path,
+        /// nanoseconds), for `scripts/plot_latency.py`.
+        #[arg(long)]
+        samples: Option<std::path::PathBuf>,
+    },
+    /// Show a segment: kind, ring positions and depth, waiters, roles, pools and slots.
+    Inspect {
+        /// Segment name (as created; a leading `/` is optional).
+        name: String,
+    },
+    /// gpuring segments on this machine, with their creators' liveness.
+    List,
+    /// Remove segments whose creator is dead (never one whose creator runs).
+    Clean {
+        /// Only say what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// (internal) the demo's second process.
+    #[command(hide = true)]
+    Peer { role: String, name: String, size: usize },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Demo { host, gpu, messages, size } => demo::demo(host, gpu, messages, size as usize),
+        Cmd::Bench { json, sizes, samples } => bench::bench(json, &sizes, samples.as_deref()),
+        Cmd::Inspect { name } => show::inspect(&name),
+        Cmd::List => show::list(),
+        Cmd::Clean { dry_run } => show::clean(dry_run),
+        Cmd::Peer { role, name, size } => demo::peer(&role, &name, size),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuring: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub(crate) fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
+pub(crate) fn duration(d: Duration) -> String {
+    if d < Duration::from_micros(10) {
+        format!("{} ns", d.as_nanos())
+    } else if d < Duration::from_millis(10) {
+        format!("{:.1} µs", d.as_secs_f64() * 1e6)
+    } else {
+        format!("{:.1} ms", d.as_secs_f64() * 1e3)
+    }
+}

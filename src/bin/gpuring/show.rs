@@ -1,0 +1,119 @@
+//! `gpuring inspect`, `list` and `clean`: segments seen from outside.
+
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use gpuring::inspect::{self, Inspection};
+
+use crate::{Error, bytes};
+
+pub(crate) fn inspect(name: &str) -> Result<(), Error> {
+    inspect::inspect(name).map_err(Error::from).map(print_inspection)
+}
+
+fn alive(a: Option<bool>) -> &'static str {
+    match a {
+        Some(true) => "alive",
+        Some(false) => "dead",
+        None => "-",
+    }
+}
+
+fn print_inspection(i: Inspection) {
+    println!("segment   {} ({:?}, {} bytes)", i.name, i.kind, i.size);
+    println!("creator   pid {} ({})", i.creator.0, alive(i.creator.1));
+    if let Some(r) = &i.ring {
+        println!(
+            "ring      capacity {}, element {} bytes, head {}, tail {}, depth {}",
+            r.capacity,
+            r.elem_size,
+            r.head,
+            r.tail,
+            r.depth()
+        );
+        println!(
+            "waiters   {} receiver(s) asleep, {} sender(s) asleep",
+            r.waiting_consumers, r.waiting_producers
+        );
+        for (role, who) in [("producer", r.producer), ("consumer", r.consumer)] {
+            if let Some((pid, a)) = who {
+                println!("{role:<9} pid {pid} ({})", alive(a));
+            }
+        }
+        for p in &r.participants {
+            println!(
+                "attached  #{} {} pid {} ({})",
+                p.index,
+                p.role,
+                p.pid,
+                if p.alive { "alive" } else { "dead: its process died attached" }
+            );
+        }
+    }
+    if !i.pools.is_empty() {
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED).set_header([
+            "pool",
+            "state",
+            "owner",
+            "backend",
+            "slots",
+            "slot size",
+            "free",
+            "leased",
+            "in flight",
+            "held",
+            "segment",
+        ]);
+        for p in &i.pools {
+            let counts = |f: fn(&inspect::SlotCounts) -> u32| {
+                p.slots.as_ref().map_or("?".to_owned(), |c| f(c).to_string())
+            };
+            t.add_row([
+                format!("{}.{}", p.index, p.instance),
+                p.state.to_owned(),
+                format!("{} ({})", p.owner.0, alive(p.owner.1)),
+                if p.backend == 2 { "cuda" } else { "host" }.to_owned(),
+                p.slot_count.to_string(),
+                bytes(p.slot_size),
+                counts(|c| c.free),
+                counts(|c| c.leased),
+                counts(|c| c.in_flight),
+                counts(|c| c.held),
+                p.name.clone(),
+            ]);
+        }
+        println!("{t}");
+    }
+}
+
+pub(crate) fn list() -> Result<(), Error> {
+    let all = inspect::list()?;
+    if all.is_empty() {
+        println!("no gpuring segments in /dev/shm");
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED)
+        .set_header(["name", "kind", "size", "age", "creator", "state"]);
+    for s in all {
+        t.add_row([
+            s.name,
+            s.kind.map_or("unknown".to_owned(), |k| format!("{k:?}")),
+            bytes(s.size),
+            s.age.map_or("-".to_owned(), |a| format!("{}s", a.as_secs())),
+            format!("{} ({})", s.creator_pid, alive(s.creator_alive)),
+            if s.initialized { "ready" } else { "not initialised" }.to_owned(),
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+pub(crate) fn clean(dry_run: bool) -> Result<(), Error> {
+    let removed = inspect::clean(dry_run)?;
+    let verb = if dry_run { "would remove" } else { "removed" };
+    for name in &removed {
+        println!("{verb} {name}");
+    }
+    println!("{verb} {} segment(s) whose creator is dead", removed.len());
+    Ok(())
+}

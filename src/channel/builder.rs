@@ -1,0 +1,269 @@
+//! [`ChannelBuilder`]: the options of a channel, and creating or opening its segment.
+//!
+//! `create` writes the channel header, an empty pool table and the descriptor ring, and
+//! publishes the segment; `open` reads every parameter once and checks it before anything
+//! is mapped by it (a forged header is [`ChannelError::Corrupted`] or a size mismatch,
+//! never an absurd mapping).
+
+use std::sync::Arc;
+
+use super::backend::Host;
+use super::backend::sealed::Backend;
+use super::error::ChannelError;
+use super::table::{ChannelSegment, check_name, nonce};
+use super::{Channel, Flavor};
+use crate::descriptor::Descriptor;
+use crate::layout::{
+    BACKEND_CUDA, BACKEND_HOST, ChannelHeader, ChannelLayout, Corrupted, MAX_POOLS, MpmcCell,
+    PoolLayout, SegmentHeader, SegmentKind, SpscCell,
+};
+use crate::ring::RingSegment;
+use crate::shm::{SegmentOptions, ShmError, segment_options};
+use crate::sync::Ordering;
+
+impl Flavor {
+    fn kind(self) -> SegmentKind {
+        match self {
+            Flavor::Spsc => SegmentKind::SpscChannel,
+            Flavor::Mpmc => SegmentKind::MpmcChannel,
+        }
+    }
+
+    fn cell_size(self) -> usize {
+        match self {
+            Flavor::Spsc => size_of::<SpscCell<Descriptor>>(),
+            Flavor::Mpmc => size_of::<MpmcCell<Descriptor>>(),
+        }
+    }
+}
+
+/// Options for creating or opening a [`Channel`].
+///
+/// `create` uses every option; `open` uses the name, the flavor if one was set (else it
+/// takes what it finds), the backend and how the segment is opened: capacity and slots are
+/// the creator's. `cuda(&ctx)` (feature `cuda`) makes the builder one
+/// of a GPU channel.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use gpuring::Channel;
+/// let ch = Channel::builder("jobs")
+///     .mpmc()
+///     .capacity(1024)
+///     .slots(16, 4 << 20) // each sender: 16 slots of 4 MiB
+///     .max_senders(8)
+///     .create()?;
+/// let peer = Channel::builder("jobs").open_timeout(Duration::from_secs(5)).open()?;
+/// # Ok::<(), gpuring::ChannelError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ChannelBuilder<B: Backend = Host> {
+    pub(super) segment: SegmentOptions,
+    pub(super) flavor: Option<Flavor>,
+    pub(super) capacity: u64,
+    pub(super) slot_count: u32,
+    pub(super) slot_size: u64,
+    pub(super) max_senders: Option<u32>,
+    pub(super) ctx: B::Context,
+}
+
+impl ChannelBuilder<Host> {
+    /// Options for host channel `name`: SPSC, capacity 256, 8 slots of 1 MiB per sender.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            segment: SegmentOptions::new(name.into()),
+            flavor: None,
+            capacity: 256,
+            slot_count: 8,
+            slot_size: 1 << 20,
+            max_senders: None,
+            ctx: (),
+        }
+    }
+}
+
+impl<B: Backend> ChannelBuilder<B> {
+    /// One sender, one receiver (the default for `create`).
+    pub fn spsc(mut self) -> Self {
+        self.flavor = Some(Flavor::Spsc);
+        self
+    }
+
+    /// Any number of senders and receivers.
+    pub fn mpmc(mut self) -> Self {
+        self.flavor = Some(Flavor::Mpmc);
+        self
+    }
+
+    /// Descriptor ring cells, a power of two in `1..=2^24` (`2..` for MPMC).
+    pub fn capacity(mut self, capacity: u64) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Each sender's pool: `count` slots (`1..=2^20`) of `bytes` bytes each.
+    pub fn slots(mut self, count: u32, bytes: u64) -> Self {
+        self.slot_count = count;
+        self.slot_size = bytes;
+        self
+    }
+
+    /// Pool table entries: how many senders may have pools at once, counting departed
+    /// senders whose messages are still in flight (default 4 for SPSC, 16 for MPMC).
+    pub fn max_senders(mut self, n: u32) -> Self {
+        self.max_senders = Some(n);
+        self
+    }
+
+    segment_options!();
+
+    /// Creates the channel, exclusively, mode 0600. No pool exists until a sender is made.
+    ///
+    /// # Errors
+    ///
+    /// [`ChannelError::InvalidCapacity`], [`ChannelError::InvalidPool`],
+    /// [`ChannelError::InvalidConfig`]; [`ChannelError::Segment`] with
+    /// [`ShmError::InvalidName`] (also beyond [`MAX_CHANNEL_NAME`](crate::MAX_CHANNEL_NAME)
+    /// bytes), [`ShmError::AlreadyExists`], [`ShmError::PermissionDenied`] or
+    /// [`ShmError::Io`].
+    pub fn create(&self) -> Result<Channel<B>, ChannelError> {
+        let base = check_name(&self.segment.name)?;
+        let flavor = self.flavor.unwrap_or(Flavor::Spsc);
+        let max_pools = self.max_senders.unwrap_or(match flavor {
+            Flavor::Spsc => 4,
+            Flavor::Mpmc => 16,
+        });
+        if max_pools == 0 || max_pools > MAX_POOLS {
+            return Err(ChannelError::InvalidConfig { reason: "max_senders must be in 1..=1024" });
+        }
+        let (slot_count, slot_size) = (self.slot_count, self.slot_size);
+        if PoolLayout::for_backend(B::CODE, slot_count, slot_size).is_none() {
+            return Err(ChannelError::InvalidPool { slot_count, slot_size });
+        }
+        if flavor == Flavor::Mpmc && self.capacity < 2 {
+            return Err(ChannelError::InvalidCapacity { capacity: self.capacity });
+        }
+        let layout = ChannelLayout::new(max_pools, self.capacity, flavor.cell_size())
+            .ok_or(ChannelError::InvalidCapacity { capacity: self.capacity })?;
+        let nonce = nonce();
+        let segment = self.segment.create(flavor.kind(), layout.total_size, |seg| {
+            // SAFETY: offset from `layout`, which sized the segment; ours alone until
+            // `create` publishes it.
+            let h = unsafe { seg.at::<ChannelHeader>(layout.header).as_ref() };
+            // Relaxed: published by the Release store of `init` in `Segment::create`.
+            h.max_pools.store(max_pools, Ordering::Relaxed);
+            h.slot_count.store(slot_count, Ordering::Relaxed);
+            h.slot_size.store(slot_size, Ordering::Relaxed);
+            h.nonce.store(nonce, Ordering::Relaxed);
+            h.backend.store(B::CODE, Ordering::Relaxed);
+            // Pool entries are zero (EMPTY) in a fresh object.
+            match flavor {
+                Flavor::Spsc => RingSegment::init_in::<Descriptor, SpscCell<Descriptor>>(
+                    seg,
+                    &layout.ring,
+                    |_| SpscCell::new(),
+                ),
+                Flavor::Mpmc => RingSegment::init_in::<Descriptor, MpmcCell<Descriptor>>(
+                    seg,
+                    &layout.ring,
+                    |i| MpmcCell::new(i as u64),
+                ),
+            }
+            Ok::<_, ShmError>(())
+        })?;
+        Ok(self.channel(segment, layout, flavor, (slot_count, slot_size, nonce), base))
+    }
+
+    /// Opens the channel, waiting up to the open timeout for its creator to finish.
+    ///
+    /// A consumer that may start before the producer: set
+    /// [`open_timeout`](Self::open_timeout) and `open` waits out the creator's
+    /// initialisation; a name that does not exist yet is [`ShmError::NotFound`] at once,
+    /// to retry.
+    ///
+    /// # Errors
+    ///
+    /// [`ChannelError::WrongBackend`] (a GPU channel opened without
+    /// `cuda(&ctx)`, or the reverse), [`ChannelError::Corrupted`];
+    /// [`ChannelError::Segment`] with [`ShmError::NotFound`],
+    /// [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`], [`ShmError::BadMagic`],
+    /// [`ShmError::VersionMismatch`], [`ShmError::NotInitialized`],
+    /// [`ShmError::KindMismatch`] (not a channel, or not the flavor asked for),
+    /// [`ShmError::OwnerDead`] (its creator died; see
+    /// [`allow_dead_owner`](Self::allow_dead_owner)) or [`ShmError::Io`].
+    pub fn open(&self) -> Result<Channel<B>, ChannelError> {
+        let base = check_name(&self.segment.name)?;
+        let kinds = match self.flavor {
+            Some(f) => vec![f.kind()],
+            None => vec![SegmentKind::SpscChannel, SegmentKind::MpmcChannel],
+        };
+        let (segment, kind) = self.segment.open(&kinds)?;
+        let flavor = if kind == SegmentKind::MpmcChannel { Flavor::Mpmc } else { Flavor::Spsc };
+        let header_end = ChannelLayout::new(1, 1, 0).expect("valid").pools;
+        if segment.len() < header_end {
+            let (expected, found) = (header_end as u64, segment.len() as u64);
+            return Err(ShmError::SizeMismatch { expected, found }.into());
+        }
+        // SAFETY: inside the mapping (checked just above); atomics only.
+        let h = unsafe { segment.at::<ChannelHeader>(size_of::<SegmentHeader>()).as_ref() };
+        // Relaxed: `Segment::open` synchronised with the creator through `init`. Each
+        // field is read once, then checked.
+        let max_pools = h.max_pools.load(Ordering::Relaxed);
+        let slots = (h.slot_count.load(Ordering::Relaxed), h.slot_size.load(Ordering::Relaxed));
+        let nonce = h.nonce.load(Ordering::Relaxed);
+        let backend = h.backend.load(Ordering::Relaxed);
+        let corrupted = |what| ChannelError::Corrupted(Corrupted { what });
+        if backend != B::CODE {
+            let channel = match backend {
+                BACKEND_HOST => "host",
+                BACKEND_CUDA => "cuda",
+                _ => return Err(corrupted("channel names an unknown slot backend")),
+            };
+            return Err(ChannelError::WrongBackend { channel, asked: B::NAME });
+        }
+        if PoolLayout::for_backend(backend, slots.0, slots.1).is_none() {
+            return Err(corrupted("channel slot parameters out of range"));
+        }
+        let probe = ChannelLayout::new(max_pools, 1, flavor.cell_size())
+            .ok_or(corrupted("channel pool table size out of range"))?;
+        if segment.len() < probe.ring.cells {
+            let (expected, found) = (probe.ring.cells as u64, segment.len() as u64);
+            return Err(ShmError::SizeMismatch { expected, found }.into());
+        }
+        let (_, capacity) = RingSegment::read_params(&segment, probe.ring.ring_header)?;
+        let layout = ChannelLayout::new(max_pools, capacity, flavor.cell_size())
+            .ok_or(corrupted("ring capacity is not a power of two in range"))?;
+        if layout.total_size != segment.len() {
+            let (expected, found) = (layout.total_size as u64, segment.len() as u64);
+            return Err(ShmError::SizeMismatch { expected, found }.into());
+        }
+        RingSegment::check_in::<Descriptor>(&segment, &layout.ring)?;
+        Ok(self.channel(segment, layout, flavor, (slots.0, slots.1, nonce), base))
+    }
+
+    fn channel(
+        &self,
+        segment: crate::shm::Segment,
+        layout: ChannelLayout,
+        flavor: Flavor,
+        (slot_count, slot_size, nonce): (u32, u64, u32),
+        base: String,
+    ) -> Channel<B> {
+        let segment = Arc::new(segment);
+        let ring = RingSegment::view(segment.clone(), layout.ring, flavor == Flavor::Mpmc);
+        Channel {
+            inner: Arc::new(ChannelSegment {
+                segment,
+                layout,
+                flavor,
+                ring,
+                slot_count,
+                slot_size,
+                nonce,
+                base,
+                open_timeout: self.segment.open_timeout,
+                ctx: self.ctx.clone(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The sending side: [`Sender`] (a pool of slots registered in the channel, and the
+//! producer end of its ring) and [`Lease`] (a slot being written).
+//!
+//! **Lease protocol** (see `pool::lease`): a lease pops a free slot and moves its record to
+//! `LEASED(g+1)`; `send` stores `SENT` and pushes a descriptor naming the slot and `g+1`,
+//! whose Release push publishes the bytes and the state; a lease dropped unsent goes back.
+//!
+//! **Who unlinks a pool.** Its sender may leave with messages in flight, so the pool's name
+//! must outlive it. The sender sets `closed` (SeqCst) and then checks whether every slot is
+//! free (SeqCst loads); a receiver returning a slot CASes it free (SeqCst) and then reads
+//! `closed`. Of the departing sender and the last returner at least one sees "closed and
+//! drained", and unlinks (a second unlink finds nothing).
+
+use std::cell::{Cell, RefCell};
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use super::backend::sealed::Backend;
+use super::backend::{Host, HostSlot};
+use super::error::SendError;
+use super::table::ChannelSegment;
+use super::{Channel, Flavor};
+use crate::descriptor::{Descriptor, TensorMeta};
+use crate::layout::{MpmcCell, SpscCell};
+use crate::pool::{AcquireError, PoolSegment, SlotRef};
+use crate::ring::{PushError, ShmStorage, mpmc, spsc};
+use crate::wait::{Deadline, WaitPolicy, blocking};
+
+/// The producer end of a channel's descriptor ring.
+pub(super) enum Tx {
+    // The SPSC producer caches positions (`&mut self`); `Sender` is not `Sync`, and no
+    // method re-enters, so a `RefCell` borrow never fails.
+    Spsc(RefCell<spsc::Producer<Descriptor, ShmStorage<SpscCell<Descriptor>>>>),
+    Mpmc(mpmc::Producer<Descriptor, ShmStorage<MpmcCell<Descriptor>>>),
+}
+
+impl Tx {
+    /// Pushes `d`, waiting until `deadline`; an error does not carry the descriptor back
+    /// (the lease it describes is what the caller gives back).
+    fn push_until(&self, d: Descriptor, deadline: Deadline) -> Result<(), PushError<()>> {
+        let pushed = match self {
+            Tx::Spsc(p) => p.borrow_mut().push_until(d, deadline),
+            Tx::Mpmc(p) => p.push_until(d, deadline),
+        };
+        pushed.map_err(|e| match e {
+            PushError::Timeout(_) => PushError::Timeout(()),
+            PushError::PeerDead(_) => PushError::PeerDead(()),
+            PushError::Corrupted(c) => PushError::Corrupted(c),
+        })
+    }
+
+    /// Whether a descriptor still in the ring satisfies `pred` (SPSC: queued; MPMC: in a
+    /// cell not yet freed). Slow paths only.
+    fn any_unconsumed(&self, pred: impl FnMut(&Descriptor) -> bool) -> bool {
+        match self {
+            Tx::Spsc(p) => p.borrow().any_queued(pred),
+            Tx::Mpmc(p) => p.any_unfreed(pred),
+        }
+    }
+
+    fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        match self {
+            Tx::Spsc(p) => p.get_mut().set_wait_policy(policy),
+            Tx::Mpmc(p) => p.set_wait_policy(policy),
+        }
+    }
+}
+
+/// The sending end of a channel: owns a pool of slots, leases them, sends them.
+///
+/// `Send` but not `Sync`: one thread uses a sender at a time (in MPMC, make one sender
+/// per thread; each gets its own pool). On a GPU channel (`Sender<Cuda>`) leases are taken
+/// on a CUDA stream with `acquire_on`.
+///
+/// Dropping a sender with messages in flight is fine: they still arrive, and the pool goes
+/// when the last slot comes back. On a GPU channel the drop waits up to 5 s for its slots
+/// to come back (device memory cannot outlive its process's context safely); slots still
+/// out after that are leaked rather than freed under a reader.
+///
+/// ```no_run
+/// use gpuring::{Channel, DType, TensorMeta};
+/// let ch = Channel::builder("frames").slots(8, 64 << 20).create()?;
+/// let tx = ch.sender()?;
+/// let mut lease = tx.acquire()?; // waits while every slot is in use
+/// let meta = TensorMeta::contiguous(DType::F32, &[3, 2160, 2080])?;
+/// lease[..4].copy_from_slice(&1.5f32.to_le_bytes()); // write the tensor in place
+/// tx.send(lease, meta)?; // a descriptor travels, not the bytes
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Sender<B: Backend = Host> {
+    pub(super) channel: Arc<ChannelSegment<B>>,
+    pub(super) pool: Arc<PoolSegment>,
+    /// What the backend made beside the pool segment (taken by `drop`).
+    pub(super) exported: Option<B::Exported>,
+    index: u32,
+    pool_id: u32,
+    free: mpmc::Consumer<u32, ShmStorage<MpmcCell<u32>>>,
+    tx: Tx,
+    seq: Cell<u64>,
+}
+
+impl<B: Backend> core::fmt::Debug for Sender<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Sender")
+            .field("channel", &self.channel.segment.name())
+            .field("pool", &self.pool.name())
+            .field("seq", &self.seq.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Channel<B> {
+    /// A sender: creates this sender's pool, registers it in the pool table and, for SPSC,
+    /// claims the producer role.
+    ///
+    /// # Errors
+    ///
+    /// [`ChannelError::Attach`](super::ChannelError::Attach) (SPSC: another sender lives),
+    /// [`ChannelError::PoolTableFull`](super::ChannelError::PoolTableFull), and what
+    /// creating the pool segment (or, on a GPU channel, the device pool) can return.
+    pub fn sender(&self) -> Result<Sender<B>, super::ChannelError> {
+        let c = &self.inner;
+        let tx = match c.flavor {
+            Flavor::Spsc => Tx::Spsc(RefCell::new(c.ring.spsc_producer()?)),
+            Flavor::Mpmc => Tx::Mpmc(c.ring.mpmc_producer()?),
+        };
+        let registered = c.register_pool()?;
+        Ok(Sender {
+            channel: c.clone(),
+            free: registered.pool.core.free_consumer(),
+            pool: Arc::new(registered.pool),
+            exported: Some(registered.exported),
+            index: registered.index,
+            pool_id: (registered.instance << 16) | registered.index,
+            tx,
+            seq: Cell::new(0),
+        })
+    }
+}
+
+impl<B: Backend> Sender<B> {
+    /// Leases a free slot, waiting until `deadline` (the taking back of dead receivers'
+    /// slots runs at the liveness ticks of the wait).
+    pub(super) fn take_slot(&self, deadline: Deadline) -> Result<SlotRef, AcquireError> {
+        let core = &self.pool.core;
+        // Slots of dead receivers are taken back while waiting only (it probes locks).
+        let reclaim = || {
+            let queued = |slot, generation| self.queued(slot, generation);
+            core.reclaim_dead(B::holder_gone, queued) > 0
+        };
+        let slot = core.lease_until(&self.free, deadline, reclaim)?;
+        crate::fault::point("send_holding_lease");
+        Ok(slot)
+    }
+
+    /// Whether a descriptor of this sender naming `slot` at `generation` is still in the
+    /// ring. A receiver takes a slot before the descriptor leaves the ring (SPSC: before
+    /// `head` moves; MPMC: before the cell is freed), so a receiver that died in between
+    /// left both, and the next receiver takes the slot over with the message.
+    fn queued(&self, slot: u32, generation: u32) -> bool {
+        self.tx.any_unconsumed(|d| {
+            d.pool_id == self.pool_id && d.slot == slot && d.generation == u64::from(generation)
+        })
+    }
+
+    /// Sends a leased slot holding a tensor described by `meta` (use
+    /// [`TensorMeta::bytes`] for plain bytes) if the ring has room; never blocks. Wakes a
+    /// sleeping receiver, if any; makes no syscall otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Full`] (the lease back), [`SendError::TooLarge`] (the lease back) when
+    /// `meta` spans more than a slot; [`SendError::Corrupted`]; [`SendError::Cuda`] when the
+    /// GPU side of the send failed.
+    ///
+    /// # Panics
+    ///
+    /// If `lease` came from another sender.
+    pub fn try_send(&self, lease: Lease<B>, meta: TensorMeta) -> Result<(), SendError<Lease<B>>> {
+        self.send_until(lease, meta, Deadline::Now)
+    }
+
+    blocking! {
+        /// Sends a leased slot holding a tensor described by `meta`, waiting while the ring
+        /// is full (see [`try_send`](Self::try_send)).
+        ///
+        /// # Panics
+        ///
+        /// If `lease` came from another sender.
+        errors {
+            /// [`SendError::PeerDead`] (the lease back) when the ring stays full and every
+            /// receiver has died; [`SendError::TooLarge`], [`SendError::Corrupted`],
+            /// [`SendError::Cuda`] as for `try_send`.
+        }
+        pub fn send, send_timeout, send_deadline(&self, lease: Lease<B>, meta: TensorMeta)
+            -> Result<(), SendError<Lease<B>>> => send_until;
+    }
+
+    /// Fills a descriptor for `lease` (the backend adds its part), publishes it.
+    fn send_until(
+        &self,
+        mut lease: Lease<B>,
+        meta: TensorMeta,
+        deadline: Deadline,
+    ) -> Result<(), SendError<Lease<B>>> {
+        let pool = lease.hold.pool.as_ref().expect("a live lease has its pool");
+        assert!(Arc::ptr_eq(pool, &self.pool), "a lease must be sent by the sender it came from");
+        let capacity = lease.capacity() as u64;
+        let (slot, tag) = (lease.hold.slot, lease.hold.tag);
+        if meta.nbytes() > capacity {
+            return Err(SendError::TooLarge { lease, len: meta.nbytes(), capacity });
+        }
+        let seq = self.seq.get();
+        let mut d = Descriptor::new(seq, &meta);
+        d.tag = tag;
+        d.pool_id = self.pool_id;
+        d.slot = slot.slot;
+        d.generation = u64::from(slot.generation);
+        B::fill(&lease.slot, slot.slot, &mut d).map_err(SendError::Cuda)?;
+        self.pool.core.mark_sent(slot);
+        match self.tx.push_until(d, deadline) {
+            Ok(()) => {
+                // Sent: the receiver owns the slot now, so the lease must not cancel it.
+                lease.hold.pool = None;
+                self.seq.set(seq.wrapping_add(1));
+                Ok(())
+            }
+            Err(e) => {
+                self.pool.core.unmark_sent(slot);
+                Err(match e {
+                    PushError::Timeout(_) if deadline == Deadline::Now => SendError::Full(lease),
+                    PushError::Timeout(_) => SendError::Timeout(lease),
+                    PushError::PeerDead(_) => SendError::PeerDead(lease),
+                    PushError::Corrupted(c) => SendError::Corrupted(c),
+                })
+            }
+        }
+    }
+
+    /// Slots in this sender's pool.
+    pub fn slot_count(&self) -> u32 {
+        self.pool.core.slot_count()
+    }
+
+    /// Bytes per slot.
+    pub fn slot_size(&self) -> usize {
+        self.pool.slot_size()
+    }
+
+    /// Slots now free in this sender's pool (a snapshot; exact when nothing moves).
+    pub fn free_slots(&self) -> usize {
+        self.pool.core.free_slots()
+    }
+
+    /// The sequence number the next message will carry.
+    pub fn next_seq(&self) -> u64 {
+        self.seq.get()
+    }
+
+    /// This sender's pool id, as descriptors carry it.
+    pub fn pool_id(&self) -> u32 {
+        self.pool_id
+    }
+
+    /// The pool segment's name.
+    pub fn pool_name(&self) -> &str {
+        self.pool.name()
+    }
+
+    /// Sets how this sender waits, for a free slot and for room in the ring.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.free.set_wait_policy(policy);
+        self.tx.set_wait_policy(policy);
+    }
+
+    /// Pushes a raw descriptor into the ring, bypassing the pool, waiting for room: for
+    /// tests of what receivers do with forged descriptors (`internal::push_raw`).
+    pub(crate) fn push_raw(&self, d: Descriptor) -> Result<(), PushError<()>> {
+        self.tx.push_until(d, Deadline::Never)
+    }
+}
+
+impl Sender<Host> {
+    /// Leases a free slot if one is free now.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Exhausted`], [`AcquireError::Corrupted`].
+    pub fn try_acquire(&self) -> Result<Lease, AcquireError> {
+        self.acquire_until(Deadline::Now)
+    }
+
+    blocking! {
+        /// Leases a free slot, waiting (spin, then sleep) until a receiver returns one.
+        /// Slots held by receivers that died are taken back while it waits.
+        errors {
+            /// [`AcquireError::PeerDead`] when every slot is out and every receiver holding
+            /// them has died; [`AcquireError::Corrupted`] when the pool's shared state is
+            /// impossible.
+        }
+        pub fn acquire, acquire_timeout, acquire_deadline(&self) -> Result<Lease, AcquireError>
+            => acquire_until;
+    }
+
+    fn acquire_until(&self, deadline: Deadline) -> Result<Lease, AcquireError> {
+        let slot = self.take_slot(deadline)?;
+        let view = HostSlot { ptr: self.pool.slot_ptr(slot.slot), len: self.pool.slot_size() };
+        Ok(Lease::new(self.pool.clone(), slot, view))
+    }
+}
+
+impl<B: Backend> Drop for Sender<B> {
+    fn drop(&mut self) {
+        self.pool.close();
+        if let Some(exported) = self.exported.take() {
+            B::retire(exported, &self.pool);
+        }
+        self.channel.close_entry(self.index);
+    }
+}
+
+/// A slot taken from a pool, and its return on drop unless it was sent.
+#[derive(Debug)]
+pub(super) struct SlotLease {
+    pub(super) pool: Option<Arc<PoolSegment>>,
+    pub(super) slot: SlotRef,
+    pub(super) tag: u64,
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            if pool.core.cancel(self.slot) {
+                // The sender may have left while this lease was out.
+                pool.unlink_if_drained();
+            }
+        }
+    }
+}
+
+/// A leased slot: write it in place, then [`Sender::send`] it. Dropping a lease without
+/// sending it returns the slot to the pool.
+///
+/// A host lease (`Lease`, `Lease<Host>`) derefs to the slot's bytes; a GPU lease
+/// (`Lease<Cuda>`) gives the slot's device address, to be written in the order of the
+/// stream it was taken on.
+///
+/// ```no_run
+/// use gpuring::{Channel, TensorMeta};
+/// let ch = Channel::builder("frames").create()?;
+/// let tx = ch.sender()?;
+/// let mut lease = tx.acquire()?;
+/// lease[..5].copy_from_slice(b"hello");
+/// lease.set_tag(42); // travels in the descriptor
+/// tx.send(lease, TensorMeta::bytes(5))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Lease<B: Backend = Host> {
+    pub(super) hold: SlotLease,
+    pub(super) slot: B::LeaseSlot,
+}
+
+impl<B: Backend> core::fmt::Debug for Lease<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Lease")
+            .field("slot", &self.hold.slot.slot)
+            .field("generation", &self.hold.slot.generation)
+            .field("tag", &self.hold.tag)
+            .field("memory", &self.slot)
+            .finish()
+    }
+}
+
+impl<B: Backend> Lease<B> {
+    pub(super) fn new(pool: Arc<PoolSegment>, slot: SlotRef, view: B::LeaseSlot) -> Self {
+        Self { hold: SlotLease { pool: Some(pool), slot, tag: 0 }, slot: view }
+    }
+
+    /// Slot index in the pool.
+    pub fn slot(&self) -> u32 {
+        self.hold.slot.slot
+    }
+
+    /// This lease's generation of the slot.
+    pub fn generation(&self) -> u32 {
+        self.hold.slot.generation
+    }
+
+    /// Bytes the slot holds.
+    pub fn capacity(&self) -> usize {
+        self.hold.pool.as_ref().map_or(0, |p| p.slot_size())
+    }
+
+    /// Sets the application tag the descriptor will carry.
+    pub fn set_tag(&mut self, tag: u64) {
+        self.hold.tag = tag;
+    }
+}
+
+impl Deref for Lease<Host> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // (A hostile process with the pool mapped could still write: crate docs, Safety.)
+        // SAFETY: `len` bytes of the slot inside the mapping the lease keeps alive; the
+        // lease protocol makes this process the slot's only user until it is sent.
+        unsafe { std::slice::from_raw_parts(self.slot.ptr.as_ptr(), self.slot.len) }
+    }
+}
+
+impl DerefMut for Lease<Host> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only view in this process.
+        unsafe { std::slice::from_raw_parts_mut(self.slot.ptr.as_ptr(), self.slot.len) }
+    }
+}

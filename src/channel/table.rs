@@ -1,0 +1,278 @@
+//! A channel's segment as this process sees it ([`ChannelSegment`]: its checked
+//! parameters and descriptor ring), and the pool table inside it: senders register their
+//! pools there, receivers look them up.
+//!
+//! **Pool table and names.** A sender claims an empty entry (or a closed one whose pool is
+//! gone) with a CAS to `CLAIMED`, creates its pool segment named
+//! `{channel}.{nonce}.p{index}.{instance}`, fills the entry, then stores `ACTIVE` with
+//! Release. The instance (a channel-wide counter) and the creator's nonce keep names unique
+//! across entry reuse and across channels re-created under one name. Pool ids in
+//! descriptors are `instance << 16 | index`. A receiver never opens a name a peer wrote:
+//! it derives the name and checks that the entry says the same.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Flavor;
+use super::backend::sealed::Backend;
+use super::error::{ChannelError, RecvError, corrupt};
+use crate::layout::{
+    ChannelHeader, ChannelLayout, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, ENTRY_EMPTY,
+    POOL_NAME_BYTES, PoolEntry, load_bytes, store_bytes,
+};
+use crate::pool::PoolSegment;
+use crate::ring::RingSegment;
+use crate::shm::{Segment, ShmError, object_name};
+use crate::sync::Ordering;
+
+/// Longest channel name: pool segment names append a suffix of up to 35 bytes.
+pub const MAX_CHANNEL_NAME: usize = 200;
+
+/// Where a pool table entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolState {
+    /// A sender is registering it.
+    Registering,
+    /// Its sender is live.
+    Active,
+    /// Its sender is gone; slots still in flight drain back to it.
+    Closed,
+}
+
+/// A row of the pool table, as [`Channel::pools`](crate::Channel::pools) reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// Table index (low 16 bits of a descriptor's `pool_id`).
+    pub index: u32,
+    /// Registration instance (high 16 bits of `pool_id`).
+    pub instance: u32,
+    /// Where the entry stands.
+    pub state: PoolState,
+    /// The sending process, as it registered (pids are reused).
+    pub owner_pid: u32,
+    /// The pool segment's name.
+    pub name: String,
+}
+
+/// A pool a sender registered: where it sits in the table, and what it made.
+pub(super) struct Registered<B: Backend> {
+    pub(super) index: u32,
+    pub(super) instance: u32,
+    pub(super) pool: PoolSegment,
+    pub(super) exported: B::Exported,
+}
+
+/// A channel segment, created or opened, with its parameters read once and checked.
+#[derive(Debug)]
+pub(crate) struct ChannelSegment<B: Backend> {
+    pub(super) segment: Arc<Segment>,
+    pub(super) layout: ChannelLayout,
+    pub(super) flavor: Flavor,
+    pub(super) ring: Arc<RingSegment>,
+    pub(super) slot_count: u32,
+    pub(super) slot_size: u64,
+    pub(super) nonce: u32,
+    /// The channel name without its leading `/`: the stem of its pools' names.
+    pub(super) base: String,
+    pub(super) open_timeout: Duration,
+    pub(super) ctx: B::Context,
+}
+
+impl<B: Backend> ChannelSegment<B> {
+    fn header(&self) -> &ChannelHeader {
+        // SAFETY: offset from the checked layout; atomics only.
+        unsafe { self.segment.at::<ChannelHeader>(self.layout.header).as_ref() }
+    }
+
+    fn entry(&self, index: u32) -> &PoolEntry {
+        assert!((index as usize) < self.layout.max_pools, "pool index checked by the caller");
+        let offset = self.layout.pools + index as usize * size_of::<PoolEntry>();
+        // SAFETY: index < max_pools, so the entry lies in the table; atomics only.
+        unsafe { self.segment.at::<PoolEntry>(offset).as_ref() }
+    }
+
+    pub(super) fn max_pools(&self) -> u32 {
+        self.layout.max_pools as u32
+    }
+
+    /// The pool segment name for table entry `index`, registration `instance`: derived,
+    /// so a receiver never opens a name a peer chose.
+    fn pool_name(&self, index: u32, instance: u32) -> String {
+        format!("{}.{:08x}.p{index}.{instance}", self.base, self.nonce)
+    }
+
+    /// Claims a table entry and makes the sender's pool (through the backend) under the
+    /// entry's name; the entry goes `ACTIVE` once the pool exists.
+    ///
+    /// # Errors
+    ///
+    /// [`ChannelError::PoolTableFull`], and what making the pool returns.
+    pub(super) fn register_pool(&self) -> Result<Registered<B>, ChannelError> {
+        for index in 0..self.max_pools() {
+            let entry = self.entry(index);
+            // Acquire: pairs with the Release store of the state by the entry's last
+            // writer, so its instance and name are visible.
+            let state = entry.state.load(Ordering::Acquire);
+            let reusable = match state {
+                ENTRY_EMPTY => true,
+                ENTRY_CLOSED => {
+                    // Reusable once its pool is drained: the last one out unlinked it.
+                    // Relaxed: after the Acquire above.
+                    let old = entry.instance.load(Ordering::Relaxed) & 0xFFFF;
+                    !Segment::exists(&self.pool_name(index, old))?
+                }
+                _ => false,
+            };
+            // Acquire: as above; makes this sender the entry's only writer.
+            if !reusable
+                || entry
+                    .state
+                    .compare_exchange(state, ENTRY_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            // Relaxed: a counter; only uniqueness matters.
+            let instance =
+                self.header().registrations.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
+                    & 0xFFFF;
+            let name = self.pool_name(index, instance);
+            let (pool, exported) =
+                match B::create_pool(&self.ctx, &name, self.slot_count, self.slot_size) {
+                    Ok(made) => made,
+                    Err(e) => {
+                        // Release: pairs with the Acquire loads above.
+                        entry.state.store(state, Ordering::Release);
+                        return Err(e);
+                    }
+                };
+            // Relaxed: published by the Release store of `state` below.
+            entry.instance.store(instance, Ordering::Relaxed);
+            entry.backend.store(B::CODE, Ordering::Relaxed);
+            entry.slot_count.store(self.slot_count, Ordering::Relaxed);
+            entry.slot_size.store(self.slot_size, Ordering::Relaxed);
+            entry.owner_pid.store(std::process::id(), Ordering::Relaxed);
+            write_name(entry, &name);
+            // Release: pairs with the Acquire load of the state in `open_pool`; the fields
+            // above are visible to a receiver that sees ACTIVE.
+            entry.state.store(ENTRY_ACTIVE, Ordering::Release);
+            return Ok(Registered { index, instance, pool, exported });
+        }
+        Err(ChannelError::PoolTableFull { max_pools: self.max_pools() })
+    }
+
+    /// A sender is gone: its entry is closed (its pool drains back and unlinks itself).
+    pub(super) fn close_entry(&self, index: u32) {
+        // Release: pairs with the Acquire loads of the state in `register_pool`.
+        self.entry(index).state.store(ENTRY_CLOSED, Ordering::Release);
+    }
+
+    /// Maps the pool at table row `index`, registration `instance`, for a receiver that
+    /// sees it for the first time, after checking the entry against the channel.
+    ///
+    /// # Errors
+    ///
+    /// [`RecvError::Corrupted`] for an entry that is not that pool, or a pool that is gone;
+    /// [`RecvError::Pool`] when mapping it fails.
+    pub(super) fn open_pool(&self, index: u32, instance: u32) -> Result<PoolSegment, RecvError> {
+        let entry = self.entry(index);
+        // Acquire: pairs with the Release store of ACTIVE in `register_pool`.
+        let state = entry.state.load(Ordering::Acquire);
+        // Relaxed: after the Acquire above.
+        if !matches!(state, ENTRY_ACTIVE | ENTRY_CLOSED)
+            || entry.instance.load(Ordering::Relaxed) != instance
+        {
+            return Err(corrupt("descriptor names an unknown pool"));
+        }
+        let params =
+            (entry.slot_count.load(Ordering::Relaxed), entry.slot_size.load(Ordering::Relaxed));
+        if params != (self.slot_count, self.slot_size)
+            || entry.backend.load(Ordering::Relaxed) != B::CODE
+        {
+            return Err(corrupt("pool table entry disagrees with the channel"));
+        }
+        let name = self.pool_name(index, instance);
+        if read_name(entry) != name {
+            return Err(corrupt("pool table entry names an unexpected segment"));
+        }
+        let opened =
+            PoolSegment::open(&name, B::CODE, self.slot_count, self.slot_size, self.open_timeout);
+        match opened.map_err(ChannelError::from) {
+            Ok(pool) => Ok(pool),
+            Err(ChannelError::Segment(ShmError::NotFound { .. })) => {
+                Err(corrupt("descriptor names a pool that no longer exists"))
+            }
+            Err(ChannelError::Segment(ShmError::Corrupted(c)) | ChannelError::Corrupted(c)) => {
+                Err(RecvError::Corrupted(c))
+            }
+            Err(e) => Err(RecvError::Pool(e)),
+        }
+    }
+
+    /// The pool table's entries in use (a snapshot, for diagnostics).
+    pub(super) fn pools(&self) -> Vec<PoolInfo> {
+        (0..self.max_pools())
+            .filter_map(|index| {
+                let e = self.entry(index);
+                // Acquire: pairs with the Release store of the state in `register_pool`.
+                let state = match e.state.load(Ordering::Acquire) {
+                    ENTRY_CLAIMED => PoolState::Registering,
+                    ENTRY_ACTIVE => PoolState::Active,
+                    ENTRY_CLOSED => PoolState::Closed,
+                    _ => return None,
+                };
+                Some(PoolInfo {
+                    index,
+                    // Relaxed: after the Acquire above.
+                    instance: e.instance.load(Ordering::Relaxed),
+                    state,
+                    owner_pid: e.owner_pid.load(Ordering::Relaxed),
+                    name: read_name(e),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Packs `name` into an entry's name words.
+fn write_name(entry: &PoolEntry, name: &str) {
+    assert!(name.len() <= POOL_NAME_BYTES, "pool names are bounded by MAX_CHANNEL_NAME");
+    store_bytes(&entry.name, name.as_bytes());
+    // Relaxed: published by the Release store of `state`.
+    entry.name_len.store(name.len() as u32, Ordering::Relaxed);
+}
+
+/// Reads an entry's name (lossy: it is shared memory).
+fn read_name(entry: &PoolEntry) -> String {
+    // Relaxed: read after the caller's Acquire load of `state`.
+    let len = (entry.name_len.load(Ordering::Relaxed) as usize).min(POOL_NAME_BYTES);
+    let mut bytes = [0u8; POOL_NAME_BYTES];
+    load_bytes(&entry.name, &mut bytes);
+    String::from_utf8_lossy(&bytes[..len]).into_owned()
+}
+
+/// The channel name without its leading `/`, checked.
+pub(super) fn check_name(name: &str) -> Result<String, ShmError> {
+    let full = object_name(name)?;
+    let bare = full.to_str().expect("object names are UTF-8")[1..].to_owned();
+    if bare.len() > MAX_CHANNEL_NAME {
+        return Err(ShmError::InvalidName {
+            name: name.to_owned(),
+            reason: "longer than 200 bytes (pool segment names add a suffix)",
+        });
+    }
+    Ok(bare)
+}
+
+/// A number that differs between channels created one after another under one name.
+pub(super) fn nonce() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let x = t ^ (u64::from(std::process::id()) << 32);
+    // A 64-to-32 mix (splitmix64's finaliser) so nearby times give unrelated values.
+    let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (x ^ (x >> 31)) as u32
+}

@@ -1,0 +1,145 @@
+//! A channel segment: [`ChannelHeader`], the pool table ([`PoolEntry`] rows), then the
+//! descriptor ring.
+//!
+//! | offset | what |
+//! |---|---|
+//! | 0 | [`SegmentHeader`] |
+//! | 128 | [`ChannelHeader`] |
+//! | 256 | `max_pools` × [`PoolEntry`] |
+//! | after | the descriptor ring ([`RingLayout::at`]) |
+
+use super::{RingLayout, SegmentHeader};
+use crate::sync::{AtomicU32, AtomicU64};
+
+/// Most pools one channel's table describes.
+pub const MAX_POOLS: u32 = 1024;
+/// Bytes reserved for a pool's segment name in its [`PoolEntry`].
+pub const POOL_NAME_BYTES: usize = 448;
+
+/// Parameters of a channel, after the segment header.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct ChannelHeader {
+    /// Entries in the pool table.
+    pub max_pools: AtomicU32,
+    /// Slots in each sender's pool.
+    pub slot_count: AtomicU32,
+    /// Bytes in each slot.
+    pub slot_size: AtomicU64,
+    /// Counts pool registrations; each one's instance number (so a reused table entry
+    /// never looks like the pool it replaced).
+    pub registrations: AtomicU32,
+    /// Chosen by the creator, part of every pool segment name, so that pools of an earlier
+    /// channel of the same name never collide with this one's.
+    pub nonce: AtomicU32,
+    /// Where every sender's slots live: [`BACKEND_HOST`] or [`BACKEND_CUDA`].
+    pub backend: AtomicU32,
+}
+
+/// Pool backend code: host shared memory.
+pub const BACKEND_HOST: u32 = 1;
+/// Pool backend code: CUDA device memory.
+pub const BACKEND_CUDA: u32 = 2;
+
+/// [`PoolEntry::state`]: nobody uses the entry.
+pub const ENTRY_EMPTY: u32 = 0;
+/// [`PoolEntry::state`]: a sender is setting the entry up.
+pub const ENTRY_CLAIMED: u32 = 1;
+/// [`PoolEntry::state`]: the pool is live; its sender may send from it.
+pub const ENTRY_ACTIVE: u32 = 2;
+/// [`PoolEntry::state`]: the sender is gone; slots still in flight drain back to the pool.
+pub const ENTRY_CLOSED: u32 = 3;
+
+/// One row of a channel's pool table: which pool, where to find it.
+///
+/// The sender writes every field, then `state = ENTRY_ACTIVE` with Release. The segment
+/// name is derivable from the channel name, index and instance; a receiver checks that
+/// the stored one matches rather than opening whatever a peer wrote here.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct PoolEntry {
+    /// `ENTRY_EMPTY`, `ENTRY_CLAIMED`, `ENTRY_ACTIVE` or `ENTRY_CLOSED`.
+    pub state: AtomicU32,
+    /// Which registration this is (from [`ChannelHeader::registrations`]), low 16 bits.
+    pub instance: AtomicU32,
+    /// 1: host shared memory.
+    pub backend: AtomicU32,
+    /// Slots in the pool.
+    pub slot_count: AtomicU32,
+    /// Bytes per slot.
+    pub slot_size: AtomicU64,
+    /// The sending process (diagnostics: pids are reused).
+    pub owner_pid: AtomicU32,
+    /// Bytes used in `name`.
+    pub name_len: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 4],
+    /// The pool segment's name, packed little-endian.
+    pub name: [AtomicU64; POOL_NAME_BYTES / 8],
+}
+
+/// Byte offsets and size of a channel segment.
+///
+/// | offset | what |
+/// |---|---|
+/// | 0 | [`SegmentHeader`] |
+/// | 128 | [`ChannelHeader`] |
+/// | 256 | `max_pools` × [`PoolEntry`] |
+/// | after | the descriptor ring ([`RingLayout::at`]) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelLayout {
+    /// Offset of the [`ChannelHeader`].
+    pub header: usize,
+    /// Offset of the first [`PoolEntry`].
+    pub pools: usize,
+    /// Entries in the pool table.
+    pub max_pools: usize,
+    /// The descriptor ring.
+    pub ring: RingLayout,
+    /// Size of the whole segment.
+    pub total_size: usize,
+}
+
+impl ChannelLayout {
+    /// The layout for `max_pools` table entries (`1..=MAX_POOLS`) and a ring of `capacity`
+    /// cells of `cell_size` bytes, or `None` when a parameter is out of range.
+    pub const fn new(max_pools: u32, capacity: u64, cell_size: usize) -> Option<Self> {
+        if max_pools == 0 || max_pools > MAX_POOLS {
+            return None;
+        }
+        let header = size_of::<SegmentHeader>();
+        let pools = header + size_of::<ChannelHeader>();
+        let base = pools + max_pools as usize * size_of::<PoolEntry>();
+        let Some(ring) = RingLayout::at(base, capacity, cell_size) else {
+            return None;
+        };
+        Some(Self {
+            header,
+            pools,
+            max_pools: max_pools as usize,
+            ring,
+            total_size: ring.total_size,
+        })
+    }
+}
+
+#[cfg(not(loom))]
+const _: () = {
+    assert!(size_of::<ChannelHeader>() == 128);
+    assert!(size_of::<PoolEntry>() == 512);
+};
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_layout() {
+        let c = ChannelLayout::new(4, 64, 384).unwrap();
+        assert_eq!((c.header, c.pools, c.ring.ring_header), (128, 256, 256 + 4 * 512));
+        assert_eq!(c.total_size, c.ring.cells + 64 * 384);
+        assert!(ChannelLayout::new(0, 64, 384).is_none());
+        assert!(ChannelLayout::new(MAX_POOLS + 1, 64, 384).is_none());
+        assert!(ChannelLayout::new(4, 3, 384).is_none());
+    }
+}

@@ -1,0 +1,187 @@
+//! The shared-memory structures: `#[repr(C)]` data, their sizes and offsets, and the error
+//! for an impossible value read from them ([`Corrupted`]). No syscalls, no algorithms.
+//!
+//! Every segment starts with a [`SegmentHeader`]; what follows depends on its
+//! [`SegmentKind`], one file each:
+//!
+//! | file | segment |
+//! |---|---|
+//! | `ring.rs` | a ring: [`RingHeader`], [`RingControl`], [`Participants`], cells ([`RingLayout`]) |
+//! | `channel.rs` | a channel: [`ChannelHeader`], the pool table, then a ring ([`ChannelLayout`]) |
+//! | `pool.rs` | a slot pool: [`PoolHeader`], slot records, a free ring, slots or CUDA handles ([`PoolLayout`]) |
+//!
+//! Everything a peer can write is an atomic (or sits in a cell that the ring protocol hands
+//! from one side to the other), and everything read from here is untrusted: the modules
+//! above read each value once and check it. Offsets are derived from the header's
+//! parameters by the `*Layout::new` functions, never stored, so there is no offset to
+//! forge.
+//!
+//! Changing any of these types changes [`LAYOUT_VERSION`].
+
+mod channel;
+mod pool;
+mod ring;
+
+pub use channel::*;
+pub use pool::*;
+pub use ring::*;
+
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// A value read from shared memory was impossible: the segment cannot be trusted there.
+///
+/// `what` names the value, e.g. `"tail is more than capacity ahead of head"`. Every layer
+/// reports it as is (`PopError::Corrupted`, `RecvError::Corrupted`, ...): a peer that
+/// writes garbage into a segment gets this error back from its partners, never undefined
+/// behaviour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Corrupted {
+    /// What was found wrong.
+    pub what: &'static str,
+}
+
+impl core::fmt::Display for Corrupted {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "shared memory corrupted: {}", self.what)
+    }
+}
+
+impl std::error::Error for Corrupted {}
+
+/// `"GPURING\0"` read as a little-endian `u64`.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING\0");
+
+/// Bumped whenever a shared-memory type changes shape or meaning.
+pub const LAYOUT_VERSION: u32 = 4;
+
+/// The value of [`SegmentHeader::init`] once the creator has finished writing the segment.
+pub const INIT_READY: u32 = 0x5244_5952; // "RYDR"
+
+/// What a segment holds.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentKind {
+    /// A single-producer single-consumer ring.
+    SpscRing = 1,
+    /// A multi-producer multi-consumer ring.
+    MpmcRing = 2,
+    /// A single-sender single-receiver channel: pool table and descriptor ring.
+    SpscChannel = 3,
+    /// A multi-sender multi-receiver channel: pool table and descriptor ring.
+    MpmcChannel = 4,
+    /// A slot pool whose slots are host shared memory: slot records, free ring, slots.
+    HostPool = 5,
+    /// A slot pool whose slots are device memory: slot records, free ring, CUDA IPC
+    /// handles of the allocation and of each slot's events.
+    CudaPool = 6,
+}
+
+impl SegmentKind {
+    /// Decodes a kind read from shared memory.
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            1 => Some(Self::SpscRing),
+            2 => Some(Self::MpmcRing),
+            3 => Some(Self::SpscChannel),
+            4 => Some(Self::MpmcChannel),
+            5 => Some(Self::HostPool),
+            6 => Some(Self::CudaPool),
+            _ => None,
+        }
+    }
+}
+
+/// A value alone on a 128-byte line (two 64-byte lines: the adjacent-line prefetcher on x86
+/// pulls pairs). Our own type rather than crossbeam's `CachePadded`, because its size is
+/// part of the shared-memory layout and must not change with a dependency.
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub struct Padded<T>(pub T);
+
+impl<T> core::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// The first bytes of every gpuring segment.
+///
+/// The creator writes every field, then `init = INIT_READY` with Release; an opener reads
+/// `init` with Acquire before trusting anything else.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct SegmentHeader {
+    /// [`MAGIC`].
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`].
+    pub version: AtomicU32,
+    /// A [`SegmentKind`].
+    pub kind: AtomicU32,
+    /// The size the creator gave the segment, in bytes.
+    pub total_size: AtomicU64,
+    /// The creator's process id (diagnostics only: pids are reused).
+    pub creator_pid: AtomicU32,
+    /// [`INIT_READY`] once the creator is done; written last.
+    pub init: AtomicU32,
+}
+
+/// Stores `bytes` into `words`, 8 bytes a word, little-endian, zero-padded.
+///
+/// # Panics
+///
+/// If `bytes` does not fit.
+pub fn store_bytes(words: &[AtomicU64], bytes: &[u8]) {
+    assert!(bytes.len() <= words.len() * 8, "{} bytes do not fit", bytes.len());
+    for (i, word) in words.iter().enumerate() {
+        let mut chunk = [0u8; 8];
+        let start = (i * 8).min(bytes.len());
+        let end = (start + 8).min(bytes.len());
+        chunk[..end - start].copy_from_slice(&bytes[start..end]);
+        // Relaxed: callers publish with a Release store of their own (a state word, or
+        // the segment's init word).
+        word.store(u64::from_le_bytes(chunk), Ordering::Relaxed);
+    }
+}
+
+/// Loads the bytes of `words` into `out` (which is `words.len() * 8` long).
+pub fn load_bytes(words: &[AtomicU64], out: &mut [u8]) {
+    for (word, chunk) in words.iter().zip(out.chunks_exact_mut(8)) {
+        // Relaxed: callers read after their own Acquire load.
+        chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+    }
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(size_of::<SegmentHeader>() == 128);
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_round_trip() {
+        for k in [
+            SegmentKind::SpscRing,
+            SegmentKind::MpmcRing,
+            SegmentKind::SpscChannel,
+            SegmentKind::MpmcChannel,
+            SegmentKind::HostPool,
+            SegmentKind::CudaPool,
+        ] {
+            assert_eq!(SegmentKind::from_raw(k as u32), Some(k));
+        }
+        assert_eq!(SegmentKind::from_raw(0), None);
+        assert_eq!(SegmentKind::from_raw(77), None);
+    }
+
+    #[test]
+    fn bytes_round_trip_through_words() {
+        let words: [AtomicU64; 3] = Default::default();
+        store_bytes(&words, b"a pool name");
+        let mut out = [0u8; 24];
+        load_bytes(&words, &mut out);
+        assert_eq!(&out[..11], b"a pool name");
+        assert!(out[11..].iter().all(|&b| b == 0), "zero-padded");
+    }
+}

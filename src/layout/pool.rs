@@ -1,0 +1,257 @@
+//! A slot pool segment: [`PoolHeader`], one [`SlotRecord`] per slot, the free ring, then
+//! the slots (host pools) or the CUDA IPC handles of the allocation and of every slot's
+//! events (device pools).
+//!
+//! | offset | what |
+//! |---|---|
+//! | 0 | [`SegmentHeader`] |
+//! | 128 | [`PoolHeader`] |
+//! | 256 | `slot_count` × [`SlotRecord`] |
+//! | next 128 | the free ring: an MPMC ring of `u32` slot indices ([`RingLayout::at`]) |
+//! | next page | host pools: the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
+//! | next 128 | device pools: [`CudaPoolInfo`], then `slot_count` × [`SlotEvents`] |
+
+use super::{BACKEND_CUDA, BACKEND_HOST, MpmcCell, RingLayout, SegmentHeader};
+use crate::sync::{AtomicU32, AtomicU64};
+
+/// Most slots in one pool.
+pub const MAX_SLOTS: u32 = 1 << 20;
+/// Largest slot, in bytes (256 GiB).
+pub const MAX_SLOT_SIZE: u64 = 1 << 38;
+
+/// Parameters of a pool, after the segment header.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct PoolHeader {
+    /// Number of slots.
+    pub slot_count: AtomicU32,
+    /// 1: host shared memory.
+    pub backend: AtomicU32,
+    /// Bytes per slot.
+    pub slot_size: AtomicU64,
+    /// Set (1) when the owning sender is gone: the last slot returned unlinks the pool.
+    pub closed: AtomicU32,
+    /// The owning process (diagnostics).
+    pub owner_pid: AtomicU32,
+}
+
+/// Per-slot state, one 64-byte line each so that slots in use by different processes do
+/// not share a line.
+///
+/// `state` packs the slot's generation (high 32 bits) and where it is (low 32 bits): free,
+/// leased to the sender, sent, held by a receiver. See the lease protocol
+/// (`pool/lease.rs`).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct SlotRecord {
+    /// Generation << 32 | state.
+    pub state: AtomicU64,
+}
+
+impl SlotRecord {
+    /// A free slot of generation 0.
+    pub fn new() -> Self {
+        Self { state: AtomicU64::new(0) }
+    }
+}
+
+impl Default for SlotRecord {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The CUDA side of a device pool, after its free ring: what a receiver needs to import
+/// the allocation.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct CudaPoolInfo {
+    /// `CUipcMemHandle` of the pool's one allocation.
+    pub mem_handle: [AtomicU64; 8],
+    /// UUID of the device holding it.
+    pub device_uuid: [AtomicU64; 2],
+    /// Its ordinal in the creating process (diagnostics: ordinals differ between processes).
+    pub device_ordinal: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: AtomicU32,
+    /// Distance between slots in the allocation.
+    pub stride: AtomicU64,
+}
+
+/// One slot's interprocess events: `ready` (recorded by the sender after its writes,
+/// waited on by the receiver) and `release` (recorded by the receiver after its reads,
+/// waited on by the next lease).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct SlotEvents {
+    /// `CUipcEventHandle` of the ready event.
+    pub ready: [AtomicU64; 8],
+    /// `CUipcEventHandle` of the release event.
+    pub release: [AtomicU64; 8],
+}
+
+/// Distance between slots of a device pool: slot size rounded up to 2 MiB.
+pub const CUDA_SLOT_ALIGN: u64 = 2 << 20;
+
+/// Byte offsets and size of a host pool segment.
+///
+/// | offset | what |
+/// |---|---|
+/// | 0 | [`SegmentHeader`] |
+/// | 128 | [`PoolHeader`] |
+/// | 256 | `slot_count` × [`SlotRecord`] |
+/// | next 128 | the free ring: an MPMC ring of `u32` slot indices ([`RingLayout::at`]) |
+/// | next page | the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLayout {
+    /// Offset of the [`PoolHeader`].
+    pub header: usize,
+    /// Offset of the first [`SlotRecord`].
+    pub records: usize,
+    /// Number of slots.
+    pub slot_count: usize,
+    /// Usable bytes per slot.
+    pub slot_size: usize,
+    /// The free ring (capacity: `slot_count` rounded up to a power of two).
+    pub free_ring: RingLayout,
+    /// Host pools: offset of slot 0's bytes. Device pools: 0 (no bytes here).
+    pub data: usize,
+    /// Distance between slots (in the segment, or in the device allocation).
+    pub stride: usize,
+    /// Device pools: offset of the [`CudaPoolInfo`]; host pools: 0.
+    pub cuda_info: usize,
+    /// Device pools: offset of the first [`SlotEvents`]; host pools: 0.
+    pub slot_events: usize,
+    /// Size of the whole segment.
+    pub total_size: usize,
+}
+
+impl PoolLayout {
+    /// The layout of `slot_count` slots (`1..=MAX_SLOTS`) of `slot_size` bytes
+    /// (`1..=MAX_SLOT_SIZE`), or `None` when out of range or too large to map.
+    pub const fn new(slot_count: u32, slot_size: u64) -> Option<Self> {
+        Self::build(slot_count, slot_size, BACKEND_HOST)
+    }
+
+    /// The layout of a device pool of `slot_count` slots of `slot_size` bytes: the same
+    /// records and free ring, then a [`CudaPoolInfo`] and one [`SlotEvents`] per slot; the
+    /// slots themselves live in device memory, `stride` (2 MiB multiples) apart.
+    pub const fn cuda(slot_count: u32, slot_size: u64) -> Option<Self> {
+        Self::build(slot_count, slot_size, BACKEND_CUDA)
+    }
+
+    /// The layout for `backend` ([`BACKEND_HOST`] or [`BACKEND_CUDA`]).
+    pub const fn for_backend(backend: u32, slot_count: u32, slot_size: u64) -> Option<Self> {
+        match backend {
+            BACKEND_HOST | BACKEND_CUDA => Self::build(slot_count, slot_size, backend),
+            _ => None,
+        }
+    }
+
+    const fn build(slot_count: u32, slot_size: u64, backend: u32) -> Option<Self> {
+        if slot_count == 0 || slot_count > MAX_SLOTS || slot_size == 0 || slot_size > MAX_SLOT_SIZE
+        {
+            return None;
+        }
+        let header = size_of::<SegmentHeader>();
+        let records = header + size_of::<PoolHeader>();
+        let ring_base =
+            (records + slot_count as usize * size_of::<SlotRecord>()).next_multiple_of(128);
+        // At least 2: an MPMC ring of one cell cannot tell full from empty (see `mpmc`).
+        let cap = if slot_count < 2 { 2 } else { (slot_count as u64).next_power_of_two() };
+        let Some(free_ring) = RingLayout::at(ring_base, cap, size_of::<MpmcCell<u32>>()) else {
+            return None;
+        };
+        if backend == BACKEND_CUDA {
+            let cuda_info = free_ring.total_size.next_multiple_of(128);
+            let slot_events = cuda_info + size_of::<CudaPoolInfo>();
+            let total_size = slot_events + slot_count as usize * size_of::<SlotEvents>();
+            let stride = slot_size.next_multiple_of(CUDA_SLOT_ALIGN) as usize;
+            if stride.checked_mul(slot_count as usize).is_none() {
+                return None;
+            }
+            return Some(Self {
+                header,
+                records,
+                slot_count: slot_count as usize,
+                slot_size: slot_size as usize,
+                free_ring,
+                data: 0,
+                stride,
+                cuda_info,
+                slot_events,
+                total_size,
+            });
+        }
+        let data = free_ring.total_size.next_multiple_of(4096);
+        let align = if slot_size >= 4096 { 4096 } else { 256 };
+        let stride = (slot_size as usize).next_multiple_of(align);
+        let Some(body) = stride.checked_mul(slot_count as usize) else {
+            return None;
+        };
+        let Some(total_size) = data.checked_add(body) else {
+            return None;
+        };
+        if total_size as u64 > 1 << 40 {
+            return None;
+        }
+        Some(Self {
+            header,
+            records,
+            slot_count: slot_count as usize,
+            slot_size: slot_size as usize,
+            free_ring,
+            data,
+            stride,
+            cuda_info: 0,
+            slot_events: 0,
+            total_size,
+        })
+    }
+
+    /// Offset of slot `slot`'s first byte (`slot < slot_count`).
+    pub const fn slot_offset(&self, slot: usize) -> usize {
+        self.data + slot * self.stride
+    }
+}
+
+#[cfg(not(loom))]
+const _: () = {
+    assert!(size_of::<PoolHeader>() == 128);
+    assert!(size_of::<SlotRecord>() == 64);
+    assert!(size_of::<CudaPoolInfo>() == 128);
+    assert!(size_of::<SlotEvents>() == 128);
+};
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_layouts() {
+        let p = PoolLayout::new(3, 1000).unwrap();
+        assert_eq!(p.records, 256);
+        assert_eq!(p.free_ring.ring_header, 512, "records end at 448, rounded up to 128");
+        assert_eq!(p.free_ring.capacity, 4);
+        assert_eq!(p.data % 4096, 0);
+        assert!(p.data >= p.free_ring.total_size);
+        assert_eq!(p.stride, 1024, "small slots are 256-byte aligned");
+        assert_eq!(p.total_size, p.data + 3 * 1024);
+        assert_eq!(PoolLayout::new(2, 5000).unwrap().stride, 8192, "big slots page aligned");
+        assert!(PoolLayout::new(0, 64).is_none());
+        assert!(PoolLayout::new(4, 0).is_none());
+        assert!(PoolLayout::new(MAX_SLOTS + 1, 64).is_none());
+        assert!(PoolLayout::new(MAX_SLOTS, MAX_SLOT_SIZE).is_none(), "too large to map");
+
+        let g = PoolLayout::cuda(3, 1000).unwrap();
+        assert_eq!((g.records, g.free_ring, g.data), (p.records, p.free_ring, 0));
+        assert_eq!(g.cuda_info % 128, 0);
+        assert!(g.cuda_info >= g.free_ring.total_size);
+        assert_eq!(g.slot_events, g.cuda_info + 128);
+        assert_eq!(g.total_size, g.slot_events + 3 * 128);
+        assert_eq!(g.stride, 2 << 20, "device slots 2 MiB apart");
+        assert_eq!(PoolLayout::cuda(1, (2 << 20) + 1).unwrap().stride, 4 << 20);
+        assert_eq!(PoolLayout::for_backend(BACKEND_HOST, 3, 1000), Some(p));
+        assert_eq!(PoolLayout::for_backend(9, 3, 1000), None);
+    }
+}

@@ -1,0 +1,378 @@
+//! Who is alive, and the one wait loop that asks while it waits.
+//!
+//! Liveness is never read from shared memory (a peer could forge it) nor from pids alone
+//! (they are reused): it is a set of open-file-description locks on bytes of a segment's
+//! object, which the kernel drops when the holder's process dies.
+//!
+//! - **Participants.** Every endpoint (ring producer or consumer, channel sender or
+//!   receiver, a pool's free-ring user) registers in the participant table of the ring it
+//!   uses: it takes the lock on byte `1 + i` of a free entry `i` (free entries first, so
+//!   that a dead endpoint's entry survives as evidence), then writes `role << 32 | pid`
+//!   there ([`ParticipantTable::register`]). On drop it clears the entry, then unlocks. An
+//!   entry whose value is set and whose lock is gone belongs to an endpoint whose process
+//!   died.
+//! - **SPSC roles.** An SPSC endpoint also claims its role in the ring header with a CAS
+//!   of 0 → pid; a second claimant gets [`AttachError::RoleTaken`] while the holder lives,
+//!   and takes a dead holder's role over ([`Attachment`]).
+//! - **The process probe** ([`process_state`]): where a pid is all there is (pool owners
+//!   in tools; a dead receiver's GPU context, which lives until its process has exited).
+//! - **[`Watch`]**: what a ring's storage can say about its peers. Heap rings say nothing
+//!   ([`Unwatched`]); rings in shared memory answer from their [`Attachment`].
+//! - **The tick loop** ([`block_on`]): every blocking call of the crate waits in it,
+//!   waking every [`LIVENESS_TICK`] to ask whether the memory was damaged, to let the
+//!   caller repair what dead peers left, and to give up with `PeerDead` once every peer it
+//!   waits for has died.
+//!
+//! Liveness is asked by the rings, pools, channels and tools and asks none of them: ring
+//! work that a dead endpoint leaves (MPMC cells it won) is done by the ring layer, which
+//! hands it in as callbacks.
+
+use std::io;
+use std::time::Duration;
+
+use crate::layout::{Claims, Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER};
+use crate::wait::{Deadline, TimedOut, WaitPolicy, WaitWord, notify, wait_until};
+
+#[cfg(not(loom))]
+mod participants;
+
+#[cfg(not(loom))]
+pub use participants::Attachment;
+#[cfg(not(loom))]
+pub(crate) use participants::ParticipantTable;
+
+/// How often a blocked endpoint of a ring in shared memory checks that its peers live: a
+/// death is noticed within this (plus one probe of the participant table).
+pub const LIVENESS_TICK: Duration = Duration::from_millis(30);
+
+/// A side of a ring, and the role an endpoint plays on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A producer (a channel's sender; a pool's receivers, which put slots back).
+    Producer,
+    /// A consumer (a channel's receiver; a pool's sender, which takes slots out).
+    Consumer,
+}
+
+impl Role {
+    /// The participant table's code for this role.
+    fn code(self) -> u32 {
+        match self {
+            Role::Producer => PARTICIPANT_PRODUCER,
+            Role::Consumer => PARTICIPANT_CONSUMER,
+        }
+    }
+}
+
+/// Why an endpoint could not attach to a ring.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// Every entry of the ring's participant table is held by a live endpoint.
+    TooManyParticipants {
+        /// Entries in the table.
+        max: u32,
+    },
+    /// Another live endpoint holds this SPSC role.
+    RoleTaken {
+        /// The role asked for.
+        role: Role,
+        /// The pid recorded by the holder (diagnostic only).
+        holder_pid: u32,
+    },
+    /// The ring's positions are impossible.
+    Corrupted(Corrupted),
+    /// A lock operation failed.
+    Io {
+        /// The operation, e.g. `"fcntl(F_OFD_SETLK)"`.
+        op: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl core::fmt::Display for AttachError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            AttachError::TooManyParticipants { max } => {
+                write!(f, "all {max} participant entries of the ring are held by live endpoints")
+            }
+            AttachError::RoleTaken { role, holder_pid } => {
+                write!(f, "the {role:?} role is held (by pid {holder_pid})")
+            }
+            AttachError::Corrupted(c) => c.fmt(f),
+            AttachError::Io { op, source } => write!(f, "{op} failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for AttachError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AttachError::Io { source, .. } => Some(source),
+            AttachError::Corrupted(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+impl From<Corrupted> for AttachError {
+    fn from(c: Corrupted) -> Self {
+        AttachError::Corrupted(c)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The process probe
+
+/// What the process table says of a pid. Pids are reused, so this is for what only a pid
+/// names (a tool's view of a pool's owner; whether a dead receiver's process has gone, with
+/// its GPU context); liveness of attached endpoints is judged by their locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessState {
+    /// A process with this pid runs (it may be another process than the one recorded).
+    Running,
+    /// No process has this pid, or it is a zombie: its files (and a GPU context) are gone.
+    Exited,
+    /// The pid cannot name a process (0, or beyond what the kernel hands out: a forged
+    /// value), or `/proc` could not be read.
+    Unknown,
+}
+
+/// The state of process `pid`, from `/proc/<pid>/stat`. Reads a file: slow paths only.
+pub fn process_state(pid: u32) -> ProcessState {
+    // A pid read from shared memory may be forged: 0 names nobody, and a value above
+    // `i32::MAX` no process.
+    if pid == 0 || i32::try_from(pid).is_err() {
+        return ProcessState::Unknown;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => ProcessState::Exited,
+        Err(_) => ProcessState::Unknown,
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => {
+            match stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) {
+                Some('Z' | 'X') => ProcessState::Exited,
+                Some(_) => ProcessState::Running,
+                None => ProcessState::Unknown,
+            }
+        }
+    }
+}
+
+/// Endpoints of one side of a ring, as the participant table and the liveness locks say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerCount {
+    /// Entries whose lock is held: live endpoints.
+    pub live: u32,
+    /// Entries whose lock is gone: endpoints whose process died.
+    pub dead: u32,
+}
+
+// ---------------------------------------------------------------------------------------
+// What a ring asks
+
+/// What a ring's storage knows of the endpoints attached to it: asked by the ring
+/// algorithms while they wait (never on the fast path, except [`claims`](Self::claims)),
+/// and by pools about the holders of their slots.
+///
+/// Heap rings know nothing ([`Unwatched`]); rings in shared memory answer from their
+/// endpoint's attachment (its participant entry and lock). Models and tests implement it to
+/// play dead peers.
+pub trait Watch {
+    /// Whether [`all_dead`](Self::all_dead) can ever answer yes: then blocked endpoints
+    /// wake every [`LIVENESS_TICK`] to ask.
+    const WATCHES: bool;
+    /// Whether every endpoint of `role` that attached has died and none lives.
+    fn all_dead(&self, role: Role) -> bool {
+        let _ = role;
+        false
+    }
+    /// Whether the memory itself is known to be damaged (a segment that another process
+    /// truncated under us).
+    fn damaged(&self) -> Option<Corrupted> {
+        None
+    }
+    /// This endpoint's claim line, where an MPMC endpoint records each run of positions it
+    /// wins. Read on every MPMC push and pop: keep it a field access.
+    #[inline(always)]
+    fn claims(&self) -> Option<&Claims> {
+        None
+    }
+    /// Whether an endpoint of `role` that recorded winning MPMC position `pos` in its claim
+    /// line is dead. Probes locks: slow paths only.
+    fn claimant_dead(&self, role: Role, pos: u64) -> bool {
+        let _ = (role, pos);
+        false
+    }
+    /// This endpoint's participant entry.
+    fn entry(&self) -> Option<u32> {
+        None
+    }
+    /// If participant entry `index` belongs to an endpoint whose process died, the pid it
+    /// recorded.
+    fn entry_dead(&self, index: u32) -> Option<u32> {
+        let _ = index;
+        None
+    }
+}
+
+/// Storage that watches nobody (rings on the heap): every answer is "alive".
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unwatched;
+
+impl Watch for Unwatched {
+    const WATCHES: bool = false;
+}
+
+// ---------------------------------------------------------------------------------------
+// The tick loop
+
+/// Why a blocking operation gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Blocked {
+    /// The deadline passed (with [`Deadline::Now`]: the one attempt failed).
+    Timeout,
+    /// Every endpoint of the side waited for has died.
+    PeerDead,
+    /// The shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+/// What the caller's work at a liveness tick came to.
+pub(crate) enum Tick<R> {
+    /// It finished the operation (e.g. adopted a dead consumer's element).
+    Done(R),
+    /// It changed something the operation waits for (e.g. took back a dead holder's slot):
+    /// try again now.
+    Retry,
+    /// Nothing to do.
+    Idle,
+}
+
+/// The blocking form of a non-blocking operation: retries `attempt` (which returns
+/// `Ok(Some(r))` on success, `Ok(None)` to wait) as `policy` says, sleeping on `wait_on`,
+/// until `deadline`; after a success, wakes the other side's sleepers on `wake`.
+///
+/// The first attempt reads no clock, and with [`Deadline::Now`] it is the only one. Storage
+/// that watches its peers is asked, every [`LIVENESS_TICK`] of waiting, whether its memory
+/// is damaged (the wait ends `Corrupted`); then `on_tick` does the caller's slow-path work
+/// (MPMC: skip the cells of dead producers, adopt the elements of dead consumers; a pool:
+/// take back the slots of dead receivers); then, past the deadline, one last attempt before
+/// [`Blocked::Timeout`]; then, if the side `waits_for` is all dead, one last attempt takes
+/// what they left, and the wait ends with [`Blocked::PeerDead`].
+#[allow(clippy::too_many_arguments)] // the one place the waiting policy is written
+pub(crate) fn block_on<W: Watch, R>(
+    watch: &W,
+    waits_for: Role,
+    wait_on: &WaitWord,
+    wake: &WaitWord,
+    policy: WaitPolicy,
+    deadline: Deadline,
+    mut attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
+    mut on_tick: impl FnMut() -> Tick<R>,
+) -> Result<R, Blocked> {
+    let done = |r| {
+        notify(wake);
+        Ok(r)
+    };
+    match attempt() {
+        Ok(Some(r)) => return done(r),
+        Ok(None) if deadline == Deadline::Now => return Err(Blocked::Timeout),
+        Ok(None) => {}
+        Err(c) => return Err(Blocked::Corrupted(c)),
+    }
+    if !W::WATCHES {
+        return match wait_until(wait_on, policy, deadline, || attempt().transpose()) {
+            Ok(Ok(r)) => done(r),
+            Ok(Err(c)) => Err(Blocked::Corrupted(c)),
+            Err(TimedOut) => Err(Blocked::Timeout),
+        };
+    }
+    loop {
+        let chunk = deadline.or_within(LIVENESS_TICK);
+        match wait_until(wait_on, policy, chunk, || attempt().transpose()) {
+            Ok(Ok(r)) => return done(r),
+            Ok(Err(c)) => return Err(Blocked::Corrupted(c)),
+            Err(TimedOut) => {
+                if let Some(c) = watch.damaged() {
+                    return Err(Blocked::Corrupted(c));
+                }
+                match on_tick() {
+                    Tick::Done(r) => return done(r),
+                    Tick::Retry => match attempt() {
+                        Ok(Some(r)) => return done(r),
+                        Ok(None) => {}
+                        Err(c) => return Err(Blocked::Corrupted(c)),
+                    },
+                    Tick::Idle => {}
+                }
+                let timed_out = deadline.passed();
+                if timed_out || watch.all_dead(waits_for) {
+                    // One last attempt: the tick's work may just have unblocked us, and what
+                    // the dead published before dying is in the ring: take it first.
+                    return match attempt() {
+                        Ok(Some(r)) => done(r),
+                        Ok(None) if timed_out => Err(Blocked::Timeout),
+                        Ok(None) => Err(Blocked::PeerDead),
+                        Err(c) => Err(Blocked::Corrupted(c)),
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Found by the scribbler test: a forged pid above `i32::MAX` became a negative pid
+    /// (a process group for `kill`), and tripped a debug assertion in rustix.
+    #[test]
+    #[cfg_attr(miri, ignore = "/proc is not available under Miri")]
+    fn the_probe_refuses_pids_that_cannot_exist() {
+        assert_eq!(process_state(0), ProcessState::Unknown);
+        assert_eq!(process_state(u32::MAX), ProcessState::Unknown);
+        assert_eq!(process_state(1 << 31), ProcessState::Unknown);
+        assert_eq!(process_state(std::process::id()), ProcessState::Running);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "processes are not available under Miri")]
+    fn the_probe_sees_a_zombie_and_a_reaped_child_as_exited() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not reaped yet: a zombie once it has exited.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while process_state(pid) == ProcessState::Running {
+            assert!(std::time::Instant::now() < deadline, "`true` did not exit");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(process_state(pid), ProcessState::Exited, "a zombie has exited");
+        child.wait().unwrap();
+        assert_eq!(process_state(pid), ProcessState::Exited, "reaped");
+    }
+
+    #[test]
+    fn now_is_one_attempt_and_never_sleeps() {
+        let word = WaitWord::new();
+        let mut tries = 0;
+        let r: Result<(), _> = block_on(
+            &Unwatched,
+            Role::Producer,
+            &word,
+            &word,
+            WaitPolicy::default(),
+            Deadline::Now,
+            || {
+                tries += 1;
+                Ok(None)
+            },
+            || Tick::Idle,
+        );
+        assert_eq!(r, Err(Blocked::Timeout));
+        assert_eq!(tries, 1);
+        assert_eq!(word.sleepers(), 0);
+    }
+}

@@ -1,0 +1,312 @@
+//! The participant table of a ring in shared memory, and what an endpoint holds there
+//! ([`Attachment`]): its entry with the entry's liveness lock and, for SPSC, its role.
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::{AttachError, PeerCount, Role, Watch};
+use crate::layout::{Claims, Corrupted, MAX_PARTICIPANTS, Participants};
+use crate::shm::Segment;
+use crate::sync::{AtomicU32, Ordering};
+
+fn lock_error(op: &'static str) -> impl FnOnce(io::Error) -> AttachError {
+    move |source| AttachError::Io { op, source }
+}
+
+/// The participant table of the ring in one mapped segment, with its liveness locks.
+#[derive(Debug)]
+pub(crate) struct ParticipantTable {
+    segment: Arc<Segment>,
+    table: NonNull<Participants>,
+    /// Entries this handle holds (bit `i`: entry `i`). Its locks are taken through
+    /// `segment`'s descriptor, and a description never conflicts with itself, so this
+    /// handle must neither take an entry it holds nor probe it.
+    own: Mutex<u64>,
+}
+
+// SAFETY: a pointer into the mapping that `segment` keeps alive; the table is atomics only,
+// and `own` is behind a mutex.
+unsafe impl Send for ParticipantTable {}
+// SAFETY: as above.
+unsafe impl Sync for ParticipantTable {}
+
+/// What a registration must settle before it reuses a dead endpoint's entry: given the
+/// entry's claim line, returns `false` to leave the entry alone (its claims are still
+/// needed as evidence).
+pub(crate) type Settle<'a> = &'a dyn Fn(&Claims) -> bool;
+
+impl ParticipantTable {
+    /// The table at `offset` in `segment`.
+    ///
+    /// # Panics
+    ///
+    /// If the table does not fit there (offsets come from a checked layout).
+    pub(crate) fn new(segment: Arc<Segment>, offset: usize) -> Arc<Self> {
+        // SAFETY: `at` checks bounds and alignment; Participants is atomics only.
+        let table = unsafe { segment.at::<Participants>(offset) };
+        Arc::new(Self { segment, table, own: Mutex::new(0) })
+    }
+
+    fn participants(&self) -> &Participants {
+        // SAFETY: inside the mapping that `segment` keeps alive (checked in `new`); atomics
+        // only, valid for any bytes.
+        unsafe { self.table.as_ref() }
+    }
+
+    fn own(&self) -> u64 {
+        *self.own.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers an endpoint of `role`: takes a free entry (or a dead endpoint's, once
+    /// `settle` has settled what its claims name) and holds its lock until the returned
+    /// [`Participant`] drops.
+    ///
+    /// # Errors
+    ///
+    /// [`AttachError::TooManyParticipants`], [`AttachError::Io`].
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        role: Role,
+        settle: Settle<'_>,
+    ) -> Result<Participant, AttachError> {
+        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        let mut own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = &self.participants().entries;
+        // Free entries first, so that a dead endpoint's entry stays as evidence of its
+        // death (its peers report `PeerDead` by it) until the table has no other room.
+        let free_first = (0..MAX_PARTICIPANTS)
+            // Relaxed: a hint for the order of tries; the lock decides.
+            .filter(|&i| entries[i].load(Ordering::Relaxed) == 0)
+            .chain((0..MAX_PARTICIPANTS).filter(|&i| entries[i].load(Ordering::Relaxed) != 0));
+        for index in free_first {
+            if *own & (1 << index) != 0 {
+                continue;
+            }
+            // The lock first: holding it makes the entry ours, whatever it says (a free
+            // entry, or a dead endpoint's).
+            let byte = 1 + index as u64;
+            if self.segment.lock_byte(byte).map_err(lock_error("fcntl(F_OFD_SETLK)"))? {
+                let claims = &self.participants().claims[index];
+                // A dead endpoint's claims are the only evidence of cells it won and never
+                // finished: settle them before they are overwritten, or leave the entry.
+                if !settle(claims) {
+                    self.segment.unlock_byte(byte);
+                    continue;
+                }
+                // Relaxed: the entry is ours; nobody reads these until we win a position.
+                claims.push.store(0, Ordering::Relaxed);
+                claims.pop.store(0, Ordering::Relaxed);
+                *own |= 1 << index;
+                // Relaxed: the entry is a claim that readers check against the lock (a
+                // syscall on both sides), not a publication of other data.
+                entries[index]
+                    .store(u64::from(role.code()) << 32 | u64::from(pid), Ordering::Relaxed);
+                return Ok(Participant { table: self.clone(), index });
+            }
+        }
+        Err(AttachError::TooManyParticipants { max: MAX_PARTICIPANTS as u32 })
+    }
+
+    /// Entry `index` checked against its liveness lock: `None` when free, else its value
+    /// and whether its holder lives. Entries this handle holds (`own`) live; another's
+    /// lives while some description holds its byte; one whose lock is gone and whose
+    /// value is unchanged after that was seen is dead (a leaving endpoint clears its entry
+    /// before it unlocks). One `F_OFD_GETLK` per entry not ours.
+    fn probe(&self, index: usize, own: u64) -> io::Result<Option<(u64, bool)>> {
+        let entry = &self.participants().entries[index];
+        // Relaxed: a claim, checked against the lock.
+        let value = entry.load(Ordering::Relaxed);
+        if value == 0 {
+            return Ok(None);
+        }
+        if own & (1 << index) != 0 || self.segment.byte_held_elsewhere(1 + index as u64)? {
+            return Ok(Some((value, true)));
+        }
+        // Relaxed: as above.
+        Ok((entry.load(Ordering::Relaxed) == value).then_some((value, false)))
+    }
+
+    /// Live and dead endpoints of `role`. A handful of syscalls: for blocked endpoints and
+    /// tools only.
+    pub(crate) fn peers(&self, role: Role) -> io::Result<PeerCount> {
+        let (code, own) = (u64::from(role.code()), self.own());
+        let mut count = PeerCount::default();
+        for index in 0..MAX_PARTICIPANTS {
+            match self.probe(index, own)? {
+                Some((value, true)) if value >> 32 == code => count.live += 1,
+                Some((value, false)) if value >> 32 == code => count.dead += 1,
+                _ => {}
+            }
+        }
+        Ok(count)
+    }
+
+    /// If entry `index` is held by nobody although it names an endpoint (that endpoint's
+    /// process died), the pid it recorded. `None` for entries this handle holds.
+    pub(crate) fn entry_dead(&self, index: usize) -> Option<u32> {
+        if index >= MAX_PARTICIPANTS {
+            return None;
+        }
+        match self.probe(index, self.own()) {
+            Ok(Some((value, false))) => Some(value as u32),
+            _ => None,
+        }
+    }
+
+    /// Whether an endpoint of `role` recorded with `pid` is attached and alive.
+    fn role_holder_alive(&self, role: Role, pid: u32) -> Result<bool, AttachError> {
+        let wanted = u64::from(role.code()) << 32 | u64::from(pid);
+        let own = self.own();
+        for index in 0..MAX_PARTICIPANTS {
+            let entry = self.probe(index, own).map_err(lock_error("fcntl(F_OFD_GETLK)"))?;
+            if entry == Some((wanted, true)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether a dead endpoint's claim line names MPMC position `pos` on `role`'s side: a
+    /// word names a position only after its endpoint won it, and the lock says whether that
+    /// endpoint is dead.
+    pub(crate) fn claimant_dead(&self, role: Role, pos: u64) -> bool {
+        let own = self.own();
+        let claims = &self.participants().claims;
+        (0..MAX_PARTICIPANTS).any(|i| {
+            let word = match role {
+                Role::Producer => &claims[i].push,
+                Role::Consumer => &claims[i].pop,
+            };
+            // Relaxed: see above; the probe that follows reads the lock.
+            Claims::names(word.load(Ordering::Relaxed), pos)
+                && matches!(self.probe(i, own), Ok(Some((_, false))))
+        })
+    }
+}
+
+/// An entry of the participant table, held (with its liveness lock) for the life of an
+/// endpoint.
+#[derive(Debug)]
+pub(crate) struct Participant {
+    table: Arc<ParticipantTable>,
+    index: usize,
+}
+
+impl Drop for Participant {
+    fn drop(&mut self) {
+        let mut own = self.table.own.lock().unwrap_or_else(PoisonError::into_inner);
+        let participants = self.table.participants();
+        // Every claim of a leaving endpoint is finished. Relaxed: as the entry below.
+        let claims = &participants.claims[self.index];
+        claims.push.store(0, Ordering::Relaxed);
+        claims.pop.store(0, Ordering::Relaxed);
+        // Cleared before the lock goes, so a prober that finds the lock gone and then the
+        // entry unchanged knows that the holder died rather than left. Relaxed: as in
+        // `register`; the unlock syscall below orders it for other processes.
+        participants.entries[self.index].store(0, Ordering::Relaxed);
+        self.table.segment.unlock_byte(1 + self.index as u64);
+        *own &= !(1 << self.index);
+    }
+}
+
+/// What an endpoint holds in a ring's segment: its participant entry and, for SPSC, its
+/// role. It is also what the endpoint's storage answers liveness questions with
+/// ([`Watch`]).
+#[derive(Debug)]
+pub struct Attachment {
+    /// SPSC: the role and its claim word in the ring header.
+    role: Option<(Role, NonNull<AtomicU32>)>,
+    /// The entry's claim line, inside the mapping (read on every MPMC push and pop).
+    claims: NonNull<Claims>,
+    // Dropped after the role is given back (fields drop after `Drop::drop`).
+    participant: Participant,
+}
+
+// SAFETY: pointers into the mapping that `participant.table` keeps alive; atomics only.
+unsafe impl Send for Attachment {}
+// SAFETY: as above.
+unsafe impl Sync for Attachment {}
+
+impl Attachment {
+    /// Registers an endpoint of `role` in `table` (see [`ParticipantTable::register`]).
+    /// With `claim` (an SPSC ring's claim word for `role`), also claims the role, taking
+    /// it over from a dead holder.
+    ///
+    /// # Errors
+    ///
+    /// [`AttachError::RoleTaken`] while another holder of the role lives, and what
+    /// registering returns.
+    pub(crate) fn take(
+        table: &Arc<ParticipantTable>,
+        role: Role,
+        claim: Option<NonNull<AtomicU32>>,
+        settle: Settle<'_>,
+    ) -> Result<Self, AttachError> {
+        let participant = table.register(role, settle)?;
+        let claims = NonNull::from(&table.participants().claims[participant.index]);
+        let Some(word_ptr) = claim else {
+            return Ok(Self { role: None, claims, participant });
+        };
+        // SAFETY: the claim word lies in the ring header, inside the mapping the table keeps
+        // alive; an atomic.
+        let word = unsafe { word_ptr.as_ref() };
+        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        let mut expected = 0;
+        loop {
+            // Acquire on success: pairs with the Release store in `drop` of the previous
+            // holder (or the Relaxed-then-death of a dead one, whose last positions we
+            // re-read from the control block anyway), so its last writes are visible.
+            match word.compare_exchange(expected, pid, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Ok(Self { role: Some((role, word_ptr)), claims, participant }),
+                Err(0) => expected = 0,
+                Err(holder_pid) => {
+                    if table.role_holder_alive(role, holder_pid)? {
+                        return Err(AttachError::RoleTaken { role, holder_pid });
+                    }
+                    expected = holder_pid; // dead: take the role over
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        if let Some((_, word)) = self.role {
+            // SAFETY: as in `take`; the mapping lives until `participant` drops, after this.
+            let word = unsafe { word.as_ref() };
+            // Release: pairs with the Acquire CAS in `take` of the next holder.
+            word.store(0, Ordering::Release);
+        }
+    }
+}
+
+impl Watch for Attachment {
+    const WATCHES: bool = true;
+    fn all_dead(&self, role: Role) -> bool {
+        // A probe that fails (it cannot, for an open descriptor) counts as "alive": waiting
+        // on is the safe answer.
+        self.participant.table.peers(role).is_ok_and(|p| p.live == 0 && p.dead > 0)
+    }
+    fn damaged(&self) -> Option<Corrupted> {
+        self.participant.table.segment.truncated().then_some(Corrupted {
+            what: "segment truncated by another process (pages past its end now read as zeros)",
+        })
+    }
+    #[inline(always)]
+    fn claims(&self) -> Option<&Claims> {
+        // SAFETY: the entry's claim line, inside the mapping the participant keeps alive;
+        // atomics only.
+        Some(unsafe { self.claims.as_ref() })
+    }
+    fn claimant_dead(&self, role: Role, pos: u64) -> bool {
+        self.participant.table.claimant_dead(role, pos)
+    }
+    fn entry(&self) -> Option<u32> {
+        Some(self.participant.index as u32)
+    }
+    fn entry_dead(&self, index: u32) -> Option<u32> {
+        self.participant.table.entry_dead(index as usize)
+    }
+}

@@ -1,0 +1,21 @@
+//! Slot pools: a fixed set of equal, preallocated slots per sender, leased with a
+//! generation number and returned through a free-slot ring.
+//!
+//! | file | what lives there |
+//! |---|---|
+//! | `lease.rs` | the lease protocol ([`PoolCore`]): slot records and free ring over any storage; [`AcquireError`] |
+//! | `segment.rs` | a pool in shared memory ([`PoolSegment`]): records, free ring, host slots |
+//! | `cuda.rs` | device pools (feature `cuda`): the allocation, the slots' IPC events, export and import; [`CudaError`] |
+//!
+//! A pool belongs to one sender; any receiver of its channel maps it on first sight and
+//! returns slots to it.
+
+pub(crate) mod cuda;
+mod lease;
+#[cfg(not(loom))]
+mod segment;
+
+pub use cuda::CudaError;
+pub use lease::{AcquireError, HeapPool, PoolCore, SlotRef, heap_pool};
+#[cfg(not(loom))]
+pub(crate) use segment::{PoolError, PoolSegment};

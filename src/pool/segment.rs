@@ -1,0 +1,244 @@
+//! A pool in shared memory: the slot records and the free ring of [`PoolCore`], then the
+//! slots themselves (host pools) or the CUDA handles of a device allocation (device pools,
+//! whose part lives in `cuda.rs`). See [`PoolLayout`].
+//!
+//! The sender creates the segment; receivers open it. Its name is not unlinked on drop: the
+//! sender marks it closed, and whoever sees it closed with every slot free (the sender
+//! itself, or the receiver returning the last slot in flight) unlinks it.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::lease::PoolCore;
+use crate::layout::{
+    BACKEND_CUDA, BACKEND_HOST, Corrupted, MpmcCell, PoolHeader, PoolLayout, SegmentKind,
+    SlotRecord,
+};
+use crate::liveness::{AttachError, Role};
+use crate::ring::{RingSegment, ShmStorage};
+use crate::shm::{Segment, ShmError};
+use crate::sync::Ordering;
+
+/// The slot records of a mapped pool segment.
+#[derive(Debug)]
+pub struct ShmRecords {
+    // Keeps the mapping alive.
+    _segment: Arc<Segment>,
+    ptr: NonNull<SlotRecord>,
+    len: usize,
+}
+
+impl std::ops::Deref for ShmRecords {
+    type Target = [SlotRecord];
+    fn deref(&self) -> &[SlotRecord] {
+        // SAFETY: `len` records start at `ptr`, inside the mapping that `segment` keeps
+        // alive (placed by a checked `PoolLayout`); records are atomics, valid for any
+        // bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+// SAFETY: a view of shared memory made only of atomics; nothing ties it to a thread.
+unsafe impl Send for ShmRecords {}
+// SAFETY: as above.
+unsafe impl Sync for ShmRecords {}
+
+/// A pool's shared-memory segment: records and free ring, then the slots (host
+/// backend) or the CUDA IPC handles of the allocation and of each slot's events (CUDA
+/// backend).
+///
+/// The sender creates it; receivers open it. Its name is not unlinked on drop: the
+/// sender marks it closed, and whoever sees it closed with every slot free (the sender
+/// itself, or the receiver returning the last slot in flight) unlinks it.
+#[derive(Debug)]
+pub struct PoolSegment {
+    pub(crate) core: PoolCore<ShmRecords, ShmStorage<MpmcCell<u32>>>,
+    pub(super) segment: Arc<Segment>,
+    pub(super) layout: PoolLayout,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by device pools
+    pub(super) backend: u32,
+    // Host backend only: slot 0's bytes.
+    data: Option<NonNull<u8>>,
+}
+
+// SAFETY: `data` points into the mapping `segment` keeps alive; slot bytes are only
+// handed out under the lease protocol.
+unsafe impl Send for PoolSegment {}
+// SAFETY: as above.
+unsafe impl Sync for PoolSegment {}
+
+fn kind(backend: u32) -> SegmentKind {
+    if backend == BACKEND_CUDA { SegmentKind::CudaPool } else { SegmentKind::HostPool }
+}
+
+impl PoolSegment {
+    /// Creates pool segment `name` for `backend`: `slot_count` free slots of
+    /// `slot_size` bytes. `init` writes the backend's part (CUDA handles) before the
+    /// segment is published.
+    pub(crate) fn create(
+        name: &str,
+        backend: u32,
+        slot_count: u32,
+        slot_size: u64,
+        init: impl FnOnce(&Segment, &PoolLayout),
+    ) -> Result<Self, PoolError> {
+        let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
+            .expect("pool parameters are checked when the channel is created or opened");
+        let n = slot_count as usize;
+        let mut segment = Segment::create(name, kind(backend), layout.total_size, false, |seg| {
+            // SAFETY: offsets from `layout`, which sized the segment; ours alone until
+            // `create` publishes it.
+            let header = unsafe { seg.at::<PoolHeader>(layout.header).as_ref() };
+            // Relaxed: published by the Release store of `init` in `Segment::create`.
+            header.slot_count.store(slot_count, Ordering::Relaxed);
+            header.backend.store(backend, Ordering::Relaxed);
+            header.slot_size.store(slot_size, Ordering::Relaxed);
+            header.owner_pid.store(std::process::id(), Ordering::Relaxed);
+            // Records are zero (free, generation 0) in a fresh object. The free ring
+            // starts full: cell i holds slot i, written at position i.
+            RingSegment::init_in::<u32, MpmcCell<u32>>(seg, &layout.free_ring, |i| {
+                if i < n { MpmcCell::written(i as u64, i as u32) } else { MpmcCell::new(i as u64) }
+            });
+            // SAFETY: as above.
+            let control =
+                unsafe { seg.at::<crate::layout::RingControl>(layout.free_ring.control).as_ref() };
+            control.tail.store(n as u64, Ordering::Relaxed);
+            init(seg, &layout);
+            Ok::<_, ShmError>(())
+        })?;
+        segment.keep_name();
+        Self::new(Arc::new(segment), layout, backend, Role::Consumer)
+    }
+
+    /// Opens pool segment `name`, which must hold `slot_count` slots of `slot_size`
+    /// bytes (what the channel's pool table says).
+    pub(crate) fn open(
+        name: &str,
+        backend: u32,
+        slot_count: u32,
+        slot_size: u64,
+        timeout: Duration,
+    ) -> Result<Self, PoolError> {
+        let segment = Segment::open(name, kind(backend), timeout)?;
+        let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
+            .ok_or(Corrupted { what: "pool table entry holds impossible slot parameters" })?;
+        if segment.len() != layout.total_size {
+            return Err(PoolError::Segment(ShmError::SizeMismatch {
+                expected: layout.total_size as u64,
+                found: segment.len() as u64,
+            }));
+        }
+        // SAFETY: inside the mapping (its size equals the layout's); atomics only.
+        let header = unsafe { segment.at::<PoolHeader>(layout.header).as_ref() };
+        // Relaxed: `Segment::open` synchronised with the creator through `init`.
+        let found = (
+            header.slot_count.load(Ordering::Relaxed),
+            header.slot_size.load(Ordering::Relaxed),
+            header.backend.load(Ordering::Relaxed),
+        );
+        if found != (slot_count, slot_size, backend) {
+            return Err(
+                Corrupted { what: "pool header disagrees with the channel's pool table" }.into()
+            );
+        }
+        RingSegment::check_in::<u32>(&segment, &layout.free_ring)?;
+        Self::new(Arc::new(segment), layout, backend, Role::Producer)
+    }
+
+    /// `role` in the free ring: the sender (creator) takes slots out, a receiver
+    /// (opener) puts them back; the participant entry lets a sender that waits for
+    /// slots learn that every receiver holding them has died.
+    fn new(
+        segment: Arc<Segment>,
+        layout: PoolLayout,
+        backend: u32,
+        role: Role,
+    ) -> Result<Self, PoolError> {
+        // SAFETY: offsets from the layout that sized the segment (`at` checks bounds
+        // and alignment).
+        let records = unsafe { segment.at::<SlotRecord>(layout.records) };
+        // SAFETY: as above; host pools end with their slots.
+        let data = (backend == BACKEND_HOST).then(|| unsafe { segment.at::<u8>(layout.data) });
+        let records =
+            ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
+        let ring = RingSegment::view(segment.clone(), layout.free_ring, true);
+        let core = PoolCore::new(records, ring.attached_storage::<MpmcCell<u32>>(role)?)?;
+        Ok(Self { core, segment, layout, backend, data })
+    }
+
+    /// The bytes of slot `slot` (`slot < slot_count`, checked by the caller's lease).
+    ///
+    /// # Panics
+    ///
+    /// On a device pool (its bytes are not here), or a slot out of range.
+    pub(crate) fn slot_ptr(&self, slot: u32) -> NonNull<u8> {
+        assert!((slot as usize) < self.layout.slot_count, "slot index checked by the lease");
+        let data = self.data.expect("host slots live in host pools only");
+        // SAFETY: slot < slot_count, so the slot lies inside the mapping.
+        unsafe { data.add(self.layout.slot_offset(slot as usize) - self.layout.data) }
+    }
+
+    /// Usable bytes per slot.
+    pub(crate) fn slot_size(&self) -> usize {
+        self.layout.slot_size
+    }
+
+    /// The segment's name.
+    pub(crate) fn name(&self) -> &str {
+        self.segment.name()
+    }
+
+    fn header(&self) -> &PoolHeader {
+        // SAFETY: offset from the checked layout; atomics only.
+        unsafe { self.segment.at::<PoolHeader>(self.layout.header).as_ref() }
+    }
+
+    /// The sender is gone: mark the pool closed, and unlink it if nothing is in flight.
+    pub(crate) fn close(&self) {
+        // SeqCst: pairs with the SeqCst load in `unlink_if_drained` and the SeqCst
+        // slot CAS in `PoolCore::release` (a store-load handshake: of the closer and
+        // the last releaser, at least one sees the pool closed and drained).
+        self.header().closed.store(1, Ordering::SeqCst);
+        self.unlink_if_drained();
+    }
+
+    /// After a release: if the sender is gone and every slot is free, nothing can
+    /// refer to the pool any more, so remove its name.
+    pub(crate) fn unlink_if_drained(&self) {
+        // SeqCst: see `close`.
+        if self.header().closed.load(Ordering::SeqCst) == 1 && self.core.all_free() {
+            // Two parties may both get here; the second unlink finds nothing.
+            let _ = Segment::unlink(self.segment.name());
+        }
+    }
+}
+
+/// Why a pool segment could not be made or mapped.
+#[derive(Debug)]
+pub(crate) enum PoolError {
+    /// Creating or opening the segment failed.
+    Segment(ShmError),
+    /// Attaching to its free ring failed.
+    Attach(AttachError),
+    /// The segment's contents are impossible.
+    Corrupted(Corrupted),
+}
+
+impl From<ShmError> for PoolError {
+    fn from(e: ShmError) -> Self {
+        PoolError::Segment(e)
+    }
+}
+
+impl From<AttachError> for PoolError {
+    fn from(e: AttachError) -> Self {
+        PoolError::Attach(e)
+    }
+}
+
+impl From<Corrupted> for PoolError {
+    fn from(c: Corrupted) -> Self {
+        PoolError::Corrupted(c)
+    }
+}

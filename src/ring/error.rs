@@ -1,0 +1,118 @@
+//! What a push or a pop can run into: one small error per operation, as `try_x` and the
+//! blocking forms report it. A value that could not be pushed is handed back.
+
+use crate::layout::Corrupted;
+use crate::liveness::Blocked;
+
+/// Why [`try_push`](crate::SpscProducer::try_push) did not push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TryPushError<T> {
+    /// The ring is full; here is the value back.
+    Full(T),
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+/// Why a blocking [`push`](crate::SpscProducer::push) did not push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PushError<T> {
+    /// The deadline passed with the ring still full; here is the value back.
+    Timeout(T),
+    /// The ring is full and every consumer that attached to it has died (named rings:
+    /// their liveness locks are gone); here is the value back.
+    PeerDead(T),
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+/// Why [`try_pop`](crate::SpscConsumer::try_pop) returned nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TryPopError {
+    /// The ring is empty.
+    Empty,
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+/// Why a blocking [`pop`](crate::SpscConsumer::pop) returned nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PopError {
+    /// The deadline passed with the ring still empty.
+    Timeout,
+    /// Every producer that attached to the ring has died, and everything they published
+    /// has been taken (named rings: their liveness locks are gone).
+    PeerDead,
+    /// The ring's shared state is impossible.
+    Corrupted(Corrupted),
+}
+
+macro_rules! display_errors {
+    ($($ty:ty => |$s:ident, $f:ident| $body:expr;)*) => {$(
+        impl core::fmt::Display for $ty {
+            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                let $s = self;
+                $body
+            }
+        }
+    )*};
+}
+
+display_errors! {
+    TryPopError => |s, f| match s {
+        TryPopError::Empty => f.write_str("ring is empty"),
+        TryPopError::Corrupted(c) => c.fmt(f),
+    };
+    PopError => |s, f| match s {
+        PopError::Timeout => f.write_str("timed out waiting for a message"),
+        PopError::PeerDead => f.write_str("every producer of the ring has died (all it published was taken)"),
+        PopError::Corrupted(c) => c.fmt(f),
+    };
+}
+
+impl<T> core::fmt::Display for TryPushError<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            TryPushError::Full(_) => f.write_str("ring is full"),
+            TryPushError::Corrupted(c) => c.fmt(f),
+        }
+    }
+}
+
+impl<T> core::fmt::Display for PushError<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PushError::Timeout(_) => f.write_str("timed out waiting for room in the ring"),
+            PushError::PeerDead(_) => f.write_str("the ring is full and every consumer has died"),
+            PushError::Corrupted(c) => c.fmt(f),
+        }
+    }
+}
+
+impl<T: core::fmt::Debug> std::error::Error for TryPushError<T> {}
+impl<T: core::fmt::Debug> std::error::Error for PushError<T> {}
+impl std::error::Error for TryPopError {}
+impl std::error::Error for PopError {}
+
+impl<T> PushError<T> {
+    pub(crate) fn from_blocked(blocked: Blocked, value: T) -> Self {
+        match blocked {
+            Blocked::Timeout => PushError::Timeout(value),
+            Blocked::PeerDead => PushError::PeerDead(value),
+            Blocked::Corrupted(c) => PushError::Corrupted(c),
+        }
+    }
+}
+
+impl From<Blocked> for PopError {
+    fn from(blocked: Blocked) -> Self {
+        match blocked {
+            Blocked::Timeout => PopError::Timeout,
+            Blocked::PeerDead => PopError::PeerDead,
+            Blocked::Corrupted(c) => PopError::Corrupted(c),
+        }
+    }
+}

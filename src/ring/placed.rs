@@ -1,0 +1,299 @@
+//! A ring placed in a mapped segment: a whole ring segment (named rings), the descriptor
+//! ring of a channel, or the free ring of a pool.
+//!
+//! [`RingSegment`] is the ring's view of the segment (header, control block, cells, and
+//! the participant table through [`crate::liveness`]); [`ShmStorage`] is the [`Storage`]
+//! an endpoint runs the algorithms over, holding the endpoint's [`Attachment`] (its
+//! participant entry and, for SPSC, its role) for as long as the endpoint lives.
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use super::{Storage, mpmc, spsc};
+use crate::layout::{
+    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, STAMP_SKIPPED, SpscCell,
+};
+use crate::liveness::{AttachError, Attachment, ParticipantTable, Role};
+use crate::shm::Segment;
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// A ring's cells and control block inside a mapped segment, with the attachment of the
+/// endpoint that uses them.
+#[derive(Debug)]
+pub(crate) struct ShmStorage<C> {
+    ring: Arc<RingSegment>,
+    // Released when the last clone drops (SPSC endpoints are never cloned).
+    attachment: Arc<Attachment>,
+    _cell: PhantomData<C>,
+}
+
+impl<C> Clone for ShmStorage<C> {
+    fn clone(&self) -> Self {
+        Self { ring: self.ring.clone(), attachment: self.attachment.clone(), _cell: PhantomData }
+    }
+}
+
+// SAFETY: `RingSegment::view` checked that the layout ends inside the segment, whose
+// parameters the caller checked (a power-of-two capacity of cells of `C`'s size, asserted
+// in `storage`); the mapping lives as long as the `Arc<RingSegment>` that every clone
+// holds. Cells were initialised by the creator before `init` was published.
+unsafe impl<C> Storage for ShmStorage<C> {
+    type Cell = C;
+    type Watch = Attachment;
+    fn control(&self) -> &RingControl {
+        self.ring.control()
+    }
+    fn cells(&self) -> &[C] {
+        // SAFETY: `capacity` cells of `C` start at `cells`, inside the mapping; C is a cell
+        // type (atomics and UnsafeCell<Pod>), valid for any bytes.
+        unsafe {
+            std::slice::from_raw_parts(self.ring.cells.cast().as_ptr(), self.ring.layout.capacity)
+        }
+    }
+    #[inline(always)]
+    fn watch(&self) -> &Attachment {
+        &self.attachment
+    }
+}
+
+// SAFETY: the storage is a view of shared memory whose cells are accessed only under the
+// ring protocol, and `C` holds `Pod` values; nothing in it is tied to a thread.
+unsafe impl<C: Send> Send for ShmStorage<C> {}
+// SAFETY: as above.
+unsafe impl<C: Send> Sync for ShmStorage<C> {}
+
+/// A ring inside a mapped segment: a whole ring segment, or the ring part of a channel or
+/// pool segment.
+#[derive(Debug)]
+pub(crate) struct RingSegment {
+    segment: Arc<Segment>,
+    layout: RingLayout,
+    control: NonNull<RingControl>,
+    cells: NonNull<u8>,
+    /// Whether the cells are `MpmcCell`s (a stamp first), whose dead claims are settled.
+    stamped: bool,
+    table: Arc<ParticipantTable>,
+}
+
+// SAFETY: pointers into the mapping owned by `segment`; see `ShmStorage`.
+unsafe impl Send for RingSegment {}
+// SAFETY: as above.
+unsafe impl Sync for RingSegment {}
+
+impl RingSegment {
+    /// The ring at `layout` inside `segment`, whose parameters the caller has checked.
+    /// `stamped`: the cells are `MpmcCell`s.
+    ///
+    /// # Panics
+    ///
+    /// If the ring does not fit in the segment (a bug in the caller's checks).
+    pub(crate) fn view(segment: Arc<Segment>, layout: RingLayout, stamped: bool) -> Arc<Self> {
+        assert!(layout.total_size <= segment.len(), "ring outside its segment");
+        // SAFETY: offsets from a layout that ends inside the mapping (`at` checks each).
+        let (control, cells) =
+            unsafe { (segment.at::<RingControl>(layout.control), segment.at::<u8>(layout.cells)) };
+        let table = ParticipantTable::new(segment.clone(), layout.participants);
+        Arc::new(Self { segment, layout, control, cells, stamped, table })
+    }
+
+    /// The segment the ring lives in.
+    pub(crate) fn segment(&self) -> &Segment {
+        &self.segment
+    }
+
+    /// Number of cells.
+    pub(crate) fn capacity(&self) -> usize {
+        self.layout.capacity
+    }
+
+    fn header(&self) -> &RingHeader {
+        // SAFETY: offset from the checked layout; RingHeader is atomics only.
+        unsafe { self.segment.at::<RingHeader>(self.layout.ring_header).as_ref() }
+    }
+
+    fn control(&self) -> &RingControl {
+        // SAFETY: offset from the checked layout, in bounds and aligned; RingControl is
+        // atomics only, valid for any bytes.
+        unsafe { self.control.as_ref() }
+    }
+
+    /// Threads asleep waiting for an element, and for room (a diagnostic snapshot).
+    pub(crate) fn sleepers(&self) -> (u32, u32) {
+        let c = self.control();
+        (c.not_empty.sleepers(), c.not_full.sleepers())
+    }
+
+    /// The stamp word of position `pos`'s cell (stamped rings only: an `MpmcCell` starts
+    /// with its stamp).
+    fn stamp(&self, pos: u64) -> &AtomicU64 {
+        debug_assert!(self.stamped);
+        let index = (pos & (self.layout.capacity as u64 - 1)) as usize;
+        // SAFETY: index < capacity, so the cell lies inside the cell array of the checked
+        // layout; an `MpmcCell` is `repr(C)` with its `AtomicU64` stamp first and is
+        // 64-byte aligned, as the cell array is.
+        unsafe { &*self.cells.as_ptr().add(index * self.layout.cell_size).cast() }
+    }
+
+    /// Settles the claims of a participant entry whose lock a registering endpoint has just
+    /// taken (so its previous holder, if any, is dead), before the entry is reused: a cell
+    /// it won as a producer and left unwritten is skipped. Returns `false`, leaving the
+    /// claims alone, when it won a cell as a consumer and never freed it: that element
+    /// waits for a consumer to adopt it (which needs this evidence), so the entry is not
+    /// reused yet.
+    fn settle(&self, claims: &Claims) -> bool {
+        if !self.stamped {
+            return true;
+        }
+        // Relaxed: the previous holder is dead; the stamp CASes decide.
+        let (push, pop) = (claims.push.load(Ordering::Relaxed), claims.pop.load(Ordering::Relaxed));
+        let capacity = self.layout.capacity as u64;
+        let control = self.control();
+        // Relaxed: bounds for a forged word; the CASes decide.
+        let (tail, head) =
+            (control.tail.load(Ordering::Relaxed), control.head.load(Ordering::Relaxed));
+        // A word names positions its holder won: below tail (push) or head (pop), within a
+        // lap. Anything else is stale or forged and ignored.
+        for pos in Claims::positions(pop, head, capacity) {
+            // Relaxed: a snapshot; an adopter's CAS changes it, never back.
+            if self.stamp(pos).load(Ordering::Relaxed) & !STAMP_SKIPPED == pos.wrapping_add(1) {
+                return false;
+            }
+        }
+        let mut skipped = false;
+        for pos in Claims::positions(push, tail, capacity) {
+            skipped |= super::repair::skip_unwritten(self.stamp(pos), pos);
+        }
+        if skipped {
+            crate::wait::notify(&control.not_empty);
+        }
+        true
+    }
+
+    /// The SPSC claim word of `role` in the ring header.
+    fn claim_word(&self, role: Role) -> NonNull<AtomicU32> {
+        let header = self.header();
+        NonNull::from(match role {
+            Role::Producer => &header.producer_claim,
+            Role::Consumer => &header.consumer_claim,
+        })
+    }
+
+    /// Attaches an endpoint of `role`; with `spsc`, claiming the role too.
+    fn attach(self: &Arc<Self>, role: Role, spsc: bool) -> Result<Attachment, AttachError> {
+        let claim = spsc.then(|| self.claim_word(role));
+        Attachment::take(&self.table, role, claim, &|claims| self.settle(claims))
+    }
+
+    /// The SPSC producer end, claiming the producer role.
+    pub(crate) fn spsc_producer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<spsc::Producer<T, ShmStorage<SpscCell<T>>>, AttachError> {
+        let storage = self.storage(self.attach(Role::Producer, true)?);
+        // SAFETY: the claim makes this the only producer until it is dropped with the
+        // endpoint's storage (a holder whose role was taken over is dead).
+        Ok(unsafe { spsc::Producer::new(storage) }?)
+    }
+
+    /// The SPSC consumer end, claiming the consumer role.
+    pub(crate) fn spsc_consumer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<spsc::Consumer<T, ShmStorage<SpscCell<T>>>, AttachError> {
+        let storage = self.storage(self.attach(Role::Consumer, true)?);
+        // SAFETY: the claim makes this the only consumer until it is dropped with the
+        // endpoint's storage (a holder whose role was taken over is dead).
+        Ok(unsafe { spsc::Consumer::new(storage) }?)
+    }
+
+    /// An MPMC producer end.
+    pub(crate) fn mpmc_producer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<mpmc::Producer<T, ShmStorage<MpmcCell<T>>>, AttachError> {
+        Ok(mpmc::Producer::new(self.storage(self.attach(Role::Producer, false)?))?)
+    }
+
+    /// An MPMC consumer end.
+    pub(crate) fn mpmc_consumer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<mpmc::Consumer<T, ShmStorage<MpmcCell<T>>>, AttachError> {
+        Ok(mpmc::Consumer::new(self.storage(self.attach(Role::Consumer, false)?))?)
+    }
+
+    /// Storage for a ring that one process uses in both directions (a pool's free ring),
+    /// registered in the participant table as `role`.
+    pub(crate) fn attached_storage<C>(
+        self: &Arc<Self>,
+        role: Role,
+    ) -> Result<ShmStorage<C>, AttachError> {
+        Ok(self.storage(self.attach(role, false)?))
+    }
+
+    fn storage<C>(self: &Arc<Self>, attachment: Attachment) -> ShmStorage<C> {
+        // The layout was computed for one cell type; a view with another would mis-stride.
+        assert_eq!(size_of::<C>(), self.layout.cell_size, "cell type does not match the layout");
+        ShmStorage { ring: self.clone(), attachment: Arc::new(attachment), _cell: PhantomData }
+    }
+
+    /// Writes a fresh ring (header and cells) at `layout` into `seg`, which is being
+    /// created: call it from the `init` closure of `Segment::create`.
+    pub(crate) fn init_in<T: Pod, C>(
+        seg: &Segment,
+        layout: &RingLayout,
+        init_cell: impl Fn(usize) -> C,
+    ) {
+        assert_eq!(size_of::<C>(), layout.cell_size, "cell type does not match the layout");
+        // SAFETY: offsets from `layout`, which sized the segment (`at` checks the bounds);
+        // the memory is ours alone until `Segment::create` publishes it.
+        let header = unsafe { seg.at::<RingHeader>(layout.ring_header).as_ref() };
+        // Relaxed: published by the Release store of `init` in `Segment::create`.
+        header.capacity.store(layout.capacity as u64, Ordering::Relaxed);
+        header.elem_size.store(size_of::<T>() as u32, Ordering::Relaxed);
+        header.elem_align.store(align_of::<T>() as u32, Ordering::Relaxed);
+        for i in 0..layout.capacity {
+            // SAFETY: cell i lies inside the cell array of `layout`; nobody else has the
+            // segment yet, so a plain write is fine.
+            unsafe { seg.at::<C>(layout.cells + i * layout.cell_size).write(init_cell(i)) };
+        }
+    }
+
+    /// The element size and alignment, and the capacity, that the ring header at `base`
+    /// of an opened segment states (read once each; the caller checks them).
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] when the header does not fit in the segment.
+    pub(crate) fn read_params(seg: &Segment, base: usize) -> Result<((u32, u32), u64), Corrupted> {
+        if base.checked_add(size_of::<RingHeader>()).is_none_or(|end| end > seg.len()) {
+            return Err(Corrupted { what: "segment too small for its ring header" });
+        }
+        // SAFETY: inside the mapping (checked just above; `at` checks again); atomics only.
+        let header = unsafe { seg.at::<RingHeader>(base).as_ref() };
+        // Relaxed: `Segment::open` already synchronised with the creator through `init`.
+        let elem =
+            (header.elem_size.load(Ordering::Relaxed), header.elem_align.load(Ordering::Relaxed));
+        Ok((elem, header.capacity.load(Ordering::Relaxed)))
+    }
+
+    /// Checks the ring header at `layout.ring_header` of an opened channel or pool
+    /// segment: elements of `T`, and exactly `layout.capacity` cells (which the enclosing
+    /// segment's parameters implied). Both are fixed by what the segment is, so a mismatch
+    /// is corruption.
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] naming which disagrees.
+    pub(crate) fn check_in<T: Pod>(seg: &Segment, layout: &RingLayout) -> Result<(), Corrupted> {
+        let (elem, capacity) = Self::read_params(seg, layout.ring_header)?;
+        if elem != (size_of::<T>() as u32, align_of::<T>() as u32) {
+            return Err(Corrupted { what: "ring element size disagrees with the segment's kind" });
+        }
+        if capacity != layout.capacity as u64 {
+            return Err(Corrupted {
+                what: "ring capacity disagrees with the segment's parameters",
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,165 @@
+//! Repairs of MPMC cells whose winner died.
+//!
+//! An endpoint that wins a cell and dies before stamping it would stall the ring there for
+//! ever: a producer's unwritten cell looks empty to every consumer, a consumer's unfreed
+//! cell looks full to every producer a lap later. Storage that tracks its endpoints (named
+//! rings) gives each endpoint a [`Claims`] line, where it records
+//! every run of positions it wins (one position, or a slice's run), right after winning the
+//! compare-and-swap and before touching the cells. A word names a position only if its
+//! endpoint won it, so when the cell at that position is still unfinished and the endpoint
+//! is dead, nobody else will finish it. Every liveness tick, a blocked endpoint:
+//! - stamps a dead producer's unwritten cell *skipped*, `(p + 1) | STAMP_SKIPPED`
+//!   ([`repair`]; producers and consumers both do): consumers pass it, freeing it, without
+//!   returning anything (nothing was published there, so nothing published is lost, and
+//!   every producer's order is unchanged);
+//! - adopts a dead consumer's unfreed cell (consumers only): `| STAMP_ADOPTED`, read the
+//!   element, run the consumer's work on it, free the cell. Consumers run their work before
+//!   freeing a cell (`Consumer::pop_then_until`), so the dead one never returned the element,
+//!   and it arrives exactly once, later than the elements behind it.
+//!
+//! Each is a compare-and-swap from the exact stalled stamp, so it can only ever replace a
+//! stamp that the dead winner would have written. What is not covered: an endpoint killed
+//! in the two instructions between its winning CAS and its claim store; two threads sharing
+//! one endpoint (a clone of a handle) whose process dies with both mid-operation (the later
+//! claim overwrote the earlier); a consumer that dies while adopting. Those cells stay
+//! stalled.
+
+use bytemuck::Pod;
+
+use super::mpmc::Consumer;
+use super::{Storage, cell_at};
+use crate::layout::{Claims, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
+use crate::liveness::{Role, Watch};
+use crate::sync::{AtomicU64, Ordering};
+use crate::wait::notify;
+
+/// How far one repair or adoption looks (from `head`, or from the oldest cell producers
+/// wait for).
+pub(super) const REPAIR_SCAN: u64 = 64;
+
+/// Adopts the elements of up to `max` cells whose consumer won them and died before
+/// freeing them: takes each cell (stamp `| STAMP_ADOPTED`, a CAS from the exact stalled
+/// stamp), runs `each` on its element, frees the cell. Looks at the first [`REPAIR_SCAN`]
+/// positions from `tail - capacity` below `head`. Returns how many elements `each` saw (a
+/// skipped cell among them is freed and not counted).
+pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
+    storage: &S,
+    capacity: u64,
+    max: usize,
+    mut each: impl FnMut(T),
+) -> usize {
+    let control = storage.control();
+    // Relaxed: a window to look at; the stamp CAS decides. The two loads are not one
+    // snapshot: while others push and pop, the window can look impossible (head moved on
+    // between the loads). That is no evidence of corruption (the operations themselves
+    // check the positions), so this only gives up until the next tick.
+    let tail = control.tail.load(Ordering::Relaxed);
+    let head = control.head.load(Ordering::Relaxed);
+    if tail.wrapping_sub(head) > capacity || (tail | head) & STAMP_FLAGS != 0 {
+        return 0;
+    }
+    let oldest = tail.saturating_sub(capacity);
+    let mut seen = 0;
+    for pos in (0..(head - oldest).min(REPAIR_SCAN)).map(|i| oldest + i) {
+        if seen == max {
+            break;
+        }
+        let cell = cell_at(storage, capacity, pos);
+        // Relaxed: a candidate; the CAS below decides.
+        let raw = cell.stamp.load(Ordering::Relaxed);
+        if raw & !STAMP_SKIPPED != pos.wrapping_add(1)
+            || !storage.watch().claimant_dead(Role::Consumer, pos)
+        {
+            continue;
+        }
+        // Acquire on success: pairs with the producer's Release stamp store (the element's
+        // bytes are visible). The flag keeps producers out (the cell is not free) and every
+        // other adopter (the stamp is no longer the stalled one).
+        if cell
+            .stamp
+            .compare_exchange(raw, raw | STAMP_ADOPTED, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        if let Some(claims) = storage.watch().claims() {
+            // Relaxed: as in `claim_run`.
+            claims.pop.store(Claims::word(pos, 1), Ordering::Relaxed);
+        }
+        if raw & STAMP_SKIPPED == 0 {
+            // SAFETY: the CAS made this consumer the cell's only user: its winner is dead,
+            // producers wait for the free below, other adopters saw the stamp change.
+            // `T: Pod`: any bytes form a valid `T`.
+            each(cell.value.with(|p| unsafe { p.read() }));
+            seen += 1;
+        }
+        // Release: pairs with the producer's Acquire stamp load in `ready_run`.
+        cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
+        notify(&control.not_full);
+    }
+    seen
+}
+
+/// Stamps the cell of position `pos` skipped if it still holds `stamp == pos`: the
+/// producer that won `pos` never wrote it. Call only once that producer is known dead (see
+/// "Repair" above). Returns whether it did.
+pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
+    // Release on success: pairs with the consumer's Acquire stamp load in `try_pop_in`
+    // (nothing is published with it; the consumer only learns the cell is passable).
+    stamp
+        .compare_exchange(
+            pos,
+            pos.wrapping_add(1) | STAMP_SKIPPED,
+            Ordering::Release,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+}
+
+/// Skips the cells that stall an MPMC ring because the producer that won them died before
+/// writing them (see the module docs): among the first `REPAIR_SCAN` (64) positions from
+/// `head`, each still stamped unwritten whose winner the storage's
+/// [`Watch::claimant_dead`] says is dead. Wakes consumers if it skipped any; returns how
+/// many. Not for the fast path: it reads up to 64 stamps and may probe locks. Blocked
+/// endpoints run it every liveness tick.
+pub fn repair<T: Pod, S: Storage<Cell = MpmcCell<T>>>(storage: &S) -> u32 {
+    let control = storage.control();
+    let capacity = storage.cells().len() as u64;
+    // Relaxed: a window to look at; every repair is a CAS on a stamp, which decides.
+    let tail = control.tail.load(Ordering::Relaxed);
+    let head = control.head.load(Ordering::Relaxed);
+    let queued = tail.wrapping_sub(head);
+    if queued > capacity || (tail | head) & STAMP_FLAGS != 0 {
+        // Not one snapshot: head may have moved on between the loads (or the positions
+        // are forged, which the operations report). Look again next tick.
+        return 0;
+    }
+    let mut skipped = 0;
+    // Positions won by producers and not yet written: stamp == pos.
+    for pos in (0..queued.min(REPAIR_SCAN)).map(|i| head.wrapping_add(i)) {
+        let stamp = &cell_at(storage, capacity, pos).stamp;
+        // Relaxed: a candidate; `skip_unwritten`'s CAS decides.
+        if stamp.load(Ordering::Relaxed) == pos
+            && storage.watch().claimant_dead(Role::Producer, pos)
+            && skip_unwritten(stamp, pos)
+        {
+            skipped += 1;
+        }
+    }
+    if skipped > 0 {
+        notify(&control.not_empty);
+    }
+    skipped
+}
+
+impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
+    /// Takes the element of a cell whose consumer died before freeing it, running `then`
+    /// on it; `None` when there is none. Blocking pops call this every liveness tick; it
+    /// probes locks, so it is not for the fast path.
+    pub fn try_adopt_then<R>(&self, then: impl FnOnce(T) -> R) -> Option<R> {
+        let mut then = Some(then);
+        let mut r = None;
+        try_adopt_in(&self.storage, self.capacity, 1, |v| r = then.take().map(|f| f(v)));
+        r
+    }
+}
