@@ -12,13 +12,17 @@
 //! and p99 (printed at the end, and written to `target/criterion/samples-rings.csv`; see
 //! `common::Samples`). Throughput benchmarks report elements per second.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 mod common;
 
+use common::baselines::{DESC, LAST, STOP, descriptor, echo, ice_echo, ice_sink, ipc_peer, sink};
+use common::floor::{
+    FloorMap, floor_descriptor_peer, floor_futex_peer, floor_spin_peer, futex_wait, futex_wake,
+};
 use common::{Group, NAME, PEER, Peer, Samples, cpus, ice, peer, pin, unique};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use gpuring::internal::spsc;
@@ -27,15 +31,8 @@ use gpuring::{
 };
 use iceoryx2::prelude::BackpressureStrategy;
 
-const DESC: usize = size_of::<Descriptor>();
-const STOP: u64 = u64::MAX;
 /// Elements per slice in the batched throughput rows (`push_slice` / `pop_into`).
 const BATCH: usize = 32;
-const LAST: u64 = 1;
-
-fn descriptor(seq: u64) -> Descriptor {
-    Descriptor { seq, ..Default::default() }
-}
 
 /// The bench's side of a one-way stream: the producer of `{name}-ping` (1024 cells) and
 /// the consumer of `{name}-pong` (4 cells, for acknowledgements).
@@ -53,76 +50,6 @@ fn peer_ends<T: bytemuck::Pod + Send>(name: &str) -> (SpscConsumer<T>, SpscProdu
 }
 
 // ---------------------------------------------------------------------------------------
-// The raw floor: a page of shared memory with two counters, each on its own line.
-
-#[repr(C, align(128))]
-struct Line<T>(T);
-
-/// A descriptor and the stamp that publishes it: the least that moving one takes.
-#[repr(C, align(128))]
-struct RawCell {
-    stamp: AtomicU64,
-    value: std::cell::UnsafeCell<Descriptor>,
-}
-
-impl RawCell {
-    fn send(&self, d: Descriptor, stamp: u64) {
-        // Ask for every line of the cell for writing at once (as gpuring's producers do):
-        // the stores alone fetch them one miss after another, which measured 1.4-1.6x
-        // slower on an H100 VM. Runs before O (docs/BENCHMARKS.md) timed this floor
-        // without it.
-        #[cfg(target_arch = "x86_64")]
-        for offset in (0..size_of::<Self>()).step_by(64) {
-            // SAFETY: PREFETCHW only hints; it cannot fault or change memory, and decodes
-            // as a NOP where unsupported. The address is inside `self`.
-            unsafe {
-                std::arch::asm!(
-                    "prefetchw byte ptr [{0}]",
-                    in(reg) (self as *const Self).cast::<u8>().wrapping_add(offset),
-                    options(nostack, preserves_flags)
-                )
-            };
-        }
-        // SAFETY: the reader reads the value only after seeing this stamp, and the writer
-        // waits for the reply before writing again.
-        unsafe { self.value.get().write(d) };
-        self.stamp.store(stamp, Ordering::Release);
-    }
-
-    fn recv(&self, stamp: u64) -> Descriptor {
-        while self.stamp.load(Ordering::Acquire) != stamp {
-            std::hint::spin_loop();
-        }
-        // SAFETY: published by the Release store above; not rewritten before our reply.
-        unsafe { self.value.get().read() }
-    }
-}
-
-#[repr(C)]
-struct Floor {
-    ping: Line<AtomicU64>,
-    pong: Line<AtomicU64>,
-    ping32: Line<AtomicU32>,
-    pong32: Line<AtomicU32>,
-    ping_cell: RawCell,
-    pong_cell: RawCell,
-}
-
-const _: () = assert!(size_of::<Floor>() <= 4096);
-
-/// The floor's page of shared memory.
-type FloorMap = common::SharedPage<Floor>;
-
-fn futex_wait(word: &AtomicU32, expected: u32) {
-    let _ =
-        rustix::thread::futex::wait(word, rustix::thread::futex::Flags::empty(), expected, None);
-}
-
-fn futex_wake(word: &AtomicU32) {
-    let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
-}
-
-// ---------------------------------------------------------------------------------------
 // Peers
 
 fn run_peer(role: &str) {
@@ -130,52 +57,9 @@ fn run_peer(role: &str) {
     let index: usize = std::env::var("GPURING_BENCH_PEER_INDEX").unwrap().parse().unwrap();
     pin(cpus().get(1 + index).copied());
     match role {
-        "floor-spin" => {
-            let map = FloorMap::open(&name);
-            let f = map.get();
-            let mut last = 0;
-            loop {
-                // Acquire/Release: the handshake itself is what is measured.
-                let v = f.ping.0.load(Ordering::Acquire);
-                if v != last {
-                    if v == STOP {
-                        return;
-                    }
-                    last = v;
-                    f.pong.0.store(v, Ordering::Release);
-                }
-                std::hint::spin_loop();
-            }
-        }
-        "floor-descriptor-spin" => {
-            let map = FloorMap::open(&name);
-            let f = map.get();
-            for stamp in 1.. {
-                let d = f.ping_cell.recv(stamp);
-                if d.seq == STOP {
-                    return;
-                }
-                f.pong_cell.send(d, stamp);
-            }
-        }
-        "floor-futex" => {
-            let map = FloorMap::open(&name);
-            let f = map.get();
-            let mut last = 0;
-            loop {
-                let v = f.ping32.0.load(Ordering::Acquire);
-                if v == last {
-                    futex_wait(&f.ping32.0, last);
-                    continue;
-                }
-                if v == u32::MAX {
-                    return;
-                }
-                last = v;
-                f.pong32.0.store(v, Ordering::Release);
-                futex_wake(&f.pong32.0);
-            }
-        }
+        "floor-spin" => floor_spin_peer(&name),
+        "floor-descriptor-spin" => floor_descriptor_peer(&name),
+        "floor-futex" => floor_futex_peer(&name),
         "spsc-echo-spin" | "spsc-echo-spin-demote" | "spsc-echo-sleep" => {
             let policy = if role.contains("spin") {
                 WaitPolicy::spin_then_sleep(u32::MAX, 0)
@@ -278,20 +162,7 @@ fn run_peer(role: &str) {
         }
         "ice-echo-spin" | "ice-echo-sleep" => ice_echo(&name, role == "ice-echo-sleep"),
         "ice-sink" => ice_sink(&name),
-        "ipc-echo" | "ipc-sink" => {
-            // ipc-channel's idiom: make both channels here and hand the parent its ends
-            // through its one-shot server.
-            let (data_tx, data_rx) = ipc_channel::ipc::bytes_channel().unwrap();
-            let (back_tx, back_rx) = ipc_channel::ipc::bytes_channel().unwrap();
-            let boot = ipc_channel::ipc::IpcSender::connect(name).unwrap();
-            boot.send((data_tx, back_rx)).unwrap();
-            while let Ok(buf) = data_rx.recv() {
-                let d: Descriptor = bytemuck::pod_read_unaligned(&buf);
-                if role == "ipc-echo" || d.tag == LAST {
-                    back_tx.send(&buf).unwrap();
-                }
-            }
-        }
+        "ipc-echo" | "ipc-sink" => ipc_peer(name, role == "ipc-echo"),
         "pipe-echo" => echo(std::io::stdin().lock(), std::io::stdout().lock()),
         "unix-echo" => {
             let s = UnixStream::connect(&name).unwrap();
@@ -303,102 +174,6 @@ fn run_peer(role: &str) {
             sink(s.try_clone().unwrap(), s);
         }
         _ => panic!("unknown peer role {role}"),
-    }
-}
-
-/// Reads descriptors and writes each straight back.
-fn echo(mut r: impl Read, mut w: impl Write) {
-    let mut buf = [0u8; DESC];
-    while r.read_exact(&mut buf).is_ok() {
-        if w.write_all(&buf).and_then(|_| w.flush()).is_err() {
-            return;
-        }
-    }
-}
-
-/// Reads a count, then that many descriptors (buffered, as a user would), then acks.
-fn sink(r: impl Read, mut w: impl Write) {
-    let mut r = BufReader::with_capacity(1 << 16, r);
-    let mut buf = [0u8; DESC];
-    loop {
-        let mut n = [0u8; 8];
-        if r.read_exact(&mut n).is_err() {
-            return;
-        }
-        for _ in 0..u64::from_le_bytes(n) {
-            r.read_exact(&mut buf).unwrap();
-        }
-        w.write_all(&[1]).unwrap();
-        w.flush().unwrap();
-    }
-}
-
-/// iceoryx2 echo: receives on `{name}-ping`, sends each sample back on `{name}-pong`;
-/// `sleep`: waits on its listener between samples and notifies the other side's.
-fn ice_echo(name: &str, sleep: bool) {
-    let node = ice::node();
-    let ping = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 64);
-    let pong = ice::array_service::<DESC>(&node, &format!("{name}-pong"), 64);
-    let rx = ping.subscriber_builder().create().unwrap();
-    let tx = pong
-        .publisher_builder()
-        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
-        .create()
-        .unwrap();
-    let wake = sleep.then(|| {
-        (
-            ice::listener(&node, &format!("{name}-ping-ev")),
-            ice::notifier(&node, &format!("{name}-pong-ev")),
-        )
-    });
-    loop {
-        let Some(sample) = rx.receive().unwrap() else {
-            match &wake {
-                Some((listener, _)) => {
-                    listener.blocking_wait(|_| {}).unwrap();
-                }
-                None => std::hint::spin_loop(),
-            }
-            continue;
-        };
-        let bytes = *sample;
-        drop(sample);
-        if bytemuck::pod_read_unaligned::<Descriptor>(&bytes).seq == STOP {
-            return;
-        }
-        tx.send_copy(bytes).unwrap();
-        if let Some((_, notifier)) = &wake {
-            notifier.notify().unwrap();
-        }
-    }
-}
-
-/// iceoryx2 sink: receives on `{name}-ping`; a descriptor tagged `LAST` is acknowledged
-/// on `{name}-pong`.
-fn ice_sink(name: &str) {
-    let node = ice::node();
-    let data = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 1024);
-    let ack = ice::u64_service(&node, &format!("{name}-pong"), 4);
-    let rx = data.subscriber_builder().create().unwrap();
-    let tx = ack
-        .publisher_builder()
-        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
-        .create()
-        .unwrap();
-    loop {
-        let Some(sample) = rx.receive().unwrap() else {
-            std::hint::spin_loop();
-            continue;
-        };
-        let d: Descriptor = bytemuck::pod_read_unaligned(&*sample);
-        drop(sample);
-        match (d.seq, d.tag) {
-            (STOP, _) => return,
-            (_, LAST) => {
-                tx.send_copy(LAST).unwrap();
-            }
-            _ => {}
-        }
     }
 }
 

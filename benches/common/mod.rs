@@ -5,6 +5,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod baselines;
+pub mod floor;
 pub mod ice;
 
 /// The environment variable that names a peer's role.

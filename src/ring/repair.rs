@@ -26,7 +26,7 @@
 
 use bytemuck::Pod;
 
-use super::mpmc::Consumer;
+use super::mpmc::{Consumer, Producer};
 use super::{Storage, cell_at};
 use crate::layout::{Claims, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
 use crate::liveness::{Role, Watch};
@@ -150,6 +150,36 @@ pub fn repair<T: Pod, S: Storage<Cell = MpmcCell<T>>>(storage: &S) -> u32 {
         notify(&control.not_empty);
     }
     skipped
+}
+
+impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
+    /// Whether an element still in a cell (published and not yet freed: queued, being
+    /// popped, or adopted) satisfies `pred`. Reads up to `capacity` cells: for slow paths
+    /// only. Each value is read seqlock-style: used only if its cell's stamp is the same
+    /// after the read as before (a cell freed and rewritten meanwhile is skipped).
+    #[cfg_attr(loom, allow(dead_code))] // used by channels, which loom builds leave out
+    pub(crate) fn any_unfreed(&self, mut pred: impl FnMut(&T) -> bool) -> bool {
+        // Relaxed: a window to look at; each cell's stamp decides.
+        let tail = self.storage.control().tail.load(Ordering::Relaxed);
+        let oldest = tail.saturating_sub(self.capacity);
+        (oldest..tail).any(|pos| {
+            let cell = cell_at(&self.storage, self.capacity, pos);
+            // Acquire: pairs with the producer's Release stamp store (the value is there).
+            let before = cell.stamp.load(Ordering::Acquire);
+            if before & !STAMP_FLAGS != pos.wrapping_add(1) || before & STAMP_SKIPPED != 0 {
+                return false;
+            }
+            // SAFETY: in bounds (`cell_at`); a volatile read of a `Pod` (any bytes are a
+            // valid `T`). A producer may rewrite the cell if it is freed meanwhile; the
+            // stamp check below then discards what was read.
+            let value = cell.value.with(|p| unsafe { p.read_volatile() });
+            // Acquire: orders the read above before this load (a later free and rewrite
+            // shows as a changed stamp).
+            crate::sync::fence(Ordering::Acquire);
+            let after = cell.stamp.load(Ordering::Relaxed);
+            before == after && pred(&value)
+        })
+    }
 }
 
 impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {

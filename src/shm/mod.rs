@@ -17,6 +17,13 @@
 //!
 //! This module knows the header, not what follows it: its errors ([`ShmError`]) are about
 //! segments, never about rings, pools or channels.
+//!
+//! | file | what lives there |
+//! |---|---|
+//! | `mod.rs` | [`Segment`]: create, open, map, unlink |
+//! | `error.rs` | [`ShmError`] |
+//! | `options.rs` | the create/open options every named object shares, and their setters |
+//! | `lock.rs` | open-file-description byte locks |
 
 use std::ffi::CString;
 use std::fmt;
@@ -33,145 +40,16 @@ use rustix::shm;
 use crate::layout::{Corrupted, INIT_READY, LAYOUT_VERSION, MAGIC, SegmentHeader, SegmentKind};
 use crate::sync::Ordering;
 
-/// Why a named segment could not be created or opened.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ShmError {
-    /// The name is not a valid shared-memory name.
-    InvalidName {
-        /// The name given.
-        name: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// `create`: a segment of that name exists.
-    AlreadyExists {
-        /// The segment's name.
-        name: String,
-    },
-    /// `open`: no segment of that name.
-    NotFound {
-        /// The segment's name.
-        name: String,
-    },
-    /// The segment belongs to another user, has a mode other than 0600, or the kernel
-    /// refused access.
-    PermissionDenied {
-        /// The segment's name.
-        name: String,
-        /// What was found.
-        reason: String,
-    },
-    /// The segment's size is not the one its header (or parameters) call for.
-    SizeMismatch {
-        /// The size expected, in bytes.
-        expected: u64,
-        /// The size found.
-        found: u64,
-    },
-    /// The segment does not start with gpuring's magic number.
-    BadMagic {
-        /// The first 8 bytes found.
-        found: u64,
-    },
-    /// The segment was made by a gpuring with another shared-memory layout.
-    VersionMismatch {
-        /// This build's layout version.
-        expected: u32,
-        /// The segment's.
-        found: u32,
-    },
-    /// The creator had not finished initialising the segment by the deadline (it may have
-    /// died half-way).
-    NotInitialized {
-        /// The segment's name.
-        name: String,
-        /// How long `open` waited.
-        waited: Duration,
-    },
-    /// The segment holds another kind of object (e.g. an MPMC ring opened as SPSC).
-    KindMismatch {
-        /// The kind asked for.
-        expected: SegmentKind,
-        /// The raw kind found.
-        found: u32,
-    },
-    /// The segment's creator died without removing it (its liveness lock is gone): a
-    /// stale segment. `open` refuses it unless asked to adopt it; `create` can replace it.
-    OwnerDead {
-        /// The segment's name.
-        name: String,
-        /// The pid the creator recorded (diagnostic only: pids are reused).
-        creator_pid: u32,
-    },
-    /// A value in the segment is impossible.
-    Corrupted(Corrupted),
-    /// A system call failed.
-    Io {
-        /// The operation, e.g. `"mmap"`.
-        op: &'static str,
-        /// The error.
-        source: io::Error,
-    },
-}
+mod error;
+mod lock;
+mod options;
 
-impl fmt::Display for ShmError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ShmError::InvalidName { name, reason } => {
-                write!(f, "invalid shared-memory name {name:?}: {reason}")
-            }
-            ShmError::AlreadyExists { name } => write!(f, "segment {name} already exists"),
-            ShmError::NotFound { name } => write!(f, "segment {name} does not exist"),
-            ShmError::PermissionDenied { name, reason } => {
-                write!(f, "segment {name} refused: {reason}")
-            }
-            ShmError::SizeMismatch { expected, found } => {
-                write!(f, "segment size is {found} bytes, expected {expected}")
-            }
-            ShmError::BadMagic { found } => {
-                write!(f, "not a gpuring segment (magic {found:#018x})")
-            }
-            ShmError::VersionMismatch { expected, found } => write!(
-                f,
-                "segment has layout version {found}, this build of gpuring uses {expected}"
-            ),
-            ShmError::NotInitialized { name, waited } => {
-                write!(f, "segment {name} was not initialised within {waited:?}")
-            }
-            ShmError::KindMismatch { expected, found } => {
-                write!(f, "segment holds kind {found}, expected {expected:?}")
-            }
-            ShmError::OwnerDead { name, creator_pid } => write!(
-                f,
-                "segment {name} is stale: its creator (pid {creator_pid}) died without removing \
-                 it (open it with `allow_dead_owner`, or create it with `replace_stale`)"
-            ),
-            ShmError::Corrupted(c) => c.fmt(f),
-            ShmError::Io { op, source } => write!(f, "{op} failed: {source}"),
-        }
-    }
-}
-
-impl std::error::Error for ShmError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ShmError::Io { source, .. } => Some(source),
-            ShmError::Corrupted(c) => Some(c),
-            _ => None,
-        }
-    }
-}
-
-impl From<Corrupted> for ShmError {
-    fn from(c: Corrupted) -> Self {
-        ShmError::Corrupted(c)
-    }
-}
-
-fn io_err(op: &'static str) -> impl FnOnce(Errno) -> ShmError {
-    move |e| ShmError::Io { op, source: io::Error::from_raw_os_error(e.raw_os_error()) }
-}
+pub use error::ShmError;
+use error::io_err;
+pub(crate) use lock::creator_lock_held;
+use lock::{CREATOR_LOCK_BYTE, held_elsewhere, lock_byte, ofd_lock};
+pub use options::DEFAULT_OPEN_TIMEOUT;
+pub(crate) use options::{SegmentOptions, segment_options};
 
 /// Largest segment `open` will map (1 TiB): a bound on what a forged size can ask for.
 const MAX_SEGMENT: u64 = 1 << 40;
@@ -202,84 +80,6 @@ pub fn object_name(name: &str) -> Result<CString, ShmError> {
     }
     Ok(CString::new(format!("/{bare}")).expect("checked: no NUL"))
 }
-
-/// How long `open` waits for a creator to finish initialising, by default.
-pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How a named segment is created and opened: the options every builder of a named object
-/// (rings, channels) shares, with their setters written once by [`segment_options!`].
-#[derive(Debug, Clone)]
-pub(crate) struct SegmentOptions {
-    /// The object name (a leading `/` is optional).
-    pub(crate) name: String,
-    /// How long `open` waits for the creator to finish initialising.
-    pub(crate) open_timeout: Duration,
-    /// `create`: replace a segment of this name whose creator is dead.
-    pub(crate) replace_stale: bool,
-    /// `open`: attach to a segment whose creator is dead.
-    pub(crate) allow_dead_owner: bool,
-}
-
-impl SegmentOptions {
-    pub(crate) fn new(name: String) -> Self {
-        Self {
-            name,
-            open_timeout: DEFAULT_OPEN_TIMEOUT,
-            replace_stale: false,
-            allow_dead_owner: false,
-        }
-    }
-
-    /// Creates the segment (see [`Segment::create`]).
-    pub(crate) fn create<E: From<ShmError>>(
-        &self,
-        kind: SegmentKind,
-        size: usize,
-        init: impl FnOnce(&Segment) -> Result<(), E>,
-    ) -> Result<Segment, E> {
-        Segment::create(&self.name, kind, size, self.replace_stale, init)
-    }
-
-    /// Opens the segment, which must hold one of `kinds`, and refuses one whose creator is
-    /// dead unless `allow_dead_owner` says otherwise.
-    pub(crate) fn open(&self, kinds: &[SegmentKind]) -> Result<(Segment, SegmentKind), ShmError> {
-        let (segment, kind) = Segment::open_checked(&self.name, kinds, self.open_timeout)?;
-        if self.allow_dead_owner {
-            Ok((segment, kind))
-        } else {
-            Ok((segment.require_live_creator()?, kind))
-        }
-    }
-}
-
-/// The setters of [`SegmentOptions`] on a builder with a `segment: SegmentOptions` field.
-macro_rules! segment_options {
-    () => {
-        /// How long `open` waits for the creator to finish initialising the segment
-        /// (default [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)).
-        pub fn open_timeout(mut self, timeout: ::std::time::Duration) -> Self {
-            self.segment.open_timeout = timeout;
-            self
-        }
-
-        /// `create`: replace an object of this name whose creator has died (default: fail
-        /// with [`ShmError::AlreadyExists`](crate::ShmError::AlreadyExists)). A live
-        /// creator's object is never replaced.
-        pub fn replace_stale(mut self, yes: bool) -> Self {
-            self.segment.replace_stale = yes;
-            self
-        }
-
-        /// `open`: attach to an object whose creator has died, e.g. to drain what was sent
-        /// before the crash (default: fail with
-        /// [`ShmError::OwnerDead`](crate::ShmError::OwnerDead)).
-        pub fn allow_dead_owner(mut self, yes: bool) -> Self {
-            self.segment.allow_dead_owner = yes;
-            self
-        }
-    };
-}
-pub(crate) use segment_options;
 
 /// A mapped shared-memory segment.
 ///
@@ -688,70 +488,6 @@ impl Segment {
             e => io_err("shm_unlink")(e),
         })
     }
-}
-
-/// The byte of a segment's object whose lock says that its creator lives.
-pub(crate) const CREATOR_LOCK_BYTE: u64 = 0;
-
-/// An open-file-description lock operation on one byte of `fd`'s object. OFD locks belong
-/// to the open file description, not to the process (so threads and handles do not steal
-/// each other's), are released when it is closed and by the kernel when the process dies,
-/// and can be probed by any process that can open the object: a liveness signal that
-/// cannot be forged by writing shared memory and does not trust pids.
-#[cfg(not(miri))]
-fn ofd_lock(
-    fd: std::os::fd::BorrowedFd<'_>,
-    cmd: libc::c_int,
-    l_type: libc::c_short,
-    byte: u64,
-) -> Result<libc::flock, Errno> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
-    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-    lock.l_type = l_type;
-    lock.l_whence = libc::SEEK_SET as _;
-    lock.l_start = byte as libc::off_t;
-    lock.l_len = 1;
-    // SAFETY: `fd` is open for the call (borrowed); `lock` is a valid `flock` that the
-    // kernel reads and, for F_OFD_GETLK, writes; l_pid is 0 as OFD commands require.
-    let r = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut lock as *mut libc::flock) };
-    if r == -1 {
-        Err(Errno::from_io_error(&io::Error::last_os_error()).unwrap_or(Errno::IO))
-    } else {
-        Ok(lock)
-    }
-}
-
-// Miri cannot make these syscalls; its tests use no named segment (they are ignored there).
-#[cfg(miri)]
-fn ofd_lock(
-    _fd: std::os::fd::BorrowedFd<'_>,
-    _cmd: libc::c_int,
-    _l_type: libc::c_short,
-    _byte: u64,
-) -> Result<libc::flock, Errno> {
-    Err(Errno::NOSYS)
-}
-
-/// Whether some open file description holds the creator lock of the object open as `fd`
-/// (its creator lives), for tools that read a segment without mapping it.
-pub(crate) fn creator_lock_held(fd: std::os::fd::BorrowedFd<'_>) -> Result<bool, ShmError> {
-    held_elsewhere(fd, CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_GETLK)"))
-}
-
-/// Takes the write lock on `byte`; `Ok(false)` if another description holds it.
-fn lock_byte(fd: std::os::fd::BorrowedFd<'_>, byte: u64) -> Result<bool, Errno> {
-    match ofd_lock(fd, libc::F_OFD_SETLK, libc::F_WRLCK as _, byte) {
-        Ok(_) => Ok(true),
-        Err(Errno::AGAIN | Errno::ACCESS) => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Whether another description holds a lock on `byte` (this one's own locks never show).
-fn held_elsewhere(fd: std::os::fd::BorrowedFd<'_>, byte: u64) -> Result<bool, Errno> {
-    let found = ofd_lock(fd, libc::F_OFD_GETLK, libc::F_WRLCK as _, byte)?;
-    Ok(found.l_type != libc::F_UNLCK as libc::c_short)
 }
 
 fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>, ShmError> {

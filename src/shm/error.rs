@@ -1,0 +1,149 @@
+//! [`ShmError`]: why a named segment could not be created or opened.
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use rustix::io::Errno;
+
+use crate::layout::{Corrupted, SegmentKind};
+
+/// Why a named segment could not be created or opened.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ShmError {
+    /// The name is not a valid shared-memory name.
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// `create`: a segment of that name exists.
+    AlreadyExists {
+        /// The segment's name.
+        name: String,
+    },
+    /// `open`: no segment of that name.
+    NotFound {
+        /// The segment's name.
+        name: String,
+    },
+    /// The segment belongs to another user, has a mode other than 0600, or the kernel
+    /// refused access.
+    PermissionDenied {
+        /// The segment's name.
+        name: String,
+        /// What was found.
+        reason: String,
+    },
+    /// The segment's size is not the one its header (or parameters) call for.
+    SizeMismatch {
+        /// The size expected, in bytes.
+        expected: u64,
+        /// The size found.
+        found: u64,
+    },
+    /// The segment does not start with gpuring's magic number.
+    BadMagic {
+        /// The first 8 bytes found.
+        found: u64,
+    },
+    /// The segment was made by a gpuring with another shared-memory layout.
+    VersionMismatch {
+        /// This build's layout version.
+        expected: u32,
+        /// The segment's.
+        found: u32,
+    },
+    /// The creator had not finished initialising the segment by the deadline (it may have
+    /// died half-way).
+    NotInitialized {
+        /// The segment's name.
+        name: String,
+        /// How long `open` waited.
+        waited: Duration,
+    },
+    /// The segment holds another kind of object (e.g. an MPMC ring opened as SPSC).
+    KindMismatch {
+        /// The kind asked for.
+        expected: SegmentKind,
+        /// The raw kind found.
+        found: u32,
+    },
+    /// The segment's creator died without removing it (its liveness lock is gone): a
+    /// stale segment. `open` refuses it unless asked to adopt it; `create` can replace it.
+    OwnerDead {
+        /// The segment's name.
+        name: String,
+        /// The pid the creator recorded (diagnostic only: pids are reused).
+        creator_pid: u32,
+    },
+    /// A value in the segment is impossible.
+    Corrupted(Corrupted),
+    /// A system call failed.
+    Io {
+        /// The operation, e.g. `"mmap"`.
+        op: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for ShmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShmError::InvalidName { name, reason } => {
+                write!(f, "invalid shared-memory name {name:?}: {reason}")
+            }
+            ShmError::AlreadyExists { name } => write!(f, "segment {name} already exists"),
+            ShmError::NotFound { name } => write!(f, "segment {name} does not exist"),
+            ShmError::PermissionDenied { name, reason } => {
+                write!(f, "segment {name} refused: {reason}")
+            }
+            ShmError::SizeMismatch { expected, found } => {
+                write!(f, "segment size is {found} bytes, expected {expected}")
+            }
+            ShmError::BadMagic { found } => {
+                write!(f, "not a gpuring segment (magic {found:#018x})")
+            }
+            ShmError::VersionMismatch { expected, found } => write!(
+                f,
+                "segment has layout version {found}, this build of gpuring uses {expected}"
+            ),
+            ShmError::NotInitialized { name, waited } => {
+                write!(f, "segment {name} was not initialised within {waited:?}")
+            }
+            ShmError::KindMismatch { expected, found } => {
+                write!(f, "segment holds kind {found}, expected {expected:?}")
+            }
+            ShmError::OwnerDead { name, creator_pid } => write!(
+                f,
+                "segment {name} is stale: its creator (pid {creator_pid}) died without removing \
+                 it (open it with `allow_dead_owner`, or create it with `replace_stale`)"
+            ),
+            ShmError::Corrupted(c) => c.fmt(f),
+            ShmError::Io { op, source } => write!(f, "{op} failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for ShmError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ShmError::Io { source, .. } => Some(source),
+            ShmError::Corrupted(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+impl From<Corrupted> for ShmError {
+    fn from(c: Corrupted) -> Self {
+        ShmError::Corrupted(c)
+    }
+}
+
+pub(super) fn io_err(op: &'static str) -> impl FnOnce(Errno) -> ShmError {
+    move |e| ShmError::Io { op, source: io::Error::from_raw_os_error(e.raw_os_error()) }
+}
