@@ -37,8 +37,10 @@ const BATCH: usize = 32;
 /// The bench's side of a one-way stream: the producer of `{name}-ping` (1024 cells) and
 /// the consumer of `{name}-pong` (4 cells, for acknowledgements).
 fn stream_rings<T: bytemuck::Pod + Send>(name: &str) -> (SpscProducer<T>, SpscConsumer<T>) {
-    let data = RingOptions::new(format!("{name}-ping")).capacity(1024).create_spsc::<T>().unwrap();
-    let ack = RingOptions::new(format!("{name}-pong")).capacity(4).create_spsc::<T>().unwrap();
+    let data = SpscRing::<T>::create_with(&RingOptions::new(format!("{name}-ping")).capacity(1024))
+        .unwrap();
+    let ack =
+        SpscRing::<T>::create_with(&RingOptions::new(format!("{name}-pong")).capacity(4)).unwrap();
     (data.producer().unwrap(), ack.consumer().unwrap())
 }
 
@@ -232,14 +234,14 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         ("gpuring_spsc_sleep", "spsc-echo-sleep", WaitPolicy::SLEEP),
     ] {
         let name = unique("lat");
-        let ping = RingOptions::new(format!("{name}-ping"))
-            .capacity(64)
-            .create_spsc::<Descriptor>()
-            .unwrap();
-        let pong = RingOptions::new(format!("{name}-pong"))
-            .capacity(64)
-            .create_spsc::<Descriptor>()
-            .unwrap();
+        let ping = SpscRing::<Descriptor>::create_with(
+            &RingOptions::new(format!("{name}-ping")).capacity(64),
+        )
+        .unwrap();
+        let pong = SpscRing::<Descriptor>::create_with(
+            &RingOptions::new(format!("{name}-pong")).capacity(64),
+        )
+        .unwrap();
         let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
         tx.set_wait_policy(policy);
         rx.set_wait_policy(policy);
@@ -471,14 +473,16 @@ fn throughput(c: &mut Criterion) {
 
     for (label, suffix) in [("gpuring_mpmc", ""), ("gpuring_mpmc_batch32", "-batch")] {
         let name = unique("mpmc");
-        let _data = RingOptions::new(format!("{name}-data"))
-            .capacity(1024)
-            .create_mpmc::<Descriptor>()
-            .unwrap();
+        let _data = MpmcRing::<Descriptor>::create_with(
+            &RingOptions::new(format!("{name}-data")).capacity(1024),
+        )
+        .unwrap();
         let cmd =
-            RingOptions::new(format!("{name}-cmd")).capacity(16).create_mpmc::<u64>().unwrap();
+            MpmcRing::<u64>::create_with(&RingOptions::new(format!("{name}-cmd")).capacity(16))
+                .unwrap();
         let ack =
-            RingOptions::new(format!("{name}-ack")).capacity(16).create_mpmc::<u64>().unwrap();
+            MpmcRing::<u64>::create_with(&RingOptions::new(format!("{name}-ack")).capacity(16))
+                .unwrap();
         let (cmds, acks) = (cmd.producer().unwrap(), ack.consumer().unwrap());
         let _peers: Vec<Peer> = (0..4)
             .map(|i| {

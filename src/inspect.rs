@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime};
 
 pub use crate::layout::SegmentKind;
 use crate::layout::{
-    ChannelHeader, ChannelLayout, Corrupted, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, MAGIC,
-    PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants, PoolEntry, PoolHeader, PoolLayout,
-    RingControl, RingHeader, SegmentHeader, SlotRecord, load_bytes,
+    ChannelHeader, ChannelLayout, Corrupted, MAGIC, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER,
+    Participants, PoolEntry, PoolHeader, PoolLayout, RingControl, RingHeader, SegmentHeader,
+    SlotRecord, load_bytes,
 };
 use crate::liveness::{ProcessState, process_state};
 use crate::shm::{Segment, ShmError};
@@ -309,9 +309,9 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
 fn pool_report(index: u32, e: &PoolEntry) -> Option<PoolReport> {
     // Acquire: pairs with the Release store of the state by the registering sender.
     let state = match e.state.load(Ordering::Acquire) {
-        ENTRY_CLAIMED => "registering",
-        ENTRY_ACTIVE => "active",
-        ENTRY_CLOSED => "closed",
+        PoolEntry::CLAIMED => "registering",
+        PoolEntry::ACTIVE => "active",
+        PoolEntry::CLOSED => "closed",
         _ => return None,
     };
     let len = (e.name_len.load(Ordering::Relaxed) as usize).min(crate::layout::POOL_NAME_BYTES);

@@ -37,7 +37,7 @@
 //! | what | types |
 //! |---|---|
 //! | channels of slots | [`Channel`], [`ChannelBuilder`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`], [`Host`], `Cuda` |
-//! | rings of `Pod` values | [`SpscRing`], [`MpmcRing`], [`RingOptions`], their producer and consumer ends |
+//! | rings of `Pod` values | [`Ring`]: [`SpscRing`], [`MpmcRing`]; [`RingOptions`], their producer and consumer ends |
 //! | what travels | [`Descriptor`], [`TensorMeta`], [`DType`] |
 //! | waiting | [`WaitPolicy`], [`LIVENESS_TICK`], [`wait_stats`], [`barrier_mode`] |
 //! | errors | [`ChannelError`], [`AcquireError`], [`SendError`], [`RecvError`]; [`RingError`], [`AttachError`], [`PushError`], [`PopError`], ...; [`ShmError`], [`Corrupted`] |
@@ -90,6 +90,20 @@
 // shared-memory layers alone is unused there.
 #![cfg_attr(loom, allow(dead_code, unused_imports, unused_macros))]
 
+/// Writes `From<Inner> for Outer` for each `Variant(Inner)` listed: how `?` carries a lower
+/// layer's error into this layer's.
+macro_rules! error_from {
+    ($outer:ident { $($variant:ident($inner:ty)),+ $(,)? }) => {
+        $(
+            impl From<$inner> for $outer {
+                fn from(e: $inner) -> Self {
+                    $outer::$variant(e)
+                }
+            }
+        )+
+    };
+}
+
 #[cfg(not(loom))]
 mod bus_guard;
 mod descriptor;
@@ -128,8 +142,8 @@ pub use channel::{
 pub use channel::{Cuda, DeviceView};
 #[cfg(not(loom))]
 pub use named::{
-    MpmcConsumer, MpmcProducer, MpmcRing, RingError, RingOptions, SpscConsumer, SpscProducer,
-    SpscRing,
+    Mpmc, MpmcConsumer, MpmcProducer, MpmcRing, Ring, RingError, RingFlavor, RingOptions, Spsc,
+    SpscConsumer, SpscProducer, SpscRing,
 };
 #[cfg(not(loom))]
 pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};

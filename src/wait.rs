@@ -188,45 +188,44 @@ impl Deadline {
     }
 }
 
-/// Writes the three blocking forms of an operation from its deadline form `$until` (a
-/// method of `self`, or of one of its fields: `inner.push_until`, taking the operation's
-/// arguments and a `Deadline`): `$name` waits as long as it takes, `$timeout`
-/// gives up after a `Duration`, `$deadline` at an `Instant`. The operation's own summary
-/// and `# Errors` text go in; each form adds how long it waits. One macro for every
-/// blocking call, so that the forms mean the same on every type.
+/// Writes the blocking forms of an operation from its deadline form `$until` (a method of
+/// `self`, or of one of its fields: `inner.push_until`, taking the operation's arguments
+/// and a `Deadline`): `$name` waits as long as it takes, `$timeout` gives up after a
+/// `Duration`, `$deadline` at an `Instant`; with `try $try` at the end of the names,
+/// `$try` makes one attempt (for operations whose non-blocking form has the same error
+/// type). The operation's own documentation goes in, ending with its `# Errors` section;
+/// each form says how long it waits. One macro for every blocking call, so that the forms
+/// mean the same on every type.
 macro_rules! blocking {
     (
         $(#[doc = $doc:expr])*
-        errors { $(#[doc = $err:expr])* }
-        $vis:vis fn $name:ident, $timeout:ident, $deadline:ident
+        $vis:vis fn $name:ident, $timeout:ident, $deadline:ident $(, try $try:ident)?
             (&mut $self:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty => $($until:ident).+;
     ) => {
-        $crate::wait::blocking!(@emit $self [&mut $self] [$(#[doc = $doc])*] [$(#[doc = $err])*]
-            $vis $name $timeout $deadline ($($arg: $ty),*) $ret, [$($until).+]);
+        $crate::wait::blocking!(@emit $self [&mut $self] [$(#[doc = $doc])*]
+            $vis $name $timeout $deadline [$($try)?] ($($arg: $ty),*) $ret, [$($until).+]);
     };
     (
         $(#[doc = $doc:expr])*
-        errors { $(#[doc = $err:expr])* }
-        $vis:vis fn $name:ident, $timeout:ident, $deadline:ident
+        $vis:vis fn $name:ident, $timeout:ident, $deadline:ident $(, try $try:ident)?
             (&$self:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty => $($until:ident).+;
     ) => {
-        $crate::wait::blocking!(@emit $self [&$self] [$(#[doc = $doc])*] [$(#[doc = $err])*]
-            $vis $name $timeout $deadline ($($arg: $ty),*) $ret, [$($until).+]);
+        $crate::wait::blocking!(@emit $self [&$self] [$(#[doc = $doc])*]
+            $vis $name $timeout $deadline [$($try)?] ($($arg: $ty),*) $ret, [$($until).+]);
     };
-    (@emit $self:ident [$($recv:tt)*] [$($doc:tt)*] [$($err:tt)*] $vis:vis $name:ident
-        $timeout:ident $deadline:ident ($($arg:ident: $ty:ty),*) $ret:ty, [$($until:tt)+]) => {
+    (@emit $self:ident [$($recv:tt)*] [$($doc:tt)*] $vis:vis $name:ident
+        $timeout:ident $deadline:ident [$($try:ident)?] ($($arg:ident: $ty:ty),*) $ret:ty,
+        [$($until:tt)+]) => {
+        $crate::wait::blocking!(@try [$($try)?] $self [$($recv)*] $vis $name ($($arg: $ty),*)
+            $ret, [$($until)+]);
+
         $($doc)*
         ///
-        /// Waits as long as it takes; the
+        /// Never `Timeout`: it waits as long as it takes (the
         #[doc = concat!("[`", stringify!($timeout), "`](Self::", stringify!($timeout), ")")]
         /// and
         #[doc = concat!("[`", stringify!($deadline), "`](Self::", stringify!($deadline), ")")]
-        /// forms give up in time.
-        ///
-        /// # Errors
-        ///
-        $($err)*
-        /// Never `Timeout`.
+        /// forms give up in time).
         $vis fn $name($($recv)* $(, $arg: $ty)*) -> $ret {
             $self.$($until)+($($arg,)* $crate::wait::Deadline::Never)
         }
@@ -251,6 +250,20 @@ macro_rules! blocking {
         #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
         $vis fn $deadline($($recv)* $(, $arg: $ty)*, deadline: ::std::time::Instant) -> $ret {
             $self.$($until)+($($arg,)* $crate::wait::Deadline::At(deadline))
+        }
+    };
+    (@try [] $($rest:tt)*) => {};
+    (@try [$try:ident] $self:ident [$($recv:tt)*] $vis:vis $name:ident
+        ($($arg:ident: $ty:ty),*) $ret:ty, [$($until:tt)+]) => {
+        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), without waiting: one attempt, and no clock read.")]
+        ///
+        /// # Errors
+        ///
+        /// The variant that says it cannot proceed now (`Exhausted`, `Full` or `Empty`),
+        /// or as
+        #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
+        $vis fn $try($($recv)* $(, $arg: $ty)*) -> $ret {
+            $self.$($until)+($($arg,)* $crate::wait::Deadline::Now)
         }
     };
 }

@@ -111,7 +111,9 @@ fn a_pre_created_foreign_object_is_refused_not_adopted() {
     let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path(&name)).unwrap();
     f.set_len(4096).unwrap();
     // All zeros: the header never becomes ready.
-    let r = RingOptions::new(&name).open_timeout(Duration::from_millis(30)).open_spsc::<u64>();
+    let r = SpscRing::<u64>::open_with(
+        &RingOptions::new(&name).open_timeout(Duration::from_millis(30)),
+    );
     assert!(matches!(r, Err(RingError::Segment(ShmError::NotInitialized { .. }))), "{r:?}");
     // Someone else's data.
     f.write_all_at(&[0xAB; 64], 0).unwrap();

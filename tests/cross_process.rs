@@ -190,7 +190,7 @@ fn busy_ring_makes_no_futex_syscall() {
     }
     let test = "busy_ring_makes_no_futex_syscall";
     let name = unique_name("busy");
-    let _ring = RingOptions::new(&name).capacity(64).create_spsc::<Descriptor>().unwrap();
+    let _ring = SpscRing::<Descriptor>::create_with(&RingOptions::new(&name).capacity(64)).unwrap();
     let mut peers = [spawn(test, "consumer", &name, &[]), spawn(test, "producer", &name, &[])];
     wait_all(&mut peers, WATCHDOG);
 }

@@ -203,7 +203,8 @@ fn stale_ring_of_a_killed_creator() {
         other => panic!("expected OwnerDead, got {other:?}"),
     }
     // Adopting it drains what was published, then the dead producer is reported.
-    let ring = RingOptions::new(&name).allow_dead_owner(true).open_spsc::<Descriptor>().unwrap();
+    let ring =
+        SpscRing::<Descriptor>::open_with(&RingOptions::new(&name).allow_dead_owner(true)).unwrap();
     let mut rx = ring.consumer().unwrap();
     for seq in 1..=3 {
         assert_eq!(rx.pop().unwrap().seq, seq);
@@ -220,19 +221,20 @@ fn stale_ring_of_a_killed_creator() {
 
     // `create` does not replace it unless asked to.
     assert!(matches!(
-        RingOptions::new(&name).capacity(8).create_spsc::<Descriptor>(),
+        SpscRing::<Descriptor>::create_with(&RingOptions::new(&name).capacity(8)),
         Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
-    let fresh = RingOptions::new(&name)
-        .capacity(8)
-        .replace_stale(true)
-        .create_spsc::<Descriptor>()
-        .unwrap();
+    let fresh = SpscRing::<Descriptor>::create_with(
+        &RingOptions::new(&name).capacity(8).replace_stale(true),
+    )
+    .unwrap();
     let mut rx = fresh.consumer().unwrap();
     assert_eq!(rx.try_pop(), Err(gpuring::TryPopError::Empty), "a fresh ring");
     // A live creator's segment is never replaced.
     assert!(matches!(
-        RingOptions::new(&name).capacity(8).replace_stale(true).create_spsc::<Descriptor>(),
+        SpscRing::<Descriptor>::create_with(
+            &RingOptions::new(&name).capacity(8).replace_stale(true)
+        ),
         Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
 }

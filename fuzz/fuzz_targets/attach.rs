@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use gpuring::{Channel, Descriptor, RingOptions};
+use gpuring::{Channel, Descriptor, MpmcRing, RingOptions, SpscRing};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     match pick % 4 {
         0 => {
             if let Ok(ring) =
-                RingOptions::new(&name).open_timeout(zero).allow_dead_owner(true).open_spsc::<Descriptor>()
+                SpscRing::<Descriptor>::open_with(&RingOptions::new(&name).open_timeout(zero).allow_dead_owner(true))
             {
                 if let Ok(mut rx) = ring.consumer() {
                     for _ in 0..4 {
@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
         }
         1 => {
             if let Ok(ring) =
-                RingOptions::new(&name).open_timeout(zero).allow_dead_owner(true).open_mpmc::<u64>()
+                MpmcRing::<u64>::open_with(&RingOptions::new(&name).open_timeout(zero).allow_dead_owner(true))
             {
                 if let Ok(rx) = ring.consumer() {
                     for _ in 0..4 {

@@ -108,29 +108,12 @@ impl std::error::Error for ChannelError {
     }
 }
 
-impl From<ShmError> for ChannelError {
-    fn from(e: ShmError) -> Self {
-        ChannelError::Segment(e)
-    }
-}
-
-impl From<AttachError> for ChannelError {
-    fn from(e: AttachError) -> Self {
-        ChannelError::Attach(e)
-    }
-}
-
-impl From<Corrupted> for ChannelError {
-    fn from(c: Corrupted) -> Self {
-        ChannelError::Corrupted(c)
-    }
-}
-
-impl From<CudaError> for ChannelError {
-    fn from(e: CudaError) -> Self {
-        ChannelError::Cuda(e)
-    }
-}
+error_from!(ChannelError {
+    Segment(ShmError),
+    Attach(AttachError),
+    Corrupted(Corrupted),
+    Cuda(CudaError),
+});
 
 impl From<PoolError> for ChannelError {
     fn from(e: PoolError) -> Self {
@@ -235,11 +218,7 @@ impl std::error::Error for RecvError {
     }
 }
 
-impl From<Corrupted> for RecvError {
-    fn from(c: Corrupted) -> Self {
-        RecvError::Corrupted(c)
-    }
-}
+error_from!(RecvError { Corrupted(Corrupted) });
 
 /// A descriptor refused by the receiver's checks: `what` names the check.
 pub(super) fn corrupt(what: &'static str) -> RecvError {

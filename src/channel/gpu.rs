@@ -163,29 +163,20 @@ impl ChannelBuilder<Host> {
 }
 
 impl Sender<Cuda> {
-    /// Leases a free device slot if one is free now, and enqueues on `stream` a wait for
-    /// the slot's last release (see [`acquire_on`](Self::acquire_on)).
-    ///
-    /// # Errors
-    ///
-    /// [`AcquireError::Exhausted`], [`AcquireError::Corrupted`]; [`AcquireError::Cuda`]
-    /// when the driver refused the wait.
-    pub fn try_acquire_on(&self, stream: &Arc<CudaStream>) -> Result<Lease<Cuda>, AcquireError> {
-        self.acquire_on_until(stream, Deadline::Now)
-    }
-
     blocking! {
         /// Leases a free device slot (waiting, spin then sleep, until one is free) and
         /// enqueues on `stream` a wait for the slot's last release, so that work queued on
         /// `stream` after this runs only after the previous holder's reads. Blocks the CPU
         /// only for a free slot, never for GPU work.
-        errors {
-            /// [`AcquireError::PeerDead`] when every slot is out and every receiver holding
-            /// them has died; [`AcquireError::Corrupted`], [`AcquireError::Cuda`] as for
-            /// `try_acquire_on`.
-        }
-        pub fn acquire_on, acquire_on_timeout, acquire_on_deadline(&self, stream: &Arc<CudaStream>)
-            -> Result<Lease<Cuda>, AcquireError> => acquire_on_until;
+        ///
+        /// # Errors
+        ///
+        /// [`AcquireError::PeerDead`] when every slot is out and every receiver holding
+        /// them has died; [`AcquireError::Corrupted`]; [`AcquireError::Cuda`] when the
+        /// driver refused the wait. (`try_acquire_on`: [`AcquireError::Exhausted`].)
+        pub fn acquire_on, acquire_on_timeout, acquire_on_deadline, try try_acquire_on
+            (&self, stream: &Arc<CudaStream>) -> Result<Lease<Cuda>, AcquireError>
+            => acquire_on_until;
     }
 
     fn acquire_on_until(
@@ -220,29 +211,20 @@ impl Lease<Cuda> {
 }
 
 impl Receiver<Cuda> {
-    /// Receives a device message if one is waiting, and enqueues on `stream` a wait for
-    /// the slot's ready event (see [`recv_on`](Self::recv_on)).
-    ///
-    /// # Errors
-    ///
-    /// [`RecvError::Empty`], [`RecvError::Corrupted`] (also when the descriptor's memory or
-    /// event handle or device does not match its pool), [`RecvError::Pool`],
-    /// [`RecvError::Cuda`].
-    pub fn try_recv_on(&self, stream: &Arc<CudaStream>) -> Result<Message<Cuda>, RecvError> {
-        self.recv_on_until(stream, Deadline::Now)
-    }
-
     blocking! {
         /// Receives a device message, waiting (spin, then sleep) until one arrives, and
         /// enqueues on `stream` a wait for the slot's ready event: work queued on `stream`
         /// after this sees the sender's writes. The CPU does not wait for the GPU.
-        errors {
-            /// [`RecvError::PeerDead`] once every sender has died and all they sent was
-            /// received; [`RecvError::Corrupted`], [`RecvError::Pool`], [`RecvError::Cuda`]
-            /// as for `try_recv_on`.
-        }
-        pub fn recv_on, recv_on_timeout, recv_on_deadline(&self, stream: &Arc<CudaStream>)
-            -> Result<Message<Cuda>, RecvError> => recv_on_until;
+        ///
+        /// # Errors
+        ///
+        /// [`RecvError::PeerDead`] once every sender has died and all they sent was
+        /// received; [`RecvError::Corrupted`] (also when the descriptor's memory or
+        /// event handle or device does not match its pool); [`RecvError::Pool`];
+        /// [`RecvError::Cuda`]. (`try_recv_on`: [`RecvError::Empty`].)
+        pub fn recv_on, recv_on_timeout, recv_on_deadline, try try_recv_on
+            (&self, stream: &Arc<CudaStream>) -> Result<Message<Cuda>, RecvError>
+            => recv_on_until;
     }
 
     fn recv_on_until(

@@ -26,6 +26,7 @@ use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::{MpmcCell, SpscCell};
+use crate::liveness::AttachError;
 use crate::pool::{PoolSegment, SlotRef};
 use crate::ring::{PopError, ShmStorage, mpmc, spsc};
 use crate::wait::{Deadline, WaitPolicy, blocking};
@@ -35,6 +36,16 @@ enum Rx {
     // As `sender::Tx`: the SPSC consumer caches positions; no method re-enters.
     Spsc(RefCell<spsc::Consumer<Descriptor, ShmStorage<SpscCell<Descriptor>>>>),
     Mpmc(mpmc::Consumer<Descriptor, ShmStorage<MpmcCell<Descriptor>>>),
+}
+
+impl Rx {
+    /// The consumer end of `channel`'s ring (SPSC: claiming the consumer role).
+    fn attach<B: Backend>(channel: &ChannelSegment<B>) -> Result<Self, AttachError> {
+        Ok(match channel.flavor {
+            Flavor::Spsc => Rx::Spsc(RefCell::new(channel.ring.spsc_consumer()?)),
+            Flavor::Mpmc => Rx::Mpmc(channel.ring.mpmc_consumer()?),
+        })
+    }
 }
 
 /// A pool a receiver has mapped (and the backend imported).
@@ -98,13 +109,9 @@ impl<B: Backend> Channel<B> {
     /// [`ChannelError::Attach`](super::ChannelError::Attach) (SPSC: another receiver
     /// lives; or the ring's positions are impossible).
     pub fn receiver(&self) -> Result<Receiver<B>, super::ChannelError> {
-        let c = &self.inner;
-        let rx = match c.flavor {
-            Flavor::Spsc => Rx::Spsc(RefCell::new(c.ring.spsc_consumer()?)),
-            Flavor::Mpmc => Rx::Mpmc(c.ring.mpmc_consumer()?),
-        };
-        let pools = (0..c.max_pools()).map(|_| None).collect();
-        Ok(Receiver { channel: c.clone(), rx, pools: RefCell::new(pools) })
+        let rx = Rx::attach(&self.inner)?;
+        let pools = (0..self.inner.max_pools()).map(|_| None).collect();
+        Ok(Receiver { channel: self.inner.clone(), rx, pools: RefCell::new(pools) })
     }
 }
 
@@ -183,24 +190,16 @@ impl<B: Backend> Receiver<B> {
 }
 
 impl Receiver<Host> {
-    /// Receives a message if one is waiting; never blocks.
-    ///
-    /// # Errors
-    ///
-    /// [`RecvError::Empty`], [`RecvError::Corrupted`] (the descriptor was refused; the next
-    /// receive carries on), [`RecvError::Pool`].
-    pub fn try_recv(&self) -> Result<Message, RecvError> {
-        self.recv_until(Deadline::Now)
-    }
-
     blocking! {
         /// Receives a message, waiting (spin, then sleep) until one arrives.
-        errors {
-            /// [`RecvError::PeerDead`] once every sender has died and all they sent was
-            /// received; [`RecvError::Corrupted`], [`RecvError::Pool`] as for `try_recv`.
-        }
-        pub fn recv, recv_timeout, recv_deadline(&self) -> Result<Message, RecvError>
-            => recv_until;
+        ///
+        /// # Errors
+        ///
+        /// [`RecvError::PeerDead`] once every sender has died and all they sent was
+        /// received; [`RecvError::Corrupted`] (the descriptor was refused; the next
+        /// receive carries on); [`RecvError::Pool`]. (`try_recv`: [`RecvError::Empty`].)
+        pub fn recv, recv_timeout, recv_deadline, try try_recv(&self)
+            -> Result<Message, RecvError> => recv_until;
     }
 
     fn recv_until(&self, deadline: Deadline) -> Result<Message, RecvError> {

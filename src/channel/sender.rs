@@ -22,6 +22,7 @@ use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::{MpmcCell, SpscCell};
+use crate::liveness::AttachError;
 use crate::pool::{AcquireError, PoolSegment, SlotRef};
 use crate::ring::{PushError, ShmStorage, mpmc, spsc};
 use crate::wait::{Deadline, WaitPolicy, blocking};
@@ -35,6 +36,14 @@ pub(super) enum Tx {
 }
 
 impl Tx {
+    /// The producer end of `channel`'s ring (SPSC: claiming the producer role).
+    fn attach<B: Backend>(channel: &ChannelSegment<B>) -> Result<Self, AttachError> {
+        Ok(match channel.flavor {
+            Flavor::Spsc => Tx::Spsc(RefCell::new(channel.ring.spsc_producer()?)),
+            Flavor::Mpmc => Tx::Mpmc(channel.ring.mpmc_producer()?),
+        })
+    }
+
     /// Pushes `d`, waiting until `deadline`; an error does not carry the descriptor back
     /// (the lease it describes is what the caller gives back).
     fn push_until(&self, d: Descriptor, deadline: Deadline) -> Result<(), PushError<()>> {
@@ -119,14 +128,10 @@ impl<B: Backend> Channel<B> {
     /// [`ChannelError::PoolTableFull`](super::ChannelError::PoolTableFull), and what
     /// creating the pool segment (or, on a GPU channel, the device pool) can return.
     pub fn sender(&self) -> Result<Sender<B>, super::ChannelError> {
-        let c = &self.inner;
-        let tx = match c.flavor {
-            Flavor::Spsc => Tx::Spsc(RefCell::new(c.ring.spsc_producer()?)),
-            Flavor::Mpmc => Tx::Mpmc(c.ring.mpmc_producer()?),
-        };
-        let registered = c.register_pool()?;
+        let tx = Tx::attach(&self.inner)?;
+        let registered = self.inner.register_pool()?;
         Ok(Sender {
-            channel: c.clone(),
+            channel: self.inner.clone(),
             free: registered.pool.core.free_consumer(),
             pool: Arc::new(registered.pool),
             exported: Some(registered.exported),
@@ -163,36 +168,20 @@ impl<B: Backend> Sender<B> {
         })
     }
 
-    /// Sends a leased slot holding a tensor described by `meta` (use
-    /// [`TensorMeta::bytes`] for plain bytes) if the ring has room; never blocks. Wakes a
-    /// sleeping receiver, if any; makes no syscall otherwise.
-    ///
-    /// # Errors
-    ///
-    /// [`SendError::Full`] (the lease back), [`SendError::TooLarge`] (the lease back) when
-    /// `meta` spans more than a slot; [`SendError::Corrupted`]; [`SendError::Cuda`] when the
-    /// GPU side of the send failed.
-    ///
-    /// # Panics
-    ///
-    /// If `lease` came from another sender.
-    pub fn try_send(&self, lease: Lease<B>, meta: TensorMeta) -> Result<(), SendError<Lease<B>>> {
-        self.send_until(lease, meta, Deadline::Now)
-    }
-
     blocking! {
-        /// Sends a leased slot holding a tensor described by `meta`, waiting while the ring
-        /// is full (see [`try_send`](Self::try_send)).
+        /// Sends a leased slot holding a tensor described by `meta` (use
+        /// [`TensorMeta::bytes`] for plain bytes), waiting while the ring is full. Wakes a
+        /// sleeping receiver, if any; makes no syscall otherwise. Panics if `lease` came
+        /// from another sender.
         ///
-        /// # Panics
+        /// # Errors
         ///
-        /// If `lease` came from another sender.
-        errors {
-            /// [`SendError::PeerDead`] (the lease back) when the ring stays full and every
-            /// receiver has died; [`SendError::TooLarge`], [`SendError::Corrupted`],
-            /// [`SendError::Cuda`] as for `try_send`.
-        }
-        pub fn send, send_timeout, send_deadline(&self, lease: Lease<B>, meta: TensorMeta)
+        /// [`SendError::TooLarge`] (the lease back) when `meta` spans more than a slot;
+        /// [`SendError::PeerDead`] (the lease back) when the ring stays full and every
+        /// receiver has died; [`SendError::Corrupted`]; [`SendError::Cuda`] when the
+        /// GPU side of the send failed. (`try_send`: [`SendError::Full`], the lease
+        /// back.)
+        pub fn send, send_timeout, send_deadline, try try_send(&self, lease: Lease<B>, meta: TensorMeta)
             -> Result<(), SendError<Lease<B>>> => send_until;
     }
 
@@ -281,25 +270,17 @@ impl<B: Backend> Sender<B> {
 }
 
 impl Sender<Host> {
-    /// Leases a free slot if one is free now.
-    ///
-    /// # Errors
-    ///
-    /// [`AcquireError::Exhausted`], [`AcquireError::Corrupted`].
-    pub fn try_acquire(&self) -> Result<Lease, AcquireError> {
-        self.acquire_until(Deadline::Now)
-    }
-
     blocking! {
         /// Leases a free slot, waiting (spin, then sleep) until a receiver returns one.
         /// Slots held by receivers that died are taken back while it waits.
-        errors {
-            /// [`AcquireError::PeerDead`] when every slot is out and every receiver holding
-            /// them has died; [`AcquireError::Corrupted`] when the pool's shared state is
-            /// impossible.
-        }
-        pub fn acquire, acquire_timeout, acquire_deadline(&self) -> Result<Lease, AcquireError>
-            => acquire_until;
+        ///
+        /// # Errors
+        ///
+        /// [`AcquireError::PeerDead`] when every slot is out and every receiver holding
+        /// them has died; [`AcquireError::Corrupted`] when the pool's shared state is
+        /// impossible. (`try_acquire`: [`AcquireError::Exhausted`].)
+        pub fn acquire, acquire_timeout, acquire_deadline, try try_acquire(&self)
+            -> Result<Lease, AcquireError> => acquire_until;
     }
 
     fn acquire_until(&self, deadline: Deadline) -> Result<Lease, AcquireError> {

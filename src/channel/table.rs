@@ -17,8 +17,7 @@ use super::Flavor;
 use super::backend::sealed::Backend;
 use super::error::{ChannelError, RecvError, corrupt};
 use crate::layout::{
-    ChannelHeader, ChannelLayout, ENTRY_ACTIVE, ENTRY_CLAIMED, ENTRY_CLOSED, ENTRY_EMPTY,
-    POOL_NAME_BYTES, PoolEntry, load_bytes, store_bytes,
+    ChannelHeader, ChannelLayout, POOL_NAME_BYTES, PoolEntry, load_bytes, store_bytes,
 };
 use crate::pool::PoolSegment;
 use crate::ring::RingSegment;
@@ -114,8 +113,8 @@ impl<B: Backend> ChannelSegment<B> {
             // writer, so its instance and name are visible.
             let state = entry.state.load(Ordering::Acquire);
             let reusable = match state {
-                ENTRY_EMPTY => true,
-                ENTRY_CLOSED => {
+                PoolEntry::EMPTY => true,
+                PoolEntry::CLOSED => {
                     // Reusable once its pool is drained: the last one out unlinked it.
                     // Relaxed: after the Acquire above.
                     let old = entry.instance.load(Ordering::Relaxed) & 0xFFFF;
@@ -127,7 +126,12 @@ impl<B: Backend> ChannelSegment<B> {
             if !reusable
                 || entry
                     .state
-                    .compare_exchange(state, ENTRY_CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange(
+                        state,
+                        PoolEntry::CLAIMED,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
                     .is_err()
             {
                 continue;
@@ -155,7 +159,7 @@ impl<B: Backend> ChannelSegment<B> {
             write_name(entry, &name);
             // Release: pairs with the Acquire load of the state in `open_pool`; the fields
             // above are visible to a receiver that sees ACTIVE.
-            entry.state.store(ENTRY_ACTIVE, Ordering::Release);
+            entry.state.store(PoolEntry::ACTIVE, Ordering::Release);
             return Ok(Registered { index, instance, pool, exported });
         }
         Err(ChannelError::PoolTableFull { max_pools: self.max_pools() })
@@ -164,7 +168,7 @@ impl<B: Backend> ChannelSegment<B> {
     /// A sender is gone: its entry is closed (its pool drains back and unlinks itself).
     pub(super) fn close_entry(&self, index: u32) {
         // Release: pairs with the Acquire loads of the state in `register_pool`.
-        self.entry(index).state.store(ENTRY_CLOSED, Ordering::Release);
+        self.entry(index).state.store(PoolEntry::CLOSED, Ordering::Release);
     }
 
     /// Maps the pool at table row `index`, registration `instance`, for a receiver that
@@ -179,7 +183,7 @@ impl<B: Backend> ChannelSegment<B> {
         // Acquire: pairs with the Release store of ACTIVE in `register_pool`.
         let state = entry.state.load(Ordering::Acquire);
         // Relaxed: after the Acquire above.
-        if !matches!(state, ENTRY_ACTIVE | ENTRY_CLOSED)
+        if !matches!(state, PoolEntry::ACTIVE | PoolEntry::CLOSED)
             || entry.instance.load(Ordering::Relaxed) != instance
         {
             return Err(corrupt("descriptor names an unknown pool"));
@@ -216,9 +220,9 @@ impl<B: Backend> ChannelSegment<B> {
                 let e = self.entry(index);
                 // Acquire: pairs with the Release store of the state in `register_pool`.
                 let state = match e.state.load(Ordering::Acquire) {
-                    ENTRY_CLAIMED => PoolState::Registering,
-                    ENTRY_ACTIVE => PoolState::Active,
-                    ENTRY_CLOSED => PoolState::Closed,
+                    PoolEntry::CLAIMED => PoolState::Registering,
+                    PoolEntry::ACTIVE => PoolState::Active,
+                    PoolEntry::CLOSED => PoolState::Closed,
                     _ => return None,
                 };
                 Some(PoolInfo {

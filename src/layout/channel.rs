@@ -41,24 +41,16 @@ pub const BACKEND_HOST: u32 = 1;
 /// Pool backend code: CUDA device memory.
 pub const BACKEND_CUDA: u32 = 2;
 
-/// [`PoolEntry::state`]: nobody uses the entry.
-pub const ENTRY_EMPTY: u32 = 0;
-/// [`PoolEntry::state`]: a sender is setting the entry up.
-pub const ENTRY_CLAIMED: u32 = 1;
-/// [`PoolEntry::state`]: the pool is live; its sender may send from it.
-pub const ENTRY_ACTIVE: u32 = 2;
-/// [`PoolEntry::state`]: the sender is gone; slots still in flight drain back to the pool.
-pub const ENTRY_CLOSED: u32 = 3;
-
 /// One row of a channel's pool table: which pool, where to find it.
 ///
-/// The sender writes every field, then `state = ENTRY_ACTIVE` with Release. The segment
+/// The sender writes every field, then `state = ACTIVE` with Release. The segment
 /// name is derivable from the channel name, index and instance; a receiver checks that
 /// the stored one matches rather than opening whatever a peer wrote here.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct PoolEntry {
-    /// `ENTRY_EMPTY`, `ENTRY_CLAIMED`, `ENTRY_ACTIVE` or `ENTRY_CLOSED`.
+    /// [`EMPTY`](Self::EMPTY), [`CLAIMED`](Self::CLAIMED), [`ACTIVE`](Self::ACTIVE) or
+    /// [`CLOSED`](Self::CLOSED).
     pub state: AtomicU32,
     /// Which registration this is (from [`ChannelHeader::registrations`]), low 16 bits.
     pub instance: AtomicU32,
@@ -76,6 +68,17 @@ pub struct PoolEntry {
     pub reserved: [AtomicU64; 4],
     /// The pool segment's name, packed little-endian.
     pub name: [AtomicU64; POOL_NAME_BYTES / 8],
+}
+
+impl PoolEntry {
+    /// [`state`](Self::state): nobody uses the entry.
+    pub const EMPTY: u32 = 0;
+    /// A sender is setting the entry up.
+    pub const CLAIMED: u32 = 1;
+    /// The pool is live; its sender may send from it.
+    pub const ACTIVE: u32 = 2;
+    /// The sender is gone; slots still in flight drain back to the pool.
+    pub const CLOSED: u32 = 3;
 }
 
 /// Byte offsets and size of a channel segment.
@@ -128,18 +131,3 @@ const _: () = {
     assert!(size_of::<ChannelHeader>() == 128);
     assert!(size_of::<PoolEntry>() == 512);
 };
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn channel_layout() {
-        let c = ChannelLayout::new(4, 64, 384).unwrap();
-        assert_eq!((c.header, c.pools, c.ring.ring_header), (128, 256, 256 + 4 * 512));
-        assert_eq!(c.total_size, c.ring.cells + 64 * 384);
-        assert!(ChannelLayout::new(0, 64, 384).is_none());
-        assert!(ChannelLayout::new(MAX_POOLS + 1, 64, 384).is_none());
-        assert!(ChannelLayout::new(4, 3, 384).is_none());
-    }
-}

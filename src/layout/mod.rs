@@ -57,35 +57,40 @@ pub const LAYOUT_VERSION: u32 = 4;
 /// The value of [`SegmentHeader::init`] once the creator has finished writing the segment.
 pub const INIT_READY: u32 = 0x5244_5952; // "RYDR"
 
-/// What a segment holds.
+/// What a segment holds. The discriminants are the wire codes, 1 to 6 in order.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentKind {
     /// A single-producer single-consumer ring.
     SpscRing = 1,
     /// A multi-producer multi-consumer ring.
-    MpmcRing = 2,
+    MpmcRing,
     /// A single-sender single-receiver channel: pool table and descriptor ring.
-    SpscChannel = 3,
+    SpscChannel,
     /// A multi-sender multi-receiver channel: pool table and descriptor ring.
-    MpmcChannel = 4,
+    MpmcChannel,
     /// A slot pool whose slots are host shared memory: slot records, free ring, slots.
-    HostPool = 5,
+    HostPool,
     /// A slot pool whose slots are device memory: slot records, free ring, CUDA IPC
     /// handles of the allocation and of each slot's events.
-    CudaPool = 6,
+    CudaPool,
 }
 
 impl SegmentKind {
+    /// Every kind, in wire-code order.
+    pub const ALL: [Self; 6] = [
+        Self::SpscRing,
+        Self::MpmcRing,
+        Self::SpscChannel,
+        Self::MpmcChannel,
+        Self::HostPool,
+        Self::CudaPool,
+    ];
+
     /// Decodes a kind read from shared memory.
     pub fn from_raw(raw: u32) -> Option<Self> {
         match raw {
-            1 => Some(Self::SpscRing),
-            2 => Some(Self::MpmcRing),
-            3 => Some(Self::SpscChannel),
-            4 => Some(Self::MpmcChannel),
-            5 => Some(Self::HostPool),
-            6 => Some(Self::CudaPool),
+            1..=6 => Self::ALL.into_iter().find(|k| *k as u32 == raw),
             _ => None,
         }
     }
@@ -154,34 +159,8 @@ pub fn load_bytes(words: &[AtomicU64], out: &mut [u8]) {
 
 #[cfg(not(loom))]
 const _: () = assert!(size_of::<SegmentHeader>() == 128);
+// The wire codes: fixed once written.
+const _: () = assert!(SegmentKind::SpscRing as u32 == 1 && SegmentKind::CudaPool as u32 == 6);
 
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kind_round_trip() {
-        for k in [
-            SegmentKind::SpscRing,
-            SegmentKind::MpmcRing,
-            SegmentKind::SpscChannel,
-            SegmentKind::MpmcChannel,
-            SegmentKind::HostPool,
-            SegmentKind::CudaPool,
-        ] {
-            assert_eq!(SegmentKind::from_raw(k as u32), Some(k));
-        }
-        assert_eq!(SegmentKind::from_raw(0), None);
-        assert_eq!(SegmentKind::from_raw(77), None);
-    }
-
-    #[test]
-    fn bytes_round_trip_through_words() {
-        let words: [AtomicU64; 3] = Default::default();
-        store_bytes(&words, b"a pool name");
-        let mut out = [0u8; 24];
-        load_bytes(&words, &mut out);
-        assert_eq!(&out[..11], b"a pool name");
-        assert!(out[11..].iter().all(|&b| b == 0), "zero-padded");
-    }
-}
+mod tests;

@@ -222,36 +222,3 @@ const _: () = {
     assert!(size_of::<CudaPoolInfo>() == 128);
     assert!(size_of::<SlotEvents>() == 128);
 };
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pool_layouts() {
-        let p = PoolLayout::new(3, 1000).unwrap();
-        assert_eq!(p.records, 256);
-        assert_eq!(p.free_ring.ring_header, 512, "records end at 448, rounded up to 128");
-        assert_eq!(p.free_ring.capacity, 4);
-        assert_eq!(p.data % 4096, 0);
-        assert!(p.data >= p.free_ring.total_size);
-        assert_eq!(p.stride, 1024, "small slots are 256-byte aligned");
-        assert_eq!(p.total_size, p.data + 3 * 1024);
-        assert_eq!(PoolLayout::new(2, 5000).unwrap().stride, 8192, "big slots page aligned");
-        assert!(PoolLayout::new(0, 64).is_none());
-        assert!(PoolLayout::new(4, 0).is_none());
-        assert!(PoolLayout::new(MAX_SLOTS + 1, 64).is_none());
-        assert!(PoolLayout::new(MAX_SLOTS, MAX_SLOT_SIZE).is_none(), "too large to map");
-
-        let g = PoolLayout::cuda(3, 1000).unwrap();
-        assert_eq!((g.records, g.free_ring, g.data), (p.records, p.free_ring, 0));
-        assert_eq!(g.cuda_info % 128, 0);
-        assert!(g.cuda_info >= g.free_ring.total_size);
-        assert_eq!(g.slot_events, g.cuda_info + 128);
-        assert_eq!(g.total_size, g.slot_events + 3 * 128);
-        assert_eq!(g.stride, 2 << 20, "device slots 2 MiB apart");
-        assert_eq!(PoolLayout::cuda(1, (2 << 20) + 1).unwrap().stride, 4 << 20);
-        assert_eq!(PoolLayout::for_backend(BACKEND_HOST, 3, 1000), Some(p));
-        assert_eq!(PoolLayout::for_backend(9, 3, 1000), None);
-    }
-}

@@ -116,11 +116,7 @@ impl std::error::Error for AttachError {
     }
 }
 
-impl From<Corrupted> for AttachError {
-    fn from(c: Corrupted) -> Self {
-        AttachError::Corrupted(c)
-    }
-}
+error_from!(AttachError { Corrupted(Corrupted) });
 
 // ---------------------------------------------------------------------------------------
 // The process probe

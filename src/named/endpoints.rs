@@ -1,6 +1,10 @@
 //! The endpoints of named rings: thin handles over the algorithms in [`crate::ring`], each
 //! operation in its non-blocking form (`try_x`) and its three blocking forms (`x`,
 //! `x_timeout`, `x_deadline`, all made by `wait::blocking!` from one deadline form).
+//!
+//! SPSC and MPMC ends offer the same operations; only their receivers differ (an SPSC end
+//! is used through `&mut self`, by one thread; an MPMC end through `&self`, and clones of it
+//! share the ring). One macro per side writes the operations for both.
 
 use bytemuck::Pod;
 
@@ -8,6 +12,153 @@ use crate::descriptor::Descriptor;
 use crate::layout::{Corrupted, MpmcCell, SpscCell};
 use crate::ring::{PopError, PushError, ShmStorage, TryPopError, TryPushError, mpmc, spsc};
 use crate::wait::{WaitPolicy, blocking};
+
+/// What every end tells of its ring.
+macro_rules! end_ops {
+    () => {
+        /// Number of cells.
+        pub fn capacity(&self) -> usize {
+            self.inner.capacity()
+        }
+
+        /// Elements pushed and not yet popped (a snapshot that may change at once; `None`
+        /// when the ring's positions are impossible).
+        pub fn len(&self) -> Option<usize> {
+            self.inner.len()
+        }
+
+        /// Whether the ring looks empty (see [`len`](Self::len)).
+        pub fn is_empty(&self) -> bool {
+            self.inner.is_empty()
+        }
+    };
+}
+
+/// The operations of a producer end; `mut` for SPSC ends (`&mut self`).
+macro_rules! producer_ops {
+    ($($mut:tt)?) => {
+        /// Pushes `value` if there is room; never blocks.
+        ///
+        /// # Errors
+        ///
+        /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
+        #[inline]
+        pub fn try_push(&$($mut)? self, value: T) -> Result<(), TryPushError<T>> {
+            self.inner.try_push(value)
+        }
+
+        blocking! {
+            /// Pushes `value`, waiting for room as the [`WaitPolicy`] says.
+            ///
+            /// # Errors
+            ///
+            /// [`PushError::PeerDead`] with the value back when the ring stays full and
+            /// every consumer has died; [`PushError::Corrupted`].
+            pub fn push, push_timeout, push_deadline(&$($mut)? self, value: T)
+                -> Result<(), PushError<T>> => inner.push_until;
+        }
+
+        /// Pushes as many of `values` as there is room for, from the front, publishing
+        /// them together (SPSC: one store; MPMC: one compare-and-swap for up to 64 cells in
+        /// a row): a stream of small elements moves far faster in slices. Never blocks.
+        /// Returns how many were pushed (0: full); they stay together and in order.
+        ///
+        /// # Errors
+        ///
+        /// [`Corrupted`] when the ring's positions or stamps are impossible.
+        pub fn try_push_slice(&$($mut)? self, values: &[T]) -> Result<usize, Corrupted> {
+            self.inner.try_push_slice(values)
+        }
+
+        blocking! {
+            /// Pushes all of `values`, in slices as room appears (MPMC: other producers'
+            /// elements may fall between two of them).
+            ///
+            /// # Errors
+            ///
+            /// [`PushError::PeerDead`] with how many were pushed, when the ring stays
+            /// full and every consumer has died; [`PushError::Corrupted`]. A `Timeout`
+            /// carries how many were pushed.
+            pub fn push_slice, push_slice_timeout, push_slice_deadline(&$($mut)? self, values: &[T])
+                -> Result<(), PushError<usize>> => inner.push_slice_until;
+        }
+
+        /// Sets how blocking pushes of this handle wait.
+        pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+            self.inner.set_wait_policy(policy);
+        }
+
+        /// Whether each push of this handle moves the written cell to the shared cache
+        /// (`cldemote`, x86; a no-op elsewhere). Off by default, or on when
+        /// `GPURING_DEMOTE=1`.
+        ///
+        /// Turn it on for hand-offs that go one at a time (request/response, a consumer
+        /// that waits for each message): the consumer then reads the cell from the shared
+        /// cache instead of snooping this core. Leave it off for streams, which it slows
+        /// (docs/BENCHMARKS.md has the figures).
+        pub fn set_demote(&mut self, on: bool) {
+            self.inner.set_demote(on);
+        }
+
+        end_ops!();
+    };
+}
+
+/// The operations of a consumer end; `mut` for SPSC ends (`&mut self`).
+macro_rules! consumer_ops {
+    ($($mut:tt)?) => {
+        /// Pops the oldest element if there is one; never blocks.
+        ///
+        /// # Errors
+        ///
+        /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
+        #[inline]
+        pub fn try_pop(&$($mut)? self) -> Result<T, TryPopError> {
+            self.inner.try_pop()
+        }
+
+        blocking! {
+            /// Pops the oldest element, waiting for one as the [`WaitPolicy`] says.
+            ///
+            /// # Errors
+            ///
+            /// [`PopError::PeerDead`] once every producer has died and all they
+            /// published is taken; [`PopError::Corrupted`].
+            pub fn pop, pop_timeout, pop_deadline(&$($mut)? self) -> Result<T, PopError>
+                => inner.pop_until;
+        }
+
+        /// Pops up to `out.len()` elements into `out`, oldest first, taking them together
+        /// (SPSC: one store; MPMC: one compare-and-swap for up to 64 cells); never blocks.
+        /// Returns how many (0: empty).
+        ///
+        /// # Errors
+        ///
+        /// [`Corrupted`] when the ring's positions or stamps are impossible.
+        pub fn try_pop_into(&$($mut)? self, out: &mut [T]) -> Result<usize, Corrupted> {
+            self.inner.try_pop_into(out)
+        }
+
+        blocking! {
+            /// Pops at least one and up to `out.len()` elements into `out`, oldest first,
+            /// waiting for the first as the [`WaitPolicy`] says. Returns how many (0 only
+            /// for an empty `out`).
+            ///
+            /// # Errors
+            ///
+            /// As [`pop`](Self::pop).
+            pub fn pop_into, pop_into_timeout, pop_into_deadline(&$($mut)? self, out: &mut [T])
+                -> Result<usize, PopError> => inner.pop_into_until;
+        }
+
+        /// Sets how blocking pops of this handle wait.
+        pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+            self.inner.set_wait_policy(policy);
+        }
+
+        end_ops!();
+    };
+}
 
 /// The producer end of an [`SpscRing`](crate::SpscRing): the one process that pushes.
 ///
@@ -25,87 +176,11 @@ use crate::wait::{WaitPolicy, blocking};
 /// ```
 #[derive(Debug)]
 pub struct SpscProducer<T = Descriptor> {
-    inner: spsc::Producer<T, ShmStorage<SpscCell<T>>>,
+    pub(super) inner: spsc::Producer<T, ShmStorage<SpscCell<T>>>,
 }
 
 impl<T: Pod + Send> SpscProducer<T> {
-    pub(super) fn new(inner: spsc::Producer<T, ShmStorage<SpscCell<T>>>) -> Self {
-        Self { inner }
-    }
-
-    /// Pushes `value` if there is room; never blocks.
-    ///
-    /// # Errors
-    ///
-    /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
-    #[inline]
-    pub fn try_push(&mut self, value: T) -> Result<(), TryPushError<T>> {
-        self.inner.try_push(value)
-    }
-
-    blocking! {
-        /// Pushes `value`, waiting for room as the [`WaitPolicy`] says.
-        errors {
-            /// [`PushError::PeerDead`] with the value back when the ring stays full and its
-            /// consumer has died; [`PushError::Corrupted`].
-        }
-        pub fn push, push_timeout, push_deadline(&mut self, value: T) -> Result<(), PushError<T>>
-            => inner.push_until;
-    }
-
-    /// Pushes as many of `values` as there is room for, from the front, publishing them
-    /// with one store (a stream of small elements moves far faster in slices); never
-    /// blocks. Returns how many were pushed (0: full).
-    ///
-    /// # Errors
-    ///
-    /// [`Corrupted`] when the consumer's position is impossible.
-    pub fn try_push_slice(&mut self, values: &[T]) -> Result<usize, Corrupted> {
-        self.inner.try_push_slice(values)
-    }
-
-    blocking! {
-        /// Pushes all of `values`, in slices as room appears.
-        errors {
-            /// [`PushError::PeerDead`] with how many were pushed, when the ring stays full
-            /// and its consumer has died; [`PushError::Corrupted`]. A `Timeout` carries how
-            /// many were pushed.
-        }
-        pub fn push_slice, push_slice_timeout, push_slice_deadline(&mut self, values: &[T])
-            -> Result<(), PushError<usize>> => inner.push_slice_until;
-    }
-
-    /// Sets how blocking pushes wait.
-    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.inner.set_wait_policy(policy);
-    }
-
-    /// Whether each push moves the written cell to the shared cache (`cldemote`, x86; a
-    /// no-op elsewhere). Off by default, or on when `GPURING_DEMOTE=1`.
-    ///
-    /// Turn it on for hand-offs that go one at a time (request/response, a consumer that
-    /// waits for each message): the consumer then reads the cell from the shared cache
-    /// instead of snooping this core. Leave it off for streams, which it slows
-    /// (docs/BENCHMARKS.md has the figures).
-    pub fn set_demote(&mut self, on: bool) {
-        self.inner.set_demote(on);
-    }
-
-    /// Number of cells.
-    pub fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-
-    /// Elements pushed and not yet popped (a snapshot; `None` if the consumer's position is
-    /// impossible).
-    pub fn len(&self) -> Option<usize> {
-        self.inner.len()
-    }
-
-    /// Whether the ring looks empty (see [`len`](Self::len)).
-    pub fn is_empty(&self) -> bool {
-        self.inner.is_empty()
-    }
+    producer_ops!(mut);
 }
 
 /// The consumer end of an [`SpscRing`](crate::SpscRing): the one process that pops.
@@ -121,79 +196,17 @@ impl<T: Pod + Send> SpscProducer<T> {
 /// ```
 #[derive(Debug)]
 pub struct SpscConsumer<T = Descriptor> {
-    inner: spsc::Consumer<T, ShmStorage<SpscCell<T>>>,
+    pub(super) inner: spsc::Consumer<T, ShmStorage<SpscCell<T>>>,
 }
 
 impl<T: Pod + Send> SpscConsumer<T> {
-    pub(super) fn new(inner: spsc::Consumer<T, ShmStorage<SpscCell<T>>>) -> Self {
-        Self { inner }
-    }
-
-    /// Pops the oldest element if there is one; never blocks.
-    ///
-    /// # Errors
-    ///
-    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
-    #[inline]
-    pub fn try_pop(&mut self) -> Result<T, TryPopError> {
-        self.inner.try_pop()
-    }
-
-    blocking! {
-        /// Pops the oldest element, waiting for one as the [`WaitPolicy`] says.
-        errors {
-            /// [`PopError::PeerDead`] once the producer has died and all it published is
-            /// taken; [`PopError::Corrupted`].
-        }
-        pub fn pop, pop_timeout, pop_deadline(&mut self) -> Result<T, PopError>
-            => inner.pop_until;
-    }
-
-    /// Pops up to `out.len()` elements into `out`, oldest first, freeing them with one
-    /// store; never blocks. Returns how many (0: empty).
-    ///
-    /// # Errors
-    ///
-    /// [`Corrupted`] when the producer's position is impossible.
-    pub fn try_pop_into(&mut self, out: &mut [T]) -> Result<usize, Corrupted> {
-        self.inner.try_pop_into(out)
-    }
-
-    blocking! {
-        /// Pops at least one and up to `out.len()` elements into `out`, oldest first,
-        /// waiting for the first as the [`WaitPolicy`] says. Returns how many (0 only for
-        /// an empty `out`).
-        errors {
-            /// As [`pop`](Self::pop).
-        }
-        pub fn pop_into, pop_into_timeout, pop_into_deadline(&mut self, out: &mut [T])
-            -> Result<usize, PopError> => inner.pop_into_until;
-    }
-
-    /// Sets how blocking pops wait.
-    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.inner.set_wait_policy(policy);
-    }
-
-    /// Number of cells.
-    pub fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-
-    /// Elements ready to pop (a snapshot; `None` if the producer's position is impossible).
-    pub fn len(&self) -> Option<usize> {
-        self.inner.len()
-    }
-
-    /// Whether the ring looks empty (see [`len`](Self::len)).
-    pub fn is_empty(&self) -> bool {
-        self.inner.is_empty()
-    }
+    consumer_ops!(mut);
 }
 
 /// A producer end of an [`MpmcRing`](crate::MpmcRing). `Clone` makes another producer
-/// (one per thread); all of them push into the same ring, each producer's elements in
-/// order.
+/// (one per thread, or share one: it is `Sync`); all push into the same ring, each
+/// producer's elements in order. A blocked push skips the cells of producers that died
+/// holding them.
 ///
 /// ```no_run
 /// use gpuring::MpmcRing;
@@ -212,74 +225,11 @@ impl<T: Pod + Send> SpscConsumer<T> {
 /// ```
 #[derive(Debug, Clone)]
 pub struct MpmcProducer<T = Descriptor> {
-    inner: mpmc::Producer<T, ShmStorage<MpmcCell<T>>>,
+    pub(super) inner: mpmc::Producer<T, ShmStorage<MpmcCell<T>>>,
 }
 
 impl<T: Pod + Send> MpmcProducer<T> {
-    pub(super) fn new(inner: mpmc::Producer<T, ShmStorage<MpmcCell<T>>>) -> Self {
-        Self { inner }
-    }
-
-    /// Pushes `value` if there is room; never blocks.
-    ///
-    /// # Errors
-    ///
-    /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
-    #[inline]
-    pub fn try_push(&self, value: T) -> Result<(), TryPushError<T>> {
-        self.inner.try_push(value)
-    }
-
-    blocking! {
-        /// Pushes `value`, waiting for room as the [`WaitPolicy`] says. While it waits, it
-        /// skips the cells of producers that died holding them.
-        errors {
-            /// [`PushError::PeerDead`] with the value back when the ring stays full and
-            /// every consumer has died; [`PushError::Corrupted`].
-        }
-        pub fn push, push_timeout, push_deadline(&self, value: T) -> Result<(), PushError<T>>
-            => inner.push_until;
-    }
-
-    /// Pushes as many of `values` as there are free cells for in a row, from the front and
-    /// at most 64, claiming them with one compare-and-swap (the contended `tail` line moves
-    /// once per slice, not once per element); never blocks. Returns how many were pushed
-    /// (0: full). The elements of a slice stay together and in order.
-    ///
-    /// # Errors
-    ///
-    /// [`Corrupted`] when a cell's stamp is impossible.
-    pub fn try_push_slice(&self, values: &[T]) -> Result<usize, Corrupted> {
-        self.inner.try_push_slice(values)
-    }
-
-    blocking! {
-        /// Pushes all of `values`, in runs as room appears. Other producers' elements may
-        /// fall between two runs.
-        errors {
-            /// [`PushError::PeerDead`] with how many were pushed, when the ring stays full
-            /// and every consumer has died; [`PushError::Corrupted`]. A `Timeout` carries
-            /// how many were pushed.
-        }
-        pub fn push_slice, push_slice_timeout, push_slice_deadline(&self, values: &[T])
-            -> Result<(), PushError<usize>> => inner.push_slice_until;
-    }
-
-    /// Sets how blocking pushes of this handle wait.
-    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.inner.set_wait_policy(policy);
-    }
-
-    /// Whether each push of this handle moves the written cell to the shared cache; see
-    /// [`SpscProducer::set_demote`].
-    pub fn set_demote(&mut self, on: bool) {
-        self.inner.set_demote(on);
-    }
-
-    /// Number of cells.
-    pub fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
+    producer_ops!();
 }
 
 /// A consumer end of an [`MpmcRing`](crate::MpmcRing). `Clone` makes another consumer;
@@ -299,63 +249,9 @@ impl<T: Pod + Send> MpmcProducer<T> {
 /// ```
 #[derive(Debug, Clone)]
 pub struct MpmcConsumer<T = Descriptor> {
-    inner: mpmc::Consumer<T, ShmStorage<MpmcCell<T>>>,
+    pub(super) inner: mpmc::Consumer<T, ShmStorage<MpmcCell<T>>>,
 }
 
 impl<T: Pod + Send> MpmcConsumer<T> {
-    pub(super) fn new(inner: mpmc::Consumer<T, ShmStorage<MpmcCell<T>>>) -> Self {
-        Self { inner }
-    }
-
-    /// Pops the oldest element if there is one; never blocks.
-    ///
-    /// # Errors
-    ///
-    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
-    #[inline]
-    pub fn try_pop(&self) -> Result<T, TryPopError> {
-        self.inner.try_pop()
-    }
-
-    blocking! {
-        /// Pops the oldest element, waiting for one as the [`WaitPolicy`] says. While it
-        /// waits, it adopts the elements of consumers that died holding them.
-        errors {
-            /// [`PopError::PeerDead`] once every producer has died and all they published
-            /// is taken; [`PopError::Corrupted`].
-        }
-        pub fn pop, pop_timeout, pop_deadline(&self) -> Result<T, PopError>
-            => inner.pop_until;
-    }
-
-    /// Pops the run of published elements at the head into `out`, oldest first, up to
-    /// `out.len()` and 64, claiming them with one compare-and-swap; never blocks. Returns
-    /// how many (0: empty).
-    ///
-    /// # Errors
-    ///
-    /// [`Corrupted`] when a cell's stamp is impossible.
-    pub fn try_pop_into(&self, out: &mut [T]) -> Result<usize, Corrupted> {
-        self.inner.try_pop_into(out)
-    }
-
-    blocking! {
-        /// Pops at least one and up to `out.len()` elements into `out`, waiting for the
-        /// first as the [`WaitPolicy`] says. Returns how many (0 only for an empty `out`).
-        errors {
-            /// As [`pop`](Self::pop).
-        }
-        pub fn pop_into, pop_into_timeout, pop_into_deadline(&self, out: &mut [T])
-            -> Result<usize, PopError> => inner.pop_into_until;
-    }
-
-    /// Sets how blocking pops of this handle wait.
-    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.inner.set_wait_policy(policy);
-    }
-
-    /// Number of cells.
-    pub fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
+    consumer_ops!();
 }

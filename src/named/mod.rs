@@ -1,5 +1,6 @@
-//! Rings in named POSIX shared memory: [`SpscRing`] and [`MpmcRing`] of any `Pod` element,
-//! for processes that pass small values (or their own descriptors) without slot pools.
+//! Rings in named POSIX shared memory: [`Ring`] of any `Pod` element, [`SpscRing`] or
+//! [`MpmcRing`] by its flavor, for processes that pass small values (or their own
+//! descriptors) without slot pools.
 //!
 //! A ring handle creates or opens the segment (checking the ring parameters in it against
 //! the element type asked for) and hands out endpoints (`endpoints.rs`): the algorithms of
@@ -74,20 +75,18 @@ impl std::error::Error for RingError {
     }
 }
 
-impl From<ShmError> for RingError {
-    fn from(e: ShmError) -> Self {
-        RingError::Segment(e)
-    }
-}
+error_from!(RingError { Segment(ShmError) });
 
 /// Options for creating or opening a ring: capacity and how the segment is created and
-/// opened.
+/// opened. [`Ring::create_with`] and [`Ring::open_with`] take them.
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use gpuring::{Descriptor, RingOptions};
-/// let ring = RingOptions::new("jobs").capacity(4096).create_mpmc::<Descriptor>()?;
-/// let peer = RingOptions::new("jobs").open_timeout(Duration::from_secs(5)).open_mpmc::<Descriptor>()?;
+/// use gpuring::{Descriptor, MpmcRing, RingOptions};
+/// let ring = MpmcRing::<Descriptor>::create_with(&RingOptions::new("jobs").capacity(4096))?;
+/// let peer = MpmcRing::<Descriptor>::open_with(
+///     &RingOptions::new("jobs").open_timeout(Duration::from_secs(5)),
+/// )?;
 /// # Ok::<(), gpuring::RingError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -103,75 +102,155 @@ impl RingOptions {
         Self { segment: SegmentOptions::new(name.into()), capacity: 1024 }
     }
 
-    /// Number of cells, a power of two in `1..=2^24` (checked by `create`).
+    /// Number of cells, a power of two in `1..=2^24` (`2..` for MPMC; checked by `create`).
     pub fn capacity(mut self, capacity: u64) -> Self {
         self.capacity = capacity;
         self
     }
 
     segment_options!();
+}
 
-    /// Creates an SPSC ring. See [`SpscRing::create`].
+/// One producer and one consumer: the flavor of an [`SpscRing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spsc;
+
+/// Any number of producers and consumers: the flavor of an [`MpmcRing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mpmc;
+
+/// A ring's flavor: [`Spsc`] or [`Mpmc`]. Sealed.
+pub trait RingFlavor: sealed::RingFlavor {}
+
+impl<F: sealed::RingFlavor> RingFlavor for F {}
+
+mod sealed {
+    use super::*;
+
+    /// What differs between the flavors when a ring is created or opened.
+    pub trait RingFlavor: Sized + 'static {
+        /// The segment kind.
+        const KIND: SegmentKind;
+        /// Whether the cells carry stamps (`MpmcCell`) or are bare (`SpscCell`).
+        const STAMPED: bool;
+    }
+
+    impl RingFlavor for Spsc {
+        const KIND: SegmentKind = SegmentKind::SpscRing;
+        const STAMPED: bool = false;
+    }
+
+    impl RingFlavor for Mpmc {
+        const KIND: SegmentKind = SegmentKind::MpmcRing;
+        const STAMPED: bool = true;
+    }
+}
+
+/// Bytes per cell of a ring of `T` of flavor `F`.
+fn cell_size<T, F: RingFlavor>() -> usize {
+    if F::STAMPED { size_of::<MpmcCell<T>>() } else { size_of::<SpscCell<T>>() }
+}
+
+/// The layout of a ring of `F` with `capacity` cells of `T`, if the capacity is a power of
+/// two in range (an MPMC ring needs two cells at least: with one, "written at p" and "free
+/// for p + 1" are the same stamp).
+fn layout<T, F: RingFlavor>(capacity: u64) -> Option<RingLayout> {
+    RingLayout::new(capacity, cell_size::<T, F>()).filter(|_| !F::STAMPED || capacity >= 2)
+}
+
+/// A ring of `T` in named shared memory: an [`SpscRing`] (one producer, one consumer) or an
+/// [`MpmcRing`] (any number of each, each element taken by exactly one consumer, each
+/// producer's elements in order).
+///
+/// The creating handle unlinks the name when it and every endpoint made from it are
+/// dropped; processes that opened the ring keep their mapping.
+///
+/// ```no_run
+/// use gpuring::{MpmcRing, SpscRing};
+/// // Process A: create the ring (mode 0600, exclusive) and claim the producer role.
+/// let ring = SpscRing::<u64>::create("ticks", 256)?;
+/// let mut tx = ring.producer()?;
+/// assert!(ring.producer().is_err(), "one producer only");
+/// tx.push(1)?;
+///
+/// // Process B: open it (checks owner, mode, size, magic, version, element type).
+/// let ring = SpscRing::<u64>::open("ticks")?;
+/// let mut rx = ring.consumer()?;
+/// assert_eq!(rx.pop()?, 1);
+///
+/// // Many producers and consumers: the same API; their ends are `Clone`.
+/// let work = MpmcRing::<u64>::create("work", 1024)?;
+/// let (tx, rx) = (work.producer()?, work.consumer()?);
+/// let tx2 = tx.clone(); // another producer, e.g. for another thread
+/// tx.push(5)?;
+/// tx2.push(6)?;
+/// assert_eq!((rx.pop()?, rx.pop()?), (5, 6));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Ring<T, F> {
+    ring: Arc<RingSegment>,
+    _elem: PhantomData<(fn() -> T, F)>,
+}
+
+/// A single-producer single-consumer ring of `T` in named shared memory (see [`Ring`]).
+pub type SpscRing<T = Descriptor> = Ring<T, Spsc>;
+/// A multi-producer multi-consumer ring of `T` in named shared memory (see [`Ring`]).
+pub type MpmcRing<T = Descriptor> = Ring<T, Mpmc>;
+
+impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
+    /// Creates ring `name` with `capacity` cells (a power of two; at least 2 for MPMC),
+    /// mode 0600, exclusively. [`create_with`](Self::create_with) takes more options.
     ///
     /// # Errors
     ///
-    /// As [`SpscRing::create`].
-    pub fn create_spsc<T: Pod + Send>(&self) -> Result<SpscRing<T>, RingError> {
-        let ring = self.create::<T, _>(SegmentKind::SpscRing, |_| SpscCell::<T>::new())?;
-        Ok(SpscRing { ring, _elem: PhantomData })
+    /// [`RingError::InvalidCapacity`]; [`RingError::Segment`] with
+    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`],
+    /// [`ShmError::PermissionDenied`] or [`ShmError::Io`].
+    pub fn create(name: &str, capacity: u64) -> Result<Self, RingError> {
+        Self::create_with(&RingOptions::new(name).capacity(capacity))
     }
 
-    /// Opens an SPSC ring. See [`SpscRing::open`].
+    /// Creates a ring as `options` say.
     ///
     /// # Errors
     ///
-    /// As [`SpscRing::open`].
-    pub fn open_spsc<T: Pod + Send>(&self) -> Result<SpscRing<T>, RingError> {
-        let ring = self.open::<T, SpscCell<T>>(SegmentKind::SpscRing)?;
-        Ok(SpscRing { ring, _elem: PhantomData })
-    }
-
-    /// Creates an MPMC ring. See [`MpmcRing::create`].
-    ///
-    /// # Errors
-    ///
-    /// As [`MpmcRing::create`].
-    pub fn create_mpmc<T: Pod + Send>(&self) -> Result<MpmcRing<T>, RingError> {
-        // With one cell, "written at p" and "free for p + 1" are the same stamp.
-        if self.capacity < 2 {
-            return Err(RingError::InvalidCapacity { capacity: self.capacity });
-        }
-        let ring = self.create::<T, _>(SegmentKind::MpmcRing, |i| MpmcCell::<T>::new(i as u64))?;
-        Ok(MpmcRing { ring, _elem: PhantomData })
-    }
-
-    /// Opens an MPMC ring. See [`MpmcRing::open`].
-    ///
-    /// # Errors
-    ///
-    /// As [`MpmcRing::open`].
-    pub fn open_mpmc<T: Pod + Send>(&self) -> Result<MpmcRing<T>, RingError> {
-        let ring = self.open::<T, MpmcCell<T>>(SegmentKind::MpmcRing)?;
-        Ok(MpmcRing { ring, _elem: PhantomData })
-    }
-
-    fn create<T: Pod, C>(
-        &self,
-        kind: SegmentKind,
-        init_cell: impl Fn(usize) -> C,
-    ) -> Result<Arc<RingSegment>, RingError> {
-        let capacity = self.capacity;
-        let layout = RingLayout::new(capacity, size_of::<C>())
-            .ok_or(RingError::InvalidCapacity { capacity })?;
-        let segment = self.segment.create(kind, layout.total_size, |seg| {
-            RingSegment::init_in::<T, C>(seg, &layout, init_cell);
+    /// As [`create`](Self::create).
+    pub fn create_with(options: &RingOptions) -> Result<Self, RingError> {
+        let capacity = options.capacity;
+        let layout = layout::<T, F>(capacity).ok_or(RingError::InvalidCapacity { capacity })?;
+        let segment = options.segment.create(F::KIND, layout.total_size, |seg| {
+            if F::STAMPED {
+                RingSegment::init_in::<T, _>(seg, &layout, |i| MpmcCell::<T>::new(i as u64));
+            } else {
+                RingSegment::init_in::<T, _>(seg, &layout, |_| SpscCell::<T>::new());
+            }
             Ok::<_, ShmError>(())
         })?;
-        Ok(RingSegment::view(Arc::new(segment), layout, kind == SegmentKind::MpmcRing))
+        Ok(Self::view(segment, layout))
     }
 
-    fn open<T: Pod, C>(&self, kind: SegmentKind) -> Result<Arc<RingSegment>, RingError> {
-        let (segment, _) = self.segment.open(&[kind])?;
+    /// Opens ring `name`, waiting up to [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)
+    /// for its creator to finish. [`open_with`](Self::open_with) takes more options.
+    ///
+    /// # Errors
+    ///
+    /// [`RingError::ElementMismatch`], [`RingError::Corrupted`]; [`RingError::Segment`] with
+    /// [`ShmError::NotFound`], [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`],
+    /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
+    /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`], [`ShmError::OwnerDead`] or
+    /// [`ShmError::Io`].
+    pub fn open(name: &str) -> Result<Self, RingError> {
+        Self::open_with(&RingOptions::new(name))
+    }
+
+    /// Opens a ring as `options` say (the capacity is the creator's).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
+    pub fn open_with(options: &RingOptions) -> Result<Self, RingError> {
+        let (segment, _) = options.segment.open(&[F::KIND])?;
         // The segment is at least a header long; the ring header and the table follow it.
         let min = RingLayout::new(1, 0).expect("valid").cells;
         if segment.len() < min {
@@ -184,88 +263,18 @@ impl RingOptions {
         if found != expected {
             return Err(RingError::ElementMismatch { expected, found });
         }
-        let layout =
-            RingLayout::new(capacity, size_of::<C>()).ok_or(RingError::Corrupted(Corrupted {
-                what: "ring capacity is not a power of two in range",
-            }))?;
+        let layout = layout::<T, F>(capacity).ok_or(RingError::Corrupted(Corrupted {
+            what: "ring capacity is not a power of two in range",
+        }))?;
         if layout.total_size != segment.len() {
             let (expected, found) = (layout.total_size as u64, segment.len() as u64);
             return Err(ShmError::SizeMismatch { expected, found }.into());
         }
-        Ok(RingSegment::view(Arc::new(segment), layout, kind == SegmentKind::MpmcRing))
-    }
-}
-
-/// A single-producer single-consumer ring of `T` in named shared memory.
-///
-/// The creating handle unlinks the name when it and every endpoint made from it are
-/// dropped; processes that opened the ring keep their mapping.
-///
-/// ```no_run
-/// use gpuring::SpscRing;
-/// // Process A: create the ring (mode 0600, exclusive) and claim the producer role.
-/// let ring = SpscRing::<u64>::create("ticks", 256)?;
-/// let mut tx = ring.producer()?;
-/// assert!(ring.producer().is_err(), "one producer only");
-/// tx.push(1)?;
-///
-/// // Process B: open it (checks owner, mode, size, magic, version, element type).
-/// let ring = SpscRing::<u64>::open("ticks")?;
-/// let mut rx = ring.consumer()?;
-/// assert_eq!(rx.pop()?, 1);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug)]
-pub struct SpscRing<T = Descriptor> {
-    ring: Arc<RingSegment>,
-    _elem: PhantomData<fn() -> T>,
-}
-
-impl<T: Pod + Send> SpscRing<T> {
-    /// Creates ring `name` with `capacity` cells (a power of two), mode 0600, exclusively.
-    /// [`RingOptions`] has the other options.
-    ///
-    /// # Errors
-    ///
-    /// [`RingError::InvalidCapacity`]; [`RingError::Segment`] with
-    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`],
-    /// [`ShmError::PermissionDenied`] or [`ShmError::Io`].
-    pub fn create(name: &str, capacity: u64) -> Result<Self, RingError> {
-        RingOptions::new(name).capacity(capacity).create_spsc()
+        Ok(Self::view(segment, layout))
     }
 
-    /// Opens ring `name`, waiting up to [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)
-    /// for its creator to finish.
-    ///
-    /// # Errors
-    ///
-    /// [`RingError::ElementMismatch`], [`RingError::Corrupted`]; [`RingError::Segment`] with
-    /// [`ShmError::NotFound`], [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`],
-    /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
-    /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`], [`ShmError::OwnerDead`] or
-    /// [`ShmError::Io`].
-    pub fn open(name: &str) -> Result<Self, RingError> {
-        RingOptions::new(name).open_spsc()
-    }
-
-    /// Claims the producer role and returns the producer end.
-    ///
-    /// # Errors
-    ///
-    /// [`AttachError::RoleTaken`] while another producer lives;
-    /// [`AttachError::TooManyParticipants`]; [`AttachError::Corrupted`] when the ring's
-    /// positions are impossible.
-    pub fn producer(&self) -> Result<SpscProducer<T>, AttachError> {
-        Ok(SpscProducer::new(self.ring.spsc_producer()?))
-    }
-
-    /// Claims the consumer role and returns the consumer end.
-    ///
-    /// # Errors
-    ///
-    /// As [`producer`](Self::producer), for the consumer role.
-    pub fn consumer(&self) -> Result<SpscConsumer<T>, AttachError> {
-        Ok(SpscConsumer::new(self.ring.spsc_consumer()?))
+    fn view(segment: Segment, layout: RingLayout) -> Self {
+        Self { ring: RingSegment::view(Arc::new(segment), layout, F::STAMPED), _elem: PhantomData }
     }
 
     /// Number of cells.
@@ -288,56 +297,37 @@ impl<T: Pod + Send> SpscRing<T> {
     }
 }
 
-/// A multi-producer multi-consumer ring of `T` in named shared memory.
-///
-/// Any number of processes may open it and make producers and consumers; each element is
-/// taken by exactly one consumer, and each producer's elements leave in order.
-///
-/// ```no_run
-/// use gpuring::MpmcRing;
-/// let ring = MpmcRing::<u64>::create("work", 1024)?;
-/// let (tx, rx) = (ring.producer()?, ring.consumer()?);
-/// let tx2 = tx.clone(); // another producer, e.g. for another thread
-/// tx.push(5)?;
-/// tx2.push(6)?;
-/// assert_eq!((rx.pop()?, rx.pop()?), (5, 6));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug)]
-pub struct MpmcRing<T = Descriptor> {
-    ring: Arc<RingSegment>,
-    _elem: PhantomData<fn() -> T>,
+impl<T: Pod + Send> Ring<T, Spsc> {
+    /// Claims the producer role and returns the producer end.
+    ///
+    /// # Errors
+    ///
+    /// [`AttachError::RoleTaken`] while another producer lives;
+    /// [`AttachError::TooManyParticipants`]; [`AttachError::Corrupted`] when the ring's
+    /// positions are impossible.
+    pub fn producer(&self) -> Result<SpscProducer<T>, AttachError> {
+        self.ring.spsc_producer().map(|inner| SpscProducer { inner })
+    }
+
+    /// Claims the consumer role and returns the consumer end.
+    ///
+    /// # Errors
+    ///
+    /// As [`producer`](Self::producer), for the consumer role.
+    pub fn consumer(&self) -> Result<SpscConsumer<T>, AttachError> {
+        self.ring.spsc_consumer().map(|inner| SpscConsumer { inner })
+    }
 }
 
-impl<T: Pod + Send> MpmcRing<T> {
-    /// Creates ring `name` with `capacity` cells (a power of two, at least 2), mode 0600,
-    /// exclusively.
-    ///
-    /// # Errors
-    ///
-    /// As [`SpscRing::create`].
-    pub fn create(name: &str, capacity: u64) -> Result<Self, RingError> {
-        RingOptions::new(name).capacity(capacity).create_mpmc()
-    }
-
-    /// Opens ring `name`, waiting up to [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)
-    /// for its creator to finish.
-    ///
-    /// # Errors
-    ///
-    /// As [`SpscRing::open`].
-    pub fn open(name: &str) -> Result<Self, RingError> {
-        RingOptions::new(name).open_mpmc()
-    }
-
-    /// A producer end. Any number may exist.
+impl<T: Pod + Send> Ring<T, Mpmc> {
+    /// A producer end. Any number may exist (clone one, or call this again).
     ///
     /// # Errors
     ///
     /// [`AttachError::TooManyParticipants`]; [`AttachError::Corrupted`] when the ring's
     /// positions are impossible.
     pub fn producer(&self) -> Result<MpmcProducer<T>, AttachError> {
-        Ok(MpmcProducer::new(self.ring.mpmc_producer()?))
+        self.ring.mpmc_producer().map(|inner| MpmcProducer { inner })
     }
 
     /// A consumer end. Any number may exist.
@@ -346,21 +336,6 @@ impl<T: Pod + Send> MpmcRing<T> {
     ///
     /// As [`producer`](Self::producer).
     pub fn consumer(&self) -> Result<MpmcConsumer<T>, AttachError> {
-        Ok(MpmcConsumer::new(self.ring.mpmc_consumer()?))
-    }
-
-    /// Number of cells.
-    pub fn capacity(&self) -> usize {
-        self.ring.capacity()
-    }
-
-    /// The segment's object name, with its leading `/`.
-    pub fn name(&self) -> &str {
-        self.ring.segment().name()
-    }
-
-    /// How many threads sleep waiting for an element and for room (a diagnostic snapshot).
-    pub fn sleepers(&self) -> (u32, u32) {
-        self.ring.sleepers()
+        self.ring.mpmc_consumer().map(|inner| MpmcConsumer { inner })
     }
 }

@@ -225,20 +225,4 @@ pub(crate) enum PoolError {
     Corrupted(Corrupted),
 }
 
-impl From<ShmError> for PoolError {
-    fn from(e: ShmError) -> Self {
-        PoolError::Segment(e)
-    }
-}
-
-impl From<AttachError> for PoolError {
-    fn from(e: AttachError) -> Self {
-        PoolError::Attach(e)
-    }
-}
-
-impl From<Corrupted> for PoolError {
-    fn from(c: Corrupted) -> Self {
-        PoolError::Corrupted(c)
-    }
-}
+error_from!(PoolError { Segment(ShmError), Attach(AttachError), Corrupted(Corrupted) });

@@ -26,8 +26,9 @@
 
 use std::sync::Arc;
 
-use crate::layout::RingControl;
-use crate::liveness::{Unwatched, Watch};
+use crate::layout::{Corrupted, RingControl};
+use crate::liveness::{Blocked, Role, Tick, Unwatched, Watch, block_on};
+use crate::wait::{Deadline, WaitPolicy};
 
 mod error;
 pub mod mpmc;
@@ -111,6 +112,21 @@ impl<C> Heap<C> {
     }
 }
 
+impl<C> Heap<C> {
+    /// Both ends of the new ring in this storage, which `ends` makes from two handles of
+    /// it.
+    ///
+    /// # Panics
+    ///
+    /// If the ends refuse the storage (a new ring is consistent, so never).
+    pub(crate) fn ends<P, Q>(
+        self,
+        ends: impl FnOnce(Self, Self) -> Result<(P, Q), Corrupted>,
+    ) -> (P, Q) {
+        ends(self.clone(), self).expect("a new ring is consistent")
+    }
+}
+
 // SAFETY: the control block and the boxed cells live as long as the `Arc`, which every
 // clone keeps alive; the length is fixed at construction and asserted a power of two; the
 // constructors in `spsc` and `mpmc` initialise the cells for their kind.
@@ -149,72 +165,72 @@ impl Hints {
     }
 }
 
-/// Calls `hint` with the address of each 64-byte line of `value`, in native x86_64 builds;
-/// elsewhere (other targets, loom, Miri) does nothing. The cache hints below share it.
+/// What a cache hint asks of the CPU for a value's lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hint {
+    /// Bring them into this core's cache, for reading (`prefetcht0`).
+    Read,
+    /// Bring them into this core's cache *for writing* (`prefetchw`: ownership is requested
+    /// ahead, so that the stores that follow do not each wait for another core to give the
+    /// line up). CPUs without it execute it as a NOP.
+    Write,
+    /// Move them from this core's private caches to the shared cache (`cldemote`), where
+    /// another core reads them without snooping this one. A NOP on CPUs without it.
+    Demote,
+}
+
+/// Gives the CPU `hint` for every 64-byte line of `value`, in native x86_64 builds;
+/// elsewhere (other targets, loom, Miri) does nothing. A hint never faults and changes no
+/// value.
 #[inline(always)]
-fn for_each_line<C>(value: &C, hint: impl Fn(*const u8)) {
+pub(crate) fn cache_hint<C>(value: &C, hint: Hint) {
     #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
     {
+        use core::arch::asm;
         let base = (value as *const C).cast::<u8>();
         for offset in (0..size_of::<C>()).step_by(64) {
-            hint(base.wrapping_add(offset));
+            let line = base.wrapping_add(offset);
+            // SAFETY: PREFETCHT0, PREFETCHW and CLDEMOTE only hint where a line should be;
+            // they cannot fault, write or change a value, and the latter two decode as NOPs
+            // where unsupported (PREFETCHT0 is baseline). The address is inside `value`. No
+            // stack use, flags untouched.
+            unsafe {
+                match hint {
+                    Hint::Read => {
+                        asm!("prefetcht0 byte ptr [{0}]", in(reg) line, options(nostack, preserves_flags))
+                    }
+                    Hint::Write => {
+                        asm!("prefetchw byte ptr [{0}]", in(reg) line, options(nostack, preserves_flags))
+                    }
+                    Hint::Demote => {
+                        asm!("cldemote byte ptr [{0}]", in(reg) line, options(nostack, preserves_flags))
+                    }
+                }
+            }
         }
     }
     #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
     let _ = (value, hint);
 }
 
-/// Asks the CPU to bring `value`'s cache lines into this core's cache. A hint: it never
-/// faults and changes no value.
-#[inline(always)]
-pub(crate) fn prefetch<C>(value: &C) {
-    for_each_line(value, |line| {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `prefetch` is a hint that cannot fault or write; the address is inside
-        // `value`. SSE is part of the x86_64 baseline.
-        unsafe {
-            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(line.cast())
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = line;
-    });
-}
-
-/// Asks the CPU to bring `value`'s cache lines into this core's cache *for writing*
-/// (`prefetchw`: ownership is requested ahead, so that the stores that follow do not each
-/// wait for another core to give the line up). A hint: it never faults and changes no
-/// value; CPUs without it execute it as a NOP.
-#[inline(always)]
-pub(crate) fn prefetch_write<C>(value: &C) {
-    for_each_line(value, |line| {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: PREFETCHW only hints; it cannot fault, write or change a value, and
-        // decodes as a NOP where unsupported. The address is inside `value`. No stack use,
-        // flags untouched.
-        unsafe {
-            core::arch::asm!("prefetchw byte ptr [{0}]", in(reg) line, options(nostack, preserves_flags))
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = line;
-    });
-}
-
-/// Asks the CPU to move `value`'s cache lines from this core's private caches to the
-/// shared cache (`cldemote`), where another core reads them without snooping this one. A
-/// hint: it never faults, changes no value, and executes as a NOP on CPUs without it.
-#[inline(always)]
-pub(crate) fn demote<C>(value: &C) {
-    for_each_line(value, |line| {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: CLDEMOTE only hints where a line should live; it cannot fault, write or
-        // change a value, and its encoding is a NOP where unsupported. The address is
-        // inside `value`. No stack use, flags untouched.
-        unsafe {
-            core::arch::asm!("cldemote byte ptr [{0}]", in(reg) line, options(nostack, preserves_flags))
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = line;
-    });
+/// Waits, as an endpoint playing `me` on `storage`'s ring, until `attempt` succeeds: in
+/// [`crate::liveness`]'s tick loop, sleeping on the word of `me`'s side (producers on
+/// `not_full`, consumers on `not_empty`), waking the other side's after a success, and
+/// giving up with `PeerDead` once every endpoint of the other side has died.
+pub(crate) fn wait_for<S: Storage, R>(
+    storage: &S,
+    me: Role,
+    policy: WaitPolicy,
+    deadline: Deadline,
+    attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
+    on_tick: impl FnMut() -> Tick<R>,
+) -> Result<R, Blocked> {
+    let c = storage.control();
+    let (peers, sleep_on, wake) = match me {
+        Role::Producer => (Role::Consumer, &c.not_full, &c.not_empty),
+        Role::Consumer => (Role::Producer, &c.not_empty, &c.not_full),
+    };
+    block_on(storage.watch(), peers, sleep_on, wake, policy, deadline, attempt, on_tick)
 }
 
 /// The cell of position `pos`, masked with the `capacity` this process validated (never a

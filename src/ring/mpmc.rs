@@ -29,13 +29,13 @@ use bytemuck::Pod;
 
 use super::repair::{REPAIR_SCAN, repair, try_adopt_in};
 use super::{
-    Hints, PopError, PushError, Storage, TryPopError, TryPushError, cell_at, demote, prefetch,
-    prefetch_write,
+    Hint, Hints, PopError, PushError, Storage, TryPopError, TryPushError, cache_hint, cell_at,
+    wait_for,
 };
 use crate::layout::{
     Claims, Corrupted, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED,
 };
-use crate::liveness::{Blocked, Role, Tick, Watch, block_on};
+use crate::liveness::{Blocked, Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering, spin_hint};
 use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
 use std::sync::atomic::Ordering::Relaxed;
@@ -49,10 +49,8 @@ use std::sync::atomic::Ordering::Relaxed;
 /// empty in this algorithm).
 pub fn with_capacity<T: Pod + Send>(capacity: usize) -> (HeapProducer<T>, HeapConsumer<T>) {
     assert!(capacity >= 2, "an MPMC ring needs at least 2 cells, got {capacity}");
-    let storage = super::Heap::new(capacity, |i| MpmcCell::new(i as u64));
-    let tx = Producer::new(storage.clone()).expect("a new ring is consistent");
-    let rx = Consumer::new(storage).expect("a new ring is consistent");
-    (tx, rx)
+    let ends = |a, b| Ok((Producer::new(a)?, Consumer::new(b)?));
+    super::Heap::new(capacity, |i| MpmcCell::new(i as u64)).ends(ends)
 }
 
 /// A producer of an in-process ring made by [`with_capacity`].
@@ -129,6 +127,21 @@ fn check_positions<S: Storage>(storage: &S) -> Result<u64, Corrupted> {
         }
     }
     Ok(capacity)
+}
+
+/// Elements pushed and not yet popped: `tail - head` from a read of `head` that did not
+/// move across the read of `tail` (two loads are no snapshot on a busy ring). A diagnostic:
+/// `None` when the positions are impossible or kept moving.
+fn queued<S: Storage>(storage: &S, capacity: u64) -> Option<usize> {
+    let control = storage.control();
+    (0..3).find_map(|_| {
+        // Relaxed: a diagnostic snapshot; nothing is read on the strength of it.
+        let head = control.head.load(Ordering::Relaxed);
+        let tail = control.tail.load(Ordering::Relaxed);
+        let n = tail.wrapping_sub(head);
+        (control.head.load(Ordering::Relaxed) == head)
+            .then_some((n <= capacity).then_some(n as usize))
+    })?
 }
 
 /// The longest run of cells one push or pop claims with one compare-and-swap (a slice
@@ -319,7 +332,7 @@ pub(super) fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     if hints.prefetch {
         // All of the run's lines at once (see `spsc`'s push).
         for i in 0..n {
-            prefetch_write(cell_at(storage, capacity, first.wrapping_add(i)));
+            cache_hint(cell_at(storage, capacity, first.wrapping_add(i)), Hint::Write);
         }
     }
     for (i, value) in (0..n).zip(values) {
@@ -334,7 +347,7 @@ pub(super) fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
         if hints.demote {
             // Toward the shared cache, where any consumer reads it.
-            demote(cell);
+            cache_hint(cell, Hint::Demote);
         }
     }
     Ok(n as usize)
@@ -363,7 +376,7 @@ pub(super) fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         let cells = (0..n)
             .map(|i| (first.wrapping_add(i), cell_at(storage, capacity, first.wrapping_add(i))));
         if n > 1 {
-            cells.clone().for_each(|(_, cell)| prefetch(cell));
+            cells.clone().for_each(|(_, cell)| cache_hint(cell, Hint::Read));
         }
         let mut seen = 0;
         for (i, (_, cell)) in cells.clone().enumerate() {
@@ -442,28 +455,30 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
         values: &[T],
         deadline: Deadline,
     ) -> Result<usize, Blocked> {
-        let control = self.storage.control();
-        block_on(
-            self.storage.watch(),
-            Role::Consumer,
-            &control.not_full,
-            &control.not_empty,
-            self.policy,
-            deadline,
-            || {
-                try_push_in(&self.storage, self.capacity, self.hints, values)
-                    .map(|n| (n > 0).then_some(n))
-            },
-            || {
-                repair(&self.storage);
-                Tick::Idle
-            },
-        )
+        let attempt = || {
+            try_push_in(&self.storage, self.capacity, self.hints, values)
+                .map(|n| (n > 0).then_some(n))
+        };
+        let on_tick = || {
+            repair(&self.storage);
+            Tick::Idle
+        };
+        wait_for(&self.storage, Role::Producer, self.policy, deadline, attempt, on_tick)
     }
 
     /// Sets how blocking pushes of this handle wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
         self.policy = policy;
+    }
+
+    /// Elements queued (see `queued`).
+    pub fn len(&self) -> Option<usize> {
+        queued(&self.storage, self.capacity)
+    }
+
+    /// Whether the ring looks empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == Some(0)
     }
 
     /// Whether each push of this handle moves the written cell to the shared cache; see
@@ -579,21 +594,12 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
         mut adopt: impl FnMut() -> Tick<R>,
     ) -> Result<R, PopError> {
-        let control = self.storage.control();
-        block_on(
-            self.storage.watch(),
-            Role::Producer,
-            &control.not_empty,
-            &control.not_full,
-            self.policy,
-            deadline,
-            attempt,
-            || {
-                repair(&self.storage);
-                adopt()
-            },
-        )
-        .map_err(PopError::from)
+        let on_tick = || {
+            repair(&self.storage);
+            adopt()
+        };
+        wait_for(&self.storage, Role::Consumer, self.policy, deadline, attempt, on_tick)
+            .map_err(PopError::from)
     }
 
     /// Sets how blocking pops of this handle wait.
@@ -604,6 +610,16 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     /// Number of cells.
     pub fn capacity(&self) -> usize {
         self.capacity as usize
+    }
+
+    /// Elements queued (see `queued`).
+    pub fn len(&self) -> Option<usize> {
+        queued(&self.storage, self.capacity)
+    }
+
+    /// Whether the ring looks empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == Some(0)
     }
 
     /// The storage, for the layers above (a pool's records ask its watch).

@@ -13,11 +13,54 @@ use bytemuck::Pod;
 use super::mpmc::{self, MAX_RUN, fill};
 use super::repair::try_adopt_in;
 use super::spsc::{self, Local};
-use super::{PopError, PushError, Storage, cell_at, prefetch, prefetch_write};
+use super::{Hint, PopError, PushError, Storage, cache_hint, cell_at, wait_for};
 use crate::layout::{Corrupted, MpmcCell, SpscCell};
-use crate::liveness::{Blocked, Role, Tick, block_on};
+use crate::liveness::{Blocked, Role, Tick};
 use crate::sync::Ordering;
 use crate::wait::{Deadline, notify};
+
+/// Moves up to `want` elements through the cells from this SPSC endpoint's position: the
+/// producer (`me`) writes them, the consumer reads them, by `each(i, cell)` for the `i`-th;
+/// then publishes the new position with one store (`tail` or `head`). Returns how many.
+fn slice_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
+    storage: &S,
+    local: &mut Local,
+    me: Role,
+    want: usize,
+    mut each: impl FnMut(usize, &SpscCell<T>),
+) -> Result<usize, Corrupted> {
+    let (mut ready, hint) = match me {
+        Role::Producer => {
+            (local.capacity - local.pos.wrapping_sub(local.peer).min(local.capacity), Hint::Write)
+        }
+        Role::Consumer => (local.peer.wrapping_sub(local.pos).min(local.capacity), Hint::Read),
+    };
+    if (ready as usize) < want {
+        ready = match me {
+            Role::Producer => local.refresh_head(storage)?,
+            Role::Consumer => local.refresh_tail(storage)?,
+        };
+    }
+    let n = want.min(ready as usize);
+    let cells = (0..n as u64).map(|i| cell_at(storage, local.capacity, local.pos.wrapping_add(i)));
+    if local.hints.prefetch {
+        // Ask for every cell of the slice at once, so that the lines the other side last
+        // touched come over in parallel rather than one miss at a time.
+        cells.clone().for_each(|cell| cache_hint(cell, hint));
+    }
+    cells.enumerate().for_each(|(i, cell)| each(i, cell));
+    if n > 0 {
+        local.pos = local.pos.wrapping_add(n as u64);
+        let c = storage.control();
+        // Release: as in `spsc::try_push_in` (publishes all n cells at once) and
+        // `spsc::try_pop_in` (frees them at once).
+        match me {
+            Role::Producer => c.tail.store(local.pos, Ordering::Release),
+            Role::Consumer => c.head.store(local.pos, Ordering::Release),
+        }
+    }
+    Ok(n)
+}
 
 /// Pushes as many of `values` as fit, from the front, with one publication of `tail`.
 fn try_push_slice_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
@@ -25,30 +68,12 @@ fn try_push_slice_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     local: &mut Local,
     values: &[T],
 ) -> Result<usize, Corrupted> {
-    let mut free = local.capacity - local.pos.wrapping_sub(local.peer).min(local.capacity);
-    if (free as usize) < values.len() {
-        free = local.refresh_head(storage)?;
-    }
-    let n = values.len().min(free as usize);
-    if local.hints.prefetch {
-        // Ask for every cell of the slice at once, so that the lines the consumer last
-        // read come over in parallel rather than one store miss at a time.
-        for i in 0..n as u64 {
-            prefetch_write(cell_at(storage, local.capacity, local.pos.wrapping_add(i)));
-        }
-    }
-    for (i, value) in values[..n].iter().enumerate() {
-        let cell = cell_at(storage, local.capacity, local.pos.wrapping_add(i as u64));
-        // SAFETY: as in `spsc::try_push_in`: positions pos..pos + n are below head + capacity
-        // (n <= free), so these cells belong to the producer until `tail` passes them.
-        cell.value.with_mut(|p| unsafe { p.write(*value) });
-    }
-    if n > 0 {
-        local.pos = local.pos.wrapping_add(n as u64);
-        // Release: as in `spsc::try_push_in`; publishes all n cells at once.
-        storage.control().tail.store(local.pos, Ordering::Release);
-    }
-    Ok(n)
+    slice_in(storage, local, Role::Producer, values.len(), |i, cell| {
+        // SAFETY: as in `spsc::try_push_in`: positions pos..pos + n are below head +
+        // capacity (n <= free), so these cells belong to the producer until `tail` passes
+        // them.
+        cell.value.with_mut(|p| unsafe { p.write(values[i]) });
+    })
 }
 
 /// Pops up to `out.len()` elements into `out`, with one publication of `head`.
@@ -57,30 +82,11 @@ fn try_pop_into_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     local: &mut Local,
     out: &mut [T],
 ) -> Result<usize, Corrupted> {
-    let mut ready = local.peer.wrapping_sub(local.pos).min(local.capacity);
-    if (ready as usize) < out.len() {
-        ready = local.refresh_tail(storage)?;
-    }
-    let n = out.len().min(ready as usize);
-    if local.hints.prefetch {
-        // Every cell of the slice is published: ask for them all at once.
-        for i in 0..n as u64 {
-            prefetch(cell_at(storage, local.capacity, local.pos.wrapping_add(i)));
-        }
-    }
-    for (i, slot) in out[..n].iter_mut().enumerate() {
-        let pos = local.pos.wrapping_add(i as u64);
-        let cell = cell_at(storage, local.capacity, pos);
-        // SAFETY: as in `spsc::try_pop_in`: positions pos..pos + n are below tail (n <= ready),
-        // published, and the producer does not write them until `head` passes them.
-        *slot = cell.value.with(|p| unsafe { p.read() });
-    }
-    if n > 0 {
-        local.pos = local.pos.wrapping_add(n as u64);
-        // Release: as in `spsc::try_pop_in`; frees all n cells at once.
-        storage.control().head.store(local.pos, Ordering::Release);
-    }
-    Ok(n)
+    slice_in(storage, local, Role::Consumer, out.len(), |i, cell| {
+        // SAFETY: as in `spsc::try_pop_in`: positions pos..pos + n are below tail (n <=
+        // ready), published, and the producer does not write them until `head` passes them.
+        out[i] = cell.value.with(|p| unsafe { p.read() });
+    })
 }
 
 /// Pushes all of `values` by runs of `run` (which pushes a prefix, waiting for room until
@@ -120,18 +126,9 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> spsc::Producer<T, S> {
         deadline: Deadline,
     ) -> Result<(), PushError<usize>> {
         let Self { storage, local, policy, .. } = self;
-        let control = storage.control();
         push_all(values, |rest| {
-            block_on(
-                storage.watch(),
-                Role::Consumer,
-                &control.not_full,
-                &control.not_empty,
-                *policy,
-                deadline,
-                || try_push_slice_in(storage, local, rest).map(|n| (n > 0).then_some(n)),
-                || Tick::Idle,
-            )
+            let attempt = || try_push_slice_in(storage, local, rest).map(|n| (n > 0).then_some(n));
+            wait_for(&*storage, Role::Producer, *policy, deadline, attempt, || Tick::Idle)
         })
     }
 }
@@ -163,18 +160,9 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> spsc::Consumer<T, S> {
             return Ok(0);
         }
         let Self { storage, local, policy, .. } = self;
-        let control = storage.control();
-        block_on(
-            storage.watch(),
-            Role::Producer,
-            &control.not_empty,
-            &control.not_full,
-            *policy,
-            deadline,
-            || try_pop_into_in(storage, local, out).map(|n| (n > 0).then_some(n)),
-            || Tick::Idle,
-        )
-        .map_err(PopError::from)
+        let attempt = || try_pop_into_in(storage, local, out).map(|n| (n > 0).then_some(n));
+        wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
+            .map_err(PopError::from)
     }
 }
 

@@ -14,11 +14,11 @@ use std::marker::PhantomData;
 use bytemuck::Pod;
 
 use super::{
-    Hints, PopError, PushError, Storage, TryPopError, TryPushError, cell_at, demote, prefetch,
-    prefetch_write,
+    Hint, Hints, PopError, PushError, Storage, TryPopError, TryPushError, cache_hint, cell_at,
+    wait_for,
 };
 use crate::layout::{Corrupted, SpscCell};
-use crate::liveness::{Role, Tick, block_on};
+use crate::liveness::{Role, Tick};
 use crate::sync::Ordering;
 use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
 
@@ -28,13 +28,9 @@ use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
 ///
 /// If `capacity` is not a power of two in `1..=2^24`.
 pub fn with_capacity<T: Pod + Send>(capacity: usize) -> (HeapProducer<T>, HeapConsumer<T>) {
-    let storage = super::Heap::new(capacity, |_| SpscCell::new());
     // SAFETY: the storage is new and these are its only two endpoints.
-    unsafe {
-        let tx = Producer::new(storage.clone()).expect("a new ring is consistent");
-        let rx = Consumer::new(storage).expect("a new ring is consistent");
-        (tx, rx)
-    }
+    let ends = |a, b| unsafe { Ok((Producer::new(a)?, Consumer::new(b)?)) };
+    super::Heap::new(capacity, |_| SpscCell::new()).ends(ends)
 }
 
 /// A producer of an in-process ring made by [`with_capacity`].
@@ -56,8 +52,10 @@ pub(super) struct Local {
 
 impl Local {
     /// Reads our position (stored by the previous holder of this role) and the peer's, and
-    /// checks that they are consistent: `head <= tail <= head + capacity`.
+    /// checks that they are consistent: `head <= tail <= head + capacity`. Registers this
+    /// process for `membarrier` now, not on the first publish.
     fn load<S: Storage>(storage: &S, producer: bool) -> Result<Self, Corrupted> {
+        barrier_mode();
         let capacity = storage.cells().len() as u64;
         let c = storage.control();
         // Acquire on both: pairs with the Release stores of the previous holders, so that
@@ -139,7 +137,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     if local.hints.prefetch {
         // Ask for all of the cell's lines (which the consumer read last) at once: the
         // stores alone fetch them one miss after another.
-        prefetch_write(cell);
+        cache_hint(cell, Hint::Write);
     }
     // SAFETY: the cell at `pos` belongs to the producer: the consumer has moved past it
     // (pos - head < capacity, checked above) and will not read it until `tail` passes it.
@@ -153,7 +151,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
         // Push the cell out of this core's private caches, so the consumer's reads are
         // served by the shared L3 instead of snooping this core. (Demoting `tail` too,
         // which the next push rewrites, cut throughput by 2.5x on the GPU host.)
-        demote(cell);
+        cache_hint(cell, Hint::Demote);
     }
     Ok(())
 }
@@ -184,7 +182,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>, R>(
     // cells: prefetching one the producer is writing would steal its lines.
     let ahead = local.pos.wrapping_add(PREFETCH_AHEAD);
     if local.hints.prefetch && local.peer.wrapping_sub(ahead) as i64 > 0 {
-        prefetch(cell_at(storage, local.capacity, ahead));
+        cache_hint(cell_at(storage, local.capacity, ahead), Hint::Read);
     }
     // Release: pairs with the producer's Acquire load of `head` in `refresh_head`; our
     // read of the cell happens before the producer reuses it.
@@ -222,9 +220,12 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     ///
     /// No other producer of this ring may exist, in any process, while this one lives.
     pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
-        let local = Local::load(&storage, true)?;
-        barrier_mode(); // registers for membarrier now, not on the first publish
-        Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
+        Ok(Self {
+            local: Local::load(&storage, true)?,
+            storage,
+            policy: WaitPolicy::default(),
+            _elem: PhantomData,
+        })
     }
 
     /// Pushes `value` if there is room; never blocks. Wakes a sleeping consumer.
@@ -242,18 +243,9 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     /// Pushes `value`, waiting for room as the [`WaitPolicy`] says until `deadline`.
     pub(crate) fn push_until(&mut self, value: T, deadline: Deadline) -> Result<(), PushError<T>> {
         let Self { storage, local, policy, .. } = self;
-        let control = storage.control();
-        block_on(
-            storage.watch(),
-            Role::Consumer,
-            &control.not_full,
-            &control.not_empty,
-            *policy,
-            deadline,
-            || try_push_in(storage, local, value).map(Some).or_else(push_retry),
-            || Tick::Idle,
-        )
-        .map_err(|b| PushError::from_blocked(b, value))
+        let attempt = || try_push_in(storage, local, value).map(Some).or_else(push_retry);
+        wait_for(&*storage, Role::Producer, *policy, deadline, attempt, || Tick::Idle)
+            .map_err(|b| PushError::from_blocked(b, value))
     }
 
     /// Sets how blocking pushes wait.
@@ -320,9 +312,12 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     ///
     /// No other consumer of this ring may exist, in any process, while this one lives.
     pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
-        let local = Local::load(&storage, false)?;
-        barrier_mode(); // registers for membarrier now, not on the first publish
-        Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
+        Ok(Self {
+            local: Local::load(&storage, false)?,
+            storage,
+            policy: WaitPolicy::default(),
+            _elem: PhantomData,
+        })
     }
 
     /// Pops the oldest element if there is one; never blocks. Wakes a sleeping producer.
@@ -348,25 +343,14 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
         then: impl FnOnce(T) -> R,
     ) -> Result<R, PopError> {
         let Self { storage, local, policy, .. } = self;
-        let control = storage.control();
         let mut then = Some(then);
-        block_on(
-            storage.watch(),
-            Role::Producer,
-            &control.not_empty,
-            &control.not_full,
-            *policy,
-            deadline,
-            || {
-                // `then` runs once: only a successful pop calls it, and that ends the wait.
-                try_pop_in(storage, local, |v| then.take().map(|f| f(v)))
-                    .map(Some)
-                    .or_else(pop_retry)
-            },
-            || Tick::Idle,
-        )
-        .map_err(PopError::from)
-        .map(|r| r.expect("then runs on the one successful pop"))
+        // `then` runs once: only a successful pop calls it, and that ends the wait.
+        let attempt = || {
+            try_pop_in(storage, local, |v| then.take().map(|f| f(v))).map(Some).or_else(pop_retry)
+        };
+        wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
+            .map_err(PopError::from)
+            .map(|r| r.expect("then runs on the one successful pop"))
     }
 
     /// Pops the oldest element, waiting for one until `deadline`.

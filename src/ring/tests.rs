@@ -18,25 +18,42 @@ fn ms(ms: u64) -> Deadline {
 // ---------------------------------------------------------------------------------------
 // SPSC
 
+/// Pushes 0, 1, 2, ... through a ring of 4 cells, many laps, draining after every
+/// `drain_every` pushes (when that fills the ring, a push more is refused with the value
+/// back): every value comes out once, in order, and the ring ends empty.
+fn fifo_many_laps(
+    drain_every: u64,
+    mut push: impl FnMut(u64) -> Result<(), TryPushError<u64>>,
+    mut pop: impl FnMut() -> Result<u64, TryPopError>,
+) {
+    let n = if cfg!(miri) { 50 } else { 10_000 };
+    let mut next = 0;
+    let mut drain = |next: &mut u64| {
+        while let Ok(v) = pop() {
+            assert_eq!(v, *next);
+            *next += 1;
+        }
+    };
+    for i in 0..n {
+        push(i).unwrap();
+        if i % drain_every == drain_every - 1 {
+            if drain_every == 4 {
+                assert_eq!(push(99), Err(TryPushError::Full(99)));
+            }
+            drain(&mut next);
+        }
+    }
+    drain(&mut next);
+    assert_eq!(next, n);
+    assert_eq!(pop(), Err(TryPopError::Empty));
+}
+
 #[test]
 fn spsc_fifo_through_many_laps() {
     let (mut tx, mut rx) = spsc::with_capacity::<u64>(4);
-    let n = if cfg!(miri) { 50 } else { 10_000 };
-    let mut next = 0;
-    for i in 0..n {
-        tx.try_push(i).unwrap();
-        if i % 3 == 2 {
-            while let Ok(v) = rx.try_pop() {
-                assert_eq!(v, next);
-                next += 1;
-            }
-        }
-    }
-    while let Ok(v) = rx.try_pop() {
-        assert_eq!(v, next);
-        next += 1;
-    }
-    assert_eq!(next, n);
+    fifo_many_laps(3, |v| tx.try_push(v), || rx.try_pop());
+    let (mut tx, mut rx) = spsc::with_capacity::<u64>(4);
+    fifo_many_laps(4, |v| tx.try_push(v), || rx.try_pop());
 }
 
 #[test]
@@ -195,24 +212,10 @@ fn mpmc_one_cell_is_refused_and_two_cells_tell_full_from_empty() {
 #[test]
 fn mpmc_fifo_single_thread_many_laps() {
     let (tx, rx) = mpmc::with_capacity::<u64>(4);
-    let n = if cfg!(miri) { 50 } else { 10_000 };
-    let mut next = 0;
-    for i in 0..n {
-        tx.try_push(i).unwrap();
-        if i % 4 == 3 {
-            assert!(matches!(tx.try_push(99), Err(TryPushError::Full(99))));
-            while let Ok(v) = rx.try_pop() {
-                assert_eq!(v, next);
-                next += 1;
-            }
-        }
-    }
-    while let Ok(v) = rx.try_pop() {
-        assert_eq!(v, next);
-        next += 1;
-    }
-    assert_eq!(next, n);
-    assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+    fifo_many_laps(4, |v| tx.try_push(v), || rx.try_pop());
+    assert_eq!((tx.len(), rx.is_empty()), (Some(0), true));
+    tx.try_push_slice(&[1, 2, 3]).unwrap();
+    assert_eq!((tx.len(), rx.len()), (Some(3), Some(3)), "queued, seen from both ends");
 }
 
 #[test]

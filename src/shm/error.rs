@@ -138,11 +138,7 @@ impl std::error::Error for ShmError {
     }
 }
 
-impl From<Corrupted> for ShmError {
-    fn from(c: Corrupted) -> Self {
-        ShmError::Corrupted(c)
-    }
-}
+error_from!(ShmError { Corrupted(Corrupted) });
 
 pub(super) fn io_err(op: &'static str) -> impl FnOnce(Errno) -> ShmError {
     move |e| ShmError::Io { op, source: io::Error::from_raw_os_error(e.raw_os_error()) }

@@ -15,7 +15,6 @@ pub(super) const CREATOR_LOCK_BYTE: u64 = 0;
 /// each other's), are released when it is closed and by the kernel when the process dies,
 /// and can be probed by any process that can open the object: a liveness signal that
 /// cannot be forged by writing shared memory and does not trust pids.
-#[cfg(not(miri))]
 pub(super) fn ofd_lock(
     fd: std::os::fd::BorrowedFd<'_>,
     cmd: libc::c_int,
@@ -23,6 +22,10 @@ pub(super) fn ofd_lock(
     byte: u64,
 ) -> Result<libc::flock, Errno> {
     use std::os::fd::AsRawFd;
+    // Miri cannot make this syscall; its tests use no named segment (they are ignored there).
+    if cfg!(miri) {
+        return Err(Errno::NOSYS);
+    }
     // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = l_type;
@@ -37,17 +40,6 @@ pub(super) fn ofd_lock(
     } else {
         Ok(lock)
     }
-}
-
-// Miri cannot make these syscalls; its tests use no named segment (they are ignored there).
-#[cfg(miri)]
-pub(super) fn ofd_lock(
-    _fd: std::os::fd::BorrowedFd<'_>,
-    _cmd: libc::c_int,
-    _l_type: libc::c_short,
-    _byte: u64,
-) -> Result<libc::flock, Errno> {
-    Err(Errno::NOSYS)
 }
 
 /// Whether some open file description holds the creator lock of the object open as `fd`

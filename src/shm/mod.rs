@@ -177,14 +177,7 @@ impl Segment {
             shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR,
             Mode::RUSR | Mode::WUSR,
         )
-        .map_err(|e| match e {
-            Errno::EXIST => ShmError::AlreadyExists { name: display.clone() },
-            Errno::ACCESS => ShmError::PermissionDenied {
-                name: display.clone(),
-                reason: "the kernel refused to create it (EACCES)".into(),
-            },
-            e => io_err("shm_open")(e),
-        })?;
+        .map_err(|e| open_error(e, &display))?;
         let mut guard = UnlinkOnError(Some(&cname));
         // The creator's liveness lock, before anything else: an opener trusts the segment only
         // once `init` is READY, by which time the lock is held.
@@ -247,15 +240,8 @@ impl Segment {
     ) -> Result<(Segment, SegmentKind), ShmError> {
         let cname = object_name(name)?;
         let display = cname.to_string_lossy().into_owned();
-        let fd =
-            shm::open(cname.as_c_str(), shm::OFlags::RDWR, Mode::empty()).map_err(|e| match e {
-                Errno::NOENT => ShmError::NotFound { name: display.clone() },
-                Errno::ACCESS => ShmError::PermissionDenied {
-                    name: display.clone(),
-                    reason: "the kernel refused access (EACCES)".into(),
-                },
-                e => io_err("shm_open")(e),
-            })?;
+        let fd = shm::open(cname.as_c_str(), shm::OFlags::RDWR, Mode::empty())
+            .map_err(|e| open_error(e, &display))?;
         let started = Instant::now();
         let deadline = started.checked_add(timeout);
         let expired = || deadline.is_some_and(|d| Instant::now() >= d);
@@ -487,6 +473,19 @@ impl Segment {
             Errno::NOENT => ShmError::NotFound { name: cname.to_string_lossy().into_owned() },
             e => io_err("shm_unlink")(e),
         })
+    }
+}
+
+/// What a failed `shm_open` of object `name` means.
+fn open_error(e: Errno, name: &str) -> ShmError {
+    let name = name.to_owned();
+    match e {
+        Errno::EXIST => ShmError::AlreadyExists { name },
+        Errno::NOENT => ShmError::NotFound { name },
+        Errno::ACCESS => {
+            ShmError::PermissionDenied { name, reason: "the kernel refused access (EACCES)".into() }
+        }
+        e => io_err("shm_open")(e),
     }
 }
 

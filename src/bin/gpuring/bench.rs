@@ -2,12 +2,10 @@
 
 use std::time::Duration;
 
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-
-use crate::demo::{Figures, Transport, gpu_present, host_channel, stream_figures};
+use crate::demo::{Figures, Transport, host_channel, stream_figures};
 #[cfg(feature = "cuda")]
 use crate::gpu_demo;
-use crate::{Error, bytes, duration};
+use crate::{Error, bytes, duration, table};
 
 pub(crate) fn bench(
     json: bool,
@@ -42,7 +40,7 @@ pub(crate) fn bench(
         push(size, base, u);
     }
     #[cfg(feature = "cuda")]
-    if gpu_present() {
+    if crate::demo::gpu_present() {
         let g = gpu_demo::channel(20_000, 4096, 2_000)?;
         let p = gpu_demo::pipe(20_000, 4096, 2_000)?;
         let base = (g.p50, g.per_sec);
@@ -77,16 +75,10 @@ pub(crate) fn bench(
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED).set_header([
-        "payload",
-        "path",
-        "one-way p50",
-        "one-way p99",
-        "items/s",
-        "p50 ÷ gpuring's",
-        "gpuring's items/s ÷ this",
-    ]);
+    let mut t = table(
+        "payload | path | one-way p50 | one-way p99 | items/s | p50 ÷ gpuring's \
+         | gpuring's items/s ÷ this",
+    );
     for (size, f, lat, rate) in &rows {
         t.add_row([
             bytes(*size as u64),

@@ -6,13 +6,12 @@ use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use gpuring::{Channel, TensorMeta};
+use gpuring::{Backend, Channel, Lease, Sender, TensorMeta};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[cfg(feature = "cuda")]
 use crate::gpu_demo;
-use crate::{Error, bytes, duration};
+use crate::{Error, bytes, duration, table};
 
 pub(crate) const STOP: u64 = u64::MAX;
 
@@ -54,18 +53,10 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
             stream_figures(Transport::Pipe, pipe_messages, size, pings, false)?,
         )
     };
-    let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header([
-        "path",
-        "messages",
-        "payload",
-        "one-way p50",
-        "one-way p99",
-        "items/s",
-        "payload GB/s",
-    ]);
+    let mut t =
+        table("path | messages | payload | one-way p50 | one-way p99 | items/s | payload GB/s");
     for f in [&ring, &pipe] {
-        table.add_row([
+        t.add_row([
             f.label.clone(),
             f.messages.to_string(),
             bytes(size as u64),
@@ -75,7 +66,7 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
             format!("{:.2}", f.per_sec * size as f64 / 1e9),
         ]);
     }
-    println!("{table}");
+    println!("{t}");
     println!(
         "gpuring vs pipe: one-way p50 {:.1}x lower, {:.1}x the items per second",
         pipe.p50.as_secs_f64() / ring.p50.as_secs_f64(),
@@ -132,16 +123,24 @@ pub(crate) fn progress(n: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// Streams `messages` through `send(seq, tag)` after one untimed warm-up message (the
-/// receiver maps the pool); seconds until `all_back` says every slot returned. Ends the
-/// peer with a `STOP` tag.
-pub(crate) fn timed_stream(
-    messages: u64,
-    send: &dyn Fn(u64, u64) -> Result<(), Error>,
-    all_back: impl Fn() -> bool,
-) -> Result<f64, Error> {
+/// The stream half of a channel's figures: `messages` sent through `tx` to the sink peer
+/// `child`, each a lease from `fill(seq)` described by `meta`, after one untimed warm-up
+/// message (the receiver maps the pool), timed until every slot is back; then a `STOP`
+/// ends the peer. `latency` is the ping-pong half.
+pub(crate) fn stream_figures_of<B: Backend>(
+    label: &str,
+    (messages, latency): (u64, (Duration, Duration, Vec<Duration>)),
+    (tx, child): (&Sender<B>, Child),
+    meta: TensorMeta,
+    fill: impl Fn(u64) -> Result<Lease<B>, Error>,
+) -> Result<Figures, Error> {
+    let send = |seq, tag| -> Result<(), Error> {
+        let mut lease = fill(seq)?;
+        lease.set_tag(tag);
+        Ok(tx.send(lease, meta)?)
+    };
     let wait_back = || {
-        while !all_back() {
+        while tx.free_slots() != tx.slot_count() as usize {
             std::thread::yield_now();
         }
     };
@@ -159,7 +158,10 @@ pub(crate) fn timed_stream(
     let secs = t.elapsed().as_secs_f64();
     bar.finish_and_clear();
     send(0, STOP)?;
-    Ok(secs)
+    finish(child)?;
+    let (p50, p99, samples) = latency;
+    let per_sec = messages as f64 / secs;
+    Ok(Figures { label: label.into(), messages, p50, p99, per_sec, samples })
 }
 
 pub(crate) fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
@@ -189,7 +191,7 @@ pub(crate) fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Fig
     stop.set_tag(STOP);
     tx.send(stop, TensorMeta::bytes(0))?;
     finish(child)?;
-    let (p50, p99, samples) = percentiles(samples);
+    let latency = percentiles(samples);
 
     // Throughput: a stream one way, through up to 64 slots and about 256 MB of them.
     let slots = (256_000_000 / size).clamp(4, 64) as u32;
@@ -197,22 +199,10 @@ pub(crate) fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Fig
         Channel::builder(format!("{name}-s")).capacity(256).slots(slots, size as u64).create()?;
     let tx = s.sender()?;
     let child = spawn_peer("sink-host", &name, size, false)?;
-    let send = |seq: u64, tag: u64| -> Result<(), Error> {
+    stream_figures_of("gpuring", (messages, latency), (&tx, child), meta, |seq| {
         let mut lease = tx.acquire_timeout(Duration::from_secs(10))?;
         lease[..8].copy_from_slice(&seq.to_le_bytes());
-        lease.set_tag(tag);
-        tx.send(lease, meta)?;
-        Ok(())
-    };
-    let secs = timed_stream(messages, &send, || tx.free_slots() == slots as usize)?;
-    finish(child)?;
-    Ok(Figures {
-        label: "gpuring".into(),
-        messages,
-        p50,
-        p99,
-        per_sec: messages as f64 / secs,
-        samples,
+        Ok(lease)
     })
 }
 

@@ -9,7 +9,7 @@ use gpuring::{Channel, TensorMeta, cuda};
 
 use crate::Error;
 use crate::demo::{
-    Figures, STOP, Transport, finish, percentiles, spawn_peer, stream_figures, timed_stream,
+    Figures, STOP, Transport, finish, percentiles, spawn_peer, stream_figures, stream_figures_of,
 };
 
 fn setup() -> Result<(Arc<CudaContext>, Arc<CudaStream>), Error> {
@@ -68,28 +68,15 @@ pub(super) fn channel(messages: u64, size: usize, pings: u64) -> Result<Figures,
     stop.set_tag(STOP);
     tx.send(stop, TensorMeta::bytes(0))?;
     finish(child)?;
-    let (p50, p99, samples) = percentiles(samples);
+    let latency = percentiles(samples);
 
-    let slots = 64;
-    let sc = make("s", 256, slots)?;
+    let sc = make("s", 256, 64)?;
     let tx = sc.sender()?;
     let child = spawn_peer("sink-gpu", &name, size, false)?;
-    let send = |seq: u64, tag: u64| -> Result<(), Error> {
-        let mut lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
+    stream_figures_of("gpuring (GPU)", (messages, latency), (&tx, child), meta, |seq| {
+        let lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
         memset_word(lease.device_ptr(), seq as u32, &s)?;
-        lease.set_tag(tag);
-        tx.send(lease, meta)?;
-        Ok(())
-    };
-    let secs = timed_stream(messages, &send, || tx.free_slots() == slots as usize)?;
-    finish(child)?;
-    Ok(Figures {
-        label: "gpuring (GPU)".into(),
-        messages,
-        p50,
-        p99,
-        per_sec: messages as f64 / secs,
-        samples,
+        Ok(lease)
     })
 }
 

@@ -108,6 +108,14 @@ fn main() -> ExitCode {
     }
 }
 
+/// A table with the tool's look and the columns named in `header`, separated by `|`.
+pub(crate) fn table(header: &str) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
+        .set_header(header.split('|').map(str::trim));
+    t
+}
+
 pub(crate) fn bytes(n: u64) -> String {
     match n {
         n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),

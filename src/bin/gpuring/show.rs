@@ -1,9 +1,8 @@
 //! `gpuring inspect`, `list` and `clean`: segments seen from outside.
 
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use gpuring::inspect::{self, Inspection};
 
-use crate::{Error, bytes};
+use crate::{Error, bytes, table};
 
 pub(crate) fn inspect(name: &str) -> Result<(), Error> {
     inspect::inspect(name).map_err(Error::from).map(print_inspection)
@@ -49,20 +48,10 @@ fn print_inspection(i: Inspection) {
         }
     }
     if !i.pools.is_empty() {
-        let mut t = Table::new();
-        t.load_preset(UTF8_FULL_CONDENSED).set_header([
-            "pool",
-            "state",
-            "owner",
-            "backend",
-            "slots",
-            "slot size",
-            "free",
-            "leased",
-            "in flight",
-            "held",
-            "segment",
-        ]);
+        let mut t = table(
+            "pool | state | owner | backend | slots | slot size | free | leased | in flight \
+             | held | segment",
+        );
         for p in &i.pools {
             let counts = |f: fn(&inspect::SlotCounts) -> u32| {
                 p.slots.as_ref().map_or("?".to_owned(), |c| f(c).to_string())
@@ -91,9 +80,7 @@ pub(crate) fn list() -> Result<(), Error> {
         println!("no gpuring segments in /dev/shm");
         return Ok(());
     }
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_header(["name", "kind", "size", "age", "creator", "state"]);
+    let mut t = table("name | kind | size | age | creator | state");
     for s in all {
         t.add_row([
             s.name,
