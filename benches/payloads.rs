@@ -80,11 +80,7 @@ fn run_peer(role: &str) {
             let data = ice::slice_service(&node, &format!("{name}-data"), depth(size));
             let ack = ice::u64_service(&node, &format!("{name}-ack"), 4);
             let rx = data.subscriber_builder().create().unwrap();
-            let tx = ack
-                .publisher_builder()
-                .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
-                .create()
-                .unwrap();
+            let tx = ice::publisher(&ack);
             let mut expected = 0u64;
             loop {
                 let Some(m) = rx.receive().unwrap() else {
@@ -153,22 +149,38 @@ fn bench_channel(g: &mut Group<'_>, flavor: Flavor, size: usize, slots: u32) {
     }
 }
 
-fn bench_stream(g: &mut Group<'_>, label: &str, size: usize, r: &mut dyn Read, w: &mut dyn Write) {
+/// Streams items of `size` bytes through `send` (the sequence number first; byte 8 set on
+/// the last item of each batch, which the consumer acknowledges with its count, read by
+/// `acked`).
+fn bench_items(
+    g: &mut Group<'_>,
+    label: &str,
+    size: usize,
+    mut send: impl FnMut(&[u8]),
+    mut acked: impl FnMut() -> u64,
+) {
     let mut buf = vec![0u8; size];
     let mut seq = 0u64;
-    let mut ack = [0u8; 8];
     g.run(label, size, |iters| {
         let t = Instant::now();
         for i in 0..iters {
             buf[..8].copy_from_slice(&seq.to_le_bytes());
             buf[8] = u8::from(i + 1 == iters);
-            w.write_all(&buf).unwrap();
+            send(&buf);
             seq += 1;
         }
-        r.read_exact(&mut ack).unwrap();
-        assert_eq!(u64::from_le_bytes(ack), seq, "consumer lost items");
+        assert_eq!(acked(), seq, "consumer lost items");
         t.elapsed()
     });
+}
+
+fn bench_stream(g: &mut Group<'_>, label: &str, size: usize, r: &mut dyn Read, w: &mut dyn Write) {
+    let acked = || {
+        let mut ack = [0u8; 8];
+        r.read_exact(&mut ack).unwrap();
+        u64::from_le_bytes(ack)
+    };
+    bench_items(g, label, size, |item| w.write_all(item).unwrap(), acked);
 }
 
 fn bench_ipc_channel(g: &mut Group<'_>, size: usize) {
@@ -176,19 +188,8 @@ fn bench_ipc_channel(g: &mut Group<'_>, size: usize) {
     let (server, name) = ipc_channel::ipc::IpcOneShotServer::<Boot>::new().unwrap();
     let _peer = peer(&format!("ipc:{size}"), &name, 0, false);
     let (_, (data_tx, ack_rx)) = server.accept().unwrap();
-    let mut buf = vec![0u8; size];
-    let mut seq = 0u64;
-    g.run("ipc_channel", size, |iters| {
-        let t = Instant::now();
-        for i in 0..iters {
-            buf[..8].copy_from_slice(&seq.to_le_bytes());
-            buf[8] = u8::from(i + 1 == iters);
-            data_tx.send(&buf).unwrap();
-            seq += 1;
-        }
-        assert_eq!(ack_rx.recv().unwrap(), seq, "consumer lost items");
-        t.elapsed()
-    });
+    let send = |item: &[u8]| data_tx.send(item).unwrap();
+    bench_items(g, "ipc_channel", size, send, || ack_rx.recv().unwrap());
     drop(data_tx); // the peer's recv fails and it exits
 }
 

@@ -29,7 +29,6 @@ use gpuring::internal::spsc;
 use gpuring::{
     Descriptor, MpmcRing, RingOptions, SpscConsumer, SpscProducer, SpscRing, WaitPolicy,
 };
-use iceoryx2::prelude::BackpressureStrategy;
 
 /// Elements per slice in the batched throughput rows (`push_slice` / `pop_into`).
 const BATCH: usize = 32;
@@ -289,51 +288,21 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
 
     for (label, sleep) in [("iceoryx2_spin", false), ("iceoryx2_sleep", true)] {
         let name = unique("ice");
-        let node = ice::node();
-        let ping = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 64);
-        let pong = ice::array_service::<DESC>(&node, &format!("{name}-pong"), 64);
-        let rx = pong.subscriber_builder().create().unwrap();
-        let tx = ping
-            .publisher_builder()
-            .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
-            .create()
-            .unwrap();
-        let wake = sleep.then(|| {
-            (
-                ice::listener(&node, &format!("{name}-pong-ev")),
-                ice::notifier(&node, &format!("{name}-ping-ev")),
-            )
-        });
+        let side = ice::PingPong::<DESC>::new(&name, false, sleep);
         let _p = peer(if sleep { "ice-echo-sleep" } else { "ice-echo-spin" }, &name, 0, false);
-        ice::wait_for_subscriber(&ping);
+        ice::wait_for_subscriber(&side.out);
         let mut seq = 0u64;
         g.run(label, DESC, |iters| {
             let t = Instant::now();
             for _ in 0..iters {
                 seq += 1;
-                tx.send_copy(bytemuck::cast(descriptor(seq))).unwrap();
-                if let Some((_, notifier)) = &wake {
-                    notifier.notify().unwrap();
-                }
-                let back = loop {
-                    if let Some(sample) = rx.receive().unwrap() {
-                        break bytemuck::pod_read_unaligned::<Descriptor>(&*sample);
-                    }
-                    match &wake {
-                        Some((listener, _)) => {
-                            listener.blocking_wait(|_| {}).unwrap();
-                        }
-                        None => std::hint::spin_loop(),
-                    }
-                };
+                side.send(bytemuck::cast(descriptor(seq)));
+                let back: Descriptor = bytemuck::pod_read_unaligned(&side.recv());
                 assert_eq!(back.seq, seq);
             }
             one_way(t.elapsed())
         });
-        tx.send_copy(bytemuck::cast(descriptor(STOP))).unwrap();
-        if let Some((_, notifier)) = &wake {
-            notifier.notify().unwrap();
-        }
+        side.send(bytemuck::cast(descriptor(STOP)));
     }
 
     {
@@ -510,11 +479,7 @@ fn throughput(c: &mut Criterion) {
         let data = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 1024);
         let ack = ice::u64_service(&node, &format!("{name}-pong"), 4);
         let acks = ack.subscriber_builder().create().unwrap();
-        let tx = data
-            .publisher_builder()
-            .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
-            .create()
-            .unwrap();
+        let tx = ice::publisher(&data);
         let _p = peer("ice-sink", &name, 0, false);
         ice::wait_for_subscriber(&data);
         g.bench_function(BenchmarkId::new("iceoryx2", "1p1c"), |b| {

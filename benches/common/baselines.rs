@@ -4,7 +4,6 @@
 use std::io::{BufReader, Read, Write};
 
 use gpuring::Descriptor;
-use iceoryx2::prelude::BackpressureStrategy;
 
 use super::ice;
 
@@ -50,40 +49,13 @@ pub fn sink(r: impl Read, mut w: impl Write) {
 /// iceoryx2 echo: receives on `{name}-ping`, sends each sample back on `{name}-pong`;
 /// `sleep`: waits on its listener between samples and notifies the other side's.
 pub fn ice_echo(name: &str, sleep: bool) {
-    let node = ice::node();
-    let ping = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 64);
-    let pong = ice::array_service::<DESC>(&node, &format!("{name}-pong"), 64);
-    let rx = ping.subscriber_builder().create().unwrap();
-    let tx = pong
-        .publisher_builder()
-        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
-        .create()
-        .unwrap();
-    let wake = sleep.then(|| {
-        (
-            ice::listener(&node, &format!("{name}-ping-ev")),
-            ice::notifier(&node, &format!("{name}-pong-ev")),
-        )
-    });
+    let side = ice::PingPong::<DESC>::new(name, true, sleep);
     loop {
-        let Some(sample) = rx.receive().unwrap() else {
-            match &wake {
-                Some((listener, _)) => {
-                    listener.blocking_wait(|_| {}).unwrap();
-                }
-                None => std::hint::spin_loop(),
-            }
-            continue;
-        };
-        let bytes = *sample;
-        drop(sample);
+        let bytes = side.recv();
         if bytemuck::pod_read_unaligned::<Descriptor>(&bytes).seq == STOP {
             return;
         }
-        tx.send_copy(bytes).unwrap();
-        if let Some((_, notifier)) = &wake {
-            notifier.notify().unwrap();
-        }
+        side.send(bytes);
     }
 }
 
@@ -94,11 +66,7 @@ pub fn ice_sink(name: &str) {
     let data = ice::array_service::<DESC>(&node, &format!("{name}-ping"), 1024);
     let ack = ice::u64_service(&node, &format!("{name}-pong"), 4);
     let rx = data.subscriber_builder().create().unwrap();
-    let tx = ack
-        .publisher_builder()
-        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
-        .create()
-        .unwrap();
+    let tx = ice::publisher(&ack);
     loop {
         let Some(sample) = rx.receive().unwrap() else {
             std::hint::spin_loop();

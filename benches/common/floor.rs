@@ -80,13 +80,13 @@ pub fn floor_spin_peer(name: &str) {
     let mut last = 0;
     loop {
         // Acquire/Release: the handshake itself is what is measured.
-        let v = f.ping.0.load(Ordering::Acquire);
-        if v != last {
-            if v == u64::MAX {
-                return;
+        match f.ping.0.load(Ordering::Acquire) {
+            u64::MAX => return,
+            v if v != last => {
+                last = v;
+                f.pong.0.store(v, Ordering::Release);
             }
-            last = v;
-            f.pong.0.store(v, Ordering::Release);
+            _ => {}
         }
         std::hint::spin_loop();
     }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use iceoryx2::port::listener::Listener;
 use iceoryx2::port::notifier::Notifier;
+use iceoryx2::port::publisher::Publisher;
+use iceoryx2::port::subscriber::Subscriber;
 use iceoryx2::prelude::*;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory as PubSub;
 
@@ -65,6 +67,16 @@ fn settings<T: Debug + IceoryxSend + ?Sized>(
         .enable_safe_overflow(false)
 }
 
+/// The publisher of `service`: a full subscriber buffer makes it retry, as a full gpuring
+/// ring makes a sender wait.
+pub fn publisher<T: Debug + ZeroCopySend + 'static>(service: &Service<T>) -> Publisher<Ipc, T, ()> {
+    service
+        .publisher_builder()
+        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+        .create()
+        .expect("iceoryx2 publisher")
+}
+
 /// The listener of event service `name` (this process sleeps on it).
 pub fn listener(node: &Node<Ipc>, name: &str) -> Listener<Ipc> {
     event(node, name).listener_builder().create().expect("iceoryx2 listener")
@@ -96,4 +108,60 @@ pub fn wait_until(mut ready: impl FnMut() -> bool) {
 /// Waits until `service` has a subscriber (the peer's).
 pub fn wait_for_subscriber<T: Debug + IceoryxSend + ?Sized>(service: &Service<T>) {
     wait_until(|| service.dynamic_config().number_of_subscribers() > 0);
+}
+
+/// One side of a ping-pong of `N`-byte samples over services `{name}-ping` and
+/// `{name}-pong` (64 deep): the bench sends pings and receives pongs, the echo (`echo`) the
+/// other way round. With `sleep`, each side sleeps on its listener between samples and
+/// wakes the other's after sending (iceoryx2's idiom).
+pub struct PingPong<const N: usize> {
+    /// The service this side publishes on (to wait for the other side's subscriber).
+    pub out: Service<[u8; N]>,
+    tx: Publisher<Ipc, [u8; N], ()>,
+    rx: Subscriber<Ipc, [u8; N], ()>,
+    wake: Option<(Listener<Ipc>, Notifier<Ipc>)>,
+    _node: Node<Ipc>,
+}
+
+impl<const N: usize> PingPong<N> {
+    /// This process's side.
+    pub fn new(name: &str, echo: bool, sleep: bool) -> Self {
+        let node = node();
+        let [ping, pong] =
+            ["ping", "pong"].map(|s| array_service::<N>(&node, &format!("{name}-{s}"), 64));
+        let (out, back) = if echo { (pong, ping) } else { (ping, pong) };
+        let (mine, theirs) = if echo { ("ping", "pong") } else { ("pong", "ping") };
+        let rx = back.subscriber_builder().create().expect("iceoryx2 subscriber");
+        let tx = publisher(&out);
+        let wake = sleep.then(|| {
+            (
+                listener(&node, &format!("{name}-{mine}-ev")),
+                notifier(&node, &format!("{name}-{theirs}-ev")),
+            )
+        });
+        Self { out, tx, rx, wake, _node: node }
+    }
+
+    /// Sends `bytes`, then wakes the other side if it sleeps.
+    pub fn send(&self, bytes: [u8; N]) {
+        self.tx.send_copy(bytes).expect("iceoryx2 send");
+        if let Some((_, notifier)) = &self.wake {
+            notifier.notify().expect("iceoryx2 notify");
+        }
+    }
+
+    /// The next sample, spinning or sleeping until it comes.
+    pub fn recv(&self) -> [u8; N] {
+        loop {
+            if let Some(sample) = self.rx.receive().expect("iceoryx2 receive") {
+                return *sample;
+            }
+            match &self.wake {
+                Some((listener, _)) => {
+                    listener.blocking_wait(|_| {}).expect("iceoryx2 wait");
+                }
+                None => std::hint::spin_loop(),
+            }
+        }
+    }
 }

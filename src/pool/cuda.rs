@@ -143,25 +143,67 @@ mod imp {
         Ok(event)
     }
 
+    /// Every slot's two interprocess events in this process, `ready` and `release`: created
+    /// (a sender's pool) or opened from their IPC handles (a receiver's import). Destroyed
+    /// on drop; for an opened event, that closes this process's handle.
+    #[derive(Debug)]
+    struct Events {
+        ctx: Arc<CudaContext>,
+        ready: Vec<sys::CUevent>,
+        release: Vec<sys::CUevent>,
+    }
+
+    // SAFETY: driver handles are usable from any thread once the context is bound, which
+    // every method does; the driver serialises calls on one handle.
+    unsafe impl Send for Events {}
+    // SAFETY: as above.
+    unsafe impl Sync for Events {}
+
+    impl Events {
+        fn new(ctx: &Arc<CudaContext>, slots: usize) -> Self {
+            let (ready, release) = (Vec::with_capacity(slots), Vec::with_capacity(slots));
+            Self { ctx: ctx.clone(), ready, release }
+        }
+
+        /// Enqueues on `stream` a wait for `event` (a never-recorded event is a no-op).
+        fn wait(&self, event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
+            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            // SAFETY: a live event and the caller's live stream.
+            check("cuStreamWaitEvent", unsafe {
+                sys::cuStreamWaitEvent(stream.cu_stream(), event, 0)
+            })
+        }
+
+        /// Records `event` on `stream`, after the work queued there.
+        fn record(&self, event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
+            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            // SAFETY: a live event and the caller's live stream.
+            check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream.cu_stream()) })
+        }
+    }
+
+    impl Drop for Events {
+        fn drop(&mut self) {
+            let _ = self.ctx.bind_to_thread();
+            for &e in self.ready.iter().chain(self.release.iter()) {
+                // SAFETY: events of this process (created, or opened from their handles),
+                // destroyed once, here.
+                let _ = unsafe { sys::cuEventDestroy_v2(e) };
+            }
+        }
+    }
+
     /// The exporting side of a device pool: the allocation and the events, owned.
     #[derive(Debug)]
     pub struct DevicePool {
-        ctx: Arc<CudaContext>,
+        events: Events,
         base: sys::CUdeviceptr,
         stride: usize,
-        ready: Box<[sys::CUevent]>,
-        release: Box<[sys::CUevent]>,
         uuid: [u8; 16],
         mem_handle: [u8; 64],
         // Per slot: ready, release.
         event_handles: Box<[([u8; 64], [u8; 64])]>,
     }
-
-    // SAFETY: driver handles are usable from any thread once the context is bound, which
-    // every method does.
-    unsafe impl Send for DevicePool {}
-    // SAFETY: as above; the driver serialises calls on one handle.
-    unsafe impl Sync for DevicePool {}
 
     impl DevicePool {
         /// Allocates `slot_count` slots `stride` apart on `ctx`'s device, with their events.
@@ -178,11 +220,9 @@ mod imp {
             // stream-ordered allocations cudarc makes).
             check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut base, len) })?;
             let mut pool = Self {
-                ctx: ctx.clone(),
+                events: Events::new(ctx, slot_count),
                 base,
                 stride,
-                ready: Box::new([]),
-                release: Box::new([]),
                 uuid,
                 mem_handle: [0; 64],
                 event_handles: Box::new([]),
@@ -192,18 +232,15 @@ mod imp {
             // SAFETY: out-pointer valid; `base` is our live cuMemAlloc allocation.
             check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut mem, base) })?;
             pool.mem_handle = mem.reserved.map(|b| b as u8);
-            let mut ready = Vec::with_capacity(slot_count);
-            let mut release = Vec::with_capacity(slot_count);
             let mut handles = Vec::with_capacity(slot_count);
+            let events = &mut pool.events;
             let made = (0..slot_count).try_for_each(|_| {
                 let (r, l) = (interprocess_event()?, interprocess_event()?);
-                ready.push(r);
-                release.push(l);
+                events.ready.push(r);
+                events.release.push(l);
                 handles.push((event_handle(r)?, event_handle(l)?));
                 Ok(())
             });
-            pool.ready = ready.into_boxed_slice();
-            pool.release = release.into_boxed_slice();
             pool.event_handles = handles.into_boxed_slice();
             made.map(|()| pool)
         }
@@ -218,7 +255,7 @@ mod imp {
             store_bytes(&info.mem_handle, &self.mem_handle);
             store_bytes(&info.device_uuid, &self.uuid);
             // Relaxed: published with the segment's init word.
-            info.device_ordinal.store(self.ctx.ordinal() as u32, Ordering::Relaxed);
+            info.device_ordinal.store(self.events.ctx.ordinal() as u32, Ordering::Relaxed);
             info.stride.store(self.stride as u64, Ordering::Relaxed);
             for (i, (ready, release)) in self.event_handles.iter().enumerate() {
                 let at = layout.slot_events + i * size_of::<SlotEvents>();
@@ -255,30 +292,30 @@ mod imp {
 
         /// Device address of slot `slot`.
         pub(crate) fn slot_ptr(&self, slot: u32) -> sys::CUdeviceptr {
-            assert!((slot as usize) < self.ready.len(), "slot index checked by the lease");
+            assert!((slot as usize) < self.event_handles.len(), "slot index checked by the lease");
             self.base + (slot as usize * self.stride) as u64
         }
 
         /// The device's UUID and this process's ordinal for it.
         pub(crate) fn device(&self) -> ([u8; 16], i32) {
-            (self.uuid, self.ctx.ordinal() as i32)
+            (self.uuid, self.events.ctx.ordinal() as i32)
         }
 
         /// Enqueues on `stream` a wait for the last release of `slot`.
         pub(crate) fn wait_release(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
-            wait(&self.ctx, stream, self.release[slot as usize])
+            self.events.wait(self.events.release[slot as usize], stream)
         }
 
         /// Records `slot`'s ready event on `stream`.
         pub(crate) fn record_ready(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
-            record(&self.ctx, stream, self.ready[slot as usize])
+            self.events.record(self.events.ready[slot as usize], stream)
         }
 
         /// Blocks until every recorded release has completed: receivers' GPU reads are
         /// done and the memory can be freed. Off the hot path (the sender's drop).
         pub(crate) fn synchronize_releases(&self) -> Result<(), CudaError> {
-            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-            for &e in self.release.iter() {
+            self.events.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            for &e in &self.events.release {
                 // SAFETY: our live event.
                 check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(e) })?;
             }
@@ -288,51 +325,24 @@ mod imp {
 
     impl Drop for DevicePool {
         fn drop(&mut self) {
-            let _ = self.ctx.bind_to_thread();
-            for &e in self.ready.iter().chain(self.release.iter()) {
-                // SAFETY: events we created and nobody else destroys.
-                let _ = unsafe { sys::cuEventDestroy_v2(e) };
-            }
+            let _ = self.events.ctx.bind_to_thread();
             // SAFETY: our allocation; every slot was handed back (the sender waits for
-            // that, or leaks the pool instead of dropping it).
+            // that, or leaks the pool instead of dropping it). The events go after it.
             let _ = unsafe { sys::cuMemFree_v2(self.base) };
         }
-    }
-
-    fn wait(ctx: &CudaContext, stream: &CudaStream, event: sys::CUevent) -> Result<(), CudaError> {
-        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        // SAFETY: a live event and the caller's live stream.
-        check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), event, 0) })
-    }
-
-    fn record(
-        ctx: &CudaContext,
-        stream: &CudaStream,
-        event: sys::CUevent,
-    ) -> Result<(), CudaError> {
-        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        // SAFETY: a live event and the caller's live stream.
-        check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream.cu_stream()) })
     }
 
     /// The importing side of a device pool: the allocation and events opened from their
     /// IPC handles, once.
     #[derive(Debug)]
     pub struct ImportedPool {
-        ctx: Arc<CudaContext>,
+        events: Events,
         base: sys::CUdeviceptr,
         stride: usize,
-        ready: Box<[sys::CUevent]>,
-        release: Box<[sys::CUevent]>,
         mem_handle: [u8; 64],
         ready_handles: Box<[[u8; 64]]>,
         uuid: [u8; 16],
     }
-
-    // SAFETY: as for `DevicePool`.
-    unsafe impl Send for ImportedPool {}
-    // SAFETY: as above.
-    unsafe impl Sync for ImportedPool {}
 
     impl ImportedPool {
         /// Opens the device pool whose handles `seg` holds, in `ctx` (a receiver, on first
@@ -353,11 +363,9 @@ mod imp {
             let mut mem_handle = [0u8; 64];
             load_bytes(&info.mem_handle, &mut mem_handle);
             let mut pool = Self {
-                ctx: ctx.clone(),
+                events: Events::new(ctx, events.len()),
                 base: 0,
                 stride,
-                ready: Box::new([]),
-                release: Box::new([]),
                 mem_handle,
                 ready_handles: Box::new([]),
                 uuid,
@@ -369,28 +377,25 @@ mod imp {
             check("cuIpcOpenMemHandle", unsafe {
                 sys::cuIpcOpenMemHandle_v2(&mut pool.base, handle, flags)
             })?;
-            let n = events.len();
-            let (mut ready, mut release) = (Vec::with_capacity(n), Vec::with_capacity(n));
-            let mut ready_handles = Vec::with_capacity(n);
-            let opened = events.iter().try_for_each(|slot| {
+            let mut ready_handles = Vec::with_capacity(events.len());
+            let opened = &mut pool.events;
+            let done = events.iter().try_for_each(|slot| {
                 let mut r = [0u8; 64];
                 load_bytes(&slot.ready, &mut r);
-                ready.push(open_event(&r)?);
+                opened.ready.push(open_event(&r)?);
                 ready_handles.push(r);
                 let mut l = [0u8; 64];
                 load_bytes(&slot.release, &mut l);
-                release.push(open_event(&l)?);
+                opened.release.push(open_event(&l)?);
                 Ok(())
             });
-            pool.ready = ready.into_boxed_slice();
-            pool.release = release.into_boxed_slice();
             pool.ready_handles = ready_handles.into_boxed_slice();
-            opened.map(|()| pool)
+            done.map(|()| pool)
         }
 
         /// Device address of slot `slot` plus `offset` (both checked by the caller).
         pub(crate) fn slot_ptr(&self, slot: u32, offset: u64) -> sys::CUdeviceptr {
-            assert!((slot as usize) < self.ready.len(), "slot index checked by the caller");
+            assert!((slot as usize) < self.ready_handles.len(), "slot index checked by the caller");
             self.base + (slot as usize * self.stride) as u64 + offset
         }
 
@@ -401,7 +406,7 @@ mod imp {
 
         /// Enqueues on `stream` a wait for `slot`'s ready event.
         pub(crate) fn wait_ready(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
-            wait(&self.ctx, stream, self.ready[slot as usize])
+            self.events.wait(self.events.ready[slot as usize], stream)
         }
 
         /// Records `slot`'s release event on `stream`.
@@ -410,7 +415,7 @@ mod imp {
             slot: u32,
             stream: &CudaStream,
         ) -> Result<(), CudaError> {
-            record(&self.ctx, stream, self.release[slot as usize])
+            self.events.record(self.events.release[slot as usize], stream)
         }
     }
 
@@ -444,11 +449,7 @@ mod imp {
 
     impl Drop for ImportedPool {
         fn drop(&mut self) {
-            let _ = self.ctx.bind_to_thread();
-            for &e in self.ready.iter().chain(self.release.iter()) {
-                // SAFETY: events we opened; destroying an imported event closes our handle.
-                let _ = unsafe { sys::cuEventDestroy_v2(e) };
-            }
+            let _ = self.events.ctx.bind_to_thread();
             if self.base != 0 {
                 // SAFETY: a mapping we opened; closed, never freed (the exporter owns it).
                 let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };
