@@ -50,16 +50,15 @@
 //!
 //! ## Modules, bottom to top
 //!
-//! Private; each imports only the ones above it in this table (`liveness` is asked by the
-//! layers below it and asks none of them).
+//! Private; each imports only the rows above its own (`tests/layers.rs` checks it), and
+//! two modules of one row do not know each other. `liveness` is asked by the rings, pools,
+//! channels and tools, and asks none of them.
 //!
 //! | module | what lives there |
 //! |---|---|
 //! | `sync`, `fault` | the one import of atomics (loom's under `--cfg loom`); crash-test kill points |
-//! | `descriptor` | [`Descriptor`], [`DType`], [`TensorMeta`] |
-//! | `layout` | `#[repr(C)]` shared-memory structures, one file per segment kind; [`Corrupted`] |
-//! | `wait` | spin → yield → shared futex; the one deadline type; the `blocking!` forms |
-//! | `bus_guard` | the SIGBUS guard for segments truncated under us |
+//! | `descriptor`, `wait` | [`Descriptor`], [`DType`], [`TensorMeta`]; spin → yield → shared futex, the one deadline type, the `blocking!` forms |
+//! | `layout`, `bus_guard` | `#[repr(C)]` shared-memory structures, one file per segment kind, [`Corrupted`]; the SIGBUS guard for segments truncated under us |
 //! | `shm` | named segments: exclusive create, checked open, unlink, byte locks; [`ShmError`] |
 //! | `liveness` | participants and their locks, SPSC roles, the process probe, the tick loop; [`AttachError`] |
 //! | `ring` | the SPSC and MPMC algorithms over any storage; slices; MPMC repair; rings placed in segments |

@@ -18,6 +18,23 @@ use crate::pool::{CudaError, PoolSegment};
 
 /// Where a channel's slots live: [`Host`] or `Cuda` (feature `cuda`). Sealed: the crate
 /// defines the two there are.
+///
+/// The backend is part of every channel type, so a host call on a GPU channel does not
+/// compile (and opening a channel with the other backend's builder is a typed error):
+///
+/// ```compile_fail
+/// fn lease(tx: &gpuring::Sender<gpuring::Cuda>) {
+///     let _ = tx.acquire(); // a host lease of device slots: no such method
+/// }
+/// ```
+///
+/// Generic code over both takes `B: Backend`:
+///
+/// ```
+/// fn describe<B: gpuring::Backend>(rx: &gpuring::Receiver<B>) -> String {
+///     format!("{rx:?}")
+/// }
+/// ```
 pub trait Backend: sealed::Backend {}
 
 impl<B: sealed::Backend> Backend for B {}

@@ -153,9 +153,9 @@ pub const PARTICIPANT_CONSUMER: u32 = 2;
 
 /// A cell of an SPSC ring: just the element. Which side owns it follows from head and tail.
 ///
-/// (A stamp per cell, polled by the consumer instead of `tail`, was measured and dropped: a
-/// consumer that has caught up then spins on the very line the producer writes next, and
-/// streaming slowed by 3x on the 16-core GPU host; see docs/BENCHMARKS.md.)
+/// (A stamp per cell, polled by the consumer instead of `tail`, was tried and dropped: a
+/// consumer that has caught up then spins on the very line the producer writes next, which
+/// slows a stream down; docs/DESIGN.md, "The rings".)
 #[repr(transparent)]
 #[derive(Debug)]
 pub struct SpscCell<T> {

@@ -150,7 +150,7 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
     if local.hints.demote {
         // Push the cell out of this core's private caches, so the consumer's reads are
         // served by the shared L3 instead of snooping this core. (Demoting `tail` too,
-        // which the next push rewrites, cut throughput by 2.5x on the GPU host.)
+        // which the next push rewrites, slowed streams further: docs/DESIGN.md.)
         cache_hint(cell, Hint::Demote);
     }
     Ok(())

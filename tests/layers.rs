@@ -1,0 +1,124 @@
+//! The house's shape, checked: every module of `src/` imports only the layers below it
+//! (the table in `src/lib.rs` and docs/DESIGN.md), and inside `channel/` each file only
+//! the files before it. Reads the sources as text; a violation names the file and line.
+
+use std::path::{Path, PathBuf};
+
+/// The layers of the library, bottom to top. A module may use its own layer's module
+/// only if it is itself (two modules of one layer do not know each other).
+const LAYERS: &[&[&str]] = &[
+    &["sync", "fault"],
+    &["descriptor", "wait"],
+    &["layout", "bus_guard"],
+    &["shm"],
+    &["liveness"],
+    &["ring"],
+    &["named", "pool"],
+    &["channel"],
+    &["inspect"],
+];
+
+/// The files of `channel/`, in the order they may use each other (`mod.rs`, the facade
+/// that declares and re-exports them, is left out).
+const CHANNEL: &[&str] = &["error", "backend", "table", "builder", "sender", "receiver", "gpu"];
+
+fn layer(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&module))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The first segment of every path that follows `prefix` in `code` (a `{...}` group
+/// gives each of its paths' first segments).
+fn targets(code: &str, prefix: &str) -> Vec<String> {
+    let first = |path: &str| path.trim().split("::").next().unwrap_or("").to_owned();
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(prefix) {
+        let after = &rest[at + prefix.len()..];
+        if let Some(group) = after.strip_prefix('{') {
+            // The group's paths, split at its top-level commas.
+            let (mut depth, mut start) = (0, 0);
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth > 0 => depth -= 1,
+                    '}' | ',' if depth == 0 => {
+                        found.push(first(&group[start..i]));
+                        start = i + 1;
+                        if c == '}' {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            found.push(first(
+                after.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or(""),
+            ));
+        }
+        rest = after;
+    }
+    found.retain(|t| !t.is_empty());
+    found
+}
+
+#[test]
+fn each_layer_imports_only_the_layers_below_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut violations = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap();
+        let parts: Vec<_> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+        let module = parts[0].trim_end_matches(".rs").to_owned();
+        if module == "lib" || module == "bin" {
+            continue; // the facade, and the tool (which uses the public API)
+        }
+        let mine = layer(&module).unwrap_or_else(|| panic!("{module} is in no layer"));
+        let channel_file = (module == "channel" && parts.len() == 2)
+            .then(|| parts[1].trim_end_matches(".rs").to_owned())
+            .filter(|f| f != "mod");
+        for (n, line) in std::fs::read_to_string(file).unwrap().lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for target in targets(code, "crate::") {
+                let ok = target == module || layer(&target).is_some_and(|l| l < mine);
+                if !ok {
+                    violations.push(format!("{}:{}: {module} uses {target}", rel.display(), n + 1));
+                }
+            }
+            let Some(me) = &channel_file else { continue };
+            let my_rank = CHANNEL.iter().position(|f| f == me).expect("a listed channel file");
+            for target in targets(code, "super::") {
+                let rank = CHANNEL.iter().position(|f| *f == target);
+                if rank.is_some_and(|r| r >= my_rank) {
+                    violations.push(format!(
+                        "{}:{}: channel/{me} uses {target}",
+                        rel.display(),
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(violations.is_empty(), "imports that run up the layers:\n{}", violations.join("\n"));
+}
+
+#[test]
+fn the_checker_sees_a_violation() {
+    // `shm` (layer 4) naming `ring` (layer 6) must be caught; `ring` naming `shm` not.
+    assert_eq!(targets("use crate::ring::RingSegment;", "crate::"), ["ring"]);
+    assert_eq!(targets("use crate::{layout::A, shm::{B, C}};", "crate::"), ["layout", "shm"]);
+    assert!(layer("ring") > layer("shm"));
+}
