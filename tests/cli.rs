@@ -3,14 +3,28 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{ring_name, role, spawn, unique_name, wait_for};
 use gpuring::{Channel, SpscRing, TensorMeta};
 
+/// The `gpuring` binary cargo built for this test; where the test binary was copied to another
+/// machine (the GPU staging folder), the `gpuring` beside it.
+fn gpuring_bin() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_gpuring"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let beside = exe.with_file_name("gpuring");
+    assert!(beside.exists(), "no gpuring binary at {} or {}", built.display(), beside.display());
+    beside
+}
+
 fn gpuring(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuring")).args(args).output().expect("run gpuring")
+    Command::new(gpuring_bin()).args(args).output().expect("run gpuring")
 }
 
 fn text(o: &Output) -> (String, String) {
