@@ -62,8 +62,7 @@
 //! | `shm` | named segments: exclusive create, checked open, unlink, byte locks; [`ShmError`] |
 //! | `liveness` | participants and their locks, SPSC roles, the process probe, the tick loop; [`AttachError`] |
 //! | `ring` | the SPSC and MPMC algorithms over any storage; slices; MPMC repair; rings placed in segments |
-//! | `named` | [`SpscRing`] / [`MpmcRing`] and their endpoints; [`RingError`] |
-//! | `pool` | the lease protocol, pools in shared memory, device pools; [`AcquireError`], [`CudaError`] |
+//! | `named`, `pool` | [`SpscRing`] / [`MpmcRing`] and their endpoints, [`RingError`]; the lease protocol, pools in shared memory, device pools, [`AcquireError`], [`CudaError`] |
 //! | `channel` | [`Channel`], builder, pool table, senders, receivers, the GPU backend; channel errors |
 //! | [`inspect`] | reading segments from outside, for tools |
 //!

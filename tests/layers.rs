@@ -1,6 +1,7 @@
 //! The house's shape, checked: every module of `src/` imports only the layers below it
 //! (the table in `src/lib.rs` and docs/DESIGN.md), and inside `channel/` each file only
-//! the files before it. Reads the sources as text; a violation names the file and line.
+//! the files before it; and those two tables list exactly these layers. Reads the sources as
+//! text; a violation names the file and line.
 
 use std::path::{Path, PathBuf};
 
@@ -121,4 +122,52 @@ fn the_checker_sees_a_violation() {
     assert_eq!(targets("use crate::ring::RingSegment;", "crate::"), ["ring"]);
     assert_eq!(targets("use crate::{layout::A, shm::{B, C}};", "crate::"), ["layout", "shm"]);
     assert!(layer("ring") > layer("shm"));
+}
+
+/// The backticked names in a table cell (`layout/` and [`inspect`] count as `layout` and
+/// `inspect`).
+fn cell_modules(cell: &str) -> Vec<String> {
+    cell.split('`').skip(1).step_by(2).map(|m| m.trim_end_matches('/').to_owned()).collect()
+}
+
+fn expected() -> Vec<Vec<String>> {
+    LAYERS.iter().map(|l| l.iter().map(|m| (*m).to_owned()).collect()).collect()
+}
+
+#[test]
+fn the_documented_tables_are_the_checked_layers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // docs/DESIGN.md: `| row | module | ... |`, a row number per module, rows in order.
+    let design = std::fs::read_to_string(root.join("docs/DESIGN.md")).unwrap();
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let table = design.lines().skip_while(|l| !l.starts_with("| row | module |"));
+    for line in table.take_while(|l| l.starts_with('|')) {
+        let cells: Vec<_> = line.split('|').map(str::trim).collect();
+        let Some(row) = cells.get(1).and_then(|c| c.parse::<usize>().ok()) else { continue };
+        if rows.len() < row {
+            rows.resize(row, Vec::new());
+        }
+        rows[row - 1].extend(cell_modules(cells[2]));
+    }
+    assert_eq!(rows, expected(), "docs/DESIGN.md's module table");
+
+    // src/lib.rs: the table under "Modules, bottom to top", one row per layer.
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let table: Vec<Vec<String>> = lib
+        .lines()
+        .skip_while(|l| !l.contains("## Modules, bottom to top"))
+        .filter_map(|l| l.strip_prefix("//! | "))
+        .map(|l| cell_modules(l.split('|').next().unwrap()))
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert_eq!(table, expected(), "src/lib.rs's module table");
+
+    // And every layer names a module that exists.
+    for m in LAYERS.iter().flat_map(|l| l.iter()) {
+        let src = root.join("src");
+        assert!(
+            src.join(format!("{m}.rs")).exists() || src.join(m).join("mod.rs").exists(),
+            "layer module {m} has no file"
+        );
+    }
 }
