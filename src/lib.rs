@@ -167,7 +167,7 @@ pub mod cuda {
 #[doc(hidden)]
 pub mod internal {
     pub use crate::layout::*;
-    pub use crate::liveness::{ProcessState, Unwatched, Watch, process_state};
+    pub use crate::liveness::{Gone, ProcessState, Unwatched, Watch, process_state};
     pub use crate::pool::{HeapPool, PoolCore, SlotRef, heap_pool};
     pub use crate::ring::{Heap, Storage, mpmc, repair, spsc};
 

@@ -269,6 +269,29 @@ macro_rules! blocking {
 }
 pub(crate) use blocking;
 
+/// The iterator of a receiving end over one of its receive forms (`next`): yields what it
+/// receives; ends quietly when `next` says the other side has gone, or that nothing is
+/// there now (`quiet`); ends after yielding any other error, so that a `for` loop over it
+/// never spins on an error that stays.
+pub(crate) fn receive_iter<T, E>(
+    mut next: impl FnMut() -> Result<T, E>,
+    quiet: impl Fn(&E) -> bool,
+) -> impl Iterator<Item = Result<T, E>> {
+    let mut done = false;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        match next() {
+            Ok(v) => Some(Ok(v)),
+            Err(e) => {
+                done = true;
+                (!quiet(&e)).then_some(Err(e))
+            }
+        }
+    })
+}
+
 /// How the two halves of the wake-up handshake are ordered in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BarrierMode {

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{ring_name, role, spawn, unique_name, wait_all, wait_for};
-use gpuring::{Descriptor, MpmcRing, RingOptions, SpscRing, WaitPolicy, wait_stats};
+use gpuring::{Descriptor, MpmcRing, PushError, RingOptions, SpscRing, WaitPolicy, wait_stats};
 
 const WATCHDOG: Duration = Duration::from_secs(120);
 const POP_LIMIT: Duration = Duration::from_secs(60);
@@ -218,12 +218,29 @@ fn roles_pass_between_processes_and_nothing_sent_is_lost() {
         tx.push_timeout(descriptor(seq), POP_LIMIT).unwrap();
     }
     wait_all(&mut first, WATCHDOG);
-    // Queue the second half before the second consumer exists: nothing may be lost.
+    // Queue the second half before the second consumer exists: nothing may be lost. The
+    // ring fills while no consumer is attached: the push then says `Disconnected` (the
+    // first has left), with the descriptor back, and is tried again until the second
+    // consumer takes over.
     let mut second = [spawn(test, "second", &name, &[])];
+    let mut disconnected = 0;
     for seq in N / 2..N {
-        tx.push_timeout(descriptor(seq), POP_LIMIT).unwrap();
+        let mut d = descriptor(seq);
+        loop {
+            match tx.push_timeout(d, POP_LIMIT) {
+                Ok(()) => break,
+                Err(PushError::Disconnected(back)) => {
+                    assert_eq!(back.seq, seq, "the descriptor comes back");
+                    disconnected += 1;
+                    d = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("push {seq}: {e}"),
+            }
+        }
     }
     wait_all(&mut second, WATCHDOG);
+    eprintln!("pushes refused while no consumer was attached: {disconnected}");
 }
 
 #[test]

@@ -491,3 +491,121 @@ fn mpmc_dead_consumers_element_is_adopted() {
         assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
     });
 }
+
+/// Heap storage (SPSC or MPMC cells) with a producer attach count, as rings in shared
+/// memory have one: the departure hint that consumers read.
+mod departing {
+    use gpuring::Role;
+    use gpuring::internal::{Gone, Heap, RingControl, Storage, Watch};
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicU32, Ordering};
+
+    pub struct Departing<C> {
+        heap: Heap<C>,
+        producers: Arc<AtomicU32>,
+    }
+
+    impl<C> Departing<C> {
+        /// A ring of `capacity` cells made by `cell`, with one producer attached.
+        pub fn new(capacity: usize, cell: impl FnMut(usize) -> C) -> Self {
+            Self { heap: Heap::new(capacity, cell), producers: Arc::new(AtomicU32::new(1)) }
+        }
+
+        pub fn handle(&self) -> Self {
+            Self { heap: self.heap.clone(), producers: self.producers.clone() }
+        }
+
+        /// What a producer's clean detach does to the count (`Attachment`'s drop).
+        pub fn leave(&self) {
+            // Release: as in `Attachment::drop`, pairs with the Acquire in `maybe_left`.
+            self.producers.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    // SAFETY: delegates the memory to `Heap`, which keeps the Storage promises; the count
+    // is extra state the ring only reads.
+    unsafe impl<C> Storage for Departing<C> {
+        type Cell = C;
+        type Watch = Self;
+        fn control(&self) -> &RingControl {
+            self.heap.control()
+        }
+        fn cells(&self) -> &[C] {
+            self.heap.cells()
+        }
+        fn watch(&self) -> &Self {
+            self
+        }
+    }
+
+    /// The count alone stands for the locks: 0 producers means they have left.
+    impl<C> Watch for Departing<C> {
+        const WATCHES: bool = true;
+        fn maybe_left(&self, role: Role) -> bool {
+            // Acquire: pairs with the Release in `leave`.
+            role == Role::Producer && self.producers.load(Ordering::Acquire) == 0
+        }
+        fn gone(&self, role: Role) -> Option<Gone> {
+            self.maybe_left(role).then_some(Gone::Left)
+        }
+    }
+}
+
+/// A producer pushes one element and leaves (its count drops, Release) while a consumer
+/// polls: `Disconnected` comes only after the element, never instead of it. The consumer
+/// reads the count after finding the ring empty; a count of 0 must make the element
+/// visible to its second look (SPSC: `tail`).
+#[test]
+fn spsc_disconnected_only_after_what_was_pushed() {
+    use departing::Departing;
+    use gpuring::internal::SpscCell;
+    builder(3).check(|| {
+        let ring = Departing::new(2, |_| SpscCell::<u64>::new());
+        // SAFETY: one producer and one consumer of this ring.
+        let mut tx = unsafe { spsc::Producer::<u64, _>::new(ring.handle()) }.unwrap();
+        // SAFETY: as above.
+        let mut rx = unsafe { spsc::Consumer::<u64, _>::new(ring.handle()) }.unwrap();
+        let producer = thread::spawn(move || {
+            tx.try_push(7).unwrap();
+            ring.leave();
+        });
+        let mut got = Vec::new();
+        loop {
+            match rx.try_pop() {
+                Ok(v) => got.push(v),
+                Err(TryPopError::Empty) => thread::yield_now(),
+                Err(TryPopError::Disconnected) => break,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        producer.join().unwrap();
+        assert_eq!(got, [7], "everything pushed arrives before Disconnected");
+    });
+}
+
+/// The same with MPMC cells (stamps): two producers' elements, one count for both.
+#[test]
+fn mpmc_disconnected_only_after_what_was_pushed() {
+    use departing::Departing;
+    use gpuring::internal::MpmcCell;
+    builder(2).check(|| {
+        let ring = Departing::new(2, |i| MpmcCell::<u64>::new(i as u64));
+        let tx = mpmc::Producer::<u64, _>::new(ring.handle()).unwrap();
+        let rx = mpmc::Consumer::<u64, _>::new(ring.handle()).unwrap();
+        let producer = thread::spawn(move || {
+            tx.try_push(7).unwrap();
+            ring.leave();
+        });
+        let mut got = Vec::new();
+        loop {
+            match rx.try_pop() {
+                Ok(v) => got.push(v),
+                Err(TryPopError::Empty) => thread::yield_now(),
+                Err(TryPopError::Disconnected) => break,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        producer.join().unwrap();
+        assert_eq!(got, [7], "everything pushed arrives before Disconnected");
+    });
+}

@@ -150,6 +150,10 @@ pub enum SendError<L = Lease> {
     /// The ring is full and every receiver that attached has died (noticed within
     /// [`LIVENESS_TICK`](crate::LIVENESS_TICK) of waiting); the lease, back.
     PeerDead(L),
+    /// Every receiver of the channel has left (cleanly, seen at once): nobody would read
+    /// it; the lease, back. Not for ever: a receiver that attaches later makes sending
+    /// work again.
+    Disconnected(L),
 }
 
 impl<L> core::fmt::Display for SendError<L> {
@@ -163,6 +167,7 @@ impl<L> core::fmt::Display for SendError<L> {
             SendError::Corrupted(c) => c.fmt(f),
             SendError::Cuda(e) => e.fmt(f),
             SendError::PeerDead(_) => f.write_str("the ring is full and every receiver has died"),
+            SendError::Disconnected(_) => f.write_str("every receiver of the channel has left"),
         }
     }
 }
@@ -190,6 +195,10 @@ pub enum RecvError {
     /// Every sender that attached has died and everything they sent has been received
     /// (noticed within [`LIVENESS_TICK`](crate::LIVENESS_TICK) of waiting).
     PeerDead,
+    /// Every sender that attached has left cleanly and everything they sent has been
+    /// received (seen at once): the channel's end, as `std::sync::mpsc` reports it. Not for
+    /// ever: a sender that attaches later makes receiving work again.
+    Disconnected,
 }
 
 impl core::fmt::Display for RecvError {
@@ -202,6 +211,9 @@ impl core::fmt::Display for RecvError {
             RecvError::Cuda(e) => e.fmt(f),
             RecvError::PeerDead => {
                 f.write_str("every sender has died, and all they sent was received")
+            }
+            RecvError::Disconnected => {
+                f.write_str("every sender has left, and all they sent was received")
             }
         }
     }

@@ -28,7 +28,7 @@ use crate::descriptor::Descriptor;
 use crate::layout::{BACKEND_CUDA, Corrupted, PoolLayout};
 use crate::pool::cuda::{CudaContext, CudaStream, DevicePool, ImportedPool};
 use crate::pool::{AcquireError, CudaError, PoolSegment};
-use crate::wait::{Deadline, blocking};
+use crate::wait::{Deadline, blocking, receive_iter};
 
 /// Slots in CUDA device memory: the backend of GPU channels (`Channel<Cuda>`,
 /// `Sender<Cuda>`, ...), made with [`ChannelBuilder::cuda`].
@@ -218,13 +218,33 @@ impl Receiver<Cuda> {
         ///
         /// # Errors
         ///
-        /// [`RecvError::PeerDead`] once every sender has died and all they sent was
-        /// received; [`RecvError::Corrupted`] (also when the descriptor's memory or
+        /// [`RecvError::Disconnected`] once every sender has left and all they sent was
+        /// received ([`RecvError::PeerDead`] when one of them died);
+        /// [`RecvError::Corrupted`] (also when the descriptor's memory or
         /// event handle or device does not match its pool); [`RecvError::Pool`];
         /// [`RecvError::Cuda`]. (`try_recv_on`: [`RecvError::Empty`].)
         pub fn recv_on, recv_on_timeout, recv_on_deadline, try try_recv_on
             (&self, stream: &Arc<CudaStream>) -> Result<Message<Cuda>, RecvError>
             => recv_on_until;
+    }
+
+    /// As [`Receiver::iter`], receiving onto `stream`.
+    pub fn iter_on<'a>(
+        &'a self,
+        stream: &'a Arc<CudaStream>,
+    ) -> impl Iterator<Item = Result<Message<Cuda>, RecvError>> + 'a {
+        receive_iter(|| self.recv_on(stream), |e| matches!(e, RecvError::Disconnected))
+    }
+
+    /// As [`Receiver::try_iter`], receiving onto `stream`.
+    pub fn try_iter_on<'a>(
+        &'a self,
+        stream: &'a Arc<CudaStream>,
+    ) -> impl Iterator<Item = Result<Message<Cuda>, RecvError>> + 'a {
+        receive_iter(
+            || self.try_recv_on(stream),
+            |e| matches!(e, RecvError::Empty | RecvError::Disconnected),
+        )
     }
 
     fn recv_on_until(

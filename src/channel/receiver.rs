@@ -29,7 +29,7 @@ use crate::layout::{MpmcCell, SpscCell};
 use crate::liveness::AttachError;
 use crate::pool::{PoolSegment, SlotRef};
 use crate::ring::{PopError, ShmStorage, mpmc, spsc};
-use crate::wait::{Deadline, WaitPolicy, blocking};
+use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
 
 /// The consumer end of a channel's descriptor ring.
 enum Rx {
@@ -131,6 +131,7 @@ impl<B: Backend> Receiver<B> {
             Ok(taken) => taken,
             Err(PopError::Timeout) if deadline == Deadline::Now => Err(RecvError::Empty),
             Err(PopError::Timeout) => Err(RecvError::Timeout),
+            Err(PopError::Disconnected) => Err(RecvError::Disconnected),
             Err(PopError::PeerDead) => Err(RecvError::PeerDead),
             Err(PopError::Corrupted(c)) => Err(RecvError::Corrupted(c)),
         }
@@ -195,11 +196,41 @@ impl Receiver<Host> {
         ///
         /// # Errors
         ///
-        /// [`RecvError::PeerDead`] once every sender has died and all they sent was
-        /// received; [`RecvError::Corrupted`] (the descriptor was refused; the next
-        /// receive carries on); [`RecvError::Pool`]. (`try_recv`: [`RecvError::Empty`].)
+        /// [`RecvError::Disconnected`] once every sender has left and all they sent was
+        /// received; [`RecvError::PeerDead`] the same when one of them died;
+        /// [`RecvError::Corrupted`] (the descriptor was refused; the next receive carries
+        /// on); [`RecvError::Pool`]. (`try_recv`: [`RecvError::Empty`].)
         pub fn recv, recv_timeout, recv_deadline, try try_recv(&self)
             -> Result<Message, RecvError> => recv_until;
+    }
+
+    /// The messages as they arrive, until every sender has left and all they sent has been
+    /// received ([`RecvError::Disconnected`] ends it quietly). Any other error is yielded,
+    /// and ends it; call `iter` again to carry on after one.
+    ///
+    /// ```no_run
+    /// use gpuring::Channel;
+    /// let ch = Channel::builder("frames").open_timeout(std::time::Duration::from_secs(5)).open()?;
+    /// let rx = ch.receiver()?;
+    /// let mut bytes = 0;
+    /// for msg in rx.iter() {
+    ///     bytes += msg?.len(); // the slot goes back when `msg` drops
+    /// }
+    /// println!("every sender left; {bytes} bytes received");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn iter(&self) -> impl Iterator<Item = Result<Message, RecvError>> + '_ {
+        receive_iter(|| self.recv(), |e| matches!(e, RecvError::Disconnected))
+    }
+
+    /// The messages there now: ends quietly when the ring is empty
+    /// ([`RecvError::Empty`]) or every sender has left ([`RecvError::Disconnected`]); any
+    /// other error is yielded, and ends it.
+    pub fn try_iter(&self) -> impl Iterator<Item = Result<Message, RecvError>> + '_ {
+        receive_iter(
+            || self.try_recv(),
+            |e| matches!(e, RecvError::Empty | RecvError::Disconnected),
+        )
     }
 
     fn recv_until(&self, deadline: Deadline) -> Result<Message, RecvError> {

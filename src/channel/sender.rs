@@ -22,7 +22,7 @@ use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::{MpmcCell, SpscCell};
-use crate::liveness::AttachError;
+use crate::liveness::{AttachError, Blocked};
 use crate::pool::{AcquireError, PoolSegment, SlotRef};
 use crate::ring::{PushError, ShmStorage, mpmc, spsc};
 use crate::wait::{Deadline, WaitPolicy, blocking};
@@ -53,9 +53,18 @@ impl Tx {
         };
         pushed.map_err(|e| match e {
             PushError::Timeout(_) => PushError::Timeout(()),
+            PushError::Disconnected(_) => PushError::Disconnected(()),
             PushError::PeerDead(_) => PushError::PeerDead(()),
             PushError::Corrupted(c) => PushError::Corrupted(c),
         })
+    }
+
+    /// Whether every receiver of the channel is gone (see `ring::peers_gone`).
+    fn receivers_gone(&self, probe: bool) -> Option<Blocked> {
+        match self {
+            Tx::Spsc(p) => p.borrow().consumers_gone(probe),
+            Tx::Mpmc(p) => p.consumers_gone(probe),
+        }
     }
 
     /// Whether a descriptor still in the ring satisfies `pred` (SPSC: queued; MPMC: in a
@@ -147,13 +156,25 @@ impl<B: Backend> Sender<B> {
     /// Leases a free slot, waiting until `deadline` (the taking back of dead receivers'
     /// slots runs at the liveness ticks of the wait).
     pub(super) fn take_slot(&self, deadline: Deadline) -> Result<SlotRef, AcquireError> {
-        let core = &self.pool.core;
-        // Slots of dead receivers are taken back while waiting only (it probes locks).
-        let reclaim = || {
-            let queued = |slot, generation| self.queued(slot, generation);
-            core.reclaim_dead(B::holder_gone, queued) > 0
+        let gone = |why| match why {
+            Blocked::PeerDead => AcquireError::PeerDead,
+            _ => AcquireError::Disconnected,
         };
-        let slot = core.lease_until(&self.free, deadline, reclaim)?;
+        // Nobody would read what this lease becomes (one load while receivers are there).
+        if let Some(why) = self.tx.receivers_gone(false) {
+            return Err(gone(why));
+        }
+        let core = &self.pool.core;
+        // At each liveness tick of the wait (it probes locks): slots of dead receivers are
+        // taken back; if there were none, every receiver of the channel gone ends it.
+        let tick = || {
+            let queued = |slot, generation| self.queued(slot, generation);
+            if core.reclaim_dead(B::holder_gone, queued) > 0 {
+                return Ok(true);
+            }
+            self.tx.receivers_gone(true).map_or(Ok(false), Err)
+        };
+        let slot = core.lease_until(&self.free, deadline, tick)?;
         crate::fault::point("send_holding_lease");
         Ok(slot)
     }
@@ -199,6 +220,12 @@ impl<B: Backend> Sender<B> {
         if meta.nbytes() > capacity {
             return Err(SendError::TooLarge { lease, len: meta.nbytes(), capacity });
         }
+        // Nobody would read it (one load while receivers are there).
+        match self.tx.receivers_gone(false) {
+            Some(Blocked::PeerDead) => return Err(SendError::PeerDead(lease)),
+            Some(_) => return Err(SendError::Disconnected(lease)),
+            None => {}
+        }
         let seq = self.seq.get();
         let mut d = Descriptor::new(seq, &meta);
         d.tag = tag;
@@ -219,6 +246,7 @@ impl<B: Backend> Sender<B> {
                 Err(match e {
                     PushError::Timeout(_) if deadline == Deadline::Now => SendError::Full(lease),
                     PushError::Timeout(_) => SendError::Timeout(lease),
+                    PushError::Disconnected(_) => SendError::Disconnected(lease),
                     PushError::PeerDead(_) => SendError::PeerDead(lease),
                     PushError::Corrupted(c) => SendError::Corrupted(c),
                 })

@@ -4,7 +4,7 @@
 //! | offset | what |
 //! |---|---|
 //! | 0 | [`SegmentHeader`](super::SegmentHeader) |
-//! | 128 | [`RingHeader`]: capacity, element size and alignment, SPSC role claims |
+//! | 128 | [`RingHeader`]: capacity, element size and alignment, SPSC role claims, attach counts |
 //! | 256 | [`RingControl`]: tail, head and the two wait words, each on its own 128-byte line |
 //! | 768 | [`Participants`]: who is attached, and the MPMC positions each last claimed |
 //! | 5376 | `capacity` cells |
@@ -30,6 +30,20 @@ pub struct RingHeader {
     pub producer_claim: AtomicU32,
     /// SPSC: pid of the process holding the consumer role, 0 when free.
     pub consumer_claim: AtomicU32,
+    /// Endpoints attached now, per side (`[producers, consumers]`, see [`side`]): one more
+    /// at each attach, one fewer at each clean detach. A killed endpoint never takes itself
+    /// off, so the count can only overstate. It is the hint by which one side sees at once
+    /// that the other has left; the liveness locks confirm it before it is believed.
+    pub attached: [AtomicU32; 2],
+    /// Per side, 1 once an endpoint of that side has attached (never cleared): "every
+    /// producer has left" needs one to have come.
+    pub joined: [AtomicU32; 2],
+}
+
+/// The index of a side in [`RingHeader::attached`] and [`RingHeader::joined`]: 0 for
+/// producers ([`PARTICIPANT_PRODUCER`]), 1 for consumers.
+pub const fn side(participant_role: u32) -> usize {
+    (participant_role == PARTICIPANT_CONSUMER) as usize
 }
 
 /// The moving parts of a ring, each on its own line.

@@ -16,12 +16,18 @@
 //!   and takes a dead holder's role over ([`Attachment`]).
 //! - **The process probe** ([`process_state`]): where a pid is all there is (pool owners
 //!   in tools; a dead receiver's GPU context, which lives until its process has exited).
+//! - **Departures.** A clean detach clears the entry (so it is no evidence of a death) and
+//!   takes one off the ring header's attach count of its side; the other side reads that
+//!   count as a hint that every peer has left ([`Watch::maybe_left`]) and confirms it with
+//!   the locks ([`Watch::gone`]): every peer gone and none dead is [`Gone::Left`]
+//!   (`Disconnected` to users), any dead is [`Gone::Died`] (`PeerDead`).
 //! - **[`Watch`]**: what a ring's storage can say about its peers. Heap rings say nothing
 //!   ([`Unwatched`]); rings in shared memory answer from their [`Attachment`].
 //! - **The tick loop** ([`block_on`]): every blocking call of the crate waits in it,
 //!   waking every [`LIVENESS_TICK`] to ask whether the memory was damaged, to let the
 //!   caller repair what dead peers left, and to give up with `PeerDead` once every peer it
-//!   waits for has died.
+//!   waits for has died, or `Disconnected` once they have all left; a departure seen by
+//!   the attach count ends the wait at once.
 //!
 //! Liveness is asked by the rings, pools, channels and tools and asks none of them: ring
 //! work that a dead endpoint leaves (MPMC cells it won) is done by the ring layer, which
@@ -39,7 +45,7 @@ mod participants;
 #[cfg(not(loom))]
 pub use participants::Attachment;
 #[cfg(not(loom))]
-pub(crate) use participants::ParticipantTable;
+pub(crate) use participants::{AttachAs, ParticipantTable, RingParts};
 
 /// How often a blocked endpoint of a ring in shared memory checks that its peers live: a
 /// death is noticed within this (plus one probe of the participant table).
@@ -156,6 +162,16 @@ pub fn process_state(pid: u32) -> ProcessState {
     }
 }
 
+/// How every endpoint of one side of a ring is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gone {
+    /// Every one that attached has detached cleanly (and none is attached now).
+    Left,
+    /// None is attached now, and at least one died attached (its lock went with its
+    /// process).
+    Died,
+}
+
 /// Endpoints of one side of a ring, as the participant table and the liveness locks say.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PeerCount {
@@ -176,11 +192,20 @@ pub struct PeerCount {
 /// endpoint's attachment (its participant entry and lock). Models and tests implement it to
 /// play dead peers.
 pub trait Watch {
-    /// Whether [`all_dead`](Self::all_dead) can ever answer yes: then blocked endpoints
-    /// wake every [`LIVENESS_TICK`] to ask.
+    /// Whether [`gone`](Self::gone) can ever answer: then blocked endpoints wake every
+    /// [`LIVENESS_TICK`] to ask.
     const WATCHES: bool;
-    /// Whether every endpoint of `role` that attached has died and none lives.
-    fn all_dead(&self, role: Role) -> bool {
+    /// Whether the endpoints of `role` are all gone, and how: `None` while one lives (or
+    /// none has come yet). Probes locks: slow paths only.
+    fn gone(&self, role: Role) -> Option<Gone> {
+        let _ = role;
+        None
+    }
+    /// A hint, one load: whether every endpoint of `role` may have left (the attach count
+    /// of its side is 0, and one had come). Asked on every failed attempt of a wait; only
+    /// [`gone`](Self::gone) says it is so.
+    #[inline(always)]
+    fn maybe_left(&self, role: Role) -> bool {
         let _ = role;
         false
     }
@@ -229,10 +254,29 @@ impl Watch for Unwatched {
 pub(crate) enum Blocked {
     /// The deadline passed (with [`Deadline::Now`]: the one attempt failed).
     Timeout,
-    /// Every endpoint of the side waited for has died.
+    /// Every endpoint of the side waited for has left cleanly.
+    Disconnected,
+    /// Every endpoint of the side waited for is gone, and one died attached.
     PeerDead,
     /// The shared state is impossible.
     Corrupted(Corrupted),
+}
+
+impl From<Gone> for Blocked {
+    fn from(gone: Gone) -> Self {
+        match gone {
+            Gone::Left => Blocked::Disconnected,
+            Gone::Died => Blocked::PeerDead,
+        }
+    }
+}
+
+/// Whether every endpoint of `role` has gone, as `watch` says: the one-load hint first,
+/// then, only when it says so, the locks. For the non-blocking forms, and for senders that
+/// refuse to send into a ring nobody will read.
+#[inline]
+pub(crate) fn departed<W: Watch>(watch: &W, role: Role) -> Option<Blocked> {
+    if watch.maybe_left(role) { watch.gone(role).map(Blocked::from) } else { None }
 }
 
 /// What the caller's work at a liveness tick came to.
@@ -244,19 +288,27 @@ pub(crate) enum Tick<R> {
     Retry,
     /// Nothing to do.
     Idle,
+    /// The operation cannot succeed (e.g. a sender waiting for a slot found every receiver
+    /// of its channel gone): end the wait with this, after one last attempt.
+    Stop(Blocked),
 }
 
 /// The blocking form of a non-blocking operation: retries `attempt` (which returns
 /// `Ok(Some(r))` on success, `Ok(None)` to wait) as `policy` says, sleeping on `wait_on`,
 /// until `deadline`; after a success, wakes the other side's sleepers on `wake`.
 ///
-/// The first attempt reads no clock, and with [`Deadline::Now`] it is the only one. Storage
-/// that watches its peers is asked, every [`LIVENESS_TICK`] of waiting, whether its memory
-/// is damaged (the wait ends `Corrupted`); then `on_tick` does the caller's slow-path work
-/// (MPMC: skip the cells of dead producers, adopt the elements of dead consumers; a pool:
-/// take back the slots of dead receivers); then, past the deadline, one last attempt before
-/// [`Blocked::Timeout`]; then, if the side `waits_for` is all dead, one last attempt takes
-/// what they left, and the wait ends with [`Blocked::PeerDead`].
+/// The first attempt reads no clock, and with [`Deadline::Now`] it is the only one. After
+/// every failed attempt the watch's departure hint is read (one load); when it says the
+/// side `waits_for` has left and the locks confirm it, one last attempt takes what they
+/// left, and the wait ends [`Blocked::Disconnected`] (or `PeerDead`, if one of them died).
+/// A hint the locks refute is not asked again before the next tick. Storage that watches
+/// its peers is asked, every [`LIVENESS_TICK`] of waiting, whether its memory is damaged
+/// (the wait ends `Corrupted`); then `on_tick` does the caller's slow-path work (MPMC: skip
+/// the cells of dead producers, adopt the elements of dead consumers; a pool: take back the
+/// slots of dead receivers); then, past the deadline, one last attempt before
+/// [`Blocked::Timeout`]; then, if the side `waits_for` is all gone, one last attempt takes
+/// what they left, and the wait ends with [`Blocked::PeerDead`] or
+/// [`Blocked::Disconnected`].
 #[allow(clippy::too_many_arguments)] // the one place the waiting policy is written
 pub(crate) fn block_on<W: Watch, R>(
     watch: &W,
@@ -272,24 +324,54 @@ pub(crate) fn block_on<W: Watch, R>(
         notify(wake);
         Ok(r)
     };
+    // Whether the side waited for has gone: the hint (one load), confirmed by the locks. A
+    // refuted hint (a peer attaching right now, or a forged count) is not asked again until
+    // the next tick, so that a wrong count cannot turn the wait into a loop of syscalls.
+    let refuted = std::cell::Cell::new(false);
+    let gone = || {
+        if refuted.get() || !watch.maybe_left(waits_for) {
+            return None;
+        }
+        let gone = watch.gone(waits_for);
+        refuted.set(gone.is_none());
+        gone.map(Blocked::from)
+    };
+    // Every failed attempt also reads the hint, so a departure ends the wait at once. The
+    // departing endpoint wakes sleepers after taking itself off the count.
+    let mut attempt = || match attempt() {
+        Ok(Some(r)) => Some(Ok(r)),
+        Ok(None) => gone().map(Err),
+        Err(c) => Some(Err(Blocked::Corrupted(c))),
+    };
+    // What the side waited for left behind is taken before its departure is reported
+    // (the attempt that read the hint ran before the hint was read).
+    let last =
+        |attempt: &mut dyn FnMut() -> Option<Result<R, Blocked>>, why: Blocked| match attempt() {
+            Some(Ok(r)) => done(r),
+            Some(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
+            _ => Err(why),
+        };
     match attempt() {
-        Ok(Some(r)) => return done(r),
-        Ok(None) if deadline == Deadline::Now => return Err(Blocked::Timeout),
-        Ok(None) => {}
-        Err(c) => return Err(Blocked::Corrupted(c)),
+        Some(Ok(r)) => return done(r),
+        Some(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
+        Some(Err(why)) => return last(&mut attempt, why),
+        None if deadline == Deadline::Now => return Err(Blocked::Timeout),
+        None => {}
     }
     if !W::WATCHES {
-        return match wait_until(wait_on, policy, deadline, || attempt().transpose()) {
+        return match wait_until(wait_on, policy, deadline, &mut attempt) {
             Ok(Ok(r)) => done(r),
-            Ok(Err(c)) => Err(Blocked::Corrupted(c)),
+            Ok(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
+            Ok(Err(why)) => last(&mut attempt, why),
             Err(TimedOut) => Err(Blocked::Timeout),
         };
     }
     loop {
         let chunk = deadline.or_within(LIVENESS_TICK);
-        match wait_until(wait_on, policy, chunk, || attempt().transpose()) {
+        match wait_until(wait_on, policy, chunk, &mut attempt) {
             Ok(Ok(r)) => return done(r),
-            Ok(Err(c)) => return Err(Blocked::Corrupted(c)),
+            Ok(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
+            Ok(Err(why)) => return last(&mut attempt, why),
             Err(TimedOut) => {
                 if let Some(c) = watch.damaged() {
                     return Err(Blocked::Corrupted(c));
@@ -297,22 +379,22 @@ pub(crate) fn block_on<W: Watch, R>(
                 match on_tick() {
                     Tick::Done(r) => return done(r),
                     Tick::Retry => match attempt() {
-                        Ok(Some(r)) => return done(r),
-                        Ok(None) => {}
-                        Err(c) => return Err(Blocked::Corrupted(c)),
+                        Some(Ok(r)) => return done(r),
+                        Some(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
+                        Some(Err(why)) => return last(&mut attempt, why),
+                        None => {}
                     },
                     Tick::Idle => {}
+                    Tick::Stop(why) => return last(&mut attempt, why),
                 }
-                let timed_out = deadline.passed();
-                if timed_out || watch.all_dead(waits_for) {
-                    // One last attempt: the tick's work may just have unblocked us, and what
-                    // the dead published before dying is in the ring: take it first.
-                    return match attempt() {
-                        Ok(Some(r)) => done(r),
-                        Ok(None) if timed_out => Err(Blocked::Timeout),
-                        Ok(None) => Err(Blocked::PeerDead),
-                        Err(c) => Err(Blocked::Corrupted(c)),
-                    };
+                refuted.set(false);
+                if deadline.passed() {
+                    // One last attempt: the tick's work may just have unblocked us.
+                    return last(&mut attempt, Blocked::Timeout);
+                }
+                if let Some(gone) = watch.gone(waits_for) {
+                    // What the gone published before going is in the ring: take it first.
+                    return last(&mut attempt, gone.into());
                 }
             }
         }

@@ -5,8 +5,10 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{AttachError, PeerCount, Role, Watch};
-use crate::layout::{Claims, Corrupted, MAX_PARTICIPANTS, Participants};
+use super::{AttachError, Gone, PeerCount, Role, Watch};
+use crate::layout::{
+    Claims, Corrupted, MAX_PARTICIPANTS, Participants, RingControl, RingHeader, side,
+};
 use crate::shm::Segment;
 use crate::sync::{AtomicU32, Ordering};
 
@@ -210,28 +212,58 @@ impl Drop for Participant {
     }
 }
 
-/// What an endpoint holds in a ring's segment: its participant entry and, for SPSC, its
-/// role. It is also what the endpoint's storage answers liveness questions with
-/// ([`Watch`]).
-#[derive(Debug)]
-pub struct Attachment {
-    /// SPSC: the role and its claim word in the ring header.
-    role: Option<(Role, NonNull<AtomicU32>)>,
-    /// The entry's claim line, inside the mapping (read on every MPMC push and pop).
-    claims: NonNull<Claims>,
-    // Dropped after the role is given back (fields drop after `Drop::drop`).
-    participant: Participant,
+/// The parts of a ring's segment an attachment reads and writes besides its entry: the
+/// ring header (SPSC role claims, attach counts) and the control block (wait words, to wake
+/// the other side when leaving).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingParts {
+    /// The ring header.
+    pub(crate) header: NonNull<RingHeader>,
+    /// The control block.
+    pub(crate) control: NonNull<RingControl>,
 }
 
-// SAFETY: pointers into the mapping that `participant.table` keeps alive; atomics only.
+/// How an endpoint attaches.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttachAs {
+    /// Its side.
+    pub(crate) role: Role,
+    /// SPSC: claim the role in the ring header (one endpoint per side).
+    pub(crate) spsc: bool,
+    /// Count itself in the attach counts, so that the other side sees its departure
+    /// (named rings and channel rings; not a pool's free ring, whose producers are the
+    /// receivers that happened to map the pool).
+    pub(crate) counted: bool,
+}
+
+/// What an endpoint holds in a ring's segment: its participant entry and, for SPSC, its
+/// role; and, when it is counted, its place in the attach count of its side. It is also
+/// what the endpoint's storage answers liveness questions with ([`Watch`]).
+#[derive(Debug)]
+pub struct Attachment {
+    how: AttachAs,
+    ring: RingParts,
+    /// The entry's claim line, inside the mapping (read on every MPMC push and pop).
+    claims: NonNull<Claims>,
+    /// `None` only inside `drop`, which gives the entry back before the count.
+    participant: Option<Participant>,
+    /// Keeps the mapping while `drop` runs after the entry is given back.
+    table: Arc<ParticipantTable>,
+    /// Whether this endpoint holds its SPSC role, and is in its side's attach count: what
+    /// `drop` gives back (a failed attach has neither).
+    holds_role: bool,
+    in_count: bool,
+}
+
+// SAFETY: pointers into the mapping that `table` keeps alive; atomics only.
 unsafe impl Send for Attachment {}
 // SAFETY: as above.
 unsafe impl Sync for Attachment {}
 
 impl Attachment {
-    /// Registers an endpoint of `role` in `table` (see [`ParticipantTable::register`]).
-    /// With `claim` (an SPSC ring's claim word for `role`), also claims the role, taking
-    /// it over from a dead holder.
+    /// Registers an endpoint in `table` (see [`ParticipantTable::register`]) as `how`
+    /// says: for SPSC, also claims the role, taking it over from a dead holder; when
+    /// counted, adds itself to its side's attach count.
     ///
     /// # Errors
     ///
@@ -239,18 +271,55 @@ impl Attachment {
     /// registering returns.
     pub(crate) fn take(
         table: &Arc<ParticipantTable>,
-        role: Role,
-        claim: Option<NonNull<AtomicU32>>,
+        how: AttachAs,
+        ring: RingParts,
         settle: Settle<'_>,
     ) -> Result<Self, AttachError> {
-        let participant = table.register(role, settle)?;
+        let participant = table.register(how.role, settle)?;
         let claims = NonNull::from(&table.participants().claims[participant.index]);
-        let Some(word_ptr) = claim else {
-            return Ok(Self { role: None, claims, participant });
+        let mut attachment = Self {
+            how,
+            ring,
+            claims,
+            participant: Some(participant),
+            table: table.clone(),
+            holds_role: false,
+            in_count: false,
         };
-        // SAFETY: the claim word lies in the ring header, inside the mapping the table keeps
-        // alive; an atomic.
-        let word = unsafe { word_ptr.as_ref() };
+        if how.spsc {
+            attachment.claim_role()?; // on error, `drop` gives the entry back
+            attachment.holds_role = true;
+        }
+        if how.counted {
+            let header = attachment.header();
+            let side = side(how.role.code());
+            // Relaxed: the counts are hints that the other side confirms with the locks;
+            // joining needs no ordering, and a reader that sees the count go up learns
+            // nothing from it (only a Release decrement, in `drop`, publishes anything).
+            header.joined[side].store(1, Ordering::Relaxed);
+            header.attached[side].fetch_add(1, Ordering::Relaxed);
+            attachment.in_count = true;
+        }
+        Ok(attachment)
+    }
+
+    fn header(&self) -> &RingHeader {
+        // SAFETY: the ring header lies inside the mapping that `table` keeps alive; atomics
+        // only.
+        unsafe { self.ring.header.as_ref() }
+    }
+
+    fn role_word(&self) -> &AtomicU32 {
+        let header = self.header();
+        match self.how.role {
+            Role::Producer => &header.producer_claim,
+            Role::Consumer => &header.consumer_claim,
+        }
+    }
+
+    /// Claims the SPSC role with a CAS of 0 → pid, taking it over from a dead holder.
+    fn claim_role(&self) -> Result<(), AttachError> {
+        let word = self.role_word();
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
         let mut expected = 0;
         loop {
@@ -258,11 +327,11 @@ impl Attachment {
             // holder (or the Relaxed-then-death of a dead one, whose last positions we
             // re-read from the control block anyway), so its last writes are visible.
             match word.compare_exchange(expected, pid, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Ok(Self { role: Some((role, word_ptr)), claims, participant }),
+                Ok(_) => return Ok(()),
                 Err(0) => expected = 0,
                 Err(holder_pid) => {
-                    if table.role_holder_alive(role, holder_pid)? {
-                        return Err(AttachError::RoleTaken { role, holder_pid });
+                    if self.table.role_holder_alive(self.how.role, holder_pid)? {
+                        return Err(AttachError::RoleTaken { role: self.how.role, holder_pid });
                     }
                     expected = holder_pid; // dead: take the role over
                 }
@@ -273,40 +342,79 @@ impl Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        if let Some((_, word)) = self.role {
-            // SAFETY: as in `take`; the mapping lives until `participant` drops, after this.
-            let word = unsafe { word.as_ref() };
-            // Release: pairs with the Acquire CAS in `take` of the next holder.
-            word.store(0, Ordering::Release);
+        if self.holds_role {
+            // Release: pairs with the Acquire CAS in `claim_role` of the next holder.
+            self.role_word().store(0, Ordering::Release);
+        }
+        // The entry goes first (cleared, then unlocked), so that a peer which sees the
+        // count below drop finds no live entry when it asks the locks, and never takes a
+        // departure for a death.
+        drop(self.participant.take());
+        if self.in_count {
+            let side = side(self.how.role.code());
+            // Release: pairs with the Acquire load in `maybe_left`: a peer that sees the
+            // count drop sees everything this endpoint published before leaving. Never
+            // below 0 (a forged count stays forged, and the locks decide).
+            let _ = self.header().attached[side].fetch_update(
+                Ordering::Release,
+                Ordering::Relaxed,
+                |n| n.checked_sub(1),
+            );
+            // SAFETY: the control block lies inside the mapping that `table` keeps alive;
+            // atomics only.
+            let control = unsafe { self.ring.control.as_ref() };
+            crate::wait::notify(&control.not_empty);
+            crate::wait::notify(&control.not_full);
         }
     }
 }
 
 impl Watch for Attachment {
     const WATCHES: bool = true;
-    fn all_dead(&self, role: Role) -> bool {
+    fn gone(&self, role: Role) -> Option<Gone> {
         // A probe that fails (it cannot, for an open descriptor) counts as "alive": waiting
         // on is the safe answer.
-        self.participant.table.peers(role).is_ok_and(|p| p.live == 0 && p.dead > 0)
+        let peers = self.table.peers(role).ok()?;
+        if peers.live > 0 {
+            return None;
+        }
+        if peers.dead > 0 {
+            return Some(Gone::Died);
+        }
+        // Relaxed: set once, before the count that `maybe_left` read with Acquire.
+        let joined = self.header().joined[side(role.code())].load(Ordering::Relaxed) != 0;
+        (self.how.counted && joined).then_some(Gone::Left)
+    }
+    #[inline(always)]
+    fn maybe_left(&self, role: Role) -> bool {
+        if !self.how.counted {
+            return false;
+        }
+        let header = self.header();
+        let side = side(role.code());
+        // Acquire: pairs with the Release decrement in `drop` (see there). Relaxed for
+        // `joined`: read after it, set before any count.
+        header.attached[side].load(Ordering::Acquire) == 0
+            && header.joined[side].load(Ordering::Relaxed) != 0
     }
     fn damaged(&self) -> Option<Corrupted> {
-        self.participant.table.segment.truncated().then_some(Corrupted {
+        self.table.segment.truncated().then_some(Corrupted {
             what: "segment truncated by another process (pages past its end now read as zeros)",
         })
     }
     #[inline(always)]
     fn claims(&self) -> Option<&Claims> {
-        // SAFETY: the entry's claim line, inside the mapping the participant keeps alive;
-        // atomics only.
+        // SAFETY: the entry's claim line, inside the mapping the table keeps alive; atomics
+        // only.
         Some(unsafe { self.claims.as_ref() })
     }
     fn claimant_dead(&self, role: Role, pos: u64) -> bool {
-        self.participant.table.claimant_dead(role, pos)
+        self.table.claimant_dead(role, pos)
     }
     fn entry(&self) -> Option<u32> {
-        Some(self.participant.index as u32)
+        self.participant.as_ref().map(|p| p.index as u32)
     }
     fn entry_dead(&self, index: u32) -> Option<u32> {
-        self.participant.table.entry_dead(index as usize)
+        self.table.entry_dead(index as usize)
     }
 }

@@ -11,7 +11,7 @@ use bytemuck::Pod;
 use crate::descriptor::Descriptor;
 use crate::layout::{Corrupted, MpmcCell, SpscCell};
 use crate::ring::{PopError, PushError, ShmStorage, TryPopError, TryPushError, mpmc, spsc};
-use crate::wait::{WaitPolicy, blocking};
+use crate::wait::{WaitPolicy, blocking, receive_iter};
 
 /// What every end tells of its ring.
 macro_rules! end_ops {
@@ -41,7 +41,8 @@ macro_rules! producer_ops {
         ///
         /// # Errors
         ///
-        /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
+        /// [`TryPushError::Full`] with the value back ([`TryPushError::Disconnected`] when
+        /// every consumer has also left); [`TryPushError::Corrupted`].
         #[inline]
         pub fn try_push(&$($mut)? self, value: T) -> Result<(), TryPushError<T>> {
             self.inner.try_push(value)
@@ -52,8 +53,9 @@ macro_rules! producer_ops {
             ///
             /// # Errors
             ///
-            /// [`PushError::PeerDead`] with the value back when the ring stays full and
-            /// every consumer has died; [`PushError::Corrupted`].
+            /// [`PushError::Disconnected`] with the value back when the ring stays full and
+            /// every consumer has left ([`PushError::PeerDead`] when one of them died);
+            /// [`PushError::Corrupted`].
             pub fn push, push_timeout, push_deadline(&$($mut)? self, value: T)
                 -> Result<(), PushError<T>> => inner.push_until;
         }
@@ -111,7 +113,8 @@ macro_rules! consumer_ops {
         ///
         /// # Errors
         ///
-        /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
+        /// [`TryPopError::Empty`] ([`TryPopError::Disconnected`] when every producer has
+        /// also left); [`TryPopError::Corrupted`].
         #[inline]
         pub fn try_pop(&$($mut)? self) -> Result<T, TryPopError> {
             self.inner.try_pop()
@@ -122,10 +125,27 @@ macro_rules! consumer_ops {
             ///
             /// # Errors
             ///
-            /// [`PopError::PeerDead`] once every producer has died and all they
-            /// published is taken; [`PopError::Corrupted`].
+            /// [`PopError::Disconnected`] once every producer has left and all they
+            /// published is taken ([`PopError::PeerDead`] when one of them died);
+            /// [`PopError::Corrupted`].
             pub fn pop, pop_timeout, pop_deadline(&$($mut)? self) -> Result<T, PopError>
                 => inner.pop_until;
+        }
+
+        /// The elements as they arrive, until every producer has left and all they
+        /// published is taken ([`PopError::Disconnected`] ends it quietly). Any other
+        /// error is yielded, and ends it.
+        pub fn iter(&$($mut)? self) -> impl Iterator<Item = Result<T, PopError>> + '_ {
+            receive_iter(move || self.pop(), |e| matches!(e, PopError::Disconnected))
+        }
+
+        /// The elements there now: ends quietly when the ring is empty or every producer
+        /// has left; any other error is yielded, and ends it.
+        pub fn try_iter(&$($mut)? self) -> impl Iterator<Item = Result<T, TryPopError>> + '_ {
+            receive_iter(
+                move || self.try_pop(),
+                |e| matches!(e, TryPopError::Empty | TryPopError::Disconnected),
+            )
         }
 
         /// Pops up to `out.len()` elements into `out`, oldest first, taking them together

@@ -27,7 +27,7 @@
 use std::ops::Deref;
 
 use crate::layout::{Corrupted, MpmcCell, SlotRecord};
-use crate::liveness::Watch;
+use crate::liveness::{Blocked, Watch};
 use crate::ring::{Heap, PopError, Storage, mpmc};
 use crate::sync::Ordering;
 use crate::wait::Deadline;
@@ -81,6 +81,9 @@ pub enum AcquireError {
     /// Every slot is in use and every receiver that took slots from this pool has died
     /// (their liveness locks are gone), so none will come back.
     PeerDead,
+    /// Every receiver of the channel has left (cleanly): nobody would read what is sent.
+    /// Not for ever: a receiver that attaches later makes leasing work again.
+    Disconnected,
 }
 
 impl core::fmt::Display for AcquireError {
@@ -93,6 +96,7 @@ impl core::fmt::Display for AcquireError {
             AcquireError::PeerDead => {
                 f.write_str("every slot is in use and every receiver holding them has died")
             }
+            AcquireError::Disconnected => f.write_str("every receiver of the channel has left"),
         }
     }
 }
@@ -176,7 +180,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// [`AcquireError::Exhausted`], or [`AcquireError::Corrupted`] when the free ring hands
     /// out a slot index out of range or a slot that is not free.
     pub fn try_lease(&self) -> Result<SlotRef, AcquireError> {
-        self.lease_until(&self.free_rx, Deadline::Now, || false)
+        self.lease_until(&self.free_rx, Deadline::Now, || Ok(false))
     }
 
     /// A handle on the free ring's taking side, to lease through with a wait policy of
@@ -191,24 +195,26 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// Leases a free slot through `free` (from [`free_consumer`](Self::free_consumer)),
     /// waiting (spin, then futex) until `deadline` for a receiver to return one. At each
     /// liveness tick of the wait, `tick` may take slots back (the sender's
-    /// [`reclaim_dead`](Self::reclaim_dead)) and says whether it did.
+    /// [`reclaim_dead`](Self::reclaim_dead)) and says whether it did, or ends the wait
+    /// (`Err`: the sender's channel has no receiver left).
     ///
     /// # Errors
     ///
     /// [`AcquireError::Exhausted`] (with [`Deadline::Now`]), [`AcquireError::Timeout`],
     /// [`AcquireError::PeerDead`] (every slot out, every receiver holding them dead),
-    /// [`AcquireError::Corrupted`].
+    /// [`AcquireError::Disconnected`], [`AcquireError::Corrupted`].
     pub(crate) fn lease_until(
         &self,
         free: &mpmc::Consumer<u32, S>,
         deadline: Deadline,
-        tick: impl FnMut() -> bool,
+        tick: impl FnMut() -> Result<bool, Blocked>,
     ) -> Result<SlotRef, AcquireError> {
         match free.pop_then_ticking(deadline, |slot| slot, tick) {
             Ok(slot) => self.lease_popped(slot),
             Err(PopError::Timeout) if deadline == Deadline::Now => Err(AcquireError::Exhausted),
             Err(PopError::Timeout) => Err(AcquireError::Timeout),
             Err(PopError::PeerDead) => Err(AcquireError::PeerDead),
+            Err(PopError::Disconnected) => Err(AcquireError::Disconnected),
             Err(PopError::Corrupted(c)) => Err(AcquireError::Corrupted(c)),
         }
     }
@@ -423,7 +429,7 @@ mod tests {
         let b = pool.try_lease().unwrap();
         assert_eq!(pool.try_lease(), Err(AcquireError::Exhausted));
         let soon = Deadline::after(std::time::Duration::from_millis(5));
-        assert_eq!(pool.lease_until(&pool.free_rx, soon, || false), Err(AcquireError::Timeout));
+        assert_eq!(pool.lease_until(&pool.free_rx, soon, || Ok(false)), Err(AcquireError::Timeout));
         pool.cancel(a);
         let c = pool.try_lease().unwrap();
         assert_eq!((c.slot, c.generation), (a.slot, a.generation + 1), "reuse bumps");

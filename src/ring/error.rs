@@ -10,6 +10,9 @@ use crate::liveness::Blocked;
 pub enum TryPushError<T> {
     /// The ring is full; here is the value back.
     Full(T),
+    /// The ring is full and every consumer that attached has left (named rings: cleanly;
+    /// seen at once); here is the value back.
+    Disconnected(T),
     /// The ring's shared state is impossible.
     Corrupted(Corrupted),
 }
@@ -20,6 +23,9 @@ pub enum TryPushError<T> {
 pub enum PushError<T> {
     /// The deadline passed with the ring still full; here is the value back.
     Timeout(T),
+    /// The ring is full and every consumer that attached to it has left cleanly (named
+    /// rings; seen at once); here is the value back.
+    Disconnected(T),
     /// The ring is full and every consumer that attached to it has died (named rings:
     /// their liveness locks are gone); here is the value back.
     PeerDead(T),
@@ -33,6 +39,9 @@ pub enum PushError<T> {
 pub enum TryPopError {
     /// The ring is empty.
     Empty,
+    /// The ring is empty and every producer that attached to it has left cleanly (named
+    /// rings; seen at once). Not for ever: a producer that attaches later may push again.
+    Disconnected,
     /// The ring's shared state is impossible.
     Corrupted(Corrupted),
 }
@@ -43,6 +52,10 @@ pub enum TryPopError {
 pub enum PopError {
     /// The deadline passed with the ring still empty.
     Timeout,
+    /// Every producer that attached to the ring has left cleanly and everything they
+    /// published has been taken (named rings; seen at once). Not for ever: a producer that
+    /// attaches later may push again.
+    Disconnected,
     /// Every producer that attached to the ring has died, and everything they published
     /// has been taken (named rings: their liveness locks are gone).
     PeerDead,
@@ -64,10 +77,12 @@ macro_rules! display_errors {
 display_errors! {
     TryPopError => |s, f| match s {
         TryPopError::Empty => f.write_str("ring is empty"),
+        TryPopError::Disconnected => f.write_str("ring is empty and every producer has left"),
         TryPopError::Corrupted(c) => c.fmt(f),
     };
     PopError => |s, f| match s {
         PopError::Timeout => f.write_str("timed out waiting for a message"),
+        PopError::Disconnected => f.write_str("every producer of the ring has left (all it published was taken)"),
         PopError::PeerDead => f.write_str("every producer of the ring has died (all it published was taken)"),
         PopError::Corrupted(c) => c.fmt(f),
     };
@@ -77,6 +92,9 @@ impl<T> core::fmt::Display for TryPushError<T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             TryPushError::Full(_) => f.write_str("ring is full"),
+            TryPushError::Disconnected(_) => {
+                f.write_str("the ring is full and every consumer has left")
+            }
             TryPushError::Corrupted(c) => c.fmt(f),
         }
     }
@@ -86,6 +104,9 @@ impl<T> core::fmt::Display for PushError<T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             PushError::Timeout(_) => f.write_str("timed out waiting for room in the ring"),
+            PushError::Disconnected(_) => {
+                f.write_str("the ring is full and every consumer has left")
+            }
             PushError::PeerDead(_) => f.write_str("the ring is full and every consumer has died"),
             PushError::Corrupted(c) => c.fmt(f),
         }
@@ -101,6 +122,7 @@ impl<T> PushError<T> {
     pub(crate) fn from_blocked(blocked: Blocked, value: T) -> Self {
         match blocked {
             Blocked::Timeout => PushError::Timeout(value),
+            Blocked::Disconnected => PushError::Disconnected(value),
             Blocked::PeerDead => PushError::PeerDead(value),
             Blocked::Corrupted(c) => PushError::Corrupted(c),
         }
@@ -111,6 +133,7 @@ impl From<Blocked> for PopError {
     fn from(blocked: Blocked) -> Self {
         match blocked {
             Blocked::Timeout => PopError::Timeout,
+            Blocked::Disconnected => PopError::Disconnected,
             Blocked::PeerDead => PopError::PeerDead,
             Blocked::Corrupted(c) => PopError::Corrupted(c),
         }

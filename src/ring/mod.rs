@@ -233,6 +233,24 @@ pub(crate) fn wait_for<S: Storage, R>(
     block_on(storage.watch(), peers, sleep_on, wake, policy, deadline, attempt, on_tick)
 }
 
+/// For the non-blocking forms, after they found the ring full or empty: whether every
+/// endpoint of side `role` has left cleanly (the hint, then the locks). A side that died is
+/// not reported here: the non-blocking forms leave deaths to the blocking ones.
+#[inline]
+pub(crate) fn peers_left<S: Storage>(storage: &S, role: Role) -> bool {
+    peers_gone(storage, role, false) == Some(Blocked::Disconnected)
+}
+
+/// Whether every endpoint of side `role` of `storage`'s ring is gone, and how
+/// ([`Blocked::Disconnected`] or [`Blocked::PeerDead`]): with `probe`, from the locks
+/// (slow paths: liveness ticks); without, from the departure hint, confirmed by the locks
+/// only when it says so (cheap enough for every send).
+#[inline]
+pub(crate) fn peers_gone<S: Storage>(storage: &S, role: Role, probe: bool) -> Option<Blocked> {
+    let watch = storage.watch();
+    if probe { watch.gone(role).map(Blocked::from) } else { crate::liveness::departed(watch, role) }
+}
+
 /// The cell of position `pos`, masked with the `capacity` this process validated (never a
 /// value read from shared memory).
 #[inline(always)]

@@ -30,7 +30,7 @@ use bytemuck::Pod;
 use super::repair::{REPAIR_SCAN, repair, try_adopt_in};
 use super::{
     Hint, Hints, PopError, PushError, Storage, TryPopError, TryPushError, cache_hint, cell_at,
-    wait_for,
+    peers_gone, peers_left, wait_for,
 };
 use crate::layout::{
     Claims, Corrupted, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED,
@@ -425,13 +425,17 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
+    /// [`TryPushError::Full`] with the value back ([`TryPushError::Disconnected`] when
+    /// every consumer has also left); [`TryPushError::Corrupted`].
     #[inline]
     pub fn try_push(&self, value: T) -> Result<(), TryPushError<T>> {
         let values = std::slice::from_ref(&value);
         match try_push_in(&self.storage, self.capacity, self.hints, values)
             .map_err(TryPushError::Corrupted)?
         {
+            0 if peers_left(&self.storage, Role::Consumer) => {
+                Err(TryPushError::Disconnected(value))
+            }
             0 => Err(TryPushError::Full(value)),
             _ => {
                 notify(&self.storage.control().not_empty);
@@ -469,6 +473,13 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     /// Sets how blocking pushes of this handle wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
         self.policy = policy;
+    }
+
+    /// Whether every consumer is gone (see `ring::peers_gone`): for senders that refuse to
+    /// push into a ring nobody reads.
+    #[cfg_attr(loom, allow(dead_code))] // used by channels, which loom builds leave out
+    pub(crate) fn consumers_gone(&self, probe: bool) -> Option<Blocked> {
+        peers_gone(&self.storage, Role::Consumer, probe)
     }
 
     /// Elements queued (see `queued`).
@@ -511,19 +522,26 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
+    /// [`TryPopError::Empty`] ([`TryPopError::Disconnected`] when every producer has also
+    /// left); [`TryPopError::Corrupted`].
     #[inline]
     pub fn try_pop(&self) -> Result<T, TryPopError> {
-        let mut r = None;
-        match try_pop_in(&self.storage, self.capacity, 1, |v| r = Some(v))
-            .map_err(TryPopError::Corrupted)?
-        {
-            None => Err(TryPopError::Empty),
-            Some(_) => {
-                notify(&self.storage.control().not_full);
-                Ok(r.expect("a run of one element was read"))
+        let once = || {
+            let mut r = None;
+            try_pop_in(&self.storage, self.capacity, 1, |v| r = Some(v))
+                .map_err(TryPopError::Corrupted)
+                .map(|popped| popped.and(r))
+        };
+        let popped = match once()? {
+            // What they published before leaving comes first: look once more.
+            None if peers_left(&self.storage, Role::Producer) => {
+                once()?.ok_or(TryPopError::Disconnected)?
             }
-        }
+            None => return Err(TryPopError::Empty),
+            Some(v) => v,
+        };
+        notify(&self.storage.control().not_full);
+        Ok(popped)
     }
 
     /// Pops the oldest element, waiting for one as the [`WaitPolicy`] says until
@@ -536,7 +554,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
     ) -> Result<R, PopError> {
-        self.pop_then_ticking(deadline, then, || false)
+        self.pop_then_ticking(deadline, then, || Ok(false))
     }
 
     /// Pops the oldest element, waiting for one until `deadline`.
@@ -546,13 +564,14 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
 
     /// As [`pop_then_until`](Self::pop_then_until); at each liveness tick, after this
     /// ring's own repairs, runs `tick` too (a pool's sender takes back the slots of dead
-    /// receivers there), and looks again at once when it says it changed something.
+    /// receivers there), and looks again at once when it says it changed something
+    /// (`Ok(true)`), or ends the wait when it says the pop cannot succeed (`Err`).
     #[cfg_attr(loom, allow(dead_code))] // used by pools in shared memory
     pub(crate) fn pop_then_ticking<R>(
         &self,
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
-        mut tick: impl FnMut() -> bool,
+        mut tick: impl FnMut() -> Result<bool, Blocked>,
     ) -> Result<R, PopError> {
         // `then` runs once: only a successful pop or adoption calls it, and that ends the
         // wait.
@@ -579,8 +598,11 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
             },
             || match adopt_one() {
                 Some(r) => Tick::Done(r),
-                None if tick() => Tick::Retry,
-                None => Tick::Idle,
+                None => match tick() {
+                    Ok(true) => Tick::Retry,
+                    Ok(false) => Tick::Idle,
+                    Err(why) => Tick::Stop(why),
+                },
             },
         )
         .map(|r| r.expect("then runs on the one successful pop"))

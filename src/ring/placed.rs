@@ -16,9 +16,9 @@ use super::{Storage, mpmc, spsc};
 use crate::layout::{
     Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, STAMP_SKIPPED, SpscCell,
 };
-use crate::liveness::{AttachError, Attachment, ParticipantTable, Role};
+use crate::liveness::{AttachAs, AttachError, Attachment, ParticipantTable, RingParts, Role};
 use crate::shm::Segment;
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// A ring's cells and control block inside a mapped segment, with the attachment of the
 /// endpoint that uses them.
@@ -172,26 +172,24 @@ impl RingSegment {
         true
     }
 
-    /// The SPSC claim word of `role` in the ring header.
-    fn claim_word(&self, role: Role) -> NonNull<AtomicU32> {
-        let header = self.header();
-        NonNull::from(match role {
-            Role::Producer => &header.producer_claim,
-            Role::Consumer => &header.consumer_claim,
-        })
-    }
-
-    /// Attaches an endpoint of `role`; with `spsc`, claiming the role too.
-    fn attach(self: &Arc<Self>, role: Role, spsc: bool) -> Result<Attachment, AttachError> {
-        let claim = spsc.then(|| self.claim_word(role));
-        Attachment::take(&self.table, role, claim, &|claims| self.settle(claims))
+    /// Attaches an endpoint of `role`; with `spsc`, claiming the role too; `counted`, in
+    /// its side's attach count (see `liveness::AttachAs`).
+    fn attach(
+        self: &Arc<Self>,
+        role: Role,
+        spsc: bool,
+        counted: bool,
+    ) -> Result<Attachment, AttachError> {
+        let ring = RingParts { header: NonNull::from(self.header()), control: self.control };
+        let how = AttachAs { role, spsc, counted };
+        Attachment::take(&self.table, how, ring, &|claims| self.settle(claims))
     }
 
     /// The SPSC producer end, claiming the producer role.
     pub(crate) fn spsc_producer<T: Pod + Send>(
         self: &Arc<Self>,
     ) -> Result<spsc::Producer<T, ShmStorage<SpscCell<T>>>, AttachError> {
-        let storage = self.storage(self.attach(Role::Producer, true)?);
+        let storage = self.storage(self.attach(Role::Producer, true, true)?);
         // SAFETY: the claim makes this the only producer until it is dropped with the
         // endpoint's storage (a holder whose role was taken over is dead).
         Ok(unsafe { spsc::Producer::new(storage) }?)
@@ -201,7 +199,7 @@ impl RingSegment {
     pub(crate) fn spsc_consumer<T: Pod + Send>(
         self: &Arc<Self>,
     ) -> Result<spsc::Consumer<T, ShmStorage<SpscCell<T>>>, AttachError> {
-        let storage = self.storage(self.attach(Role::Consumer, true)?);
+        let storage = self.storage(self.attach(Role::Consumer, true, true)?);
         // SAFETY: the claim makes this the only consumer until it is dropped with the
         // endpoint's storage (a holder whose role was taken over is dead).
         Ok(unsafe { spsc::Consumer::new(storage) }?)
@@ -211,23 +209,24 @@ impl RingSegment {
     pub(crate) fn mpmc_producer<T: Pod + Send>(
         self: &Arc<Self>,
     ) -> Result<mpmc::Producer<T, ShmStorage<MpmcCell<T>>>, AttachError> {
-        Ok(mpmc::Producer::new(self.storage(self.attach(Role::Producer, false)?))?)
+        Ok(mpmc::Producer::new(self.storage(self.attach(Role::Producer, false, true)?))?)
     }
 
     /// An MPMC consumer end.
     pub(crate) fn mpmc_consumer<T: Pod + Send>(
         self: &Arc<Self>,
     ) -> Result<mpmc::Consumer<T, ShmStorage<MpmcCell<T>>>, AttachError> {
-        Ok(mpmc::Consumer::new(self.storage(self.attach(Role::Consumer, false)?))?)
+        Ok(mpmc::Consumer::new(self.storage(self.attach(Role::Consumer, false, true)?))?)
     }
 
     /// Storage for a ring that one process uses in both directions (a pool's free ring),
-    /// registered in the participant table as `role`.
+    /// registered in the participant table as `role`, and not counted (its departure means
+    /// nothing to the other side).
     pub(crate) fn attached_storage<C>(
         self: &Arc<Self>,
         role: Role,
     ) -> Result<ShmStorage<C>, AttachError> {
-        Ok(self.storage(self.attach(role, false)?))
+        Ok(self.storage(self.attach(role, false, false)?))
     }
 
     fn storage<C>(self: &Arc<Self>, attachment: Attachment) -> ShmStorage<C> {

@@ -15,10 +15,10 @@ use bytemuck::Pod;
 
 use super::{
     Hint, Hints, PopError, PushError, Storage, TryPopError, TryPushError, cache_hint, cell_at,
-    wait_for,
+    peers_gone, peers_left, wait_for,
 };
 use crate::layout::{Corrupted, SpscCell};
-use crate::liveness::{Role, Tick};
+use crate::liveness::{Blocked, Role, Tick};
 use crate::sync::Ordering;
 use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
 
@@ -196,7 +196,7 @@ const PREFETCH_AHEAD: u64 = 4;
 /// For [`block_on`]: `Full` means wait.
 fn push_retry<T>(e: TryPushError<T>) -> Result<Option<()>, Corrupted> {
     match e {
-        TryPushError::Full(_) => Ok(None),
+        TryPushError::Full(_) | TryPushError::Disconnected(_) => Ok(None),
         TryPushError::Corrupted(c) => Err(c),
     }
 }
@@ -204,7 +204,7 @@ fn push_retry<T>(e: TryPushError<T>) -> Result<Option<()>, Corrupted> {
 /// For [`block_on`]: `Empty` means wait.
 fn pop_retry<R>(e: TryPopError) -> Result<Option<R>, Corrupted> {
     match e {
-        TryPopError::Empty => Ok(None),
+        TryPopError::Empty | TryPopError::Disconnected => Ok(None),
         TryPopError::Corrupted(c) => Err(c),
     }
 }
@@ -232,12 +232,20 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`TryPushError::Full`] with the value back; [`TryPushError::Corrupted`].
+    /// [`TryPushError::Full`] with the value back ([`TryPushError::Disconnected`] when
+    /// every consumer has also left); [`TryPushError::Corrupted`].
     #[inline]
     pub fn try_push(&mut self, value: T) -> Result<(), TryPushError<T>> {
-        try_push_in(&self.storage, &mut self.local, value)?;
-        notify(&self.storage.control().not_empty);
-        Ok(())
+        match try_push_in(&self.storage, &mut self.local, value) {
+            Ok(()) => {
+                notify(&self.storage.control().not_empty);
+                Ok(())
+            }
+            Err(TryPushError::Full(v)) if peers_left(&self.storage, Role::Consumer) => {
+                Err(TryPushError::Disconnected(v))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Pushes `value`, waiting for room as the [`WaitPolicy`] says until `deadline`.
@@ -251,6 +259,13 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     /// Sets how blocking pushes wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
         self.policy = policy;
+    }
+
+    /// Whether every consumer is gone (see `ring::peers_gone`): for senders that refuse to
+    /// push into a ring nobody reads.
+    #[cfg_attr(loom, allow(dead_code))] // used by channels, which loom builds leave out
+    pub(crate) fn consumers_gone(&self, probe: bool) -> Option<Blocked> {
+        peers_gone(&self.storage, Role::Consumer, probe)
     }
 
     /// Whether each push moves the written cell to the shared cache (`cldemote`, x86; a
@@ -324,10 +339,20 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     ///
     /// # Errors
     ///
-    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`].
+    /// [`TryPopError::Empty`] ([`TryPopError::Disconnected`] when every producer has also
+    /// left); [`TryPopError::Corrupted`].
     #[inline]
     pub fn try_pop(&mut self) -> Result<T, TryPopError> {
-        let v = try_pop_in(&self.storage, &mut self.local, |v| v)?;
+        let v = match try_pop_in(&self.storage, &mut self.local, |v| v) {
+            Err(TryPopError::Empty) if peers_left(&self.storage, Role::Producer) => {
+                // What they published before leaving comes first: look once more.
+                match try_pop_in(&self.storage, &mut self.local, |v| v) {
+                    Err(TryPopError::Empty) => return Err(TryPopError::Disconnected),
+                    popped => popped?,
+                }
+            }
+            popped => popped?,
+        };
         notify(&self.storage.control().not_full);
         Ok(v)
     }

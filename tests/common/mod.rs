@@ -169,3 +169,30 @@ pub fn assert_noticed(what: &str, died_at: u64, noticed_at: u64) {
     println!("{what}: noticed {ms:.1} ms after the death");
     assert!(ms < 100.0, "{what}: death noticed after {ms:.1} ms (limit 100 ms)");
 }
+
+/// Aborts the whole test process, saying `what`, unless dropped within `limit`: for tests
+/// that block without a timeout of their own (`iter()`), so that a bug is a failure, not a
+/// hang.
+pub struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+pub fn watchdog(what: &'static str, limit: Duration) -> Watchdog {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + limit;
+        while !flag.load(Ordering::Relaxed) {
+            if Instant::now() > deadline {
+                eprintln!("watchdog: {what} did not finish within {limit:?}");
+                std::process::abort();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    Watchdog(done)
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,187 @@
+//! Clean shutdown, across processes: when every endpoint of one side leaves cleanly, the
+//! other side gets everything that was sent, then `Disconnected` (rings and channels, SPSC
+//! and MPMC); `iter()` ends there; a sender whose receivers have left is told so.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ring_name, role, spawn, unique_name, wait_all, watchdog};
+use gpuring::{
+    AcquireError, Channel, MpmcRing, PopError, PushError, RecvError, RingOptions, SendError,
+    SpscRing, TensorMeta, TryPopError, TryPushError,
+};
+
+const N: u64 = 2_000;
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// Pushes `from..to` into `name` as a producer of an SPSC (`mpmc == false`) or MPMC ring,
+/// then leaves (drops the producer) cleanly.
+fn produce(name: &str, mpmc: bool, from: u64, to: u64) {
+    if mpmc {
+        let ring = MpmcRing::<u64>::open(name).unwrap();
+        let tx = ring.producer().unwrap();
+        (from..to).for_each(|i| tx.push(i).unwrap());
+    } else {
+        let ring = SpscRing::<u64>::open(name).unwrap();
+        let mut tx = ring.producer().unwrap();
+        (from..to).for_each(|i| tx.push(i).unwrap());
+    }
+}
+
+#[test]
+fn spsc_ring_consumer_gets_everything_then_disconnected() {
+    if role().as_deref() == Some("producer") {
+        return produce(&ring_name(), false, 0, N);
+    }
+    let test = "spsc_ring_consumer_gets_everything_then_disconnected";
+    let name = unique_name("bye-spsc");
+    let ring = SpscRing::<u64>::create_with(&RingOptions::new(&name).capacity(64)).unwrap();
+    let mut rx = ring.consumer().unwrap();
+    // Before any producer came, an empty ring is only empty.
+    assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+    let mut producer = [spawn(test, "producer", &name, &[])];
+    let _dog = watchdog("iter()", WATCHDOG);
+    let got: Vec<u64> = rx.iter().collect::<Result<_, _>>().unwrap();
+    wait_all(&mut producer, WATCHDOG);
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "everything, in order, then the end");
+    assert_eq!(rx.pop(), Err(PopError::Disconnected));
+    assert_eq!(rx.pop_timeout(Duration::from_secs(5)), Err(PopError::Disconnected));
+    assert_eq!(rx.try_pop(), Err(TryPopError::Disconnected));
+    assert!(rx.try_iter().next().is_none(), "try_iter ends quietly too");
+}
+
+#[test]
+fn mpmc_ring_consumer_gets_everything_then_disconnected() {
+    if let Some(r) = role() {
+        let half: u64 = r["producer".len()..].parse().unwrap();
+        return produce(&ring_name(), true, half * N / 2, (half + 1) * N / 2);
+    }
+    let test = "mpmc_ring_consumer_gets_everything_then_disconnected";
+    let name = unique_name("bye-mpmc");
+    let ring = MpmcRing::<u64>::create_with(&RingOptions::new(&name).capacity(64)).unwrap();
+    let rx = ring.consumer().unwrap();
+    // A producer of ours keeps the ring connected while the two processes come and go
+    // (one may leave before the other attaches); it leaves once both are done.
+    let keep = ring.producer().unwrap();
+    let mut producers: Vec<_> =
+        (0..2).map(|h| spawn(test, &format!("producer{h}"), &name, &[])).collect();
+    let waiter = std::thread::spawn(move || {
+        wait_all(&mut producers, WATCHDOG);
+        drop(keep);
+    });
+    let _dog = watchdog("iter()", WATCHDOG);
+    let mut got: Vec<u64> = rx.iter().collect::<Result<_, _>>().unwrap();
+    waiter.join().unwrap();
+    got.sort_unstable();
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "everything once, then the end");
+    assert_eq!(rx.pop(), Err(PopError::Disconnected));
+    assert_eq!(rx.try_pop(), Err(TryPopError::Disconnected));
+}
+
+#[test]
+fn ring_producer_is_told_when_its_consumer_has_left() {
+    if role().as_deref() == Some("consumer") {
+        let ring = SpscRing::<u64>::open(&ring_name()).unwrap();
+        let mut rx = ring.consumer().unwrap();
+        assert_eq!(rx.pop().unwrap(), 1);
+        return; // leaves cleanly
+    }
+    let test = "ring_producer_is_told_when_its_consumer_has_left";
+    let name = unique_name("bye-consumer");
+    let ring = SpscRing::<u64>::create_with(&RingOptions::new(&name).capacity(4)).unwrap();
+    let mut tx = ring.producer().unwrap();
+    tx.push(1).unwrap();
+    let mut consumer = [spawn(test, "consumer", &name, &[])];
+    wait_all(&mut consumer, WATCHDOG);
+    let _dog = watchdog("push() after the consumer left", WATCHDOG);
+    // Room left: pushes still land (a consumer that attaches later gets them).
+    for v in 2..6 {
+        tx.push(v).unwrap();
+    }
+    assert_eq!(tx.try_push(6), Err(TryPushError::Disconnected(6)), "full, nobody to read");
+    assert_eq!(tx.push(7), Err(PushError::Disconnected(7)), "no wait for ever");
+    // A consumer that comes later gets what was queued, and the producer can go on.
+    let mut rx = ring.consumer().unwrap();
+    assert_eq!(rx.try_iter().collect::<Result<Vec<_>, _>>().unwrap(), [2, 3, 4, 5]);
+    tx.push(8).unwrap();
+    assert_eq!(rx.pop(), Ok(8));
+}
+
+/// Sends `count` messages tagged `first..` through channel `name`, then leaves.
+fn send(name: &str, first: u64, count: u64) {
+    let ch = Channel::builder(name).open().unwrap();
+    let tx = ch.sender().unwrap();
+    for tag in first..first + count {
+        let mut lease = tx.acquire().unwrap();
+        lease[..8].copy_from_slice(&tag.to_le_bytes());
+        lease.set_tag(tag);
+        tx.send(lease, TensorMeta::bytes(8)).unwrap();
+    }
+}
+
+#[test]
+fn channel_receiver_gets_everything_then_disconnected() {
+    if role().as_deref() == Some("sender") {
+        return send(&ring_name(), 0, N);
+    }
+    let test = "channel_receiver_gets_everything_then_disconnected";
+    for mpmc in [false, true] {
+        let name = unique_name("bye-ch");
+        let builder = Channel::builder(&name).capacity(16).slots(8, 64);
+        let ch = if mpmc { builder.mpmc() } else { builder }.create().unwrap();
+        let rx = ch.receiver().unwrap();
+        assert!(matches!(rx.try_recv(), Err(RecvError::Empty)), "no sender yet: empty");
+        let mut sender = [spawn(test, "sender", &name, &[])];
+        let mut tags = Vec::new();
+        let _dog = watchdog("iter()", WATCHDOG);
+        for msg in rx.iter() {
+            let msg = msg.unwrap();
+            assert_eq!(msg[..8], msg.tag().to_le_bytes());
+            tags.push(msg.tag());
+        }
+        wait_all(&mut sender, WATCHDOG);
+        assert_eq!(tags, (0..N).collect::<Vec<_>>(), "mpmc {mpmc}: all, in order, then the end");
+        assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+        assert!(matches!(rx.try_recv(), Err(RecvError::Disconnected)));
+        assert!(rx.try_iter().next().is_none());
+    }
+}
+
+#[test]
+fn channel_sender_is_told_when_every_receiver_has_left() {
+    if role().as_deref() == Some("receiver") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        assert_eq!(rx.recv().unwrap().tag(), 1);
+        return; // the message goes back, then the receiver leaves cleanly
+    }
+    let test = "channel_sender_is_told_when_every_receiver_has_left";
+    let name = unique_name("bye-rx");
+    let ch = Channel::builder(&name).capacity(16).slots(4, 64).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut lease = tx.acquire().unwrap();
+    lease.set_tag(1);
+    tx.send(lease, TensorMeta::bytes(0)).unwrap();
+    let mut receiver = [spawn(test, "receiver", &name, &[])];
+    wait_all(&mut receiver, WATCHDOG);
+    let _dog = watchdog("acquire() and send() after the receiver left", WATCHDOG);
+    assert!(matches!(tx.acquire(), Err(AcquireError::Disconnected)));
+    assert!(matches!(tx.try_acquire(), Err(AcquireError::Disconnected)));
+    // A lease taken before the receiver left comes back from the send, intact.
+    let rx = ch.receiver().unwrap();
+    let mut lease = tx.acquire().unwrap();
+    lease[..4].copy_from_slice(b"kept");
+    drop(rx);
+    match tx.send(lease, TensorMeta::bytes(4)) {
+        Err(SendError::Disconnected(back)) => assert_eq!(&back[..4], b"kept"),
+        other => panic!("expected Disconnected with the lease back, got {other:?}"),
+    }
+    // A receiver that attaches again makes sending work again.
+    let rx = ch.receiver().unwrap();
+    let mut lease = tx.acquire().unwrap();
+    lease.set_tag(2);
+    tx.send(lease, TensorMeta::bytes(0)).unwrap();
+    assert_eq!(rx.recv().unwrap().tag(), 2);
+}
