@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{AttachError, Gone, PeerCount, Role, Watch};
 use crate::layout::{
-    Claims, Corrupted, MAX_PARTICIPANTS, Participants, RingControl, RingHeader, side,
+    Claims, Corrupted, MAX_PARTICIPANTS, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants,
+    RingControl, RingHeader, side,
 };
 use crate::shm::Segment;
 use crate::sync::{AtomicU32, Ordering};
@@ -142,6 +143,23 @@ impl ParticipantTable {
             }
         }
         Ok(count)
+    }
+
+    /// Whether some entry whose value names no endpoint of either role (0, or a value a
+    /// scribbler wrote) is locked by another description: an endpoint that lives although
+    /// its entry no longer says so. Asked before concluding that a side has gone, so that
+    /// a scribbled entry cannot make a live endpoint invisible. One `F_OFD_GETLK` per such
+    /// entry: the confirming path only.
+    pub(crate) fn unnamed_holder(&self) -> bool {
+        let own = self.own();
+        let known = [PARTICIPANT_PRODUCER, PARTICIPANT_CONSUMER].map(u64::from);
+        (0..MAX_PARTICIPANTS).any(|index| {
+            // Relaxed: a claim, checked against the lock.
+            let value = self.participants().entries[index].load(Ordering::Relaxed);
+            own & (1 << index) == 0
+                && !known.contains(&(value >> 32))
+                && self.segment.byte_held_elsewhere(1 + index as u64).unwrap_or(true)
+        })
     }
 
     /// If entry `index` is held by nobody although it names an endpoint (that endpoint's
@@ -375,7 +393,7 @@ impl Watch for Attachment {
         // A probe that fails (it cannot, for an open descriptor) counts as "alive": waiting
         // on is the safe answer.
         let peers = self.table.peers(role).ok()?;
-        if peers.live > 0 {
+        if peers.live > 0 || self.table.unnamed_holder() {
             return None;
         }
         if peers.dead > 0 {
