@@ -1,13 +1,13 @@
 //! Looking at segments from outside: what the `gpuring` tool's `inspect`, `list` and
 //! `clean` show. Nothing here claims a role, leases a slot or moves a position; it reads
-//! shared words once and reports them (a snapshot, racing with the live processes).
+//! shared words and reports them (a snapshot, racing with the live processes).
 //!
-//! Liveness is judged by the locks that segment creators and attached endpoints hold on
-//! bytes of the segment's object (open-file-description locks, dropped by the kernel when
-//! the process dies; see `liveness`), not by pids. Pool owners (senders), which hold no
-//! lock of their own beyond their pool segment's creator lock, and segments of older
-//! layouts fall back to the pid ([`crate::liveness::process_state`]), which the kernel may
-//! have reused: there a "dead" verdict is reliable and an "alive" one a best guess.
+//! "In use" is judged by the lock that every handle of a segment holds on byte 0 of its
+//! object for as long as it has it open (an open-file-description lock, dropped by the
+//! kernel when the process dies; see `shm`), attached endpoints by their own locks (see
+//! `liveness`), never by pids. Pool owners (senders) are shown by pid
+//! ([`crate::liveness::process_state`]), which the kernel may have reused: there a "dead"
+//! verdict is reliable and an "alive" one a best guess.
 
 use std::time::{Duration, SystemTime};
 
@@ -18,7 +18,7 @@ use crate::layout::{
     SlotRecord, load_bytes,
 };
 use crate::liveness::{ProcessState, process_state};
-use crate::shm::{Segment, ShmError};
+use crate::shm::{Removal, Segment, ShmError};
 use crate::sync::Ordering;
 
 /// Whether process `pid` runs, as far as the process table tells (`None` when it cannot:
@@ -32,7 +32,7 @@ pub fn pid_alive(pid: u32) -> Option<bool> {
     }
 }
 
-/// A gpuring segment found in `/dev/shm`, read from its header without mapping it.
+/// A gpuring segment found in `/dev/shm`.
 #[derive(Debug, Clone)]
 pub struct SegmentInfo {
     /// Object name, without the leading `/`.
@@ -43,14 +43,49 @@ pub struct SegmentInfo {
     pub version: u32,
     /// Size of the object in bytes.
     pub size: u64,
-    /// The creating process.
+    /// The creating process (diagnostics only: pids are reused).
     pub creator_pid: u32,
     /// Whether the creator finished initialising it.
     pub initialized: bool,
-    /// Whether the creator still runs (its liveness lock; see the module docs).
-    pub creator_alive: Option<bool>,
+    /// Whether some process has it open (`None`: the lock could not be probed).
+    pub in_use: Option<bool>,
+    /// Rings and channels: elements or messages waiting in the ring (`None` for pools, and
+    /// for segments this version cannot read).
+    pub queued: Option<u64>,
     /// How long since the object was last modified (its age, for an untouched segment).
     pub age: Option<Duration>,
+}
+
+impl SegmentInfo {
+    /// Whether this is a slot pool (which belongs to a channel).
+    pub fn is_pool(&self) -> bool {
+        matches!(self.kind, Some(SegmentKind::HostPool | SegmentKind::CudaPool))
+    }
+
+    /// Its state in a word or three: "in use"; "waiting: N queued" (nobody has it open,
+    /// and elements wait for a consumer that may come); "left over" (nobody has it open and
+    /// nothing waits in it: a crash left it, and `clean` removes it); for pools, "pool of
+    /// a channel" or "orphaned pool" (its channel is gone).
+    pub fn state(&self, all: &[SegmentInfo]) -> String {
+        match (self.in_use, self.queued) {
+            (Some(true), _) => "in use".to_owned(),
+            (None, _) => "unknown".to_owned(),
+            (Some(false), _) if self.is_pool() => {
+                if channel_of(&self.name).is_some_and(|c| all.iter().any(|i| i.name == c)) {
+                    "pool of a channel".to_owned()
+                } else {
+                    "orphaned pool".to_owned()
+                }
+            }
+            (Some(false), Some(n)) if n > 0 => format!("waiting: {n} queued"),
+            (Some(false), _) => "left over".to_owned(),
+        }
+    }
+}
+
+/// The channel a pool segment belongs to, from its name (`{channel}.{nonce}.p{i}.{n}`).
+fn channel_of(pool: &str) -> Option<&str> {
+    pool.rsplitn(4, '.').nth(3)
 }
 
 /// Every gpuring segment (right magic) in `/dev/shm` this process can read.
@@ -68,6 +103,7 @@ pub fn list() -> Result<Vec<SegmentInfo>, ShmError> {
 
 fn read_info(path: &std::path::Path) -> Option<SegmentInfo> {
     use std::io::Read;
+    use std::os::fd::AsFd;
     let meta = std::fs::metadata(path).ok()?;
     if !meta.is_file() || meta.len() < size_of::<SegmentHeader>() as u64 {
         return None;
@@ -79,20 +115,61 @@ fn read_info(path: &std::path::Path) -> Option<SegmentInfo> {
     if u64::from_le_bytes(head[..8].try_into().expect("8 bytes")) != MAGIC {
         return None;
     }
-    let creator_pid = word(24);
+    let name = path.file_name()?.to_string_lossy().into_owned();
+    let kind = SegmentKind::from_raw(word(12));
+    let queued = match kind {
+        Some(SegmentKind::HostPool | SegmentKind::CudaPool) | None => None,
+        Some(_) => Segment::open_any(&name, Duration::ZERO)
+            .ok()
+            .and_then(|(seg, kind)| queued_in(&seg, kind)),
+    };
     Some(SegmentInfo {
-        name: path.file_name()?.to_string_lossy().into_owned(),
-        kind: SegmentKind::from_raw(word(12)),
+        kind,
         version: word(8),
         size: meta.len(),
-        creator_pid,
+        creator_pid: word(24),
         initialized: word(28) == crate::layout::INIT_READY,
-        creator_alive: {
-            use std::os::fd::AsFd;
-            crate::shm::creator_lock_held(file.as_fd()).ok().or_else(|| pid_alive(creator_pid))
-        },
+        in_use: crate::shm::presence_held(file.as_fd()).ok(),
+        queued,
         age: meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok()),
+        name,
     })
+}
+
+/// The ring of a ring or channel segment: where its header sits (`None` for pools, or a
+/// channel whose table size is impossible).
+fn ring_base(seg: &Segment, kind: SegmentKind) -> Option<usize> {
+    match kind {
+        SegmentKind::SpscRing | SegmentKind::MpmcRing => Some(size_of::<SegmentHeader>()),
+        SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
+            Some(channel_layout(seg)?.0.ring.ring_header)
+        }
+        SegmentKind::HostPool | SegmentKind::CudaPool => None,
+    }
+}
+
+/// A channel segment's layout (with a one-cell ring: the ring's offsets do not depend on
+/// its capacity) and nonce, from its header, checked against the mapping.
+fn channel_layout(seg: &Segment) -> Option<(ChannelLayout, u32)> {
+    // SAFETY: the mapping holds at least a header (`open_any` checked); `at` checks the
+    // bounds of what follows; atomics only.
+    let ch = unsafe { seg.at::<ChannelHeader>(size_of::<SegmentHeader>()).as_ref() };
+    // Relaxed: a snapshot of values the creator published before `init`.
+    let layout = ChannelLayout::new(ch.max_pools.load(Ordering::Relaxed), 1, 0)?;
+    (layout.ring.cells <= seg.len()).then_some((layout, ch.nonce.load(Ordering::Relaxed)))
+}
+
+/// Elements waiting in the ring of a ring or channel segment (`None`: not one, or its
+/// positions are impossible).
+fn queued_in(seg: &Segment, kind: SegmentKind) -> Option<u64> {
+    let base = ring_base(seg, kind)?;
+    // SAFETY: `at` checks the bounds; atomics only.
+    let rh = unsafe { seg.at::<RingHeader>(base).as_ref() };
+    // SAFETY: as above.
+    let c = unsafe { seg.at::<RingControl>(base + size_of::<RingHeader>()).as_ref() };
+    // Relaxed: a snapshot.
+    let (head, tail) = (c.head.load(Ordering::Relaxed), c.tail.load(Ordering::Relaxed));
+    tail.checked_sub(head).filter(|&d| d <= rh.capacity.load(Ordering::Relaxed))
 }
 
 /// Positions and waiters of a ring.
@@ -183,10 +260,15 @@ pub struct Inspection {
     pub kind: SegmentKind,
     /// Size in bytes.
     pub size: usize,
-    /// The creator (pid, alive).
-    pub creator: (u32, Option<bool>),
+    /// The creating process (diagnostics only: pids are reused).
+    pub creator_pid: u32,
+    /// Whether some process has it open.
+    pub in_use: Option<bool>,
     /// The ring (rings and channels).
     pub ring: Option<RingState>,
+    /// Whether the ring's positions moved while it was being read: its figures are then
+    /// not one snapshot (head, tail and depth may come from different instants).
+    pub moving: bool,
     /// The pools (channels: one per table row in use; a pool segment: itself).
     pub pools: Vec<PoolReport>,
 }
@@ -207,26 +289,26 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
         name: name.to_owned(),
         kind,
         size: seg.len(),
-        creator: (creator_pid, seg.creator_alive().ok()),
+        creator_pid,
+        in_use: seg.in_use_elsewhere().ok(),
         ring: None,
+        moving: false,
         pools: Vec::new(),
     };
+    if let Some(base) = ring_base(&seg, kind) {
+        let first = ring_state(&seg, base, kind)?;
+        // Read again: positions that moved meanwhile mean the figures are no snapshot.
+        let again = ring_state(&seg, base, kind)?;
+        report.moving = (first.head, first.tail) != (again.head, again.tail);
+        report.ring = Some(first);
+    } else if matches!(kind, SegmentKind::SpscChannel | SegmentKind::MpmcChannel) {
+        return Err(corrupted("channel pool table size out of range or beyond the segment"));
+    }
     match kind {
-        SegmentKind::SpscRing | SegmentKind::MpmcRing => {
-            report.ring = Some(ring_state(&seg, size_of::<SegmentHeader>(), kind)?);
-        }
+        SegmentKind::SpscRing | SegmentKind::MpmcRing => {}
         SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
-            // SAFETY: `open_any` checked the mapping holds at least a header; `at` checks
-            // the bounds of what follows; atomics only.
-            let ch = unsafe { seg.at::<ChannelHeader>(size_of::<SegmentHeader>()).as_ref() };
-            let max_pools = ch.max_pools.load(Ordering::Relaxed);
-            let layout = ChannelLayout::new(max_pools, 1, 0)
-                .ok_or(corrupted("channel pool table size out of range"))?;
-            if layout.ring.cells > seg.len() {
-                return Err(corrupted("channel smaller than its pool table"));
-            }
-            report.ring = Some(ring_state(&seg, layout.ring.ring_header, kind)?);
-            for index in 0..max_pools {
+            let (layout, _) = channel_layout(&seg).expect("checked above");
+            for index in 0..layout.max_pools as u32 {
                 let at = layout.pools + index as usize * size_of::<PoolEntry>();
                 // SAFETY: inside the table (checked above); atomics only.
                 let e = unsafe { seg.at::<PoolEntry>(at).as_ref() };
@@ -361,33 +443,112 @@ fn slot_counts(seg: &Segment, backend: u32, count: u32, size: u64) -> Option<Slo
     Some(counts)
 }
 
-/// Removes the segments whose creator is dead (never one whose creator runs, or whose
-/// liveness is unknown; never a pool of a channel whose creator runs, which may still
-/// hold messages from a sender that left). With `dry_run`, only says which. Returns the names removed (or
-/// that would be).
+/// A segment `clean` removed (or, dry, would remove), and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Object name, without the leading `/`.
+    pub name: String,
+    /// Why: "left over", "orphaned pool", "N queued, nobody attached", ...
+    pub why: String,
+}
+
+/// Removes what nobody uses: segments no process has open and nothing waits in (left by a
+/// crash), pools whose channel is gone, segments of another layout version or never
+/// initialised that nobody has open. With `queued`, also rings and channels that nobody
+/// has open although elements wait in them (for a consumer that has not come): they are
+/// dropped. A segment in use is never removed; a channel goes with its pools. Only names
+/// that start with `prefix` are considered (`""`: all). With `dry_run`, only says what it
+/// would remove.
+///
+/// Each removal takes the segment's presence byte exclusively first (no process can open
+/// it meanwhile), and decides on what it then reads.
 ///
 /// # Errors
 ///
 /// [`ShmError::Io`] when `/dev/shm` cannot be listed.
-pub fn clean(dry_run: bool) -> Result<Vec<String>, ShmError> {
-    let all = list()?;
-    let live_channel = |pool: &str| {
-        // A pool is named `{channel}.{nonce:08x}.p{index}.{instance}`: while its channel's
-        // creator runs, messages from a departed sender may still be waiting for it.
-        let channel = pool.rsplitn(4, '.').nth(3).unwrap_or("");
-        all.iter().any(|i| i.name == channel && i.creator_alive != Some(false))
-    };
-    let mut removed = Vec::new();
-    for info in &all {
-        let pool = matches!(info.kind, Some(SegmentKind::HostPool | SegmentKind::CudaPool));
-        if info.creator_alive == Some(false) && !(pool && live_channel(&info.name)) {
-            if !dry_run && Segment::unlink(&info.name).is_err() {
-                continue;
-            }
-            removed.push(info.name.clone());
+pub fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<Vec<Cleaned>, ShmError> {
+    let mut all = list()?;
+    all.retain(|i| i.name.starts_with(prefix.trim_start_matches('/')));
+    let mut cleaned = Vec::new();
+    // Rings and channels first: a channel takes its pools with it.
+    for info in all.iter().filter(|i| !i.is_pool() && i.in_use == Some(false)) {
+        let why = match (info.kind, info.version == crate::layout::LAYOUT_VERSION, info.queued) {
+            (None, _, _) | (_, false, _) => "another layout version, not in use".to_owned(),
+            _ if !info.initialized => "never initialised, not in use".to_owned(),
+            (_, _, Some(0)) => "left over (nothing queued, not in use)".to_owned(),
+            (_, _, Some(n)) if queued => format!("{n} queued, nobody attached"),
+            (_, _, None) if queued => "unreadable positions, not in use".to_owned(),
+            _ => continue,
+        };
+        if dry_run || remove_unused(&info.name, queued) {
+            cleaned.push(Cleaned { name: info.name.clone(), why });
         }
     }
-    Ok(removed)
+    let gone: Vec<String> = cleaned.iter().map(|c| c.name.clone()).collect();
+    for info in all.iter().filter(|i| i.is_pool() && i.in_use == Some(false)) {
+        let channel = channel_of(&info.name);
+        let orphaned =
+            channel.is_none_or(|c| gone.iter().any(|g| g == c) || !all.iter().any(|i| i.name == c));
+        if !orphaned {
+            continue; // its channel keeps it (messages in it may name this pool)
+        }
+        let removal = if dry_run {
+            Removal::Removed
+        } else {
+            Segment::remove_if_unattended(&info.name, |_| true).unwrap_or(Removal::InUse)
+        };
+        if removal == Removal::Removed {
+            let why = "orphaned pool (its channel is gone)".to_owned();
+            cleaned.push(Cleaned { name: info.name.clone(), why });
+        }
+    }
+    Ok(cleaned)
+}
+
+/// Removes segment `name` (a channel with its pools) if no process has it open, dropping
+/// whatever waits in it: `Ok(true)`; `Ok(false)` while a process uses it. For one name what
+/// `clean --queued` does for all.
+///
+/// ```no_run
+/// // A channel that a crashed run left with messages nobody will come for.
+/// if !gpuring::inspect::remove("frames")? {
+///     eprintln!("frames is in use");
+/// }
+/// # Ok::<(), gpuring::ShmError>(())
+/// ```
+///
+/// # Errors
+///
+/// [`ShmError::NotFound`] when no object has that name; [`ShmError::InvalidName`],
+/// [`ShmError::Io`].
+pub fn remove(name: &str) -> Result<bool, ShmError> {
+    if !Segment::exists(name)? {
+        let name = crate::shm::object_name(name)?.to_string_lossy().into_owned();
+        return Err(ShmError::NotFound { name });
+    }
+    Ok(remove_unused(name, true))
+}
+
+/// Removes ring or channel `name` if nobody has it open, and (unless `queued`) nothing
+/// waits in it; a channel's pools go with it. Decided on what is read under the exclusive
+/// lock.
+fn remove_unused(name: &str, queued: bool) -> bool {
+    let may_go = |seg: &Segment| {
+        let kind = SegmentKind::from_raw(seg.header().kind.load(Ordering::Relaxed));
+        let version = seg.header().version.load(Ordering::Relaxed);
+        let (Some(kind), crate::layout::LAYOUT_VERSION) = (kind, version) else {
+            return true; // another layout: nobody of this version can use it
+        };
+        if !queued && kind.is_ring_or_channel() && queued_in(seg, kind) != Some(0) {
+            return false;
+        }
+        if let (true, Some((layout, nonce))) = (kind.is_channel(), channel_layout(seg)) {
+            let base = name.trim_start_matches('/');
+            crate::channel::remove_pools(seg, &layout, base, nonce);
+        }
+        true
+    };
+    matches!(Segment::remove_if_unattended(name, may_go), Ok(Removal::Removed))
 }
 
 #[cfg(all(test, not(loom)))]

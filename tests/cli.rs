@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{ring_name, role, spawn, unique_name, wait_for};
+use common::{ring_name, role, unique_name};
 use gpuring::{Channel, SpscRing, TensorMeta};
 
 /// The `gpuring` binary cargo built for this test; where the test binary was copied to another
@@ -99,27 +99,30 @@ fn bad_arguments_and_missing_segments_are_one_line_errors() {
 }
 
 #[test]
-fn list_marks_a_killed_creator_dead_and_clean_removes_only_that() {
-    if role().as_deref() == Some("creator") {
-        let _ring = SpscRing::<u64>::create(&ring_name(), 8).unwrap();
+fn list_tells_in_use_from_left_over_and_clean_removes_only_what_nobody_uses() {
+    let test = "list_tells_in_use_from_left_over_and_clean_removes_only_what_nobody_uses";
+    if let Some(r) = role() {
+        let ring = SpscRing::<u64>::create(&ring_name(), 8).unwrap();
+        if r == "queued" {
+            let mut tx = ring.producer().unwrap();
+            tx.push(1).unwrap();
+            tx.push(2).unwrap();
+        }
+        common::announce("ready");
         std::thread::sleep(Duration::from_secs(600)); // killed long before
         return;
     }
-    let dead = unique_name("cli-dead");
-    let mut child = spawn(
-        "list_marks_a_killed_creator_dead_and_clean_removes_only_that",
-        "creator",
-        &dead,
-        &[],
-    );
-    let path = format!("/dev/shm/{dead}");
-    wait_for("the creator's segment", Duration::from_secs(30), || {
-        std::fs::metadata(&path).is_ok_and(|m| m.len() > 0)
-    });
-    std::thread::sleep(Duration::from_millis(50)); // let it finish initialising
-    child.kill().unwrap(); // SIGKILL: no destructor runs, the segment stays
-    child.wait().unwrap();
-    assert!(std::fs::metadata(&path).is_ok(), "a killed creator leaves its segment");
+    // Two creators killed (no destructor runs): one leaves an empty ring, one a ring with
+    // two elements waiting.
+    let (dead, queued) = (unique_name("cli-dead"), unique_name("cli-queued"));
+    for (name, r) in [(&dead, "dead"), (&queued, "queued")] {
+        let mut peer = common::Peer::spawn(test, r, name);
+        peer.expect("ready");
+        peer.child.kill().unwrap();
+        peer.child.wait().unwrap();
+    }
+    let path = |n: &str| format!("/dev/shm/{n}");
+    assert!(std::fs::metadata(path(&dead)).is_ok(), "a killed creator leaves its segment");
 
     let live = unique_name("cli-live");
     let _ring = SpscRing::<u64>::create(&live, 8).unwrap();
@@ -127,19 +130,29 @@ fn list_marks_a_killed_creator_dead_and_clean_removes_only_that() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     let line = |n: &str| stdout.lines().find(|l| l.contains(n)).unwrap_or_default().to_owned();
-    assert!(line(&dead).contains("(dead)"), "{stdout}");
-    assert!(line(&live).contains("(alive)"), "{stdout}");
+    assert!(line(&dead).contains("left over"), "{stdout}");
+    assert!(line(&queued).contains("waiting: 2 queued"), "{stdout}");
+    assert!(line(&live).contains("in use"), "{stdout}");
 
-    let out = gpuring(&["clean", "--dry-run"]);
+    // Only this test's segments: others on this machine are none of its business.
+    let prefix = "gpuring-test-cli-";
+    let out = gpuring(&["clean", "--dry-run", prefix]);
     let (stdout, _) = text(&out);
     assert!(stdout.contains(&format!("would remove {dead}")), "{stdout}");
-    assert!(!stdout.contains(&live), "{stdout}");
-    assert!(std::fs::metadata(&path).is_ok(), "a dry run removes nothing");
+    assert!(!stdout.contains(&live) && !stdout.contains(&queued), "{stdout}");
+    assert!(std::fs::metadata(path(&dead)).is_ok(), "a dry run removes nothing");
 
-    let out = gpuring(&["clean"]);
+    let out = gpuring(&["clean", prefix]);
     let (stdout, _) = text(&out);
     assert!(out.status.success());
     assert!(stdout.contains(&format!("removed {dead}")), "{stdout}");
-    assert!(std::fs::metadata(&path).is_err(), "the dead creator's segment is gone");
-    assert!(std::fs::metadata(format!("/dev/shm/{live}")).is_ok(), "the live one stays");
+    assert!(std::fs::metadata(path(&dead)).is_err(), "the left-over segment is gone");
+    assert!(std::fs::metadata(path(&queued)).is_ok(), "elements waiting: kept");
+    assert!(std::fs::metadata(path(&live)).is_ok(), "the one in use stays");
+
+    let out = gpuring(&["clean", "--queued", prefix]);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains(&format!("removed {queued}: 2 queued")), "{stdout}");
+    assert!(std::fs::metadata(path(&queued)).is_err(), "--queued drops what waited");
+    assert!(std::fs::metadata(path(&live)).is_ok(), "the one in use stays");
 }

@@ -185,3 +185,142 @@ fn channel_sender_is_told_when_every_receiver_has_left() {
     tx.send(lease, TensorMeta::bytes(0)).unwrap();
     assert_eq!(rx.recv().unwrap().tag(), 2);
 }
+
+// ---------------------------------------------------------------------------------------
+// Lifetimes: a channel and its pools live while anyone has them open or a message waits.
+
+/// Whether /dev/shm holds `name`, or any pool of channel `name`.
+fn leftovers(name: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|f| f == name || f.starts_with(&format!("{name}.")))
+        .collect()
+}
+
+#[test]
+fn a_sender_may_send_and_exit_before_the_receiver_opens() {
+    if role().as_deref() == Some("sender") {
+        // Creates the channel, sends, and exits: its handles drop, messages wait.
+        let _ch = Channel::builder(ring_name()).capacity(64).slots(16, 64).create().unwrap();
+        return send(&ring_name(), 0, 16);
+    }
+    let name = unique_name("late-rx");
+    let mut sender =
+        [spawn("a_sender_may_send_and_exit_before_the_receiver_opens", "sender", &name, &[])];
+    wait_all(&mut sender, WATCHDOG);
+    assert_eq!(leftovers(&name).len(), 2, "the channel and the pool wait: {:?}", leftovers(&name));
+    let ch = Channel::builder(&name).open().unwrap();
+    let rx = ch.receiver().unwrap();
+    let _dog = watchdog("iter()", WATCHDOG);
+    let tags: Vec<u64> = rx.iter().map(|m| m.unwrap().tag()).collect();
+    assert_eq!(tags, (0..16).collect::<Vec<_>>(), "every message, then Disconnected");
+    drop((rx, ch));
+    assert!(leftovers(&name).is_empty(), "the last one out removed all: {:?}", leftovers(&name));
+}
+
+#[test]
+fn a_receiver_may_open_before_the_channel_exists() {
+    if role().as_deref() == Some("late-creator") {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ch = Channel::builder(ring_name()).capacity(16).slots(4, 64).create().unwrap();
+        return send(&ring_name(), 7, 1);
+    }
+    let name = unique_name("early-rx");
+    // With the default timeout (1 s), a name that never comes is NotFound.
+    let t = std::time::Instant::now();
+    assert!(matches!(
+        Channel::builder(unique_name("never")).open(),
+        Err(gpuring::ChannelError::Segment(gpuring::ShmError::NotFound { .. }))
+    ));
+    assert!(t.elapsed() >= gpuring::DEFAULT_OPEN_TIMEOUT, "it waited for the name");
+    let mut creator =
+        [spawn("a_receiver_may_open_before_the_channel_exists", "late-creator", &name, &[])];
+    // `open_timeout`: the documented way for a consumer that may start first.
+    let ch = Channel::builder(&name).open_timeout(WATCHDOG).open().unwrap();
+    let rx = ch.receiver().unwrap();
+    assert_eq!(rx.recv_timeout(WATCHDOG).unwrap().tag(), 7);
+    wait_all(&mut creator, WATCHDOG);
+    assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+    drop((rx, ch));
+    assert!(leftovers(&name).is_empty(), "{:?}", leftovers(&name));
+}
+
+#[test]
+fn an_unreceived_message_keeps_its_channel_and_pool_until_a_receiver_takes_it() {
+    let name = unique_name("unreceived");
+    {
+        let ch = Channel::builder(&name).mpmc().capacity(8).slots(4, 64).create().unwrap();
+        let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+        // The sender works in a thread of its own, and is gone when it ends.
+        std::thread::spawn(move || {
+            for tag in 0..3 {
+                let mut lease = tx.acquire().unwrap();
+                lease.set_tag(tag);
+                tx.send(lease, TensorMeta::bytes(0)).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(rx.recv().unwrap().tag(), 0);
+        assert_eq!(rx.recv().unwrap().tag(), 1);
+        // Everyone leaves with message 2 unreceived.
+    }
+    assert_eq!(leftovers(&name).len(), 2, "channel and pool wait: {:?}", leftovers(&name));
+    let info = gpuring::inspect::list().unwrap().into_iter().find(|i| i.name == name).unwrap();
+    assert_eq!((info.in_use, info.queued), (Some(false), Some(1)), "{info:?}");
+    // A receiver that comes later gets it; then the channel ends, and nothing is left.
+    let ch = Channel::builder(&name).open().unwrap();
+    let rx = ch.receiver().unwrap();
+    assert_eq!(rx.recv().unwrap().tag(), 2);
+    assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
+    drop((rx, ch));
+    assert!(leftovers(&name).is_empty(), "{:?}", leftovers(&name));
+}
+
+#[test]
+fn openers_and_the_last_one_out_race_without_losing_a_name_or_leaving_one() {
+    use gpuring::{ChannelError, ShmError};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let name = unique_name("race");
+    let done = AtomicBool::new(false);
+    let (opened, created) = (AtomicU32::new(0), AtomicU32::new(0));
+    let _dog = watchdog("the race", WATCHDOG);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..500 {
+                match Channel::builder(&name).capacity(4).slots(1, 64).create() {
+                    Ok(ch) => {
+                        created.fetch_add(1, Ordering::Relaxed);
+                        std::thread::sleep(Duration::from_micros(50)); // let openers in
+                        drop(ch); // the last one out, unless an opener is in
+                    }
+                    Err(ChannelError::Segment(ShmError::AlreadyExists { .. })) => {}
+                    Err(e) => panic!("create: {e}"),
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    match Channel::builder(&name).open_timeout(Duration::ZERO).open() {
+                        Ok(ch) => {
+                            // Held open, it cannot be removed: its name is there.
+                            assert!(!leftovers(&name).is_empty(), "an open channel lost its name");
+                            opened.fetch_add(1, Ordering::Relaxed);
+                            drop(ch);
+                        }
+                        Err(ChannelError::Segment(
+                            ShmError::NotFound { .. } | ShmError::NotInitialized { .. },
+                        )) => std::thread::yield_now(),
+                        Err(e) => panic!("open: {e}"),
+                    }
+                }
+            });
+        }
+    });
+    println!("created {created:?}, opened {opened:?}");
+    assert!(created.load(Ordering::Relaxed) > 0 && opened.load(Ordering::Relaxed) > 0);
+    assert!(leftovers(&name).is_empty(), "the last one out left {:?}", leftovers(&name));
+}

@@ -107,6 +107,22 @@ fn sender_blocked_on_a_full_ring_gets_peer_dead_when_the_receiver_is_killed() {
     let died = peer.died();
     assert_eq!(sent, 3, "one received, then two filled the ring");
     assert_noticed("sender", died, noticed);
+    // The two messages nobody will receive keep the channel after its last user: removed
+    // by hand, with the sender's pool.
+    drop((tx, ch));
+    assert!(std::path::Path::new(&format!("/dev/shm/{name}")).exists(), "messages wait");
+    assert!(gpuring::inspect::remove(&name).unwrap(), "nobody uses it: removed");
+    assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+    assert!(pools_of(&name).is_empty(), "the pool went with its channel: {:?}", pools_of(&name));
+}
+
+/// The pool segments of channel `name` left in /dev/shm.
+fn pools_of(name: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|f| f.starts_with(&format!("{name}.")))
+        .collect()
 }
 
 #[test]
@@ -182,7 +198,7 @@ fn sender_waiting_for_slots_gets_peer_dead_when_every_receiver_died() {
 }
 
 #[test]
-fn stale_ring_of_a_killed_creator() {
+fn ring_of_a_killed_creator_is_drained_then_replaced() {
     if role().as_deref() == Some("creator") {
         let ring = SpscRing::<Descriptor>::create(&ring_name(), 8).unwrap();
         let mut tx = ring.producer().unwrap();
@@ -192,19 +208,13 @@ fn stale_ring_of_a_killed_creator() {
         die();
     }
     let name = unique_name("stale");
-    let mut peer = Peer::spawn("stale_ring_of_a_killed_creator", "creator", &name);
+    let mut peer =
+        Peer::spawn("ring_of_a_killed_creator_is_drained_then_replaced", "creator", &name);
     peer.died();
 
-    // `open` refuses the stale segment and says why.
-    match SpscRing::<Descriptor>::open(&name) {
-        Err(RingError::Segment(ShmError::OwnerDead { creator_pid, .. })) => {
-            assert_eq!(creator_pid, peer.child.id())
-        }
-        other => panic!("expected OwnerDead, got {other:?}"),
-    }
-    // Adopting it drains what was published, then the dead producer is reported.
-    let ring =
-        SpscRing::<Descriptor>::open_with(&RingOptions::new(&name).allow_dead_owner(true)).unwrap();
+    // Nothing published is lost with its creator: the ring stays while elements wait, and
+    // opening it drains them; then the dead producer is reported.
+    let ring = SpscRing::<Descriptor>::open(&name).unwrap();
     let mut rx = ring.consumer().unwrap();
     for seq in 1..=3 {
         assert_eq!(rx.pop().unwrap().seq, seq);
@@ -217,7 +227,10 @@ fn stale_ring_of_a_killed_creator() {
     assert!(matches!(ring.producer(), Err(AttachError::RoleTaken { .. })));
     tx.push(Descriptor { seq: 4, ..Default::default() }).unwrap();
     assert_eq!(rx.pop().unwrap().seq, 4);
+    // One left queued: the ring outlives its last user, for a consumer that comes later.
+    tx.push(Descriptor { seq: 5, ..Default::default() }).unwrap();
     drop((tx, rx, ring));
+    assert!(shm_exists(&name), "a ring with an element waiting stays");
 
     // `create` does not replace it unless asked to.
     assert!(matches!(
@@ -230,13 +243,19 @@ fn stale_ring_of_a_killed_creator() {
     .unwrap();
     let mut rx = fresh.consumer().unwrap();
     assert_eq!(rx.try_pop(), Err(gpuring::TryPopError::Empty), "a fresh ring");
-    // A live creator's segment is never replaced.
+    // A segment in use is never replaced.
     assert!(matches!(
         SpscRing::<Descriptor>::create_with(
             &RingOptions::new(&name).capacity(8).replace_stale(true)
         ),
         Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
+    drop((rx, fresh));
+    assert!(!shm_exists(&name), "an empty ring goes with its last user");
+}
+
+fn shm_exists(name: &str) -> bool {
+    std::path::Path::new(&format!("/dev/shm/{name}")).exists()
 }
 
 /// Writes an object `name` of `len` zero bytes with `mode`, as a hostile or stale process

@@ -134,7 +134,7 @@ fn receiver_survives_a_scribbler() {
             received += 1;
         }
         let mut scribbler =
-            Peer::spawn_with(test, "scribbler", &name, &[("GPURING_SCRIBBLE_POOL", pool)]);
+            Peer::spawn_with(test, "scribbler", &name, &[("GPURING_SCRIBBLE_POOL", pool.clone())]);
         let until = Instant::now() + Duration::from_secs_f64(seconds() + 0.5);
         let (mut corrupted, mut timeouts, mut other) = (0u64, 0u64, Vec::new());
         let mut last_inspect = Instant::now();
@@ -173,5 +173,12 @@ fn receiver_survives_a_scribbler() {
             if mpmc { "mpmc" } else { "spsc" }
         );
         assert!(corrupted > 0, "the scribbling was reported as Corrupted");
+        // Scribbled positions may look like queued messages, and a scribbled table hide
+        // the pool: both are removed by name (the sender is dead, nobody uses them).
+        drop((rx, ch));
+        for n in [&name, &pool] {
+            let _ = gpuring::inspect::remove(n);
+            assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists(), "{n} left");
+        }
     }
 }

@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     match pick % 4 {
         0 => {
             if let Ok(ring) =
-                SpscRing::<Descriptor>::open_with(&RingOptions::new(&name).open_timeout(zero).allow_dead_owner(true))
+                SpscRing::<Descriptor>::open_with(&RingOptions::new(&name).open_timeout(zero))
             {
                 if let Ok(mut rx) = ring.consumer() {
                     for _ in 0..4 {
@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
         }
         1 => {
             if let Ok(ring) =
-                MpmcRing::<u64>::open_with(&RingOptions::new(&name).open_timeout(zero).allow_dead_owner(true))
+                MpmcRing::<u64>::open_with(&RingOptions::new(&name).open_timeout(zero))
             {
                 if let Ok(rx) = ring.consumer() {
                     for _ in 0..4 {
@@ -51,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         2 => {
-            if let Ok(ch) = Channel::builder(&name).open_timeout(zero).allow_dead_owner(true).open()
+            if let Ok(ch) = Channel::builder(&name).open_timeout(zero).open()
             {
                 if let Ok(rx) = ch.receiver() {
                     for _ in 0..4 {

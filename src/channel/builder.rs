@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::backend::Host;
 use super::backend::sealed::Backend;
 use super::error::ChannelError;
-use super::table::{ChannelSegment, check_name, nonce};
+use super::table::{ChannelSegment, check_name, last_out, nonce};
 use super::{Channel, Flavor};
 use crate::descriptor::Descriptor;
 use crate::layout::{
@@ -119,13 +119,17 @@ impl<B: Backend> ChannelBuilder<B> {
 
     /// Creates the channel, exclusively, mode 0600. No pool exists until a sender is made.
     ///
+    /// The channel lives while any process has it open, or a message waits in it; the last
+    /// user out removes it (and its pools). A sender may send and exit at once: a receiver
+    /// that opens it later gets every message.
+    ///
     /// # Errors
     ///
     /// [`ChannelError::InvalidCapacity`], [`ChannelError::InvalidPool`],
     /// [`ChannelError::InvalidConfig`]; [`ChannelError::Segment`] with
     /// [`ShmError::InvalidName`] (also beyond [`MAX_CHANNEL_NAME`](crate::MAX_CHANNEL_NAME)
-    /// bytes), [`ShmError::AlreadyExists`], [`ShmError::PermissionDenied`] or
-    /// [`ShmError::Io`].
+    /// bytes), [`ShmError::AlreadyExists`], [`ShmError::NoSpace`],
+    /// [`ShmError::PermissionDenied`] or [`ShmError::Io`].
     pub fn create(&self) -> Result<Channel<B>, ChannelError> {
         let base = check_name(&self.segment.name)?;
         let flavor = self.flavor.unwrap_or(Flavor::Spsc);
@@ -174,12 +178,15 @@ impl<B: Backend> ChannelBuilder<B> {
         Ok(self.channel(segment, layout, flavor, (slot_count, slot_size, nonce), base))
     }
 
-    /// Opens the channel, waiting up to the open timeout for its creator to finish.
+    /// Opens the channel, waiting up to the open timeout (default
+    /// [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)) for the name to appear and
+    /// its creator to finish.
     ///
-    /// A consumer that may start before the producer: set
-    /// [`open_timeout`](Self::open_timeout) and `open` waits out the creator's
-    /// initialisation; a name that does not exist yet is [`ShmError::NotFound`] at once,
-    /// to retry.
+    /// A consumer that may start before the producer sets
+    /// [`open_timeout`](Self::open_timeout) to how long it will wait: `open` then waits
+    /// for the channel to be created. A channel whose senders have all gone (even killed)
+    /// opens as any other: what they sent is still there to receive, then `recv` says
+    /// `Disconnected` (or `PeerDead`).
     ///
     /// # Errors
     ///
@@ -188,9 +195,8 @@ impl<B: Backend> ChannelBuilder<B> {
     /// [`ChannelError::Segment`] with [`ShmError::NotFound`],
     /// [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`], [`ShmError::BadMagic`],
     /// [`ShmError::VersionMismatch`], [`ShmError::NotInitialized`],
-    /// [`ShmError::KindMismatch`] (not a channel, or not the flavor asked for),
-    /// [`ShmError::OwnerDead`] (its creator died; see
-    /// [`allow_dead_owner`](Self::allow_dead_owner)) or [`ShmError::Io`].
+    /// [`ShmError::KindMismatch`] (not a channel, or not the flavor asked for) or
+    /// [`ShmError::Io`].
     pub fn open(&self) -> Result<Channel<B>, ChannelError> {
         let base = check_name(&self.segment.name)?;
         let kinds = match self.flavor {
@@ -243,12 +249,15 @@ impl<B: Backend> ChannelBuilder<B> {
 
     fn channel(
         &self,
-        segment: crate::shm::Segment,
+        mut segment: crate::shm::Segment,
         layout: ChannelLayout,
         flavor: Flavor,
         (slot_count, slot_size, nonce): (u32, u64, u32),
         base: String,
     ) -> Channel<B> {
+        // The last user out removes the channel and its pools, unless messages wait in it.
+        let stem = base.clone();
+        segment.set_last_out(Box::new(move |seg| last_out(seg, &layout, &stem, nonce)));
         let segment = Arc::new(segment);
         let ring = RingSegment::view(segment.clone(), layout.ring, flavor == Flavor::Mpmc);
         Channel {

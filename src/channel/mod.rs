@@ -45,6 +45,7 @@ pub use error::{ChannelError, RecvError, SendError};
 pub use gpu::{Cuda, DeviceView};
 pub use receiver::{Message, Receiver};
 pub use sender::{Lease, Sender};
+pub(crate) use table::remove_pools;
 pub use table::{MAX_CHANNEL_NAME, PoolInfo, PoolState};
 
 use backend::sealed;

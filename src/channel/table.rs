@@ -97,7 +97,7 @@ impl<B: Backend> ChannelSegment<B> {
     /// The pool segment name for table entry `index`, registration `instance`: derived,
     /// so a receiver never opens a name a peer chose.
     fn pool_name(&self, index: u32, instance: u32) -> String {
-        format!("{}.{:08x}.p{index}.{instance}", self.base, self.nonce)
+        pool_name(&self.base, self.nonce, index, instance)
     }
 
     /// Claims a table entry and makes the sender's pool (through the backend) under the
@@ -235,6 +235,44 @@ impl<B: Backend> ChannelSegment<B> {
                 })
             })
             .collect()
+    }
+}
+
+/// The name of the pool at table row `index`, registration `instance`, of the channel
+/// named `base` (without its `/`) whose creator drew `nonce`.
+pub(crate) fn pool_name(base: &str, nonce: u32, index: u32, instance: u32) -> String {
+    format!("{base}.{nonce:08x}.p{index}.{instance}")
+}
+
+/// What the last user out of a channel asks (see `shm::LastOut`): the channel may go once
+/// its ring is empty; then every pool its table names goes first (pools that their
+/// senders' protocol already removed are gone; those a crash left, or whose slots a
+/// killed receiver held, are removed here). A pool still open somewhere (a message kept
+/// past its channel) stays. Names are derived from the table's indices and instances,
+/// never read from it.
+pub(crate) fn last_out(seg: &Segment, layout: &ChannelLayout, base: &str, nonce: u32) -> bool {
+    if !RingSegment::drained_in(seg, &layout.ring) {
+        return false;
+    }
+    remove_pools(seg, layout, base, nonce);
+    true
+}
+
+/// Removes every pool that the table of channel `seg` names and nobody has open: for the
+/// channel's last user out, and tools removing a channel.
+pub(crate) fn remove_pools(seg: &Segment, layout: &ChannelLayout, base: &str, nonce: u32) {
+    for index in 0..layout.max_pools as u32 {
+        let offset = layout.pools + index as usize * size_of::<PoolEntry>();
+        // SAFETY: inside the table of a checked layout (`at` checks the bounds); atomics
+        // only.
+        let entry = unsafe { seg.at::<PoolEntry>(offset).as_ref() };
+        // Acquire: pairs with the Release store of the state in `register_pool`.
+        if entry.state.load(Ordering::Acquire) == PoolEntry::EMPTY {
+            continue;
+        }
+        // Relaxed: after the Acquire above.
+        let instance = entry.instance.load(Ordering::Relaxed) & 0xFFFF;
+        let _ = Segment::remove_if_unattended(&pool_name(base, nonce, index, instance), |_| true);
     }
 }
 

@@ -87,6 +87,16 @@ impl SegmentKind {
         Self::CudaPool,
     ];
 
+    /// Whether the segment is a channel (a pool table and a descriptor ring).
+    pub fn is_channel(self) -> bool {
+        matches!(self, Self::SpscChannel | Self::MpmcChannel)
+    }
+
+    /// Whether the segment has a ring of its own (rings and channels; not pools).
+    pub fn is_ring_or_channel(self) -> bool {
+        !matches!(self, Self::HostPool | Self::CudaPool)
+    }
+
     /// Decodes a kind read from shared memory.
     pub fn from_raw(raw: u32) -> Option<Self> {
         match raw {
@@ -129,6 +139,9 @@ pub struct SegmentHeader {
     pub creator_pid: AtomicU32,
     /// [`INIT_READY`] once the creator is done; written last.
     pub init: AtomicU32,
+    /// 1 once the last user (or a tool) has decided to remove the segment, just before its
+    /// name is unlinked: an opener that finds it set looks the name up again.
+    pub removed: AtomicU32,
 }
 
 /// Stores `bytes` into `words`, 8 bytes a word, little-endian, zero-padded.

@@ -28,7 +28,7 @@ pub use endpoints::{MpmcConsumer, MpmcProducer, SpscConsumer, SpscProducer};
 #[non_exhaustive]
 pub enum RingError {
     /// The segment could not be created or opened (no such name, not ours, not a gpuring
-    /// segment, another kind, a dead creator, ...).
+    /// segment, another kind, no space for it, ...).
     Segment(ShmError),
     /// `create`: a capacity that is not a power of two in `1..=2^24` (`2..=2^24` for MPMC).
     InvalidCapacity {
@@ -162,8 +162,10 @@ fn layout<T, F: RingFlavor>(capacity: u64) -> Option<RingLayout> {
 /// [`MpmcRing`] (any number of each, each element taken by exactly one consumer, each
 /// producer's elements in order).
 ///
-/// The creating handle unlinks the name when it and every endpoint made from it are
-/// dropped; processes that opened the ring keep their mapping.
+/// The ring lives while any process has it open or an element waits in it: the last
+/// handle out, in whichever process (the creator's or not), removes it if it is empty, and
+/// a ring with elements waiting stays for a consumer that comes later (or
+/// [`inspect::remove`](crate::inspect::remove), `gpuring clean --queued`).
 ///
 /// ```no_run
 /// use gpuring::{MpmcRing, SpscRing};
@@ -205,7 +207,7 @@ impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
     /// # Errors
     ///
     /// [`RingError::InvalidCapacity`]; [`RingError::Segment`] with
-    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`],
+    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`], [`ShmError::NoSpace`],
     /// [`ShmError::PermissionDenied`] or [`ShmError::Io`].
     pub fn create(name: &str, capacity: u64) -> Result<Self, RingError> {
         Self::create_with(&RingOptions::new(name).capacity(capacity))
@@ -231,15 +233,16 @@ impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
     }
 
     /// Opens ring `name`, waiting up to [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)
-    /// for its creator to finish. [`open_with`](Self::open_with) takes more options.
+    /// for the name to appear and its creator to finish. [`open_with`](Self::open_with)
+    /// takes more options (a longer [`open_timeout`](RingOptions::open_timeout) for a
+    /// consumer that may start first).
     ///
     /// # Errors
     ///
     /// [`RingError::ElementMismatch`], [`RingError::Corrupted`]; [`RingError::Segment`] with
     /// [`ShmError::NotFound`], [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`],
     /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
-    /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`], [`ShmError::OwnerDead`] or
-    /// [`ShmError::Io`].
+    /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`] or [`ShmError::Io`].
     pub fn open(name: &str) -> Result<Self, RingError> {
         Self::open_with(&RingOptions::new(name))
     }
@@ -273,7 +276,9 @@ impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
         Ok(Self::view(segment, layout))
     }
 
-    fn view(segment: Segment, layout: RingLayout) -> Self {
+    fn view(mut segment: Segment, layout: RingLayout) -> Self {
+        // The last user out removes the ring, unless elements wait in it for a consumer.
+        segment.set_last_out(Box::new(move |seg| RingSegment::drained_in(seg, &layout)));
         Self { ring: RingSegment::view(Arc::new(segment), layout, F::STAMPED), _elem: PhantomData }
     }
 

@@ -2,9 +2,11 @@
 //! slots themselves (host pools) or the CUDA handles of a device allocation (device pools,
 //! whose part lives in `cuda.rs`). See [`PoolLayout`].
 //!
-//! The sender creates the segment; receivers open it. Its name is not unlinked on drop: the
-//! sender marks it closed, and whoever sees it closed with every slot free (the sender
-//! itself, or the receiver returning the last slot in flight) unlinks it.
+//! The sender creates the segment; receivers open it. Its handles do not remove it when
+//! they drop: the sender marks it closed, and whoever sees it closed with every slot free
+//! (the sender itself, or the receiver returning the last slot in flight) unlinks it. The
+//! pools that a crash left behind go with their channel (the channel's last user out
+//! removes them).
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -86,7 +88,7 @@ impl PoolSegment {
         let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
             .expect("pool parameters are checked when the channel is created or opened");
         let n = slot_count as usize;
-        let mut segment = Segment::create(name, kind(backend), layout.total_size, false, |seg| {
+        let segment = Segment::create(name, kind(backend), layout.total_size, false, |seg| {
             // SAFETY: offsets from `layout`, which sized the segment; ours alone until
             // `create` publishes it.
             let header = unsafe { seg.at::<PoolHeader>(layout.header).as_ref() };
@@ -107,7 +109,6 @@ impl PoolSegment {
             init(seg, &layout);
             Ok::<_, ShmError>(())
         })?;
-        segment.keep_name();
         Self::new(Arc::new(segment), layout, backend, Role::Consumer)
     }
 

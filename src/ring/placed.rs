@@ -235,6 +235,18 @@ impl RingSegment {
         ShmStorage { ring: self.clone(), attachment: Arc::new(attachment), _cell: PhantomData }
     }
 
+    /// Whether the ring at `layout` in `seg` holds no element: `tail == head`, each read
+    /// once. Positions a peer made impossible count as not drained (the segment then stays
+    /// for someone to look at). For the last user out of a segment.
+    pub(crate) fn drained_in(seg: &Segment, layout: &RingLayout) -> bool {
+        // SAFETY: offset from a checked layout inside the mapping (`at` checks the bounds);
+        // atomics only.
+        let control = unsafe { seg.at::<RingControl>(layout.control).as_ref() };
+        // Acquire: pairs with the Release stores of the positions by the last endpoints, so
+        // that what they did before leaving is seen.
+        control.tail.load(Ordering::Acquire) == control.head.load(Ordering::Acquire)
+    }
+
     /// Writes a fresh ring (header and cells) at `layout` into `seg`, which is being
     /// created: call it from the `init` closure of `Segment::create`.
     pub(crate) fn init_in<T: Pod, C>(

@@ -71,13 +71,15 @@ pub enum ShmError {
         /// The raw kind found.
         found: u32,
     },
-    /// The segment's creator died without removing it (its liveness lock is gone): a
-    /// stale segment. `open` refuses it unless asked to adopt it; `create` can replace it.
-    OwnerDead {
-        /// The segment's name.
-        name: String,
-        /// The pid the creator recorded (diagnostic only: pids are reused).
-        creator_pid: u32,
+    /// `create`: the shared-memory file system (`/dev/shm`) cannot hold a segment of this
+    /// size: nothing was created. Checked, and the space reserved, before anything is
+    /// written, so that running out is this error and never a SIGBUS or an out-of-memory
+    /// kill later.
+    NoSpace {
+        /// Bytes the segment needs.
+        needed: u64,
+        /// Bytes the file system had free for it.
+        available: u64,
     },
     /// A value in the segment is impossible.
     Corrupted(Corrupted),
@@ -117,10 +119,11 @@ impl fmt::Display for ShmError {
             ShmError::KindMismatch { expected, found } => {
                 write!(f, "segment holds kind {found}, expected {expected:?}")
             }
-            ShmError::OwnerDead { name, creator_pid } => write!(
+            ShmError::NoSpace { needed, available } => write!(
                 f,
-                "segment {name} is stale: its creator (pid {creator_pid}) died without removing \
-                 it (open it with `allow_dead_owner`, or create it with `replace_stale`)"
+                "/dev/shm cannot hold {}: {} free",
+                crate::shm::human_bytes(*needed),
+                crate::shm::human_bytes(*available)
             ),
             ShmError::Corrupted(c) => c.fmt(f),
             ShmError::Io { op, source } => write!(f, "{op} failed: {source}"),

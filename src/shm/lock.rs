@@ -7,8 +7,10 @@ use rustix::io::Errno;
 use super::ShmError;
 use super::error::io_err;
 
-/// The byte of a segment's object whose lock says that its creator lives.
-pub(super) const CREATOR_LOCK_BYTE: u64 = 0;
+/// The byte of a segment's object that every handle holds a shared lock on for as long as
+/// it has the segment open (creator and openers alike): "in use". Whoever takes it
+/// exclusively is alone with the segment, and nobody can open it meanwhile.
+pub(super) const PRESENCE_BYTE: u64 = 0;
 
 /// An open-file-description lock operation on one byte of `fd`'s object. OFD locks belong
 /// to the open file description, not to the process (so threads and handles do not steal
@@ -42,19 +44,42 @@ pub(super) fn ofd_lock(
     }
 }
 
-/// Whether some open file description holds the creator lock of the object open as `fd`
-/// (its creator lives), for tools that read a segment without mapping it.
-pub(crate) fn creator_lock_held(fd: std::os::fd::BorrowedFd<'_>) -> Result<bool, ShmError> {
-    held_elsewhere(fd, CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_GETLK)"))
+/// Whether some open file description other than `fd`'s has the object open as a gpuring
+/// handle (holds its presence lock), for tools that read a segment without opening it as
+/// one.
+pub(crate) fn presence_held(fd: std::os::fd::BorrowedFd<'_>) -> Result<bool, ShmError> {
+    held_elsewhere(fd, PRESENCE_BYTE).map_err(io_err("fcntl(F_OFD_GETLK)"))
 }
 
-/// Takes the write lock on `byte`; `Ok(false)` if another description holds it.
+/// Takes the write (exclusive) lock on `byte`; `Ok(false)` if another description holds a
+/// lock on it.
 pub(super) fn lock_byte(fd: std::os::fd::BorrowedFd<'_>, byte: u64) -> Result<bool, Errno> {
-    match ofd_lock(fd, libc::F_OFD_SETLK, libc::F_WRLCK as _, byte) {
+    set_lock(fd, libc::F_WRLCK as _, byte)
+}
+
+/// Takes the read (shared) lock on `byte`; `Ok(false)` if another description holds the
+/// write lock.
+pub(super) fn lock_byte_shared(fd: std::os::fd::BorrowedFd<'_>, byte: u64) -> Result<bool, Errno> {
+    set_lock(fd, libc::F_RDLCK as _, byte)
+}
+
+fn set_lock(
+    fd: std::os::fd::BorrowedFd<'_>,
+    l_type: libc::c_short,
+    byte: u64,
+) -> Result<bool, Errno> {
+    match ofd_lock(fd, libc::F_OFD_SETLK, l_type, byte) {
         Ok(_) => Ok(true),
         Err(Errno::AGAIN | Errno::ACCESS) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Gives up this description's lock on `byte` (none held: nothing happens).
+pub(super) fn unlock_byte(fd: std::os::fd::BorrowedFd<'_>, byte: u64) {
+    // Cannot fail for a valid descriptor; if it did, the lock would go with the
+    // description anyway.
+    let _ = ofd_lock(fd, libc::F_OFD_SETLK, libc::F_UNLCK as _, byte);
 }
 
 /// Whether another description holds a lock on `byte` (this one's own locks never show).

@@ -1,26 +1,37 @@
-//! Named POSIX shared-memory segments: create exclusively, open with checks, unlink by the
-//! owner. Everything here goes through `rustix`.
+//! Named POSIX shared-memory segments: create exclusively, open with checks, and remove
+//! when the last user leaves. Everything here goes through `rustix`.
 //!
 //! A segment starts with a [`SegmentHeader`]. [`Segment::create`] makes the object with
 //! `O_CREAT | O_EXCL`, forces mode 0600 with `fchmod` (the umask cannot widen or narrow
-//! it), sizes it, lets the caller initialise the body, and writes the header's `init` word
-//! last with Release. Any failure on the way unlinks the half-made object.
+//! it), checks that the shared-memory file system can hold it and reserves the space
+//! (`fallocate`: running out is [`ShmError::NoSpace`] there, never a SIGBUS later), lets
+//! the caller initialise the body, and writes the header's `init` word last with Release.
+//! Any failure on the way unlinks the half-made object.
 //!
 //! [`Segment::open`] trusts nothing: the object must belong to this user with mode 0600,
 //! be at least a header long, carry the magic and layout version, reach `init == READY`
 //! before a deadline, be of the expected kind, and have exactly the size its header
-//! states.
+//! states. A name that does not exist yet is waited for until the same deadline.
 //!
-//! It also owns the byte locks on a segment's object (open-file-description locks, see
-//! [`Segment::lock_byte`]), the mechanism that [`crate::liveness`] builds on: byte 0 is the
-//! creator's, held for the life of the creating handle.
+//! **Lifetimes** (`presence.rs`). Every handle, the creator's and every opener's, holds a
+//! shared open-file-description lock on byte 0 of the object for as long as it lives (the
+//! kernel drops it when the process dies). The last handle out takes that byte
+//! exclusively (so nobody can open the segment meanwhile), asks its owner whether the
+//! segment may go (a ring or channel with elements still queued stays, for a consumer
+//! that comes later), and if so marks it removed and unlinks the name. An opener checks
+//! the mark once it holds its own lock, and looks the name up again if it is set.
+//!
+//! It also owns the other byte locks on a segment's object (see [`Segment::lock_byte`]),
+//! the mechanism that [`crate::liveness`] builds on.
 //!
 //! This module knows the header, not what follows it: its errors ([`ShmError`]) are about
 //! segments, never about rings, pools or channels.
 //!
 //! | file | what lives there |
 //! |---|---|
-//! | `mod.rs` | [`Segment`]: create, open, map, unlink |
+//! | `mod.rs` | [`Segment`]: create, open, map |
+//! | `presence.rs` | who has a segment open; the last one out removes it |
+//! | `space.rs` | whether `/dev/shm` can hold a segment, and reserving it |
 //! | `error.rs` | [`ShmError`] |
 //! | `options.rs` | the create/open options every named object shares, and their setters |
 //! | `lock.rs` | open-file-description byte locks |
@@ -43,13 +54,17 @@ use crate::sync::Ordering;
 mod error;
 mod lock;
 mod options;
+mod presence;
+mod space;
 
 pub use error::ShmError;
 use error::io_err;
-pub(crate) use lock::creator_lock_held;
-use lock::{CREATOR_LOCK_BYTE, held_elsewhere, lock_byte, ofd_lock};
+pub(crate) use lock::presence_held;
+use lock::{PRESENCE_BYTE, held_elsewhere, lock_byte, lock_byte_shared, unlock_byte};
 pub use options::DEFAULT_OPEN_TIMEOUT;
 pub(crate) use options::{SegmentOptions, segment_options};
+pub(crate) use presence::{LastOut, Removal};
+pub use space::human_bytes;
 
 /// Largest segment `open` will map (1 TiB): a bound on what a forged size can ask for.
 const MAX_SEGMENT: u64 = 1 << 40;
@@ -83,33 +98,36 @@ pub fn object_name(name: &str) -> Result<CString, ShmError> {
 
 /// A mapped shared-memory segment.
 ///
-/// The creator's `Segment` unlinks the name when dropped; the mapping itself lives on in
-/// every process that still has it mapped.
+/// Every handle holds the segment's presence lock while it lives. Dropping the last
+/// handle (anywhere) of a segment whose owner set a `LastOut` check removes the name if
+/// the check agrees; the mapping itself lives on in every process that still has it
+/// mapped.
 pub struct Segment {
     name: CString,
     base: NonNull<u8>,
     len: usize,
-    // Its open file description carries this handle's liveness locks (creator and
-    // participants, `lock_byte`); closing it drops them, as the kernel does at death.
+    // Its open file description carries this handle's locks (presence, and the liveness
+    // locks of `lock_byte`); closing it drops them, as the kernel does at death.
     fd: OwnedFd,
-    owner: bool,
+    /// Set while this handle is creating the segment: a failure unlinks the half-made
+    /// object.
+    unlink_on_drop: bool,
+    /// What the last handle out asks before removing the segment (`None`: never removes
+    /// it; pools, which their channel removes).
+    last_out: Option<LastOut>,
     /// The SIGBUS guard of the mapping (`None` when the guard table is full).
     guard: Option<crate::bus_guard::Guard>,
 }
 
 impl fmt::Debug for Segment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Segment")
-            .field("name", &self.name)
-            .field("len", &self.len)
-            .field("owner", &self.owner)
-            .finish()
+        f.debug_struct("Segment").field("name", &self.name).field("len", &self.len).finish()
     }
 }
 
 // SAFETY: the mapping is plain shared memory, valid for the life of the value, and every
 // access to it goes through atomics or the ring protocol; the pointer is not tied to a
-// thread.
+// thread. `last_out` is `Send + Sync`.
 unsafe impl Send for Segment {}
 // SAFETY: as above: `&Segment` only hands out shared references to atomics and cells whose
 // access the ring protocol governs.
@@ -126,19 +144,32 @@ impl Drop for UnlinkOnError<'_> {
     }
 }
 
+/// Why one try at opening a name did not give a segment.
+enum OpenTry {
+    /// No object of that name (yet), or the one found was removed: look again.
+    Missing,
+    /// A final error.
+    Failed(ShmError),
+}
+
+impl From<ShmError> for OpenTry {
+    fn from(e: ShmError) -> Self {
+        OpenTry::Failed(e)
+    }
+}
+
 impl Segment {
     /// Creates segment `name` of `size` bytes holding a `kind`, exclusively, mode 0600.
-    /// With `replace_stale`, a segment of that name whose creator is dead (its liveness
-    /// lock gone: killed, or died half-way through creating it) is unlinked and created
-    /// afresh; a live creator's segment, or an object of another user, still gives
-    /// [`ShmError::AlreadyExists`].
+    /// With `replace_stale`, a segment of that name that nobody has open (whatever it
+    /// holds) is removed and created afresh; one in use, or an object of another user,
+    /// still gives [`ShmError::AlreadyExists`].
     ///
     /// `init` writes the body (the memory is zeroed); the header's `init` word is written
     /// after it returns, with Release, so openers see a finished segment or none.
     ///
     /// # Errors
     ///
-    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`],
+    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`], [`ShmError::NoSpace`],
     /// [`ShmError::PermissionDenied`], [`ShmError::Io`], or what `init` returns. On any
     /// error the object is unlinked.
     pub(crate) fn create<E: From<ShmError>>(
@@ -148,16 +179,18 @@ impl Segment {
         replace_stale: bool,
         init: impl FnOnce(&Segment) -> Result<(), E>,
     ) -> Result<Segment, E> {
-        let segment = Self::create_object(name, kind, size, replace_stale)?;
+        let mut segment = Self::create_object(name, kind, size, replace_stale)?;
         init(&segment)?;
         // Release: pairs with the Acquire load of `init` in `open`; every write in
         // `create_object` and in `init` is visible to an opener that sees READY.
         segment.header().init.store(INIT_READY, Ordering::Release);
+        segment.unlink_on_drop = false;
         Ok(segment)
     }
 
-    /// [`create`](Self::create) up to the body: the object, its creator lock, its size,
-    /// the mapping and the header (all but `init`).
+    /// [`create`](Self::create) up to the body: the object, its presence lock, its size
+    /// (checked against the space free, and reserved), the mapping and the header (all
+    /// but `init`).
     fn create_object(
         name: &str,
         kind: SegmentKind,
@@ -166,11 +199,12 @@ impl Segment {
     ) -> Result<Segment, ShmError> {
         assert!(size >= size_of::<SegmentHeader>(), "a segment holds at least its header");
         let cname = object_name(name)?;
-        if replace_stale && Self::stale(&cname)? {
-            // Another process may replace it at the same time: one unlink wins, and one
+        if replace_stale {
+            // Another process may replace it at the same time: one removal wins, and one
             // O_EXCL create below; the other gets AlreadyExists, as it should.
-            let _ = shm::unlink(cname.as_c_str());
+            Self::remove_if_unattended(name, |_| true)?;
         }
+        space::check(size as u64)?;
         let display = cname.to_string_lossy().into_owned();
         let fd = shm::open(
             cname.as_c_str(),
@@ -179,21 +213,30 @@ impl Segment {
         )
         .map_err(|e| open_error(e, &display))?;
         let mut guard = UnlinkOnError(Some(&cname));
-        // The creator's liveness lock, before anything else: an opener trusts the segment only
-        // once `init` is READY, by which time the lock is held.
-        if !lock_byte(fd.as_fd(), CREATOR_LOCK_BYTE).map_err(io_err("fcntl(F_OFD_SETLK)"))? {
+        // Our presence before anything else: an opener trusts the segment only once `init`
+        // is READY, by which time it is held.
+        if !lock_byte_shared(fd.as_fd(), PRESENCE_BYTE).map_err(io_err("fcntl(F_OFD_SETLK)"))? {
             return Err(ShmError::Io {
                 op: "fcntl(F_OFD_SETLK)",
-                source: io::Error::other("a fresh segment's creator lock is held elsewhere"),
+                source: io::Error::other("a fresh segment is locked exclusively elsewhere"),
             });
         }
         rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(io_err("fchmod"))?;
         rustix::fs::ftruncate(&fd, size as u64).map_err(io_err("ftruncate"))?;
+        space::reserve(&fd, size as u64)?;
         let base = map(&fd, size)?;
         guard.0 = None; // from here the Segment's Drop unlinks
         drop(guard);
         let guard = crate::bus_guard::register(base.as_ptr(), size);
-        let segment = Segment { name: cname, base, len: size, fd, owner: true, guard };
+        let segment = Segment {
+            name: cname,
+            base,
+            len: size,
+            fd,
+            unlink_on_drop: true,
+            last_out: None,
+            guard,
+        };
 
         let header = segment.header();
         // Relaxed: nobody may read these before `init` is READY (Release in `create`).
@@ -207,59 +250,85 @@ impl Segment {
         Ok(segment)
     }
 
-    /// Opens segment `name`, which must hold a `kind`, waiting up to `timeout` for its
-    /// creator to finish initialising it.
+    /// Opens segment `name`, which must hold a `kind`, waiting up to `timeout` for the name
+    /// to appear and for its creator to finish initialising it.
     ///
     /// # Errors
     ///
-    /// [`ShmError::InvalidName`], [`ShmError::NotFound`], [`ShmError::PermissionDenied`]
-    /// (another owner, or a mode other than 0600), [`ShmError::SizeMismatch`],
-    /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
-    /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`], [`ShmError::Io`].
+    /// [`ShmError::InvalidName`], [`ShmError::NotFound`] (still no such name after
+    /// `timeout`), [`ShmError::PermissionDenied`] (another owner, or a mode other than
+    /// 0600), [`ShmError::SizeMismatch`], [`ShmError::BadMagic`],
+    /// [`ShmError::VersionMismatch`], [`ShmError::NotInitialized`],
+    /// [`ShmError::KindMismatch`], [`ShmError::Io`].
     pub fn open(name: &str, kind: SegmentKind, timeout: Duration) -> Result<Segment, ShmError> {
-        Self::open_checked(name, &[kind], timeout).map(|(segment, _)| segment)
+        Self::open_checked(name, &[kind], timeout, true).map(|(segment, _)| segment)
     }
 
     /// Opens segment `name` whatever gpuring kind it holds (with every other check of
-    /// [`open`](Self::open)), and says which kind: for tools that look at segments.
+    /// [`open`](Self::open)), and says which kind: for tools that look at segments. The
+    /// handle does not count as a user of the segment (it takes no presence lock), so
+    /// looking never keeps a segment from being removed.
     ///
     /// # Errors
     ///
     /// As [`open`](Self::open); [`ShmError::Corrupted`] for a kind this version does not
     /// know.
     pub fn open_any(name: &str, timeout: Duration) -> Result<(Segment, SegmentKind), ShmError> {
-        Self::open_checked(name, &[], timeout)
+        Self::open_checked(name, &[], timeout, false)
     }
 
     /// Opens segment `name`, which must hold one of `kinds` (any kind this version knows
-    /// when `kinds` is empty; [`ShmError::KindMismatch`] names the first otherwise).
-    fn open_checked(
+    /// when `kinds` is empty; [`ShmError::KindMismatch`] names the first otherwise), as a
+    /// user of it (`present`) or as a tool that only looks.
+    pub(crate) fn open_checked(
         name: &str,
         kinds: &[SegmentKind],
         timeout: Duration,
+        present: bool,
     ) -> Result<(Segment, SegmentKind), ShmError> {
         let cname = object_name(name)?;
-        let display = cname.to_string_lossy().into_owned();
-        let fd = shm::open(cname.as_c_str(), shm::OFlags::RDWR, Mode::empty())
-            .map_err(|e| open_error(e, &display))?;
         let started = Instant::now();
         let deadline = started.checked_add(timeout);
+        loop {
+            match Self::open_once(&cname, kinds, present, started, deadline) {
+                Ok(opened) => return Ok(opened),
+                Err(OpenTry::Failed(e)) => return Err(e),
+                Err(OpenTry::Missing) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    let name = cname.to_string_lossy().into_owned();
+                    return Err(ShmError::NotFound { name });
+                }
+                // Not there yet (or removed just now): the creator may come.
+                Err(OpenTry::Missing) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
+
+    /// One try of [`open_checked`](Self::open_checked).
+    fn open_once(
+        cname: &CString,
+        kinds: &[SegmentKind],
+        present: bool,
+        started: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<(Segment, SegmentKind), OpenTry> {
+        let display = cname.to_string_lossy().into_owned();
+        let fd = match shm::open(cname.as_c_str(), shm::OFlags::RDWR, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Err(OpenTry::Missing),
+            Err(e) => return Err(open_error(e, &display).into()),
+        };
         let expired = || deadline.is_some_and(|d| Instant::now() >= d);
 
         let stat = rustix::fs::fstat(&fd).map_err(io_err("fstat"))?;
         let me = rustix::process::geteuid().as_raw();
         if stat.st_uid != me {
-            return Err(ShmError::PermissionDenied {
-                name: display,
-                reason: format!("owned by uid {}, this process runs as uid {me}", stat.st_uid),
-            });
+            let reason = format!("owned by uid {}, this process runs as uid {me}", stat.st_uid);
+            return Err(ShmError::PermissionDenied { name: display, reason }.into());
         }
         let mode = stat.st_mode & 0o7777;
         if mode != 0o600 {
-            return Err(ShmError::PermissionDenied {
-                name: display,
-                reason: format!("mode {mode:04o}, gpuring segments must be 0600"),
-            });
+            let reason = format!("mode {mode:04o}, gpuring segments must be 0600");
+            return Err(ShmError::PermissionDenied { name: display, reason }.into());
         }
 
         // The creator sizes the object right after creating it; wait out that window.
@@ -271,18 +340,27 @@ impl Segment {
                     ShmError::NotInitialized { name: display, waited: started.elapsed() }
                 } else {
                     ShmError::SizeMismatch { expected: header_size, found: size }
-                });
+                }
+                .into());
             }
             std::thread::sleep(Duration::from_millis(1));
             size = rustix::fs::fstat(&fd).map_err(io_err("fstat"))?.st_size as u64;
         }
         if size > MAX_SEGMENT {
-            return Err(ShmError::SizeMismatch { expected: MAX_SEGMENT, found: size });
+            return Err(ShmError::SizeMismatch { expected: MAX_SEGMENT, found: size }.into());
         }
         let len = size as usize;
         let base = map(&fd, len)?;
         let guard = crate::bus_guard::register(base.as_ptr(), len);
-        let segment = Segment { name: cname, base, len, fd, owner: false, guard };
+        let segment = Segment {
+            name: cname.clone(),
+            base,
+            len,
+            fd,
+            unlink_on_drop: false,
+            last_out: None,
+            guard,
+        };
         let header = segment.header();
 
         loop {
@@ -290,41 +368,46 @@ impl Segment {
             // this is not ours, whatever the init word says.
             let magic = header.magic.load(Ordering::Relaxed);
             if magic != 0 && magic != MAGIC {
-                return Err(ShmError::BadMagic { found: magic });
+                return Err(ShmError::BadMagic { found: magic }.into());
             }
             // Acquire: pairs with the Release store of READY in `create`.
             if header.init.load(Ordering::Acquire) == INIT_READY {
                 break;
             }
             if expired() {
-                return Err(ShmError::NotInitialized { name: display, waited: started.elapsed() });
+                let waited = started.elapsed();
+                return Err(ShmError::NotInitialized { name: display, waited }.into());
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         // Each field read once, then checked.
         let magic = header.magic.load(Ordering::Relaxed);
         if magic != MAGIC {
-            return Err(ShmError::BadMagic { found: magic });
+            return Err(ShmError::BadMagic { found: magic }.into());
         }
         let version = header.version.load(Ordering::Relaxed);
         if version != LAYOUT_VERSION {
-            return Err(ShmError::VersionMismatch { expected: LAYOUT_VERSION, found: version });
+            let e = ShmError::VersionMismatch { expected: LAYOUT_VERSION, found: version };
+            return Err(e.into());
         }
         let found_kind = header.kind.load(Ordering::Relaxed);
         let kind = match (SegmentKind::from_raw(found_kind), kinds.first()) {
             (Some(k), _) if kinds.is_empty() || kinds.contains(&k) => k,
             (_, Some(&expected)) => {
-                return Err(ShmError::KindMismatch { expected, found: found_kind });
+                return Err(ShmError::KindMismatch { expected, found: found_kind }.into());
             }
             (None, None) => {
-                return Err(ShmError::Corrupted(Corrupted { what: "unknown segment kind" }));
+                return Err(ShmError::Corrupted(Corrupted { what: "unknown segment kind" }).into());
             }
             (Some(_), None) => unreachable!("an empty list accepts every known kind"),
         };
         let total = header.total_size.load(Ordering::Relaxed);
         let now = rustix::fs::fstat(&segment.fd).map_err(io_err("fstat"))?.st_size as u64;
         if total != now || total != size {
-            return Err(ShmError::SizeMismatch { expected: total, found: now });
+            return Err(ShmError::SizeMismatch { expected: total, found: now }.into());
+        }
+        if present && !segment.join(deadline)? {
+            return Err(OpenTry::Missing); // removed while we looked: look the name up again
         }
         Ok((segment, kind))
     }
@@ -351,32 +434,19 @@ impl Segment {
         self.len == 0
     }
 
-    /// Whether this handle created the segment (and unlinks it on drop).
-    pub fn is_owner(&self) -> bool {
-        self.owner
-    }
-
-    /// Whether the segment's creator still lives: it holds its liveness lock (byte 0 of
-    /// the object) until its handle is dropped or the process dies, whatever its pid.
+    /// Whether another handle (here or in another process) has the segment open.
     ///
     /// # Errors
     ///
     /// [`ShmError::Io`] if the lock cannot be probed.
-    pub fn creator_alive(&self) -> Result<bool, ShmError> {
-        if self.owner {
-            return Ok(true);
-        }
-        creator_lock_held(self.fd.as_fd())
+    pub fn in_use_elsewhere(&self) -> Result<bool, ShmError> {
+        presence_held(self.fd.as_fd())
     }
 
-    /// [`ShmError::OwnerDead`] if the creator is dead, else `self`.
-    pub(crate) fn require_live_creator(self) -> Result<Self, ShmError> {
-        if self.creator_alive()? {
-            return Ok(self);
-        }
-        // Relaxed: diagnostics only; `open` synchronised with the creator through `init`.
-        let creator_pid = self.header().creator_pid.load(Ordering::Relaxed);
-        Err(ShmError::OwnerDead { name: self.name().to_owned(), creator_pid })
+    /// Sets what the last handle out asks before removing the segment (see
+    /// [`LastOut`]). Without it, the segment is never removed by its handles.
+    pub(crate) fn set_last_out(&mut self, last_out: LastOut) {
+        self.last_out = Some(last_out);
     }
 
     /// Takes the liveness lock on `byte` of the object for this handle; `false` if another
@@ -388,9 +458,7 @@ impl Segment {
 
     /// Gives up the liveness lock on `byte`.
     pub(crate) fn unlock_byte(&self, byte: u64) {
-        // Cannot fail for a byte this handle locked; if it did, the lock would go with the
-        // handle anyway.
-        let _ = ofd_lock(self.fd.as_fd(), libc::F_OFD_SETLK, libc::F_UNLCK as _, byte);
+        unlock_byte(self.fd.as_fd(), byte);
     }
 
     /// Whether another open file description (another handle, here or in another process)
@@ -426,20 +494,6 @@ impl Segment {
         unsafe { self.base.add(offset).cast() }
     }
 
-    /// Whether object `cname` exists, belongs to this user, and has no live creator.
-    fn stale(cname: &CString) -> Result<bool, ShmError> {
-        let fd = match shm::open(cname.as_c_str(), shm::OFlags::RDWR, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::ACCESS) => return Ok(false),
-            Err(e) => return Err(io_err("shm_open")(e)),
-        };
-        let stat = rustix::fs::fstat(&fd).map_err(io_err("fstat"))?;
-        if stat.st_uid != rustix::process::geteuid().as_raw() {
-            return Ok(false);
-        }
-        Ok(!creator_lock_held(fd.as_fd())?)
-    }
-
     /// Whether an object named `name` exists (without mapping it).
     ///
     /// # Errors
@@ -456,13 +510,10 @@ impl Segment {
         }
     }
 
-    /// Gives up ownership of the name: dropping this handle no longer unlinks it. Used for
-    /// pool segments, whose name must outlive their sender while slots are in flight.
-    pub(crate) fn keep_name(&mut self) {
-        self.owner = false;
-    }
-
-    /// Removes the name `name` (with or without its leading `/`). Mappings stay valid.
+    /// Removes the name `name` (with or without its leading `/`) whatever it holds and
+    /// whoever uses it. Mappings stay valid. For pools whose own protocol says nothing
+    /// refers to them any more; everything else goes through
+    /// [`remove_if_unattended`](Self::remove_if_unattended).
     ///
     /// # Errors
     ///
@@ -510,14 +561,17 @@ fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>, ShmError> {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        if self.unlink_on_drop {
+            let _ = shm::unlink(self.name.as_c_str()); // a create that failed half-way
+        } else if let Some(last_out) = self.last_out.take() {
+            self.leave(&last_out);
+        }
         // Unguarded before it is unmapped, so the guard never touches a reused range.
         drop(self.guard.take());
         // SAFETY: `base`/`len` are the mapping made in `map`; every reference into it borrows
         // from `self`, so none outlives this.
         let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
-        if self.owner {
-            let _ = shm::unlink(self.name.as_c_str());
-        }
+        // The descriptor closes after this, dropping every lock this handle held.
     }
 }
 
@@ -554,6 +608,7 @@ mod tests {
                 .unwrap();
         assert_eq!(seg.header().init.load(Ordering::Acquire), INIT_READY);
         drop(seg);
-        assert!(std::fs::metadata(&path).is_err(), "the owner unlinks on drop");
+        assert!(std::fs::metadata(&path).is_ok(), "no last-out check: its handles never remove it");
+        Segment::unlink(&name).unwrap();
     }
 }

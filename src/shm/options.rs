@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Segment, ShmError};
 use crate::layout::SegmentKind;
 
-/// How long `open` waits for a creator to finish initialising, by default.
+/// How long `open` waits, by default, for the name to appear and its creator to finish.
 pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How a named segment is created and opened: the options every builder of a named object
@@ -17,20 +17,13 @@ pub(crate) struct SegmentOptions {
     pub(crate) name: String,
     /// How long `open` waits for the creator to finish initialising.
     pub(crate) open_timeout: Duration,
-    /// `create`: replace a segment of this name whose creator is dead.
+    /// `create`: replace a segment of this name that nobody has open.
     pub(crate) replace_stale: bool,
-    /// `open`: attach to a segment whose creator is dead.
-    pub(crate) allow_dead_owner: bool,
 }
 
 impl SegmentOptions {
     pub(crate) fn new(name: String) -> Self {
-        Self {
-            name,
-            open_timeout: DEFAULT_OPEN_TIMEOUT,
-            replace_stale: false,
-            allow_dead_owner: false,
-        }
+        Self { name, open_timeout: DEFAULT_OPEN_TIMEOUT, replace_stale: false }
     }
 
     /// Creates the segment (see [`Segment::create`]).
@@ -43,41 +36,31 @@ impl SegmentOptions {
         Segment::create(&self.name, kind, size, self.replace_stale, init)
     }
 
-    /// Opens the segment, which must hold one of `kinds`, and refuses one whose creator is
-    /// dead unless `allow_dead_owner` says otherwise.
+    /// Opens the segment, which must hold one of `kinds`, waiting up to the open timeout
+    /// for the name to appear and its creator to finish.
     pub(crate) fn open(&self, kinds: &[SegmentKind]) -> Result<(Segment, SegmentKind), ShmError> {
-        let (segment, kind) = Segment::open_checked(&self.name, kinds, self.open_timeout)?;
-        if self.allow_dead_owner {
-            Ok((segment, kind))
-        } else {
-            Ok((segment.require_live_creator()?, kind))
-        }
+        Segment::open_checked(&self.name, kinds, self.open_timeout, true)
     }
 }
 
 /// The setters of [`SegmentOptions`] on a builder with a `segment: SegmentOptions` field.
 macro_rules! segment_options {
     () => {
-        /// How long `open` waits for the creator to finish initialising the segment
-        /// (default [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)).
+        /// How long `open` waits for the name to exist and for its creator to finish
+        /// initialising it (default
+        /// [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)): a consumer that may
+        /// start before its producer sets this to how long it is willing to wait.
         pub fn open_timeout(mut self, timeout: ::std::time::Duration) -> Self {
             self.segment.open_timeout = timeout;
             self
         }
 
-        /// `create`: replace an object of this name whose creator has died (default: fail
-        /// with [`ShmError::AlreadyExists`](crate::ShmError::AlreadyExists)). A live
-        /// creator's object is never replaced.
+        /// `create`: replace an object of this name that no process has open, left behind
+        /// by a crash or holding elements nobody came for (they are dropped); default:
+        /// fail with [`ShmError::AlreadyExists`](crate::ShmError::AlreadyExists). An
+        /// object in use is never replaced.
         pub fn replace_stale(mut self, yes: bool) -> Self {
             self.segment.replace_stale = yes;
-            self
-        }
-
-        /// `open`: attach to an object whose creator has died, e.g. to drain what was sent
-        /// before the crash (default: fail with
-        /// [`ShmError::OwnerDead`](crate::ShmError::OwnerDead)).
-        pub fn allow_dead_owner(mut self, yes: bool) -> Self {
-            self.segment.allow_dead_owner = yes;
             self
         }
     };

@@ -11,7 +11,7 @@
 //! gpuring demo [--host | --gpu] [--messages N] [--size BYTES]
 //! gpuring inspect NAME
 //! gpuring list
-//! gpuring clean [--dry-run]
+//! gpuring clean [--dry-run] [--queued] [PREFIX]
 //! ```
 
 use std::process::ExitCode;
@@ -76,13 +76,21 @@ enum Cmd {
         /// Segment name (as created; a leading `/` is optional).
         name: String,
     },
-    /// gpuring segments on this machine, with their creators' liveness.
+    /// gpuring segments on this machine, and whether a process uses them.
     List,
-    /// Remove segments whose creator is dead (never one whose creator runs).
+    /// Remove what no process uses: segments left by a crash with nothing queued, and
+    /// orphaned pools (never a segment in use).
     Clean {
         /// Only say what would be removed.
         #[arg(long)]
         dry_run: bool,
+        /// Also remove rings and channels that no process has open although elements wait
+        /// in them for a consumer that has not come (they are dropped).
+        #[arg(long)]
+        queued: bool,
+        /// Only segments whose names start with this.
+        #[arg(default_value = "")]
+        prefix: String,
     },
     /// (internal) the demo's second process.
     #[command(hide = true)]
@@ -96,7 +104,7 @@ fn main() -> ExitCode {
         Cmd::Bench { json, sizes, samples } => bench::bench(json, &sizes, samples.as_deref()),
         Cmd::Inspect { name } => show::inspect(&name),
         Cmd::List => show::list(),
-        Cmd::Clean { dry_run } => show::clean(dry_run),
+        Cmd::Clean { dry_run, queued, prefix } => show::clean(dry_run, queued, &prefix),
         Cmd::Peer { role, name, size } => demo::peer(&role, &name, size),
     };
     match result {

@@ -18,7 +18,12 @@ fn alive(a: Option<bool>) -> &'static str {
 
 fn print_inspection(i: Inspection) {
     println!("segment   {} ({:?}, {} bytes)", i.name, i.kind, i.size);
-    println!("creator   pid {} ({})", i.creator.0, alive(i.creator.1));
+    let use_ = match i.in_use {
+        Some(true) => "in use",
+        Some(false) => "open in no process",
+        None => "-",
+    };
+    println!("creator   pid {} (diagnostic only); {use_}", i.creator_pid);
     if let Some(r) = &i.ring {
         println!(
             "ring      capacity {}, element {} bytes, head {}, tail {}, depth {}",
@@ -32,6 +37,9 @@ fn print_inspection(i: Inspection) {
             "waiters   {} receiver(s) asleep, {} sender(s) asleep",
             r.waiting_consumers, r.waiting_producers
         );
+        if i.moving {
+            println!("note      the ring moved while it was read: these figures are no snapshot");
+        }
         for (role, who) in [("producer", r.producer), ("consumer", r.consumer)] {
             if let Some((pid, a)) = who {
                 println!("{role:<9} pid {pid} ({})", alive(a));
@@ -80,27 +88,27 @@ pub(crate) fn list() -> Result<(), Error> {
         println!("no gpuring segments in /dev/shm");
         return Ok(());
     }
-    let mut t = table("name | kind | size | age | creator | state");
-    for s in all {
+    let mut t = table("name | kind | size | age | creator pid | state");
+    for s in &all {
         t.add_row([
-            s.name,
+            s.name.clone(),
             s.kind.map_or("unknown".to_owned(), |k| format!("{k:?}")),
             bytes(s.size),
             s.age.map_or("-".to_owned(), |a| format!("{}s", a.as_secs())),
-            format!("{} ({})", s.creator_pid, alive(s.creator_alive)),
-            if s.initialized { "ready" } else { "not initialised" }.to_owned(),
+            s.creator_pid.to_string(),
+            if s.initialized { s.state(&all) } else { "not initialised".to_owned() },
         ]);
     }
     println!("{t}");
     Ok(())
 }
 
-pub(crate) fn clean(dry_run: bool) -> Result<(), Error> {
-    let removed = inspect::clean(dry_run)?;
+pub(crate) fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<(), Error> {
+    let removed = inspect::clean(dry_run, queued, prefix)?;
     let verb = if dry_run { "would remove" } else { "removed" };
-    for name in &removed {
-        println!("{verb} {name}");
+    for c in &removed {
+        println!("{verb} {}: {}", c.name, c.why);
     }
-    println!("{verb} {} segment(s) whose creator is dead", removed.len());
+    println!("{verb} {} segment(s) no process uses", removed.len());
     Ok(())
 }
