@@ -94,8 +94,43 @@ fn bad_arguments_and_missing_segments_are_one_line_errors() {
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("does not exist"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    let out = gpuring(&["demo", "--size", "2"]);
-    assert_eq!(out.status.code(), Some(2), "size below 8 bytes is refused");
+    // One parser for sizes: the same refusal, the same exit status, for both commands.
+    for args in [["demo", "--size", "2"], ["bench", "--sizes", "4096,2"], ["demo", "--size", "5X"]]
+    {
+        let out = gpuring(&args);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?} is a usage error: {stderr}");
+        assert!(stderr.contains("--size"), "{stderr}");
+    }
+    let out = gpuring(&["demo", "--messages", "0"]);
+    assert_eq!(out.status.code(), Some(2), "at least one message");
+    // Slots beyond what /dev/shm holds: refused before anything is written, in one line.
+    let out = gpuring(&["demo", "--host", "--size", "200G", "--messages", "10"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("/dev/shm cannot hold"), "{stderr}");
+    let help = text(&gpuring(&["bench", "--help"])).0;
+    assert!(help.contains("[default: 4096,5000000,54000000]"), "{help}");
+}
+
+#[test]
+fn a_closed_stdout_ends_the_tool_quietly() {
+    let name = unique_name("cli-pipe");
+    let _ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    for args in [vec!["inspect", name.as_str()], vec!["list"]] {
+        let mut child = Command::new(gpuring_bin())
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader goes away before the tool writes
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {stderr}", out.status);
+        assert!(stderr.is_empty(), "{args:?}: quiet, not {stderr}");
+    }
 }
 
 #[test]

@@ -377,3 +377,47 @@ fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
     drop(leases);
     assert_eq!(tx.free_slots(), 4, "every device slot is free again");
 }
+
+/// Device memory cannot outlive its process: a sender that sends three messages nobody
+/// receives and exits gives them up (after 5 s), and a receiver that comes later gets
+/// `SenderGone` for each, reading nothing, then `Disconnected`. A message received while
+/// the sender is still there arrives as usual.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_messages_of_an_exited_sender_are_refused_unread() {
+    const WORDS: usize = 1024;
+    if role().as_deref() == Some("sender") {
+        let (ctx, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let tx = ch.sender().unwrap();
+        for seq in 0..4u64 {
+            let lease = tx.acquire_on(&stream).unwrap();
+            memset(lease.device_ptr(), value(seq), WORDS, &stream);
+            tx.send(lease, TensorMeta::bytes((WORDS * 4) as u64)).unwrap();
+        }
+        announce("sent");
+        // Dropping the sender waits up to 5 s for the messages in flight; the parent takes
+        // one, the other three are given up.
+        return;
+    }
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-gone");
+    let ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&ctx).create().unwrap();
+    let rx = ch.receiver().unwrap();
+    let mut sender =
+        Peer::spawn("gpu_messages_of_an_exited_sender_are_refused_unread", "sender", &name);
+    sender.expect("sent");
+    let first = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+    let mut words = [0u32; 2];
+    read_words(first.device_ptr(), &mut words, &stream);
+    assert_eq!(words, [value(0); 2], "a message read while its sender is there");
+    drop(first);
+    assert!(sender.child.wait().unwrap().success(), "the sender exits cleanly");
+    for seq in 1..4 {
+        match rx.recv_on_timeout(&stream, LIMIT) {
+            Err(gpuring::RecvError::SenderGone) => {}
+            other => panic!("message {seq}: expected SenderGone, got {other:?}"),
+        }
+    }
+    assert!(matches!(rx.recv_on(&stream), Err(gpuring::RecvError::Disconnected)));
+}

@@ -324,3 +324,21 @@ fn openers_and_the_last_one_out_race_without_losing_a_name_or_leaving_one() {
     assert!(created.load(Ordering::Relaxed) > 0 && opened.load(Ordering::Relaxed) > 0);
     assert!(leftovers(&name).is_empty(), "the last one out left {:?}", leftovers(&name));
 }
+
+#[test]
+fn a_pool_larger_than_dev_shm_can_hold_is_no_space_and_leaves_nothing() {
+    use gpuring::{ChannelError, ShmError};
+    let name = unique_name("nospace");
+    // 768 GiB of slots: more than /dev/shm (and memory) holds on any machine this runs on.
+    let ch = Channel::builder(&name).slots(3, 256 << 30).create().unwrap();
+    match ch.sender() {
+        Err(ChannelError::Segment(ShmError::NoSpace { needed, available })) => {
+            assert!(needed >= 3 * (256 << 30) && available < needed, "{needed} {available}");
+        }
+        other => panic!("expected NoSpace, got {other:?}"),
+    }
+    assert_eq!(leftovers(&name), std::slice::from_ref(&name), "no pool object was left");
+    assert!(ch.pools().is_empty(), "the pool table entry is free again");
+    drop(ch);
+    assert!(leftovers(&name).is_empty());
+}

@@ -82,6 +82,14 @@ pub(crate) mod sealed {
         /// ones and before the slot is taken.
         fn check(imported: &Self::Imported, d: &Descriptor) -> Result<(), Corrupted>;
 
+        /// Whether messages of pool `seg` are refused, unread: before the pool is imported,
+        /// and after each slot is taken. Host memory outlives its sender (never); device
+        /// memory does not (a retired pool, see `pool::cuda`).
+        fn refuse(seg: &PoolSegment) -> Result<(), RecvError> {
+            let _ = seg;
+            Ok(())
+        }
+
         /// Writes the descriptor's backend fields for a send of `lease`'s slot `slot`
         /// (after enqueueing what the send needs on the device).
         fn fill(lease: &Self::LeaseSlot, slot: u32, d: &mut Descriptor) -> Result<(), CudaError>;

@@ -199,6 +199,10 @@ pub enum RecvError {
     /// received (seen at once): the channel's end, as `std::sync::mpsc` reports it. Not for
     /// ever: a sender that attaches later makes receiving work again.
     Disconnected,
+    /// GPU channels: the message's sender has left, and its device memory with it (device
+    /// memory cannot outlive its process): the message was dropped unread. The next
+    /// receive carries on.
+    SenderGone,
 }
 
 impl core::fmt::Display for RecvError {
@@ -215,6 +219,9 @@ impl core::fmt::Display for RecvError {
             RecvError::Disconnected => {
                 f.write_str("every sender has left, and all they sent was received")
             }
+            RecvError::SenderGone => f.write_str(
+                "the message's sender has left, and its device memory with it: dropped unread",
+            ),
         }
     }
 }

@@ -113,6 +113,10 @@ impl Backend for Cuda {
         ImportedPool::import(ctx, seg).map(Arc::new).map_err(RecvError::Cuda)
     }
 
+    fn refuse(seg: &PoolSegment) -> Result<(), RecvError> {
+        if seg.retired() { Err(RecvError::SenderGone) } else { Ok(()) }
+    }
+
     fn check(device: &Arc<ImportedPool>, d: &Descriptor) -> Result<(), Corrupted> {
         let what = |what| Err(Corrupted { what });
         let (mem, ready, uuid) = device.handles(d.slot);

@@ -159,6 +159,9 @@ impl<B: Backend> Receiver<B> {
         B::check(&pool.imported, &d)?;
         let held = pool.seg.core.receive(d.slot, d.generation)?;
         let hold = SlotHold { pool: pool.seg.clone(), held };
+        // The slot is ours: a sender giving its device memory up now waits for us, or we
+        // see that it has (then the slot goes back unread, with `hold`).
+        B::refuse(&hold.pool)?;
         // The slot is ours and the descriptor still in the ring.
         crate::fault::point("recv_holding");
         Ok(Taken { pool, hold, desc: d, meta })
@@ -175,6 +178,7 @@ impl<B: Backend> Receiver<B> {
             }
         }
         let seg = Arc::new(self.channel.open_pool(index, instance)?);
+        B::refuse(&seg)?; // a device pool whose sender has gone is not imported
         let imported = B::import(&self.channel.ctx, &seg)?;
         let pool = CachedPool { instance, seg, imported };
         *cached = Some(pool.clone());

@@ -90,10 +90,14 @@ impl Tx {
 /// per thread; each gets its own pool). On a GPU channel (`Sender<Cuda>`) leases are taken
 /// on a CUDA stream with `acquire_on`.
 ///
-/// Dropping a sender with messages in flight is fine: they still arrive, and the pool goes
-/// when the last slot comes back. On a GPU channel the drop waits up to 5 s for its slots
-/// to come back (device memory cannot outlive its process's context safely); slots still
-/// out after that are leaked rather than freed under a reader.
+/// Dropping a sender with messages in flight is fine: they still arrive, even after this
+/// process exits (host slots live in shared memory; the pool goes when the last slot comes
+/// back), and its receivers get [`RecvError::Disconnected`](super::RecvError::Disconnected)
+/// once they have them all. On a GPU channel device memory cannot outlive its process: the
+/// drop waits up to 5 s for its slots to come back, then gives up what is still queued
+/// (receivers get [`RecvError::SenderGone`](super::RecvError::SenderGone) for each, and
+/// read nothing) and waits up to 5 s more for reads under way; memory a receiver still
+/// holds after that is leaked until the process exits rather than freed under the read.
 ///
 /// ```no_run
 /// use gpuring::{Channel, DType, TensorMeta};

@@ -33,6 +33,10 @@ pub struct PoolHeader {
     pub closed: AtomicU32,
     /// The owning process (diagnostics).
     pub owner_pid: AtomicU32,
+    /// Device pools: set (1) when the sender has given its slots up for lost (its process
+    /// leaves, and device memory cannot outlive it): receivers refuse the messages still
+    /// queued, unread.
+    pub retired: AtomicU32,
 }
 
 /// Per-slot state, one 64-byte line each so that slots in use by different processes do

@@ -266,19 +266,31 @@ mod imp {
             }
         }
 
-        /// The sender is leaving: once every slot of `pool` is back and every recorded
-        /// release has completed, the allocation and events may go (with the last lease
-        /// holding them). If slots are still out after 5 s, the pool is leaked instead: a
-        /// receiver may still read it, and freeing it under that read would be worse than
-        /// the leak.
+        /// The sender is leaving. Messages in flight are delivered for up to 5 s; once
+        /// every slot of `pool` is back and every recorded release has completed, the
+        /// allocation and events go (with the last lease holding them). Slots still out
+        /// after that are given up: the pool is marked retired, so that receivers refuse
+        /// what is still queued, unread (`RecvError::SenderGone`), and the reads under way
+        /// get another 5 s to finish. Then the memory goes, unless a receiver still holds a
+        /// slot: then it is leaked until this process exits, rather than freed under that
+        /// read.
         pub(crate) fn retire(self: Arc<Self>, pool: &PoolSegment) {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while !pool.core.all_free() {
-                if std::time::Instant::now() >= deadline {
+            let wait = |done: &dyn Fn() -> bool| {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while !done() {
+                    if std::time::Instant::now() >= deadline {
+                        return false;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                true
+            };
+            if !wait(&|| pool.core.all_free()) {
+                pool.retire();
+                if !wait(&|| pool.core.none_held()) {
                     std::mem::forget(self);
                     return;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(1));
             }
             if self.synchronize_releases().is_err() {
                 std::mem::forget(self);

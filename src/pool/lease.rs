@@ -172,6 +172,14 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             .all(|r| unpack(r.state.load(Ordering::SeqCst)).1 == FREE)
     }
 
+    /// Whether no slot is held by a receiver, read with SeqCst (pairs with the SeqCst CAS in
+    /// [`receive`](Self::receive), against a retiring sender's SeqCst flag: of the two, at
+    /// least one sees the other).
+    pub fn none_held(&self) -> bool {
+        // SeqCst: see above.
+        self.records.iter().all(|r| unpack(r.state.load(Ordering::SeqCst)).1 != HELD)
+    }
+
     /// Leases a free slot without waiting (models and tests; channels lease through
     /// [`lease_until`](Self::lease_until)).
     ///

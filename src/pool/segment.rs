@@ -204,6 +204,27 @@ impl PoolSegment {
         self.unlink_if_drained();
     }
 
+    /// Device pools: the sender gives its slots in flight up for lost (its process leaves,
+    /// and the device memory with it): from now on receivers refuse them.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn retire(&self) {
+        // SeqCst: pairs with the fence in `retired` (a store-load handshake with a receiver
+        // that has just taken a slot: of the two, at least one sees the other).
+        self.header().retired.store(1, Ordering::SeqCst);
+    }
+
+    /// Whether the sender has given its slots in flight up for lost (see `retire`). Called
+    /// after taking a slot, so that a retiring sender that then finds no slot held knows
+    /// that no receiver reads.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn retired(&self) -> bool {
+        // SeqCst fence: orders the caller's slot CAS before this load, against the SeqCst
+        // store in `retire` followed by the sender's SeqCst loads in
+        // `PoolCore::none_held`.
+        crate::sync::fence(Ordering::SeqCst);
+        self.header().retired.load(Ordering::SeqCst) != 0
+    }
+
     /// After a release: if the sender is gone and every slot is free, nothing can
     /// refer to the pool any more, so remove its name.
     pub(crate) fn unlink_if_drained(&self) {

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 #[cfg(feature = "cuda")]
 use crate::gpu_demo;
-use crate::{Error, bytes, duration, table};
+use crate::{Error, bytes, duration, say, table};
 
 pub(crate) const STOP: u64 = u64::MAX;
 
@@ -32,11 +32,10 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
             "--gpu: no CUDA device here (built without the cuda feature, or no driver)".into()
         );
     }
-    let messages = messages.max(1);
     let pings = (messages / 10).clamp(200, 20_000);
     // A pipe copies every byte: give it at most ~2 GB per phase.
     let pipe_messages = messages.min((2_000_000_000 / size as u64).max(20));
-    println!(
+    say!(
         "gpuring demo: {} path, {messages} messages of {size} bytes, {pings} ping-pongs",
         if use_gpu { "GPU" } else { "host" }
     );
@@ -66,14 +65,20 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
             format!("{:.2}", f.per_sec * size as f64 / 1e9),
         ]);
     }
-    println!("{t}");
-    println!(
+    say!("{t}");
+    say!(
         "gpuring vs pipe: one-way p50 {:.1}x lower, {:.1}x the items per second",
         pipe.p50.as_secs_f64() / ring.p50.as_secs_f64(),
         ring.per_sec / pipe.per_sec
     );
+    if pipe_messages < messages {
+        say!(
+            "(the pipe copies every byte: it ran {pipe_messages} of the {messages} messages, \
+             about 2 GB, to keep the demo short)"
+        );
+    }
     if !use_gpu {
-        println!(
+        say!(
             "(host path: the payload is written in place and never copied; a GPU machine runs the GPU path)"
         );
     }

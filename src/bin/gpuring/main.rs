@@ -27,6 +27,60 @@ mod show;
 
 type Error = Box<dyn std::error::Error>;
 
+/// `println!` for the tool's output. A reader that closed our stdout (`gpuring list |
+/// head`) ends the program quietly with exit status 0, as other tools do, instead of a
+/// panic; any other failure to write is a one-line error, exit status 1.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            $crate::stdout_failed(e);
+        }
+    }};
+}
+pub(crate) use say;
+
+/// What a failed write to stdout ends in (see [`say!`]).
+pub(crate) fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("gpuring: writing to stdout: {e}");
+    std::process::exit(1);
+}
+
+/// The one parser of payload sizes (`--size`, `--sizes`): bytes as a number (`4096`,
+/// `54_000_000`) or with a unit: `K`/`KiB`, `M`/`MiB`, `G`/`GiB` (powers of 1024), `kB`,
+/// `MB`, `GB` (powers of 1000). From 8 bytes (a message carries its sequence number) to
+/// the largest slot (256 GiB); whether `/dev/shm` can hold the slots is checked when they
+/// are made (`NoSpace`).
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim().replace('_', "");
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "k" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} (use K, M, G, KiB, MiB, GiB, kB, MB or GB)"
+            ));
+        }
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size in bytes"))?;
+    let bytes = n.checked_mul(scale).ok_or_else(|| format!("{s} is too large"))?;
+    const MAX: u64 = gpuring::internal::MAX_SLOT_SIZE;
+    if !(8..=MAX).contains(&bytes) {
+        return Err(format!("{bytes} bytes is outside 8 B..=256 GiB (one slot)"));
+    }
+    Ok(bytes)
+}
+
 #[derive(Parser)]
 #[command(
     name = "gpuring",
@@ -49,11 +103,11 @@ enum Cmd {
         /// GPU slots (fails without a CUDA device).
         #[arg(long)]
         gpu: bool,
-        /// Messages streamed one way for the throughput figure.
-        #[arg(long, default_value_t = 100_000)]
+        /// Messages streamed one way for the throughput figure (at least 1).
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
         messages: u64,
-        /// Payload bytes per message.
-        #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(8..=(1u64 << 34)))]
+        /// Payload bytes per message: a number, or with a unit (64K, 5M, 54MB).
+        #[arg(long, default_value = "4096", value_parser = parse_size)]
         size: u64,
     },
     /// The comparison suite at a quick setting: gpuring channels against a pipe and a Unix
@@ -63,8 +117,8 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// Payload sizes in bytes, comma-separated.
-        #[arg(long, value_delimiter = ',', default_values_t = [4096u64, 5_000_000, 54_000_000])]
+        /// Payload sizes, comma-separated: numbers of bytes, or with units (64K, 5M, 54MB).
+        #[arg(long, value_delimiter = ',', default_value = "4096,5000000,54000000", value_parser = parse_size)]
         sizes: Vec<u64>,
         /// Also write every one-way latency sample to this CSV file (payload, path,
         /// nanoseconds), for `scripts/plot_latency.py`.

@@ -2,7 +2,7 @@
 
 use gpuring::inspect::{self, Inspection};
 
-use crate::{Error, bytes, table};
+use crate::{Error, bytes, say, table};
 
 pub(crate) fn inspect(name: &str) -> Result<(), Error> {
     inspect::inspect(name).map_err(Error::from).map(print_inspection)
@@ -17,15 +17,15 @@ fn alive(a: Option<bool>) -> &'static str {
 }
 
 fn print_inspection(i: Inspection) {
-    println!("segment   {} ({:?}, {} bytes)", i.name, i.kind, i.size);
+    say!("segment   {} ({:?}, {} bytes)", i.name, i.kind, i.size);
     let use_ = match i.in_use {
         Some(true) => "in use",
         Some(false) => "open in no process",
         None => "-",
     };
-    println!("creator   pid {} (diagnostic only); {use_}", i.creator_pid);
+    say!("creator   pid {} (diagnostic only); {use_}", i.creator_pid);
     if let Some(r) = &i.ring {
-        println!(
+        say!(
             "ring      capacity {}, element {} bytes, head {}, tail {}, depth {}",
             r.capacity,
             r.elem_size,
@@ -33,20 +33,21 @@ fn print_inspection(i: Inspection) {
             r.tail,
             r.depth()
         );
-        println!(
+        say!(
             "waiters   {} receiver(s) asleep, {} sender(s) asleep",
-            r.waiting_consumers, r.waiting_producers
+            r.waiting_consumers,
+            r.waiting_producers
         );
         if i.moving {
-            println!("note      the ring moved while it was read: these figures are no snapshot");
+            say!("note      the ring moved while it was read: these figures are no snapshot");
         }
         for (role, who) in [("producer", r.producer), ("consumer", r.consumer)] {
             if let Some((pid, a)) = who {
-                println!("{role:<9} pid {pid} ({})", alive(a));
+                say!("{role:<9} pid {pid} ({})", alive(a));
             }
         }
         for p in &r.participants {
-            println!(
+            say!(
                 "attached  #{} {} pid {} ({})",
                 p.index,
                 p.role,
@@ -78,14 +79,14 @@ fn print_inspection(i: Inspection) {
                 p.name.clone(),
             ]);
         }
-        println!("{t}");
+        say!("{t}");
     }
 }
 
 pub(crate) fn list() -> Result<(), Error> {
     let all = inspect::list()?;
     if all.is_empty() {
-        println!("no gpuring segments in /dev/shm");
+        say!("no gpuring segments in /dev/shm");
         return Ok(());
     }
     let mut t = table("name | kind | size | age | creator pid | state");
@@ -99,7 +100,7 @@ pub(crate) fn list() -> Result<(), Error> {
             if s.initialized { s.state(&all) } else { "not initialised".to_owned() },
         ]);
     }
-    println!("{t}");
+    say!("{t}");
     Ok(())
 }
 
@@ -107,8 +108,8 @@ pub(crate) fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<(), Err
     let removed = inspect::clean(dry_run, queued, prefix)?;
     let verb = if dry_run { "would remove" } else { "removed" };
     for c in &removed {
-        println!("{verb} {}: {}", c.name, c.why);
+        say!("{verb} {}: {}", c.name, c.why);
     }
-    println!("{verb} {} segment(s) no process uses", removed.len());
+    say!("{verb} {} segment(s) no process uses", removed.len());
     Ok(())
 }
