@@ -1,13 +1,18 @@
 //! # gpuring
 //!
-//! Zero-copy hand-off of GPU tensors and host buffers between processes on one machine.
-//! A sender leases a preallocated slot, writes its tensor in place and sends it; a
-//! lock-free ring in POSIX shared memory carries only a fixed-size 384-byte
+//! Zero-copy hand-off of GPU tensors and host buffers between processes on one machine
+//! (Linux). A sender leases a preallocated slot, writes its tensor in place and sends it;
+//! a lock-free ring in POSIX shared memory carries only a fixed-size 384-byte
 //! [`Descriptor`]; the receiver reads the slot in place, and dropping the message returns
 //! it. Blocking waits spin, then sleep on a shared futex, and the fast path makes no
 //! syscall while nobody sleeps.
 //!
+//! ```text
+//! cargo add gpuring
+//! ```
+//!
 //! ```no_run
+//! use std::time::Duration;
 //! use gpuring::{Channel, DType, TensorMeta};
 //!
 //! // Producer process: a channel whose senders each own 8 slots of 64 MB.
@@ -17,15 +22,25 @@
 //! let meta = TensorMeta::contiguous(DType::F32, &[3, 2160, 2080])?;
 //! lease[..4].copy_from_slice(&1.5f32.to_le_bytes()); // write the tensor in place
 //! tx.send(lease, meta)?; // a descriptor travels, not the bytes
+//! drop((tx, ch)); // the producer may exit now: the message waits for its receiver
 //!
-//! // Consumer process: open (checks owner, mode, size, magic, version) and receive.
-//! let ch = Channel::builder("frames").open()?;
+//! // Consumer process (it may start first: `open` waits up to its timeout for the name).
+//! let ch = Channel::builder("frames").open_timeout(Duration::from_secs(10)).open()?;
 //! let rx = ch.receiver()?;
-//! let msg = rx.recv()?; // validated against the pool table
-//! assert_eq!(msg.meta().shape(), &[3, 2160, 2080]);
-//! drop(msg); // the slot goes back to the sender's pool
+//! for msg in rx.iter() {
+//!     let msg = msg?; // validated against the pool table
+//!     assert_eq!(msg.meta().shape(), &[3, 2160, 2080]);
+//! } // every sender has left and everything was received: the loop ends
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! **Lifetimes.** A channel (or ring) lives while any process has it open or a message
+//! waits in it: whoever leaves last removes it, with its pools. A receiver gets
+//! everything that was sent, then [`RecvError::Disconnected`] once every sender has left
+//! (`PeerDead` if one died); a sender whose receivers have all left gets
+//! [`SendError::Disconnected`] with its lease back. Creating checks that `/dev/shm` can
+//! hold the slots and reserves them ([`ShmError::NoSpace`] otherwise). `gpuring list`
+//! and `gpuring clean` (the `gpuring-cli` crate) show and remove what a crash left.
 //!
 //! GPU tensors (feature `cuda`): `Channel::builder(..).cuda(&ctx)` makes a
 //! `Channel<Cuda>`, whose slots are device memory handed off in stream order
@@ -41,12 +56,14 @@
 //! | what travels | [`Descriptor`], [`TensorMeta`], [`DType`] |
 //! | waiting | [`WaitPolicy`], [`LIVENESS_TICK`], [`wait_stats`], [`barrier_mode`] |
 //! | errors | [`ChannelError`], [`AcquireError`], [`SendError`], [`RecvError`]; [`RingError`], [`AttachError`], [`PushError`], [`PopError`], ...; [`ShmError`], [`Corrupted`] |
-//! | tools | [`inspect`] (`inspect`, `list`, `clean`), `cuda` (contexts, counters) |
+//! | tools | [`inspect`] (`inspect`, `list`, `clean`, `remove`), `cuda` (contexts, counters) |
 //!
 //! Every blocking operation comes in four forms that mean the same on every type:
 //! `try_x` (never waits), `x` (waits as long as it takes), `x_timeout(.., Duration)` and
-//! `x_deadline(.., Instant)`. A wait gives up with a `PeerDead` error once every peer it
-//! waits for has died (noticed within a [`LIVENESS_TICK`]).
+//! `x_deadline(.., Instant)`. A wait gives up with a `Disconnected` error once every peer
+//! it waits for has left (seen at once), or `PeerDead` once they have died (noticed within
+//! a [`LIVENESS_TICK`]); receivers and ring consumers have `iter()` / `try_iter()`, which
+//! end there.
 //!
 //! ## Modules, bottom to top
 //!
@@ -59,7 +76,7 @@
 //! | `sync`, `fault` | the one import of atomics (loom's under `--cfg loom`); crash-test kill points |
 //! | `descriptor`, `wait` | [`Descriptor`], [`DType`], [`TensorMeta`]; spin → yield → shared futex, the one deadline type, the `blocking!` forms |
 //! | `layout`, `bus_guard` | `#[repr(C)]` shared-memory structures, one file per segment kind, [`Corrupted`]; the SIGBUS guard for segments truncated under us |
-//! | `shm` | named segments: exclusive create, checked open, unlink, byte locks; [`ShmError`] |
+//! | `shm` | named segments: exclusive create (space checked and reserved), checked open, who has them open and removal by the last one out, byte locks; [`ShmError`] |
 //! | `liveness` | participants and their locks, SPSC roles, the process probe, the tick loop; [`AttachError`] |
 //! | `ring` | the SPSC and MPMC algorithms over any storage; slices; MPMC repair; rings placed in segments |
 //! | `named`, `pool` | [`SpscRing`] / [`MpmcRing`] and their endpoints, [`RingError`]; the lease protocol, pools in shared memory, device pools, [`AcquireError`], [`CudaError`] |
@@ -82,6 +99,7 @@
 //! given, not reach outside the mapping. A segment truncated by another process after we
 //! mapped it reads as zeros past its new end, and blocked endpoints report it as
 //! [`Corrupted`] (docs/RELIABILITY.md lists what is covered and what is not).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 // Loom builds only the algorithms (its atomics cannot live in a mapping): what serves the
@@ -137,6 +155,7 @@ pub use channel::{
     PoolInfo, PoolState, Receiver, RecvError, SendError, Sender,
 };
 #[cfg(all(feature = "cuda", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use channel::{Cuda, DeviceView};
 #[cfg(not(loom))]
 pub use named::{
@@ -157,6 +176,7 @@ pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[cfg(all(feature = "cuda", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod cuda {
     pub use crate::pool::CudaError;
     pub use crate::pool::cuda::{CudaContext, CudaStream, available, context, ipc_opens};

@@ -1,6 +1,7 @@
 //! The `gpuring` command-line tool, run as a user would.
-#![cfg(all(feature = "cli", not(loom)))]
+#![cfg(not(loom))]
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::PathBuf;

@@ -74,7 +74,7 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     };
     let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size in bytes"))?;
     let bytes = n.checked_mul(scale).ok_or_else(|| format!("{s} is too large"))?;
-    const MAX: u64 = gpuring::internal::MAX_SLOT_SIZE;
+    const MAX: u64 = gpuring::MAX_SLOT_SIZE;
     if !(8..=MAX).contains(&bytes) {
         return Err(format!("{bytes} bytes is outside 8 B..=256 GiB (one slot)"));
     }
