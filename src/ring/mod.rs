@@ -9,7 +9,7 @@
 //! | `spsc.rs` | single producer, single consumer (Lamport's ring, cached peer positions) |
 //! | `mpmc.rs` | bounded MPMC with a stamp per cell (as crossbeam's `ArrayQueue`), claimed in runs |
 //! | `slices.rs` | pushing and popping many elements at once, on both |
-//! | `repair.rs` | MPMC cells whose winner died: skipped (producers) or adopted (consumers) |
+//! | `repair.rs` | MPMC cells whose winner died: skipped (producers) or adopted (consumers), and the consumer's wait that adopts |
 //! | `placed.rs` | a ring inside a mapped segment: [`ShmStorage`], creating and checking one |
 //!
 //! Every blocking operation has one deadline form, `x_until(.., Deadline)`, which waits in

@@ -27,7 +27,7 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use super::repair::{REPAIR_SCAN, repair, try_adopt_in};
+use super::repair::{REPAIR_SCAN, repair};
 use super::{
     Hint, Hints, PopError, PushError, Storage, TryPopError, TryPushError, cache_hint, cell_at,
     peers_gone, peers_left, wait_for,
@@ -38,7 +38,6 @@ use crate::layout::{
 use crate::liveness::{Blocked, Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering, spin_hint};
 use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
-use std::sync::atomic::Ordering::Relaxed;
 
 /// An in-process MPMC ring of `capacity` elements (a power of two) on the heap. Clone the
 /// handles for more producers or consumers.
@@ -560,68 +559,6 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     /// Pops the oldest element, waiting for one until `deadline`.
     pub(crate) fn pop_until(&self, deadline: Deadline) -> Result<T, PopError> {
         self.pop_then_until(deadline, |v| v)
-    }
-
-    /// As [`pop_then_until`](Self::pop_then_until); at each liveness tick, after this
-    /// ring's own repairs, runs `tick` too (a pool's sender takes back the slots of dead
-    /// receivers there), and looks again at once when it says it changed something
-    /// (`Ok(true)`), or ends the wait when it says the pop cannot succeed (`Err`).
-    #[cfg_attr(loom, allow(dead_code))] // used by pools in shared memory
-    pub(crate) fn pop_then_ticking<R>(
-        &self,
-        deadline: Deadline,
-        then: impl FnOnce(T) -> R,
-        mut tick: impl FnMut() -> Result<bool, Blocked>,
-    ) -> Result<R, PopError> {
-        // `then` runs once: only a successful pop or adoption calls it, and that ends the
-        // wait.
-        let then = std::cell::Cell::new(Some(then));
-        let run = |v| then.take().map(|f| f(v));
-        // One adoption; remembers whether it found one (see `adopting`).
-        let adopt_one = || {
-            let mut r = None;
-            try_adopt_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)));
-            // Relaxed: a hint local to this handle.
-            self.adopting.store(r.is_some(), Relaxed);
-            r
-        };
-        self.block_pop(
-            deadline,
-            || {
-                let mut r = None;
-                let popped = try_pop_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)))?;
-                // Relaxed: as in `adopt_one`.
-                if popped.is_none() && self.adopting.load(Relaxed) {
-                    return Ok(adopt_one());
-                }
-                Ok(popped.and(r))
-            },
-            || match adopt_one() {
-                Some(r) => Tick::Done(r),
-                None => match tick() {
-                    Ok(true) => Tick::Retry,
-                    Ok(false) => Tick::Idle,
-                    Err(why) => Tick::Stop(why),
-                },
-            },
-        )
-        .map(|r| r.expect("then runs on the one successful pop"))
-    }
-
-    /// Waits as the [`WaitPolicy`] says until `attempt` gives something, running the
-    /// producer-side repair and then `adopt` at every liveness tick.
-    pub(super) fn block_pop<R>(
-        &self,
-        deadline: Deadline,
-        attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
-        mut adopt: impl FnMut() -> Tick<R>,
-    ) -> Result<R, PopError> {
-        let on_tick = || {
-            repair(&self.storage);
-            adopt()
-        };
-        wait_for(&self.storage, Role::Consumer, self.policy, deadline, attempt, on_tick)
-            .map_err(PopError::from)
     }
 
     /// Sets how blocking pops of this handle wait.

@@ -15,7 +15,8 @@
 //! - adopts a dead consumer's unfreed cell (consumers only): `| STAMP_ADOPTED`, read the
 //!   element, run the consumer's work on it, free the cell. Consumers run their work before
 //!   freeing a cell (`Consumer::pop_then_until`), so the dead one never returned the element,
-//!   and it arrives exactly once, later than the elements behind it.
+//!   and it arrives exactly once, later than the elements behind it. A consumer's blocking
+//!   wait, which adopts at its ticks, is written here (`Consumer::pop_then_ticking`).
 //!
 //! Each is a compare-and-swap from the exact stalled stamp, so it can only ever replace a
 //! stamp that the dead winner would have written. What is not covered: an endpoint killed
@@ -26,12 +27,13 @@
 
 use bytemuck::Pod;
 
-use super::mpmc::{Consumer, Producer};
-use super::{Storage, cell_at};
-use crate::layout::{Claims, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
-use crate::liveness::{Role, Watch};
+use super::mpmc::{Consumer, Producer, try_pop_in};
+use super::{PopError, Storage, cell_at, wait_for};
+use crate::layout::{Claims, Corrupted, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
+use crate::liveness::{Blocked, Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering};
-use crate::wait::notify;
+use crate::wait::{Deadline, notify};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// How far one repair or adoption looks (from `head`, or from the oldest cell producers
 /// wait for).
@@ -183,6 +185,68 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
 }
 
 impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
+    /// As [`pop_then_until`](Self::pop_then_until); at each liveness tick, after this
+    /// ring's own repairs, runs `tick` too (a pool's sender takes back the slots of dead
+    /// receivers there), and looks again at once when it says it changed something
+    /// (`Ok(true)`), or ends the wait when it says the pop cannot succeed (`Err`).
+    #[cfg_attr(loom, allow(dead_code))] // used by pools in shared memory
+    pub(crate) fn pop_then_ticking<R>(
+        &self,
+        deadline: Deadline,
+        then: impl FnOnce(T) -> R,
+        mut tick: impl FnMut() -> Result<bool, Blocked>,
+    ) -> Result<R, PopError> {
+        // `then` runs once: only a successful pop or adoption calls it, and that ends the
+        // wait.
+        let then = std::cell::Cell::new(Some(then));
+        let run = |v| then.take().map(|f| f(v));
+        // One adoption; remembers whether it found one (see `adopting`).
+        let adopt_one = || {
+            let mut r = None;
+            try_adopt_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)));
+            // Relaxed: a hint local to this handle.
+            self.adopting.store(r.is_some(), Relaxed);
+            r
+        };
+        self.block_pop(
+            deadline,
+            || {
+                let mut r = None;
+                let popped = try_pop_in(&self.storage, self.capacity, 1, |v| r = Some(run(v)))?;
+                // Relaxed: as in `adopt_one`.
+                if popped.is_none() && self.adopting.load(Relaxed) {
+                    return Ok(adopt_one());
+                }
+                Ok(popped.and(r))
+            },
+            || match adopt_one() {
+                Some(r) => Tick::Done(r),
+                None => match tick() {
+                    Ok(true) => Tick::Retry,
+                    Ok(false) => Tick::Idle,
+                    Err(why) => Tick::Stop(why),
+                },
+            },
+        )
+        .map(|r| r.expect("then runs on the one successful pop"))
+    }
+
+    /// Waits as the [`WaitPolicy`] says until `attempt` gives something, running the
+    /// producer-side repair and then `adopt` at every liveness tick.
+    pub(super) fn block_pop<R>(
+        &self,
+        deadline: Deadline,
+        attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
+        mut adopt: impl FnMut() -> Tick<R>,
+    ) -> Result<R, PopError> {
+        let on_tick = || {
+            repair(&self.storage);
+            adopt()
+        };
+        wait_for(&self.storage, Role::Consumer, self.policy, deadline, attempt, on_tick)
+            .map_err(PopError::from)
+    }
+
     /// Takes the element of a cell whose consumer died before freeing it, running `then`
     /// on it; `None` when there is none. Blocking pops call this every liveness tick; it
     /// probes locks, so it is not for the fast path.
