@@ -378,46 +378,71 @@ fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
     assert_eq!(tx.free_slots(), 4, "every device slot is free again");
 }
 
-/// Device memory cannot outlive its process: a sender that sends three messages nobody
-/// receives and exits gives them up (after 5 s), and a receiver that comes later gets
-/// `SenderGone` for each, reading nothing, then `Disconnected`. A message received while
+/// Device memory cannot outlive its process: a sender that sends four messages, of which
+/// one is received, and exits gives the other three up (after 5 s), and the receiver gets
+/// `SenderGone` for each, reading nothing, then `Disconnected`. The message received while
 /// the sender is still there arrives as usual.
+///
+/// Both ends run in children: the test process only creates the channel, because the
+/// sender of `gpu_100k_messages_between_processes`, running beside this test in the same
+/// process, checks that its process never opens an IPC handle.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn gpu_messages_of_an_exited_sender_are_refused_unread() {
     const WORDS: usize = 1024;
-    if role().as_deref() == Some("sender") {
-        let (ctx, stream) = setup();
-        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
-        let tx = ch.sender().unwrap();
-        for seq in 0..4u64 {
-            let lease = tx.acquire_on(&stream).unwrap();
-            memset(lease.device_ptr(), value(seq), WORDS, &stream);
-            tx.send(lease, TensorMeta::bytes((WORDS * 4) as u64)).unwrap();
+    const TEST: &str = "gpu_messages_of_an_exited_sender_are_refused_unread";
+    let gone_marker = |name: &str| std::env::temp_dir().join(format!("{name}.sender-gone"));
+    match role().as_deref() {
+        Some("sender") => {
+            let (ctx, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let tx = ch.sender().unwrap();
+            for seq in 0..4u64 {
+                let lease = tx.acquire_on(&stream).unwrap();
+                memset(lease.device_ptr(), value(seq), WORDS, &stream);
+                tx.send(lease, TensorMeta::bytes((WORDS * 4) as u64)).unwrap();
+            }
+            announce("sent");
+            // Dropping the sender waits up to 5 s for the messages in flight; the
+            // receiver takes one, the other three are given up.
+            return;
         }
-        announce("sent");
-        // Dropping the sender waits up to 5 s for the messages in flight; the parent takes
-        // one, the other three are given up.
-        return;
+        Some("receiver") => {
+            let (ctx, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            announce("ready");
+            let first = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let mut words = [0u32; 2];
+            read_words(first.device_ptr(), &mut words, &stream);
+            assert_eq!(words, [value(0); 2], "a message read while its sender is there");
+            drop(first);
+            // The test process says when the sender has exited.
+            common::wait_for("the sender's exit", LIMIT, || gone_marker(&ring_name()).exists());
+            for seq in 1..4 {
+                match rx.recv_on_timeout(&stream, LIMIT) {
+                    Err(gpuring::RecvError::SenderGone) => {}
+                    other => panic!("message {seq}: expected SenderGone, got {other:?}"),
+                }
+            }
+            assert!(matches!(rx.recv_on(&stream), Err(gpuring::RecvError::Disconnected)));
+            announce("refused");
+            return;
+        }
+        _ => {}
     }
-    let (ctx, stream) = setup();
+    let (ctx, _stream) = setup();
     let name = unique_name("gpu-gone");
-    let ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&ctx).create().unwrap();
-    let rx = ch.receiver().unwrap();
-    let mut sender =
-        Peer::spawn("gpu_messages_of_an_exited_sender_are_refused_unread", "sender", &name);
+    let _ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&ctx).create().unwrap();
+    let mut receiver = Peer::spawn(TEST, "receiver", &name);
+    receiver.expect("ready");
+    let mut sender = Peer::spawn(TEST, "sender", &name);
     sender.expect("sent");
-    let first = rx.recv_on_timeout(&stream, LIMIT).unwrap();
-    let mut words = [0u32; 2];
-    read_words(first.device_ptr(), &mut words, &stream);
-    assert_eq!(words, [value(0); 2], "a message read while its sender is there");
-    drop(first);
     assert!(sender.child.wait().unwrap().success(), "the sender exits cleanly");
-    for seq in 1..4 {
-        match rx.recv_on_timeout(&stream, LIMIT) {
-            Err(gpuring::RecvError::SenderGone) => {}
-            other => panic!("message {seq}: expected SenderGone, got {other:?}"),
-        }
-    }
-    assert!(matches!(rx.recv_on(&stream), Err(gpuring::RecvError::Disconnected)));
+    let marker = gone_marker(&name);
+    std::fs::write(&marker, b"").unwrap();
+    receiver.expect("refused");
+    let status = receiver.child.wait().unwrap();
+    let _ = std::fs::remove_file(&marker);
+    assert!(status.success(), "the receiver's checks failed: {status}");
 }
