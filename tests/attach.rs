@@ -276,3 +276,79 @@ fn write_fuzz_seeds() {
         save(3, &format!("{tag}-pool"), tx.pool_name());
     }
 }
+
+/// Kilobytes of shared memory this process has mapped in (`RssShmem`).
+fn rss_shmem_kib() -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("RssShmem:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A forged object that claims a huge size (its segment header says so, and the object
+/// is that long, but sparse) while its ring header implies a small one: opening it is a
+/// `SizeMismatch`, and neither the object nor this process commits more than the few
+/// header pages read to refuse it (before, the opener pre-faulted the whole claimed size:
+/// 1 GiB committed in ~0.9 s).
+#[test]
+fn forged_sparse_objects_commit_nothing_before_the_size_check() {
+    let name = unique_name("sparse-src");
+    let ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    let image = fs::read(path(&name)).unwrap();
+    drop(ring);
+    for claimed in [1u64 << 30, 1 << 40] {
+        let forged = unique_name("sparse");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path(&forged))
+            .unwrap();
+        f.write_all_at(&image, 0).unwrap();
+        f.write_all_at(&claimed.to_le_bytes(), 16).unwrap(); // SegmentHeader::total_size
+        f.set_len(claimed).unwrap();
+        let blocks = |f: &fs::File| std::os::unix::fs::MetadataExt::blocks(&f.metadata().unwrap());
+        let (blocks_before, rss_before) = (blocks(&f), rss_shmem_kib());
+        match SpscRing::<u64>::open(&forged) {
+            Err(RingError::Segment(ShmError::SizeMismatch { expected, found })) => {
+                assert_eq!(found, claimed);
+                assert_eq!(expected, image.len() as u64);
+            }
+            other => panic!("expected SizeMismatch, got {other:?}"),
+        }
+        let committed = (blocks(&f) - blocks_before) * 512;
+        let mapped = (rss_shmem_kib().saturating_sub(rss_before)) * 1024;
+        println!("claimed {claimed} B: object grew {committed} B, RssShmem grew {mapped} B");
+        assert!(committed < 1 << 20, "opening committed {committed} bytes of the object");
+        assert!(mapped < 1 << 20, "opening mapped in {mapped} bytes");
+        fs::remove_file(path(&forged)).unwrap();
+    }
+}
+
+/// A forged channel header whose slot parameters are in range but far beyond what the
+/// machine holds: a sender's pool for it is `NoSpace`, checked before anything is
+/// reserved, and nothing is committed or left behind.
+#[test]
+fn forged_channel_slot_sizes_are_no_space_and_commit_nothing() {
+    use gpuring::{Channel, ChannelError};
+    let name = unique_name("forged-slots");
+    let ch = Channel::builder(&name).slots(3, 4096).create().unwrap();
+    poke(&name, 136, &(256u64 << 30).to_le_bytes()); // ChannelHeader::slot_size
+    let opened = Channel::builder(&name).open().unwrap();
+    let rss_before = rss_shmem_kib();
+    match opened.sender() {
+        Err(ChannelError::Segment(ShmError::NoSpace { needed, .. })) => {
+            assert!(needed >= 3 * (256 << 30), "{needed}")
+        }
+        other => panic!("expected NoSpace, got {other:?}"),
+    }
+    let mapped = (rss_shmem_kib().saturating_sub(rss_before)) * 1024;
+    assert!(mapped < 1 << 20, "the refused sender mapped in {mapped} bytes");
+    let pools: Vec<_> = fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("{name}.")))
+        .collect();
+    assert!(pools.is_empty(), "left {pools:?}");
+    drop((opened, ch));
+}

@@ -244,6 +244,7 @@ impl<B: Backend> ChannelBuilder<B> {
             return Err(ShmError::SizeMismatch { expected, found }.into());
         }
         RingSegment::check_in::<Descriptor>(&segment, &layout.ring)?;
+        segment.populate();
         Ok(self.channel(segment, layout, flavor, (slots.0, slots.1, nonce), base))
     }
 

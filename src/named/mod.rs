@@ -273,6 +273,7 @@ impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
             let (expected, found) = (layout.total_size as u64, segment.len() as u64);
             return Err(ShmError::SizeMismatch { expected, found }.into());
         }
+        segment.populate();
         Ok(Self::view(segment, layout))
     }
 

@@ -144,6 +144,7 @@ impl PoolSegment {
             );
         }
         RingSegment::check_in::<u32>(&segment, &layout.free_ring)?;
+        segment.populate();
         Self::new(Arc::new(segment), layout, backend, Role::Producer)
     }
 

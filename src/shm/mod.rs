@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::Mode;
 use rustix::io::Errno;
-use rustix::mm::{MapFlags, ProtFlags};
+use rustix::mm::{Advice, MapFlags, ProtFlags};
 use rustix::shm;
 
 use crate::layout::{Corrupted, INIT_READY, LAYOUT_VERSION, MAGIC, SegmentHeader, SegmentKind};
@@ -225,7 +225,7 @@ impl Segment {
         rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(io_err("fchmod"))?;
         rustix::fs::ftruncate(&fd, size as u64).map_err(io_err("ftruncate"))?;
         space::reserve(&fd, size as u64)?;
-        let base = map(&fd, size)?;
+        let base = map(&fd, size, true)?;
         guard.0 = None; // from here the Segment's Drop unlinks
         drop(guard);
         let guard = crate::bus_guard::register(base.as_ptr(), size);
@@ -351,7 +351,10 @@ impl Segment {
             return Err(ShmError::SizeMismatch { expected: MAX_SEGMENT, found: size }.into());
         }
         let len = size as usize;
-        let base = map(&fd, len)?;
+        // Not populated: the size is only the object's own claim so far, and a forged
+        // sparse object must not commit its pages before the caller has checked it
+        // against what its header implies (`populate`).
+        let base = map(&fd, len, false)?;
         let guard = crate::bus_guard::register(base.as_ptr(), len);
         let segment = Segment {
             name: cname.clone(),
@@ -411,6 +414,20 @@ impl Segment {
             return Err(OpenTry::Missing); // removed while we looked: look the name up again
         }
         Ok((segment, kind))
+    }
+
+    /// Maps every page of an opened segment into this process, so that the hot path takes
+    /// no page fault. Openers call it once they have checked the size against what the
+    /// segment's headers imply: [`open`](Self::open) maps without it, so a forged sparse
+    /// object of a large size commits nothing but the header pages read to refuse it.
+    /// Best effort: where `MADV_POPULATE_WRITE` is missing (Linux < 5.14) pages fault in on
+    /// first use.
+    pub(crate) fn populate(&self) {
+        // SAFETY: `base`/`len` are this handle's mapping; the advice changes no contents
+        // (it faults in pages the object already has: creators reserve every page).
+        let _ = unsafe {
+            rustix::mm::madvise(self.base.as_ptr().cast(), self.len, Advice::LinuxPopulateWrite)
+        };
     }
 
     /// The object name, with its leading `/`.
@@ -541,16 +558,18 @@ fn open_error(e: Errno, name: &str) -> ShmError {
     }
 }
 
-fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>, ShmError> {
+fn map(fd: &OwnedFd, len: usize, populate: bool) -> Result<NonNull<u8>, ShmError> {
+    // POPULATE pre-faults the pages so the hot path takes no page fault (openers populate
+    // later, once the size is checked: `Segment::populate`).
+    let flags = if populate { MapFlags::SHARED | MapFlags::POPULATE } else { MapFlags::SHARED };
     // SAFETY: a fresh shared mapping of `len` bytes of `fd` at an address of the kernel's
-    // choosing; it aliases nothing in this process. POPULATE pre-faults the pages so the
-    // hot path takes no page fault.
+    // choosing; it aliases nothing in this process.
     let p = unsafe {
         rustix::mm::mmap(
             std::ptr::null_mut(),
             len,
             ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED | MapFlags::POPULATE,
+            flags,
             fd,
             0,
         )

@@ -131,7 +131,7 @@ impl Segment {
             return Ok(Removal::Removed);
         }
         let len = size as usize;
-        let base = map(&fd, len)?;
+        let base = map(&fd, len, false)?;
         let guard = crate::bus_guard::register(base.as_ptr(), len);
         let segment =
             Segment { name: cname, base, len, fd, unlink_on_drop: false, last_out: None, guard };
