@@ -13,9 +13,8 @@ use std::time::{Duration, SystemTime};
 
 pub use crate::layout::SegmentKind;
 use crate::layout::{
-    ChannelHeader, ChannelLayout, Corrupted, MAGIC, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER,
-    Participants, PoolEntry, PoolHeader, PoolLayout, RingControl, RingHeader, SegmentHeader,
-    SlotRecord, load_bytes,
+    Corrupted, MAGIC, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants, PoolEntry,
+    PoolHeader, PoolLayout, RingControl, RingHeader, SegmentHeader, SlotRecord, load_bytes,
 };
 use crate::liveness::{ProcessState, process_state};
 use crate::shm::{Removal, Segment, ShmError};
@@ -71,7 +70,7 @@ impl SegmentInfo {
             (Some(true), _) => "in use".to_owned(),
             (None, _) => "unknown".to_owned(),
             (Some(false), _) if self.is_pool() => {
-                if channel_of(&self.name).is_some_and(|c| all.iter().any(|i| i.name == c)) {
+                if pool_has_channel(&self.name, all) {
                     "pool of a channel".to_owned()
                 } else {
                     "orphaned pool".to_owned()
@@ -83,9 +82,28 @@ impl SegmentInfo {
     }
 }
 
-/// The channel a pool segment belongs to, from its name (`{channel}.{nonce}.p{i}.{n}`).
-fn channel_of(pool: &str) -> Option<&str> {
-    pool.rsplitn(4, '.').nth(3)
+/// The channel a pool segment belongs to, and the nonce of the channel instance that made
+/// it, from its name (`{channel}.{nonce}.p{i}.{n}`).
+fn owner_of(pool: &str) -> Option<(&str, u32)> {
+    let mut parts = pool.rsplitn(4, '.');
+    let (_, _, nonce, channel) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    Some((channel, u32::from_str_radix(nonce, 16).ok()?))
+}
+
+/// Whether the channel instance that made pool `pool` is still there: its channel is in
+/// `all` and carries the nonce of the pool's name (a pool of an earlier channel of the same
+/// name, which `replace_stale` or a crash left, is orphaned too). A channel whose nonce
+/// cannot be read keeps its pools.
+fn pool_has_channel(pool: &str, all: &[SegmentInfo]) -> bool {
+    let Some((channel, nonce)) = owner_of(pool) else {
+        return false;
+    };
+    let nonce_now = || {
+        let (seg, _) = Segment::open_any(channel, Duration::ZERO).ok()?;
+        Some(crate::channel::channel_layout(&seg)?.1)
+    };
+    all.iter().any(|i| i.name == channel && i.kind.is_some_and(SegmentKind::is_channel))
+        && nonce_now().is_none_or(|n| n == nonce)
 }
 
 /// Every gpuring segment (right magic) in `/dev/shm` this process can read.
@@ -142,21 +160,10 @@ fn ring_base(seg: &Segment, kind: SegmentKind) -> Option<usize> {
     match kind {
         SegmentKind::SpscRing | SegmentKind::MpmcRing => Some(size_of::<SegmentHeader>()),
         SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
-            Some(channel_layout(seg)?.0.ring.ring_header)
+            Some(crate::channel::channel_layout(seg)?.0.ring.ring_header)
         }
         SegmentKind::HostPool | SegmentKind::CudaPool => None,
     }
-}
-
-/// A channel segment's layout (with a one-cell ring: the ring's offsets do not depend on
-/// its capacity) and nonce, from its header, checked against the mapping.
-fn channel_layout(seg: &Segment) -> Option<(ChannelLayout, u32)> {
-    // SAFETY: the mapping holds at least a header (`open_any` checked); `at` checks the
-    // bounds of what follows; atomics only.
-    let ch = unsafe { seg.at::<ChannelHeader>(size_of::<SegmentHeader>()).as_ref() };
-    // Relaxed: a snapshot of values the creator published before `init`.
-    let layout = ChannelLayout::new(ch.max_pools.load(Ordering::Relaxed), 1, 0)?;
-    (layout.ring.cells <= seg.len()).then_some((layout, ch.nonce.load(Ordering::Relaxed)))
 }
 
 /// Elements waiting in the ring of a ring or channel segment (`None`: not one, or its
@@ -307,7 +314,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
     match kind {
         SegmentKind::SpscRing | SegmentKind::MpmcRing => {}
         SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
-            let (layout, _) = channel_layout(&seg).expect("checked above");
+            let (layout, _) = crate::channel::channel_layout(&seg).expect("checked above");
             for index in 0..layout.max_pools as u32 {
                 let at = layout.pools + index as usize * size_of::<PoolEntry>();
                 // SAFETY: inside the table (checked above); atomics only.
@@ -486,9 +493,8 @@ pub fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<Vec<Cleaned>, 
     }
     let gone: Vec<String> = cleaned.iter().map(|c| c.name.clone()).collect();
     for info in all.iter().filter(|i| i.is_pool() && i.in_use == Some(false)) {
-        let channel = channel_of(&info.name);
-        let orphaned =
-            channel.is_none_or(|c| gone.iter().any(|g| g == c) || !all.iter().any(|i| i.name == c));
+        let orphaned = !pool_has_channel(&info.name, &all)
+            || owner_of(&info.name).is_some_and(|(c, _)| gone.iter().any(|g| g == c));
         if !orphaned {
             continue; // its channel keeps it (messages in it may name this pool)
         }
@@ -498,7 +504,7 @@ pub fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<Vec<Cleaned>, 
             Segment::remove_if_unattended(&info.name, |_| true).unwrap_or(Removal::InUse)
         };
         if removal == Removal::Removed {
-            let why = "orphaned pool (its channel is gone)".to_owned();
+            let why = "orphaned pool (the channel that made it is gone)".to_owned();
             cleaned.push(Cleaned { name: info.name.clone(), why });
         }
     }
@@ -542,9 +548,8 @@ fn remove_unused(name: &str, queued: bool) -> bool {
         if !queued && kind.is_ring_or_channel() && queued_in(seg, kind) != Some(0) {
             return false;
         }
-        if let (true, Some((layout, nonce))) = (kind.is_channel(), channel_layout(seg)) {
-            let base = name.trim_start_matches('/');
-            crate::channel::remove_pools(seg, &layout, base, nonce);
+        if kind.is_channel() {
+            crate::channel::remove_pools_of(seg, name);
         }
         true
     };

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::backend::Host;
 use super::backend::sealed::Backend;
 use super::error::ChannelError;
-use super::table::{ChannelSegment, check_name, last_out, nonce};
+use super::table::{self, ChannelSegment, check_name, last_out, nonce};
 use super::{Channel, Flavor};
 use crate::descriptor::Descriptor;
 use crate::layout::{
@@ -149,6 +149,10 @@ impl<B: Backend> ChannelBuilder<B> {
         }
         let layout = ChannelLayout::new(max_pools, self.capacity, flavor.cell_size())
             .ok_or(ChannelError::InvalidCapacity { capacity: self.capacity })?;
+        if self.segment.replace_stale {
+            // The stale channel goes with its pools (their names carry its nonce).
+            table::remove_stale(&self.segment.name)?;
+        }
         let nonce = nonce();
         let segment = self.segment.create(flavor.kind(), layout.total_size, |seg| {
             // SAFETY: offset from `layout`, which sized the segment; ours alone until

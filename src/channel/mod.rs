@@ -45,8 +45,8 @@ pub use error::{ChannelError, RecvError, SendError};
 pub use gpu::{Cuda, DeviceView};
 pub use receiver::{Message, Receiver};
 pub use sender::{Lease, Sender};
-pub(crate) use table::remove_pools;
 pub use table::{MAX_CHANNEL_NAME, PoolInfo, PoolState};
+pub(crate) use table::{channel_layout, remove_pools_of};
 
 use backend::sealed;
 use table::ChannelSegment;

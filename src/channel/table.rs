@@ -17,7 +17,8 @@ use super::Flavor;
 use super::backend::sealed::Backend;
 use super::error::{ChannelError, RecvError, corrupt};
 use crate::layout::{
-    ChannelHeader, ChannelLayout, POOL_NAME_BYTES, PoolEntry, load_bytes, store_bytes,
+    ChannelHeader, ChannelLayout, LAYOUT_VERSION, POOL_NAME_BYTES, PoolEntry, SegmentHeader,
+    SegmentKind, load_bytes, store_bytes,
 };
 use crate::pool::PoolSegment;
 use crate::ring::RingSegment;
@@ -274,6 +275,43 @@ pub(crate) fn remove_pools(seg: &Segment, layout: &ChannelLayout, base: &str, no
         let instance = entry.instance.load(Ordering::Relaxed) & 0xFFFF;
         let _ = Segment::remove_if_unattended(&pool_name(base, nonce, index, instance), |_| true);
     }
+}
+
+/// A channel segment's layout (with a one-cell ring: the ring's offsets do not depend on
+/// its capacity) and nonce, from its header, checked against the mapping: for tools and
+/// removals that look at a segment without opening it as a channel.
+pub(crate) fn channel_layout(seg: &Segment) -> Option<(ChannelLayout, u32)> {
+    // SAFETY: the mapping holds at least a header (every open checks); `at` checks the
+    // bounds of what follows; atomics only.
+    let ch = unsafe { seg.at::<ChannelHeader>(size_of::<SegmentHeader>()).as_ref() };
+    // Relaxed: a snapshot of values the creator published before `init`.
+    let layout = ChannelLayout::new(ch.max_pools.load(Ordering::Relaxed), 1, 0)?;
+    (layout.ring.cells <= seg.len()).then_some((layout, ch.nonce.load(Ordering::Relaxed)))
+}
+
+/// Removes the pools of channel segment `seg` (named `name`) that nobody has open: the
+/// names carry that channel's nonce, so they are its pools and no other instance's.
+pub(crate) fn remove_pools_of(seg: &Segment, name: &str) {
+    if let Some((layout, nonce)) = channel_layout(seg) {
+        remove_pools(seg, &layout, name.trim_start_matches('/'), nonce);
+    }
+}
+
+/// `replace_stale`: removes channel `name` if nobody has it open, and with it the pools of
+/// that instance (whose names carry its nonce, so no later channel of the name would ever
+/// look at them again). A segment that is not a channel of this version goes alone.
+pub(crate) fn remove_stale(name: &str) -> Result<(), ShmError> {
+    Segment::remove_if_unattended(name, |seg| {
+        let header = seg.header();
+        // Relaxed: values the creator published before `init`; a snapshot.
+        let kind = SegmentKind::from_raw(header.kind.load(Ordering::Relaxed));
+        let version = header.version.load(Ordering::Relaxed);
+        if version == LAYOUT_VERSION && kind.is_some_and(SegmentKind::is_channel) {
+            remove_pools_of(seg, name);
+        }
+        true
+    })
+    .map(drop)
 }
 
 /// Packs `name` into an entry's name words.
