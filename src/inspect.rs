@@ -14,9 +14,11 @@ use std::time::{Duration, SystemTime};
 pub use crate::layout::SegmentKind;
 use crate::layout::{
     Corrupted, MAGIC, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants, PoolEntry,
-    PoolHeader, PoolLayout, RingControl, RingHeader, SegmentHeader, SlotRecord, load_bytes,
+    PoolHeader, PoolLayout, RingControl, RingHeader, SegmentHeader, SlotRecord, entry_pid,
+    entry_role, entry_serial, load_bytes, participant_of,
 };
 use crate::liveness::{ProcessState, process_state};
+use crate::pool::Phase;
 use crate::shm::{Removal, Segment, ShmError};
 use crate::sync::Ordering;
 
@@ -194,7 +196,8 @@ pub struct RingState {
     pub waiting_consumers: u32,
     /// Threads asleep waiting for room.
     pub waiting_producers: u32,
-    /// SPSC: the producer role's holder (pid, alive), if any.
+    /// SPSC: the producer role's holder (pid, alive), if any (pid 0, not alive: the
+    /// registration it names is no longer in the table).
     pub producer: Option<(u32, Option<bool>)>,
     /// SPSC: the consumer role's holder (pid, alive), if any.
     pub consumer: Option<(u32, Option<bool>)>,
@@ -359,13 +362,14 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
     // SAFETY: as above.
     let table = unsafe { seg.at::<Participants>(at).as_ref() };
     let mut participants = Vec::new();
+    let mut serials = Vec::new();
     for (index, entry) in table.entries.iter().enumerate() {
         // Relaxed: a snapshot, checked against the lock.
         let value = entry.load(Ordering::Relaxed);
         if value == 0 {
             continue;
         }
-        let role = match (value >> 32) as u32 {
+        let role = match entry_role(value) {
             PARTICIPANT_PRODUCER => "producer",
             PARTICIPANT_CONSUMER => "consumer",
             _ => "unknown",
@@ -373,13 +377,18 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
         let alive = seg
             .byte_held_elsewhere(1 + index as u64)
             .map_err(|source| ShmError::Io { op: "fcntl(F_OFD_GETLK)", source })?;
-        participants.push(Participant { index, role, pid: value as u32, alive });
+        let serial = entry_serial(value);
+        participants.push(Participant { index, role, pid: entry_pid(value), alive });
+        serials.push((index, serial));
     }
-    let holder = |pid: u32, role: &str| {
-        (spsc && pid != 0).then(|| {
-            let live = participants.iter().any(|p| p.alive && p.pid == pid && p.role == role);
-            (pid, Some(live))
-        })
+    // An SPSC role names its holder's identity: its entry and registration serial.
+    let holder = |id: u32, role: &str| {
+        let (index, serial) = participant_of(id).filter(|_| spsc)?;
+        let p = participants
+            .iter()
+            .zip(&serials)
+            .find(|(p, s)| p.index == index && p.role == role && **s == (index, serial));
+        Some(p.map_or((0, Some(false)), |(p, _)| (p.pid, Some(p.alive))))
     };
     // Relaxed: a snapshot.
     Ok(RingState {
@@ -440,11 +449,11 @@ fn slot_counts(seg: &Segment, backend: u32, count: u32, size: u64) -> Option<Slo
         let r = unsafe { seg.at::<SlotRecord>(layout.records + i * size_of::<SlotRecord>()) };
         // SAFETY: as above.
         let word = unsafe { r.as_ref() }.state.load(Ordering::Relaxed);
-        match word as u32 {
-            0 => counts.free += 1,
-            1 => counts.leased += 1,
-            2 => counts.in_flight += 1,
-            _ => counts.held += 1,
+        match crate::pool::phase(word) {
+            Phase::Free => counts.free += 1,
+            Phase::Leased => counts.leased += 1,
+            Phase::Sent => counts.in_flight += 1,
+            Phase::Held => counts.held += 1,
         }
     }
     Some(counts)

@@ -583,3 +583,128 @@ fn entry_of_a_dead_consumer_waits_for_the_adoption() {
     let reuser = ring.producer().expect("reused once the element was adopted");
     drop((held, reuser));
 }
+
+/// A receiver that receives forever, announcing each message (`got N`) before it drops it.
+fn announcing_receiver() -> ! {
+    let ch = Channel::builder(ring_name()).open().unwrap();
+    let rx = ch.receiver().unwrap();
+    loop {
+        let m = rx.recv().unwrap();
+        announce(&format!("got {}", u64::from_le_bytes(m[..8].try_into().unwrap())));
+        drop(m);
+    }
+}
+
+/// A receiver killed while giving a slot back: the slot marked RETURNING, not yet on the
+/// free ring (`release_marked`), at several counts. The sender pushes it again at its next
+/// wait: every slot comes back, and what the receiver took arrived once.
+#[test]
+fn receiver_killed_returning_a_slot() {
+    if role().as_deref() == Some("receiver") {
+        announcing_receiver();
+    }
+    for count in [1u64, 2, 3, 4, 7] {
+        for mpmc in [false, true] {
+            let name = unique_name("fault-ret");
+            let b = Channel::builder(&name).capacity(16).slots(SLOTS, 64);
+            let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+            let tx = ch.sender().unwrap();
+            let fault = [("GPURING_FAULT", format!("release_marked:{count}"))];
+            let mut peer =
+                Peer::spawn_with("receiver_killed_returning_a_slot", "receiver", &name, &fault);
+            for seq in 0..count {
+                send(&tx, seq);
+            }
+            let got: Vec<u64> = (0..count).map(|_| peer.expect("got").parse().unwrap()).collect();
+            killed_at_point(&mut peer, "release_marked");
+            assert_eq!(got, (0..count).collect::<Vec<_>>(), "count {count}, mpmc {mpmc}");
+            let t = Instant::now();
+            let leases: Vec<_> =
+                (0..SLOTS).map(|_| tx.acquire_timeout(Duration::from_secs(5)).unwrap()).collect();
+            println!("count {count}, mpmc {mpmc}: every slot back in {:?}", t.elapsed());
+            drop(leases);
+            assert_eq!(tx.free_slots(), SLOTS as usize, "count {count}, mpmc {mpmc}");
+            let rx = ch.receiver().unwrap();
+            send(&tx, 100);
+            assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap()[..8], 100u64.to_le_bytes());
+            assert!(matches!(rx.try_recv(), Err(RecvError::Empty)), "nothing twice");
+        }
+    }
+}
+
+/// A kill storm: 100 receivers in turn, each killed at a fault point of the receiving side
+/// (taking a slot, or giving one back) at a varying count, while a sender streams. Every
+/// message arrives exactly once (what a receiver killed while taking a message did not
+/// announce, the next one gets), nothing is lost, and every slot comes back.
+#[test]
+fn kill_storm_of_receivers_in_one_stream() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if role().as_deref() == Some("receiver") {
+        announcing_receiver();
+    }
+    const KILLS: u64 = 100;
+    // A lost slot would stall the stream, and with it the victims' counts: fail, not hang.
+    let _dog = common::watchdog("the kill storm", Duration::from_secs(120));
+    let name = unique_name("storm");
+    let ch = Channel::builder(&name).capacity(16).slots(SLOTS, 64).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let streamer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // No receiver between two of them: the lease waits, or says so.
+                let Ok(mut lease) = tx.acquire_timeout(Duration::from_millis(10)) else {
+                    continue;
+                };
+                lease[..8].copy_from_slice(&sent.to_le_bytes());
+                if tx.send(lease, TensorMeta::bytes(8)).is_ok() {
+                    sent += 1;
+                }
+            }
+            (tx, sent)
+        })
+    };
+    let mut announced = Vec::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
+    for kill in 0..KILLS {
+        state =
+            state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let point = if kill % 2 == 0 { "recv_holding" } else { "release_marked" };
+        let fault = [("GPURING_FAULT", format!("{point}:{}", 1 + (state >> 33) % 20))];
+        let mut peer =
+            Peer::spawn_with("kill_storm_of_receivers_in_one_stream", "receiver", &name, &fault);
+        loop {
+            let line = peer.next_line().expect("the receiver said why it stopped");
+            match line.split_once(' ') {
+                Some(("got", seq)) => announced.push(seq.parse::<u64>().unwrap()),
+                Some(("fault", rest)) => {
+                    assert!(rest.starts_with(point), "{rest}");
+                    break;
+                }
+                _ => panic!("receiver said {line:?}"),
+            }
+        }
+        peer.killed();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (tx, sent) = streamer.join().unwrap();
+    // The last receiver takes over what the last victim was taking, then what waits.
+    let rx = ch.receiver().unwrap();
+    let mut all = announced.clone();
+    while let Ok(m) = rx.recv_timeout(Duration::from_millis(200)) {
+        all.push(u64::from_le_bytes(m[..8].try_into().unwrap()));
+    }
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), all.len(), "{} duplicates", all.len() - sorted.len());
+    assert_eq!(sorted, (0..sent).collect::<Vec<_>>(), "every message sent arrived once");
+    println!("{KILLS} receivers killed, {sent} messages, each delivered once");
+    let leases: Vec<_> =
+        (0..SLOTS).map(|_| tx.acquire_timeout(Duration::from_secs(5)).unwrap()).collect();
+    drop(leases);
+    assert_eq!(tx.free_slots(), SLOTS as usize, "every slot back");
+}

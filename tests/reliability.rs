@@ -57,7 +57,11 @@ fn replace_stale_then_clean_leaves_nothing_of_the_old_instance() {
     let image = std::fs::read(format!("/dev/shm/{old_pool}")).unwrap();
 
     let ch = Channel::builder(&name).slots(2, 64).replace_stale(true).create().unwrap();
-    assert_eq!(leftovers(&name), std::slice::from_ref(&name), "replace_stale took the old pool along");
+    assert_eq!(
+        leftovers(&name),
+        std::slice::from_ref(&name),
+        "replace_stale took the old pool along"
+    );
     let _tx = send_one(&ch, 2);
     let live = leftovers(&name);
     assert_eq!(live.len(), 2, "the new channel and its pool: {live:?}");

@@ -26,9 +26,9 @@ pub struct RingHeader {
     pub elem_size: AtomicU32,
     /// `align_of` the element type.
     pub elem_align: AtomicU32,
-    /// SPSC: pid of the process holding the producer role, 0 when free.
+    /// SPSC: the [`ParticipantId`] of the endpoint holding the producer role, 0 when free.
     pub producer_claim: AtomicU32,
-    /// SPSC: pid of the process holding the consumer role, 0 when free.
+    /// SPSC: the [`ParticipantId`] of the endpoint holding the consumer role, 0 when free.
     pub consumer_claim: AtomicU32,
     /// Endpoints attached now, per side (`[producers, consumers]`, see [`side`]): one more
     /// at each attach, one fewer at each clean detach. A killed endpoint never takes itself
@@ -38,6 +38,9 @@ pub struct RingHeader {
     /// Per side, 1 once an endpoint of that side has attached (never cleared): "every
     /// producer has left" needs one to have come.
     pub joined: [AtomicU32; 2],
+    /// Counts registrations in the [`Participants`] table: each one's serial, so that an
+    /// identity ([`ParticipantId`]) names one registration, never a later one of its entry.
+    pub registrations: AtomicU32,
 }
 
 /// The index of a side in [`RingHeader::attached`] and [`RingHeader::joined`]: 0 for
@@ -69,8 +72,9 @@ pub struct RingControl {
 /// handles) attached at once.
 pub const MAX_PARTICIPANTS: usize = 64;
 
-/// Who is attached to a ring. Entry `i` is `role << 32 | pid` ([`PARTICIPANT_PRODUCER`] or
-/// [`PARTICIPANT_CONSUMER`]), or 0 when free; it counts only while some process holds the
+/// Who is attached to a ring. Entry `i` is [`entry_value`]`(role, serial, pid)`
+/// ([`PARTICIPANT_PRODUCER`] or [`PARTICIPANT_CONSUMER`]; the registration's serial; the
+/// process, for reports), or 0 when free; it counts only while some process holds the
 /// open-file-description lock on byte `1 + i` of the segment's object (see `shm`), which
 /// the kernel drops when the holder dies. An entry is written only by the holder of its
 /// lock; what a reader finds here is a claim to check against the lock, never proof.
@@ -158,6 +162,54 @@ impl Default for Claims {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Bits of a registration serial kept in entries and identities.
+pub const SERIAL_BITS: u32 = 22;
+const SERIAL_MASK: u32 = (1 << SERIAL_BITS) - 1;
+
+/// A [`Participants`] entry's value: `role << 56 | serial << 32 | pid` (serial: its low
+/// [`SERIAL_BITS`] bits).
+pub const fn entry_value(role: u32, serial: u32, pid: u32) -> u64 {
+    (role as u64) << 56 | ((serial & SERIAL_MASK) as u64) << 32 | pid as u64
+}
+
+/// The role code of an entry's value.
+pub const fn entry_role(value: u64) -> u32 {
+    (value >> 56) as u32
+}
+
+/// The registration serial of an entry's value.
+pub const fn entry_serial(value: u64) -> u32 {
+    (value >> 32) as u32 & SERIAL_MASK
+}
+
+/// The process that wrote an entry's value (reports only: pids are reused, and differ
+/// between pid namespaces).
+pub const fn entry_pid(value: u64) -> u32 {
+    value as u32
+}
+
+/// Who an endpoint is, in one ring's participant table, in 29 bits: its entry and the
+/// serial of its registration, `serial << 7 | (entry + 1)`; never 0. It names that one
+/// registration: once the endpoint is gone (its entry cleared or its lock dropped) it names
+/// nobody alive, whatever process or entry reuse follows, and whatever pid a new endpoint
+/// has (pids are reused, and repeat across pid namespaces). Recorded as the holder of an
+/// SPSC role and of a pool's slot.
+pub type ParticipantId = u32;
+
+/// The identity of registration `serial` at entry `index`.
+pub const fn participant_id(index: usize, serial: u32) -> ParticipantId {
+    (serial & SERIAL_MASK) << 7 | (index as u32 + 1)
+}
+
+/// The entry and serial an identity names, or `None` for one that names no entry.
+pub const fn participant_of(id: ParticipantId) -> Option<(usize, u32)> {
+    let entry = (id & 0x7f) as usize;
+    if entry == 0 || entry > MAX_PARTICIPANTS || id >> (7 + SERIAL_BITS) != 0 {
+        return None;
+    }
+    Some((entry - 1, id >> 7))
 }
 
 /// [`Participants`] role code of a producer (sender) endpoint.

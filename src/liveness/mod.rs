@@ -226,14 +226,16 @@ pub trait Watch {
         let _ = (role, pos);
         false
     }
-    /// This endpoint's participant entry.
-    fn entry(&self) -> Option<u32> {
+    /// This endpoint's identity in its ring's participant table (see
+    /// [`ParticipantId`](crate::layout::ParticipantId)).
+    fn id(&self) -> Option<u32> {
         None
     }
-    /// If participant entry `index` belongs to an endpoint whose process died, the pid it
-    /// recorded.
-    fn entry_dead(&self, index: u32) -> Option<u32> {
-        let _ = index;
+    /// Whether the endpoint that `id` names is gone: `None` while it lives; `Some(pid)`
+    /// when it died holding its entry (the pid it recorded), `Some(None)` when its entry
+    /// was cleared or registered again since. Probes a lock: slow paths only.
+    fn id_gone(&self, id: u32) -> Option<Option<u32>> {
+        let _ = id;
         None
     }
 }

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{AttachError, Gone, PeerCount, Role, Watch};
 use crate::layout::{
-    Claims, Corrupted, MAX_PARTICIPANTS, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants,
-    RingControl, RingHeader, side,
+    Claims, Corrupted, MAX_PARTICIPANTS, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, ParticipantId,
+    Participants, RingControl, RingHeader, entry_pid, entry_role, entry_serial, entry_value,
+    participant_id, participant_of, side,
 };
 use crate::shm::Segment;
 use crate::sync::{AtomicU32, Ordering};
@@ -22,6 +23,8 @@ fn lock_error(op: &'static str) -> impl FnOnce(io::Error) -> AttachError {
 pub(crate) struct ParticipantTable {
     segment: Arc<Segment>,
     table: NonNull<Participants>,
+    /// The ring header, whose registration counter gives each registration its serial.
+    header: NonNull<RingHeader>,
     /// Entries this handle holds (bit `i`: entry `i`). Its locks are taken through
     /// `segment`'s descriptor, and a description never conflicts with itself, so this
     /// handle must neither take an entry it holds nor probe it.
@@ -40,15 +43,16 @@ unsafe impl Sync for ParticipantTable {}
 pub(crate) type Settle<'a> = &'a dyn Fn(&Claims) -> bool;
 
 impl ParticipantTable {
-    /// The table at `offset` in `segment`.
+    /// The table at `offset` in `segment`, of the ring whose header is at `header`.
     ///
     /// # Panics
     ///
-    /// If the table does not fit there (offsets come from a checked layout).
-    pub(crate) fn new(segment: Arc<Segment>, offset: usize) -> Arc<Self> {
-        // SAFETY: `at` checks bounds and alignment; Participants is atomics only.
-        let table = unsafe { segment.at::<Participants>(offset) };
-        Arc::new(Self { segment, table, own: Mutex::new(0) })
+    /// If either does not fit there (offsets come from a checked layout).
+    pub(crate) fn new(segment: Arc<Segment>, header: usize, offset: usize) -> Arc<Self> {
+        // SAFETY: `at` checks bounds and alignment; both are atomics only.
+        let (table, header) =
+            unsafe { (segment.at::<Participants>(offset), segment.at::<RingHeader>(header)) };
+        Arc::new(Self { segment, table, header, own: Mutex::new(0) })
     }
 
     fn participants(&self) -> &Participants {
@@ -101,11 +105,16 @@ impl ParticipantTable {
                 claims.push.store(0, Ordering::Relaxed);
                 claims.pop.store(0, Ordering::Relaxed);
                 *own |= 1 << index;
+                // SAFETY: inside the mapping that `segment` keeps alive (checked in `new`);
+                // atomics only.
+                let header = unsafe { self.header.as_ref() };
+                // Relaxed: a counter; only that serials differ matters.
+                let serial = header.registrations.fetch_add(1, Ordering::Relaxed);
                 // Relaxed: the entry is a claim that readers check against the lock (a
                 // syscall on both sides), not a publication of other data.
-                entries[index]
-                    .store(u64::from(role.code()) << 32 | u64::from(pid), Ordering::Relaxed);
-                return Ok(Participant { table: self.clone(), index });
+                entries[index].store(entry_value(role.code(), serial, pid), Ordering::Relaxed);
+                let id = participant_id(index, serial);
+                return Ok(Participant { table: self.clone(), index, id });
             }
         }
         Err(AttachError::TooManyParticipants { max: MAX_PARTICIPANTS as u32 })
@@ -133,12 +142,12 @@ impl ParticipantTable {
     /// Live and dead endpoints of `role`. A handful of syscalls: for blocked endpoints and
     /// tools only.
     pub(crate) fn peers(&self, role: Role) -> io::Result<PeerCount> {
-        let (code, own) = (u64::from(role.code()), self.own());
+        let (code, own) = (role.code(), self.own());
         let mut count = PeerCount::default();
         for index in 0..MAX_PARTICIPANTS {
             match self.probe(index, own)? {
-                Some((value, true)) if value >> 32 == code => count.live += 1,
-                Some((value, false)) if value >> 32 == code => count.dead += 1,
+                Some((value, true)) if entry_role(value) == code => count.live += 1,
+                Some((value, false)) if entry_role(value) == code => count.dead += 1,
                 _ => {}
             }
         }
@@ -157,34 +166,40 @@ impl ParticipantTable {
             // Relaxed: a claim, checked against the lock.
             let value = self.participants().entries[index].load(Ordering::Relaxed);
             own & (1 << index) == 0
-                && !known.contains(&(value >> 32))
+                && !known.contains(&u64::from(entry_role(value)))
                 && self.segment.byte_held_elsewhere(1 + index as u64).unwrap_or(true)
         })
     }
 
-    /// If entry `index` is held by nobody although it names an endpoint (that endpoint's
-    /// process died), the pid it recorded. `None` for entries this handle holds.
-    pub(crate) fn entry_dead(&self, index: usize) -> Option<u32> {
-        if index >= MAX_PARTICIPANTS {
-            return None;
-        }
+    /// Whether the endpoint that `id` names is gone: `None` while it holds its entry (one
+    /// of this handle's own included); `Some(Some(pid))` when it died holding it (the pid
+    /// it recorded); `Some(None)` when its entry was cleared or registered again since (it
+    /// left, or died and its entry was reused), or `id` names no entry. Never by pid: a
+    /// new endpoint whose pid equals the dead one's has another identity. One
+    /// `F_OFD_GETLK`; a probe that fails counts as alive (waiting on is the safe answer).
+    pub(crate) fn id_gone(&self, id: ParticipantId) -> Option<Option<u32>> {
+        let Some((index, serial)) = participant_of(id) else {
+            return Some(None);
+        };
         match self.probe(index, self.own()) {
-            Ok(Some((value, false))) => Some(value as u32),
-            _ => None,
+            Ok(Some((value, live))) if entry_serial(value) == serial => {
+                (!live).then_some(Some(entry_pid(value)))
+            }
+            Ok(_) => Some(None),
+            Err(_) => None,
         }
     }
 
-    /// Whether an endpoint of `role` recorded with `pid` is attached and alive.
-    fn role_holder_alive(&self, role: Role, pid: u32) -> Result<bool, AttachError> {
-        let wanted = u64::from(role.code()) << 32 | u64::from(pid);
-        let own = self.own();
-        for index in 0..MAX_PARTICIPANTS {
-            let entry = self.probe(index, own).map_err(lock_error("fcntl(F_OFD_GETLK)"))?;
-            if entry == Some((wanted, true)) {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+    /// The pid recorded by the registration `id` names, if its entry still holds it
+    /// (reports only).
+    fn pid_of(&self, id: ParticipantId) -> u32 {
+        participant_of(id)
+            .map(|(index, serial)| {
+                // Relaxed: a report.
+                let value = self.participants().entries[index].load(Ordering::Relaxed);
+                if entry_serial(value) == serial { entry_pid(value) } else { 0 }
+            })
+            .unwrap_or(0)
     }
 
     /// Whether a dead endpoint's claim line names MPMC position `pos` on `role`'s side: a
@@ -211,6 +226,8 @@ impl ParticipantTable {
 pub(crate) struct Participant {
     table: Arc<ParticipantTable>,
     index: usize,
+    /// Its identity: entry and registration serial.
+    id: ParticipantId,
 }
 
 impl Drop for Participant {
@@ -335,24 +352,29 @@ impl Attachment {
         }
     }
 
-    /// Claims the SPSC role with a CAS of 0 → pid, taking it over from a dead holder.
+    /// This endpoint's identity in the table.
+    fn id(&self) -> ParticipantId {
+        self.participant.as_ref().map_or(0, |p| p.id)
+    }
+
+    /// Claims the SPSC role with a CAS of 0 → this endpoint's identity, taking it over
+    /// from a holder that is gone (by its entry and lock, never by pid).
     fn claim_role(&self) -> Result<(), AttachError> {
         let word = self.role_word();
-        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        let me = self.id();
         let mut expected = 0;
         loop {
             // Acquire on success: pairs with the Release store in `drop` of the previous
             // holder (or the Relaxed-then-death of a dead one, whose last positions we
             // re-read from the control block anyway), so its last writes are visible.
-            match word.compare_exchange(expected, pid, Ordering::Acquire, Ordering::Relaxed) {
+            match word.compare_exchange(expected, me, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(0) => expected = 0,
-                Err(holder_pid) => {
-                    if self.table.role_holder_alive(self.how.role, holder_pid)? {
-                        return Err(AttachError::RoleTaken { role: self.how.role, holder_pid });
-                    }
-                    expected = holder_pid; // dead: take the role over
+                Err(holder) if self.table.id_gone(holder).is_none() => {
+                    let holder_pid = self.table.pid_of(holder);
+                    return Err(AttachError::RoleTaken { role: self.how.role, holder_pid });
                 }
+                Err(holder) => expected = holder, // gone: take the role over
             }
         }
     }
@@ -429,10 +451,10 @@ impl Watch for Attachment {
     fn claimant_dead(&self, role: Role, pos: u64) -> bool {
         self.table.claimant_dead(role, pos)
     }
-    fn entry(&self) -> Option<u32> {
-        self.participant.as_ref().map(|p| p.index as u32)
+    fn id(&self) -> Option<ParticipantId> {
+        self.participant.as_ref().map(|p| p.id)
     }
-    fn entry_dead(&self, index: u32) -> Option<u32> {
-        self.table.entry_dead(index as usize)
+    fn id_gone(&self, id: ParticipantId) -> Option<Option<u32>> {
+        self.table.id_gone(id)
     }
 }

@@ -5,21 +5,22 @@
 //! slot's *generation* (bumped each time the slot is leased) and where the slot is:
 //!
 //! ```text
-//!   FREE(g) --lease--> LEASED(g+1) --send--> SENT(g+1) --receive--> HELD(g+1) --release--> FREE(g+1)
-//!                          |                                                       ^
-//!                          +---------------------- cancel (never sent) -----------+
+//!   FREE(g) --lease--> LEASED(g+1) --send--> SENT(g+1) --receive--> HELD(g+1) --release--> RETURNING(g+1)
+//!                          |                                                                   ^  |
+//!                          +-------------------------- cancel (never sent) ------------------+  |
+//!   RETURNING(g) --lease--> LEASED(g+1)  <----------------------------------------------------------+
 //! ```
 //!
-//! A HELD state also names its holder: the receiver's participant entry in the pool's
-//! free ring, plus one (0: unknown, e.g. heap pools), in bits 8..16 of the state. A slot
-//! held by a receiver whose process died (its liveness lock gone) is taken back by
-//! [`PoolCore::reclaim_dead`], which the sender runs while it waits for slots.
-//!
-//! Free slots sit in the free ring, an MPMC ring of slot indices (several receivers return
-//! slots at once; the sender takes them). Each transition that hands a slot on is a
-//! compare-and-swap from the exact state expected, so a slot is returned to the free ring
-//! only by the one party that holds it, and a descriptor whose generation is stale, or whose
-//! slot is not in flight, is refused without touching the pool.
+//! HELD and RETURNING also name a party, by its identity in the pool's free ring
+//! ([`ParticipantId`](crate::layout::ParticipantId): entry and registration serial, never
+//! a pid, so that neither entry reuse nor pid reuse makes a dead party look alive): the
+//! receiver holding the slot, and whoever is putting it back on the free ring. Giving a
+//! slot back takes two steps, the state (HELD or LEASED → RETURNING) and then the push of
+//! its index on the free ring, and a party can die between them: a slot RETURNING by a
+//! party that is gone and not in the free ring is pushed again by the sender (at its
+//! waiting ticks, where it is the free ring's only taker, so a scan of the ring is exact).
+//! A slot HELD by a receiver that is gone is taken back the same way
+//! ([`PoolCore::reclaim_dead`]). Leasing takes FREE and RETURNING slots alike.
 //!
 //! [`PoolCore`] is the protocol over any ring storage (heap storage for loom and unit
 //! tests); `segment.rs` puts it in shared memory.
@@ -36,24 +37,55 @@ const FREE: u32 = 0;
 const LEASED: u32 = 1;
 const SENT: u32 = 2;
 const HELD: u32 = 3;
+const RETURNING: u32 = 4;
+/// Bits of the state; the party (a `ParticipantId`, 29 bits) is above them.
+const STATE_BITS: u32 = 3;
 
 const fn pack(generation: u32, state: u32) -> u64 {
     ((generation as u64) << 32) | state as u64
 }
 
-/// (generation, state) of a state word; the state without its holder (see [`holder`]).
+/// (generation, state) of a state word; the state without its party (see [`party`]).
 const fn unpack(word: u64) -> (u32, u32) {
-    ((word >> 32) as u32, word as u32 & 0xff)
+    ((word >> 32) as u32, word as u32 & ((1 << STATE_BITS) - 1))
 }
 
-/// The holder recorded in a HELD state word: participant entry + 1, or 0 for unknown.
-const fn holder(word: u64) -> u32 {
-    (word as u32 >> 8) & 0xff
+/// The party recorded in a HELD or RETURNING state word (0: none).
+const fn party(word: u64) -> u32 {
+    word as u32 >> STATE_BITS
 }
 
-/// HELD by `holder` (participant entry + 1, or 0).
-const fn held_by(holder: u32) -> u32 {
-    HELD | (holder & 0xff) << 8
+/// `state` (HELD or RETURNING) by `party`.
+const fn by(state: u32, party: u32) -> u32 {
+    state | party << STATE_BITS
+}
+
+/// Whether a slot in `state` may be leased: it is free, or on its way back.
+const fn leasable(state: u32) -> bool {
+    state == FREE || state == RETURNING
+}
+
+/// Where a slot stands, for reports ([`phase`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Free, or on its way back to the free ring.
+    Free,
+    /// Leased to the sender.
+    Leased,
+    /// Sent, not yet received.
+    Sent,
+    /// Held by a receiver.
+    Held,
+}
+
+/// Where the slot whose record holds `word` stands (tools; anything unknown is `Held`).
+pub(crate) const fn phase(word: u64) -> Phase {
+    match unpack(word).1 {
+        FREE | RETURNING => Phase::Free,
+        LEASED => Phase::Leased,
+        SENT => Phase::Sent,
+        _ => Phase::Held,
+    }
 }
 
 /// A slot and the generation it was leased at: what a descriptor names.
@@ -158,7 +190,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         self.records
             .iter()
             // Relaxed: a diagnostic count.
-            .filter(|r| unpack(r.state.load(Ordering::Relaxed)).1 == FREE)
+            .filter(|r| leasable(unpack(r.state.load(Ordering::Relaxed)).1))
             .count()
     }
 
@@ -169,7 +201,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             // SeqCst: pairs with the SeqCst CAS in `release` and the caller's SeqCst store of
             // its "closed" flag, so that of a closer and the last releaser at least one
             // sees both the flag and every slot free.
-            .all(|r| unpack(r.state.load(Ordering::SeqCst)).1 == FREE)
+            .all(|r| leasable(unpack(r.state.load(Ordering::SeqCst)).1))
     }
 
     /// Whether no slot is held by a receiver, read with SeqCst (pairs with the SeqCst CAS in
@@ -236,7 +268,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         let word = record.state.load(Ordering::Relaxed);
         let (generation, state) = unpack(word);
         let next = SlotRef { slot, generation: generation.wrapping_add(1) };
-        if state != FREE
+        if !leasable(state)
             || record
                 .state
                 .compare_exchange(
@@ -318,8 +350,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             Err(found)
                 if unpack(found).1 == HELD
                     && found != mine
-                    && holder(found) != 0
-                    && self.free_rx.storage().watch().entry_dead(holder(found) - 1).is_some()
+                    && self.free_rx.storage().watch().id_gone(party(found)).is_some()
                     && record
                         .state
                         .compare_exchange(found, mine, Ordering::Relaxed, Ordering::Relaxed)
@@ -338,15 +369,23 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         self.give_back(held, self.held_state())
     }
 
-    /// The HELD state this process's receives record: HELD by our participant entry.
-    fn held_state(&self) -> u32 {
-        held_by(self.free_rx.storage().watch().entry().map_or(0, |i| i + 1))
+    /// This endpoint's identity in the free ring (0 for heap pools, which watch nobody).
+    fn me(&self) -> u32 {
+        self.free_rx.storage().watch().id().unwrap_or(0)
     }
 
-    /// Takes back every slot held by a receiver whose process died (and for which
-    /// `exited(pid)` agrees), returning them to the free ring; returns how many. A few
-    /// syscalls per held slot (the holder's liveness lock is probed): call it while
-    /// waiting, not per message.
+    /// The HELD state this endpoint's receives record: HELD by its identity.
+    fn held_state(&self) -> u32 {
+        by(HELD, self.me())
+    }
+
+    /// Takes back every slot that a party which is gone left behind (and for which
+    /// `exited(pid)` agrees, given the pid its entry recorded if it still does): slots
+    /// HELD by a receiver that died, and slots RETURNING by a party that died before its
+    /// push on the free ring. Returns how many. A few syscalls per such slot (the party's
+    /// lock is probed): call it while waiting, not per message, and only from the free
+    /// ring's one taker (the sender's thread, or whoever has taken over a dead sender's
+    /// pool), whose scan of the free ring nobody else's pops can change.
     ///
     /// `queued(slot, generation)` says whether a descriptor naming the slot is still in
     /// the channel's ring: then its dead holder took the slot without consuming the
@@ -358,24 +397,44 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         queued: impl Fn(u32, u32) -> bool,
     ) -> u32 {
         let watch = self.free_rx.storage().watch();
+        let gone =
+            |word: u64| watch.id_gone(party(word)).is_some_and(|pid| pid.is_none_or(&exited));
         let mut reclaimed = 0;
         for (slot, record) in self.records.iter().enumerate() {
             // Relaxed: the CAS in `give_back` decides; a stale read only skips a slot.
             let word = record.state.load(Ordering::Relaxed);
             let (generation, state) = unpack(word);
-            let h = holder(word);
-            if state == HELD
-                && h != 0
-                && watch.entry_dead(h - 1).is_some_and(&exited)
-                && !queued(slot as u32, generation)
-            {
-                let lease = SlotRef { slot: slot as u32, generation };
-                if self.give_back(lease, held_by(h)) {
-                    reclaimed += 1;
+            let lease = SlotRef { slot: slot as u32, generation };
+            let back = match state {
+                HELD => {
+                    gone(word)
+                        && !queued(lease.slot, generation)
+                        && self.give_back(lease, word as u32)
                 }
-            }
+                RETURNING => gone(word) && self.push_again(lease, word as u32),
+                _ => false,
+            };
+            reclaimed += u32::from(back);
         }
         reclaimed
+    }
+
+    /// A slot RETURNING by a party that is gone: this endpoint takes the return over (a
+    /// CAS, so of several takers one does) and pushes the slot unless it is on the free
+    /// ring already (the party died after its push).
+    fn push_again(&self, lease: SlotRef, from: u32) -> bool {
+        let record = &self.records[lease.slot as usize];
+        // Relaxed: the free ring hands the slot on (Release push below); the CAS only makes
+        // this endpoint the one that finishes the return.
+        let took = record.state.compare_exchange(
+            pack(lease.generation, from),
+            pack(lease.generation, by(RETURNING, self.me())),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        took.is_ok()
+            && !self.free_tx.any_unfreed(|&s| s == lease.slot)
+            && self.free_tx.push_until(lease.slot, Deadline::Never).is_ok()
     }
 
     fn give_back(&self, lease: SlotRef, from: u32) -> bool {
@@ -388,7 +447,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             .state
             .compare_exchange(
                 pack(lease.generation, from),
-                pack(lease.generation, FREE),
+                pack(lease.generation, by(RETURNING, self.me())),
                 Ordering::SeqCst,
                 Ordering::Relaxed,
             )
@@ -396,6 +455,9 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         {
             return false;
         }
+        // A death here leaves the slot RETURNING by a party that is gone, off the free
+        // ring: `reclaim_dead` pushes it again.
+        crate::fault::point("release_marked");
         match self.free_tx.push_until(lease.slot, Deadline::Never) {
             Ok(()) => true,
             // The free ring holds at most `slot_count` entries and has room for all: a full

@@ -17,5 +17,6 @@ mod segment;
 
 pub use cuda::CudaError;
 pub use lease::{AcquireError, HeapPool, PoolCore, SlotRef, heap_pool};
+pub(crate) use lease::{Phase, phase};
 #[cfg(not(loom))]
 pub(crate) use segment::{PoolError, PoolSegment};

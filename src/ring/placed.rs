@@ -95,7 +95,7 @@ impl RingSegment {
         // SAFETY: offsets from a layout that ends inside the mapping (`at` checks each).
         let (control, cells) =
             unsafe { (segment.at::<RingControl>(layout.control), segment.at::<u8>(layout.cells)) };
-        let table = ParticipantTable::new(segment.clone(), layout.participants);
+        let table = ParticipantTable::new(segment.clone(), layout.ring_header, layout.participants);
         Arc::new(Self { segment, layout, control, cells, stamped, table })
     }
 

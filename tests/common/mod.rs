@@ -142,6 +142,18 @@ impl Peer {
         panic!("peer closed its stdout before saying {what:?}");
     }
 
+    /// The next line the peer announced with `GPURING:`, without the prefix; `None` once
+    /// its stdout is closed.
+    pub fn next_line(&mut self) -> Option<String> {
+        for line in self.lines.by_ref() {
+            let line = line.unwrap();
+            if let Some((_, rest)) = line.split_once("GPURING:") {
+                return Some(rest.trim().to_owned());
+            }
+        }
+        None
+    }
+
     /// Waits for the announced death; returns its monotonic time. Checks that the peer
     /// was really killed by SIGKILL.
     pub fn died(&mut self) -> u64 {
