@@ -85,3 +85,96 @@ fn replace_stale_then_clean_leaves_nothing_of_the_old_instance() {
     let rx = ch.receiver().unwrap();
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 2);
 }
+
+/// A role whose dead holder had the claimant's pid: a copy of a ring whose roles this very
+/// process holds (in the copy nobody holds their locks: the holders are dead, and their
+/// pid is ours, as after pid reuse or in another pid namespace). The copy's roles are
+/// taken over; the original's stay ours. Before, a pid comparison found our own fresh
+/// entry and refused with `RoleTaken` naming our pid.
+#[test]
+fn a_role_whose_dead_holder_had_our_pid_is_taken_over() {
+    use gpuring::{AttachError, SpscRing};
+    let name = unique_name("pid-reuse");
+    let ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    let (mut tx, mut rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
+    tx.try_push(7).unwrap();
+    let image = std::fs::read(format!("/dev/shm/{name}")).unwrap();
+    let copy = unique_name("pid-reuse-copy");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(format!("/dev/shm/{copy}"))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &image, 0).unwrap();
+    drop(f);
+    let copied = SpscRing::<u64>::open(&copy).unwrap();
+    let mut rx2 = copied.consumer().expect("the copy's dead consumer (our pid) is taken over");
+    let _tx2 = copied.producer().expect("the copy's dead producer (our pid) is taken over");
+    assert_eq!(rx2.try_pop(), Ok(7), "what the copy holds");
+    let me = std::process::id();
+    assert!(matches!(
+        ring.consumer(),
+        Err(AttachError::RoleTaken { holder_pid, .. }) if holder_pid == me
+    ));
+    assert_eq!(rx.try_pop(), Ok(7), "the original's element, still there");
+}
+
+/// A slot held by a crashed receiver while 100 more receivers crash (each maps the pool,
+/// so the pool's 64-entry participant table fills with dead entries and they are reused,
+/// the crashed holder's among them), and then a live receiver takes that very entry. The
+/// sender still gets the slot back: the holder is named by entry and registration serial,
+/// and that registration is gone. Before, the holder was an entry index, which the live
+/// receiver now held: the slot was lost for good.
+#[test]
+fn a_slot_of_a_crashed_receiver_comes_back_after_100_more_crashes() {
+    use gpuring::Receiver;
+    const TEST: &str = "a_slot_of_a_crashed_receiver_comes_back_after_100_more_crashes";
+    let tag_of = |m: &gpuring::Message| u64::from_le_bytes(m[..8].try_into().unwrap());
+    match role().as_deref() {
+        Some("holder") => {
+            let ch = Channel::builder(ring_name()).open().unwrap();
+            let rx: Receiver = ch.receiver().unwrap();
+            let m = rx.recv_timeout(LIMIT).unwrap();
+            common::announce(&format!("holding {}", tag_of(&m)));
+            die();
+        }
+        Some("crasher") => {
+            let ch = Channel::builder(ring_name()).open().unwrap();
+            let rx: Receiver = ch.receiver().unwrap();
+            drop(rx.recv_timeout(LIMIT).unwrap()); // maps the pool, gives the slot back
+            die();
+        }
+        _ => {}
+    }
+    const SLOTS: usize = 4;
+    let name = unique_name("holders");
+    let ch = Channel::builder(&name).capacity(16).slots(SLOTS as u32, 64).mpmc().create().unwrap();
+    let tx = ch.sender().unwrap();
+    let send = |tag: u64| {
+        let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+        lease[..8].copy_from_slice(&tag.to_le_bytes());
+        tx.send(lease, TensorMeta::bytes(8)).unwrap();
+    };
+    send(0);
+    let mut holder = Peer::spawn(TEST, "holder", &name);
+    assert_eq!(holder.expect("holding"), "0");
+    holder.died();
+    for tag in 1..=100 {
+        send(tag);
+        Peer::spawn(TEST, "crasher", &name).died();
+    }
+    // A live receiver: it maps the pool and takes the lowest dead entry, the holder's.
+    let rx = ch.receiver().unwrap();
+    send(101);
+    assert_eq!(tag_of(&rx.recv_timeout(LIMIT).unwrap()), 101);
+    let t = std::time::Instant::now();
+    let leases: Vec<_> =
+        (0..SLOTS).map(|_| tx.acquire_timeout(Duration::from_secs(5)).unwrap()).collect();
+    println!("every slot back in {:?}", t.elapsed());
+    drop(leases);
+    assert_eq!(tx.free_slots(), SLOTS);
+    let pools = gpuring::inspect::inspect(&name).unwrap().pools;
+    let held = pools.iter().filter_map(|p| p.slots.as_ref().map(|s| s.held)).sum::<u32>();
+    assert_eq!(held, 0, "inspect shows no slot held");
+}
