@@ -15,6 +15,7 @@
 //! | `inside_wake` | a publisher waking sleepers: the epoch bumped, the futex not yet woken |
 //! | `send_holding_lease` | a sender: a slot leased, not yet sent |
 //! | `recv_holding` | a receiver: a slot taken (HELD), the message not yet returned |
+//! | `release_marked` | a slot given back: marked RETURNING, not yet on the free ring |
 
 /// Reaches fault point `name`.
 #[cfg(all(feature = "fault-injection", not(loom)))]
