@@ -164,10 +164,10 @@ fn send_word(tx: &Sender<Cuda>, s: &Arc<CudaStream>, v: u32, tag: u64) {
     tx.send(lease, TensorMeta::bytes(4)).unwrap();
 }
 
-/// Tells the peer to stop, and gives it a moment to.
-fn stop(tx: &Sender<Cuda>, s: &Arc<CudaStream>) {
+/// Tells the peer to stop, and reaps it once it has taken the message.
+fn stop(tx: &Sender<Cuda>, s: &Arc<CudaStream>, peer: common::Peer) {
     send_word(tx, s, 0, STOP);
-    std::thread::sleep(Duration::from_millis(50));
+    peer.finish();
 }
 
 fn floor(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
@@ -227,7 +227,7 @@ fn gpuring_ping_pong(g: &mut criterion::BenchmarkGroup<'_, criterion::measuremen
     let mut rx = ba.receiver().unwrap();
     tx.set_wait_policy(SPIN);
     rx.set_wait_policy(SPIN);
-    let _peer = peer("echo", &name, 0, false);
+    let echo = peer("echo", &name, 0, false);
     let mut seq = 0u64;
     g.bench_function("gpuring_spsc_spin", |b| {
         b.iter_custom(|iters| {
@@ -241,7 +241,7 @@ fn gpuring_ping_pong(g: &mut criterion::BenchmarkGroup<'_, criterion::measuremen
             t.elapsed() / 2
         })
     });
-    stop(&tx, &s);
+    stop(&tx, &s, echo);
 }
 
 fn stream(c: &mut Criterion) {
@@ -252,7 +252,7 @@ fn stream(c: &mut Criterion) {
     let ch = Channel::builder(&name).capacity(256).slots(64, 4096).cuda(&ctx).create().unwrap();
     let mut tx = ch.sender().unwrap();
     tx.set_wait_policy(SPIN);
-    let _peer = peer("sink", &name, 0, false);
+    let sink = peer("sink", &name, 0, false);
     let mut seq = 0u64;
     g.bench_function("gpuring_spsc_1p1c", |b| {
         b.iter_custom(|iters| {
@@ -267,7 +267,7 @@ fn stream(c: &mut Criterion) {
             t.elapsed()
         })
     });
-    stop(&tx, &s);
+    stop(&tx, &s, sink);
     g.finish();
 }
 

@@ -245,7 +245,7 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         tx.set_wait_policy(policy);
         rx.set_wait_policy(policy);
         tx.set_demote(role.ends_with("demote"));
-        let _p = peer(role, &name, 0, false);
+        let p = peer(role, &name, 0, false);
         let mut seq = 0u64;
         g.run(label, DESC, |iters| {
             let t = Instant::now();
@@ -258,6 +258,7 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
             one_way(t.elapsed())
         });
         tx.push(descriptor(STOP)).unwrap();
+        p.finish();
     }
 
     {
@@ -377,7 +378,7 @@ fn throughput(c: &mut Criterion) {
     {
         let name = unique("tput");
         let (mut tx, mut acks) = stream_rings::<Descriptor>(&name);
-        let _p = peer("spsc-sink", &name, 0, false);
+        let p = peer("spsc-sink", &name, 0, false);
         g.bench_function(BenchmarkId::new("gpuring_spsc", "1p1c"), |b| {
             b.iter_custom(|iters| {
                 let t = Instant::now();
@@ -391,6 +392,7 @@ fn throughput(c: &mut Criterion) {
             })
         });
         tx.push(descriptor(STOP)).unwrap();
+        p.finish();
     }
 
     {
@@ -398,7 +400,7 @@ fn throughput(c: &mut Criterion) {
         // (`push_slice`), one `head` store per slice on the consumer (`pop_into`).
         let name = unique("tputb");
         let (mut tx, mut acks) = stream_rings::<Descriptor>(&name);
-        let _p = peer("spsc-sink-batch", &name, 0, false);
+        let p = peer("spsc-sink-batch", &name, 0, false);
         let mut buf = [Descriptor::default(); BATCH];
         g.bench_function(BenchmarkId::new("gpuring_spsc_batch32", "1p1c"), |b| {
             b.iter_custom(|iters| {
@@ -418,6 +420,7 @@ fn throughput(c: &mut Criterion) {
             })
         });
         tx.push(descriptor(STOP)).unwrap();
+        p.finish();
     }
 
     {
@@ -425,7 +428,7 @@ fn throughput(c: &mut Criterion) {
         // descriptor's six cache lines.
         let name = unique("tput64");
         let (mut tx, mut acks) = stream_rings::<u64>(&name);
-        let _p = peer("spsc-sink-u64", &name, 0, false);
+        let p = peer("spsc-sink-u64", &name, 0, false);
         g.bench_function(BenchmarkId::new("gpuring_spsc_u64", "1p1c"), |b| {
             b.iter_custom(|iters| {
                 let t = Instant::now();
@@ -438,6 +441,7 @@ fn throughput(c: &mut Criterion) {
             })
         });
         tx.push(STOP).unwrap();
+        p.finish();
     }
 
     for (label, suffix) in [("gpuring_mpmc", ""), ("gpuring_mpmc_batch32", "-batch")] {

@@ -551,6 +551,19 @@ mod departing {
     }
 }
 
+/// What `try_pop` returns until it says `Disconnected` (yielding while it finds nothing).
+fn until_disconnected(mut try_pop: impl FnMut() -> Result<u64, TryPopError>) -> Vec<u64> {
+    let mut got = Vec::new();
+    loop {
+        match try_pop() {
+            Ok(v) => got.push(v),
+            Err(TryPopError::Empty) => thread::yield_now(),
+            Err(TryPopError::Disconnected) => return got,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
 /// A producer pushes one element and leaves (its count drops, Release) while a consumer
 /// polls: `Disconnected` comes only after the element, never instead of it. The consumer
 /// reads the count after finding the ring empty; a count of 0 must make the element
@@ -569,21 +582,13 @@ fn spsc_disconnected_only_after_what_was_pushed() {
             tx.try_push(7).unwrap();
             ring.leave();
         });
-        let mut got = Vec::new();
-        loop {
-            match rx.try_pop() {
-                Ok(v) => got.push(v),
-                Err(TryPopError::Empty) => thread::yield_now(),
-                Err(TryPopError::Disconnected) => break,
-                Err(e) => panic!("{e:?}"),
-            }
-        }
+        let got = until_disconnected(|| rx.try_pop());
         producer.join().unwrap();
         assert_eq!(got, [7], "everything pushed arrives before Disconnected");
     });
 }
 
-/// The same with MPMC cells (stamps): two producers' elements, one count for both.
+/// The same with MPMC cells (stamps): the consumer's second look reads the cell's stamp.
 #[test]
 fn mpmc_disconnected_only_after_what_was_pushed() {
     use departing::Departing;
@@ -596,15 +601,7 @@ fn mpmc_disconnected_only_after_what_was_pushed() {
             tx.try_push(7).unwrap();
             ring.leave();
         });
-        let mut got = Vec::new();
-        loop {
-            match rx.try_pop() {
-                Ok(v) => got.push(v),
-                Err(TryPopError::Empty) => thread::yield_now(),
-                Err(TryPopError::Disconnected) => break,
-                Err(e) => panic!("{e:?}"),
-            }
-        }
+        let got = until_disconnected(|| rx.try_pop());
         producer.join().unwrap();
         assert_eq!(got, [7], "everything pushed arrives before Disconnected");
     });

@@ -23,6 +23,18 @@ fn leftovers(name: &str) -> Vec<String> {
     found
 }
 
+/// Makes object `name` in /dev/shm (mode 0600, as gpuring's are) holding `image`: a
+/// segment copied or left as another process would have.
+fn write_object(name: &str, image: &[u8]) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, image, 0).unwrap();
+}
+
 /// A new sender of `ch` that has sent one message tagged `tag`.
 fn send_one(ch: &Channel, tag: u64) -> gpuring::Sender {
     let tx = ch.sender().unwrap();
@@ -67,14 +79,7 @@ fn replace_stale_then_clean_leaves_nothing_of_the_old_instance() {
     assert_eq!(live.len(), 2, "the new channel and its pool: {live:?}");
 
     // An old instance's pool that outlived the replacement.
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(format!("/dev/shm/{old_pool}"))
-        .unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&f, &image, 0).unwrap();
-    drop(f);
+    write_object(&old_pool, &image);
     let all = gpuring::inspect::list().unwrap();
     let info = all.iter().find(|i| i.name == old_pool).unwrap();
     assert_eq!(info.state(&all), "orphaned pool");
@@ -100,14 +105,7 @@ fn a_role_whose_dead_holder_had_our_pid_is_taken_over() {
     tx.try_push(7).unwrap();
     let image = std::fs::read(format!("/dev/shm/{name}")).unwrap();
     let copy = unique_name("pid-reuse-copy");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(format!("/dev/shm/{copy}"))
-        .unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&f, &image, 0).unwrap();
-    drop(f);
+    write_object(&copy, &image);
     let copied = SpscRing::<u64>::open(&copy).unwrap();
     let mut rx2 = copied.consumer().expect("the copy's dead consumer (our pid) is taken over");
     let _tx2 = copied.producer().expect("the copy's dead producer (our pid) is taken over");

@@ -41,6 +41,18 @@ impl Drop for Peer {
     }
 }
 
+impl Peer {
+    /// Reaps a peer that was told to stop, once it has exited by itself (up to 5 s; then
+    /// it is killed): it must take the stop message with it, because a ring or channel
+    /// left with a message in it outlives its handles and would stay in /dev/shm.
+    pub fn finish(mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && !matches!(self.0.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 /// Starts this binary as peer `role` with segment `name`; `stdio` pipes its stdin/stdout.
 pub fn peer(role: &str, name: &str, index: usize, stdio: bool) -> Peer {
     let mut cmd = Command::new(std::env::current_exe().unwrap());

@@ -352,16 +352,11 @@ impl Attachment {
         }
     }
 
-    /// This endpoint's identity in the table.
-    fn id(&self) -> ParticipantId {
-        self.participant.as_ref().map_or(0, |p| p.id)
-    }
-
     /// Claims the SPSC role with a CAS of 0 → this endpoint's identity, taking it over
     /// from a holder that is gone (by its entry and lock, never by pid).
     fn claim_role(&self) -> Result<(), AttachError> {
         let word = self.role_word();
-        let me = self.id();
+        let me = Watch::id(self).unwrap_or(0);
         let mut expected = 0;
         loop {
             // Acquire on success: pairs with the Release store in `drop` of the previous

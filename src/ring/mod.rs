@@ -190,10 +190,10 @@ pub(crate) fn cache_hint<C>(value: &C, hint: Hint) {
         let base = (value as *const C).cast::<u8>();
         for offset in (0..size_of::<C>()).step_by(64) {
             let line = base.wrapping_add(offset);
-            // SAFETY: PREFETCHT0, PREFETCHW and CLDEMOTE only hint where a line should be;
-            // they cannot fault, write or change a value, and the latter two decode as NOPs
-            // where unsupported (PREFETCHT0 is baseline). The address is inside `value`. No
-            // stack use, flags untouched.
+            // PREFETCHT0, PREFETCHW and CLDEMOTE only hint where a line should be: they
+            // cannot fault, write or change a value, and the latter two decode as NOPs where
+            // unsupported (PREFETCHT0 is baseline). No stack use, flags untouched.
+            // SAFETY: a hint (see above) at an address inside `value`.
             unsafe {
                 match hint {
                     Hint::Read => {
