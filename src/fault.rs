@@ -16,6 +16,7 @@
 //! | `send_holding_lease` | a sender: a slot leased, not yet sent |
 //! | `recv_holding` | a receiver: a slot taken (HELD), the message not yet returned |
 //! | `release_marked` | a slot given back: marked RETURNING, not yet on the free ring |
+//! | `pool_made` | a sender registering: its entry claimed and its pool made, not yet `ACTIVE` |
 
 /// Reaches fault point `name`.
 #[cfg(all(feature = "fault-injection", not(loom)))]

@@ -406,7 +406,7 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
 
 fn pool_report(index: u32, e: &PoolEntry) -> Option<PoolReport> {
     // Acquire: pairs with the Release store of the state by the registering sender.
-    let state = match e.state.load(Ordering::Acquire) {
+    let state = match PoolEntry::code(e.state.load(Ordering::Acquire)) {
         PoolEntry::CLAIMED => "registering",
         PoolEntry::ACTIVE => "active",
         PoolEntry::CLOSED => "closed",

@@ -708,3 +708,60 @@ fn kill_storm_of_receivers_in_one_stream() {
     drop(leases);
     assert_eq!(tx.free_slots(), SLOTS as usize, "every slot back");
 }
+
+/// A sender killed while registering (its entry claimed and its pool made, not yet
+/// active), after leasing a slot, and half-way through a send, on a channel whose pool
+/// table has one entry: the replacement sender closes the dead one's entry and takes it;
+/// what the dead one published arrives once; its pool goes (nothing it held is left to
+/// come back). Before, the dead sender's entry stayed claimed or active for good, and the
+/// replacement got `PoolTableFull`.
+#[test]
+fn sender_killed_anywhere_gives_its_pool_table_entry_back() {
+    if role().as_deref() == Some("sender") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tx = ch.sender().unwrap();
+        for seq in 0..MESSAGES {
+            send(&tx, seq);
+        }
+        panic!("the fault point was never reached");
+    }
+    let plan = [
+        (false, "pool_made", 1, 0),
+        (false, "send_holding_lease", 3, 2),
+        (false, "push_after_write", 3, 2),
+        (true, "pool_made", 1, 0),
+        (true, "send_holding_lease", 2, 1),
+        (true, "push_before_publish", 3, 2),
+    ];
+    for (mpmc, point, n, published) in plan {
+        let what = format!("{point}:{n}, mpmc {mpmc}");
+        let name = unique_name("fault-entry");
+        let b = Channel::builder(&name).capacity(8).slots(SLOTS, 64).max_senders(1);
+        let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+        let rx = ch.receiver().unwrap();
+        let fault = [("GPURING_FAULT", format!("{point}:{n}"))];
+        let mut peer = Peer::spawn_with(
+            "sender_killed_anywhere_gives_its_pool_table_entry_back",
+            "sender",
+            &name,
+            &fault,
+        );
+        killed_at_point(&mut peer, point);
+        let (got, _) = drain_until_dead(&rx);
+        assert_eq!(got, (0..published).collect::<Vec<_>>(), "{what}: exactly once");
+        let dead = ch.pools();
+        assert_eq!(dead.len(), 1, "{what}: the dead sender's entry: {dead:?}");
+        usable_after(&ch, &rx);
+        let pools = ch.pools();
+        assert_eq!(pools.len(), 1, "{what}: one entry: {pools:?}");
+        assert_ne!(pools[0].instance, dead[0].instance, "{what}: registered again");
+        // The replacement has left too, its pool drained: no pool of the channel is left.
+        let stem = format!("{}.", name.trim_start_matches('/'));
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| f.starts_with(&stem))
+            .collect();
+        assert!(left.is_empty(), "{what}: pools left: {left:?}");
+    }
+}

@@ -446,3 +446,75 @@ fn gpu_messages_of_an_exited_sender_are_refused_unread() {
     let _ = std::fs::remove_file(&marker);
     assert!(status.success(), "the receiver's checks failed: {status}");
 }
+
+/// A GPU sender killed with messages queued takes its device memory with it. Once another
+/// sender registers in the channel, which closes the dead sender's pool table entry and
+/// retires its pool, a receiver refuses those messages with `SenderGone`, reading nothing,
+/// and then gets the new sender's message. Before, it imported the dead pool and got
+/// `RecvError::Cuda` (the IPC handle of a dead process does not open). All ends run in
+/// children (see `gpu_messages_of_an_exited_sender_are_refused_unread`).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
+    const WORDS: usize = 1024;
+    const TEST: &str = "gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it";
+    let replaced = |name: &str| std::env::temp_dir().join(format!("{name}.replaced"));
+    let send = |tx: &gpuring::Sender<Cuda>, stream: &Arc<CudaStream>, seq: u64| {
+        let lease = tx.acquire_on(stream).unwrap();
+        memset(lease.device_ptr(), value(seq), WORDS, stream);
+        tx.send(lease, TensorMeta::bytes((WORDS * 4) as u64)).unwrap();
+    };
+    match role().as_deref() {
+        Some("victim") => {
+            let (ctx, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let tx = ch.sender().unwrap();
+            (0..3).for_each(|seq| send(&tx, &stream, seq));
+            stream.synchronize().unwrap();
+            die();
+        }
+        Some("replacement") => {
+            let (ctx, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let tx = ch.sender().unwrap();
+            send(&tx, &stream, 100);
+            announce("sent");
+            return; // the drop waits for the message to come back
+        }
+        Some("receiver") => {
+            let (ctx, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            announce("ready");
+            common::wait_for("the replacement", LIMIT, || replaced(&ring_name()).exists());
+            for seq in 0..3 {
+                match rx.recv_on_timeout(&stream, LIMIT) {
+                    Err(gpuring::RecvError::SenderGone) => {}
+                    other => panic!("message {seq}: expected SenderGone, got {other:?}"),
+                }
+            }
+            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let mut words = [0u32; 2];
+            read_words(m.device_ptr(), &mut words, &stream);
+            assert_eq!(words, [value(100); 2], "the replacement's message");
+            announce("refused");
+            return;
+        }
+        _ => {}
+    }
+    let (ctx, _stream) = setup();
+    let name = unique_name("gpu-killed");
+    let _ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&ctx).create().unwrap();
+    let mut receiver = Peer::spawn(TEST, "receiver", &name);
+    receiver.expect("ready");
+    Peer::spawn(TEST, "victim", &name).died();
+    let mut replacement = Peer::spawn(TEST, "replacement", &name);
+    replacement.expect("sent");
+    let marker = replaced(&name);
+    std::fs::write(&marker, b"").unwrap();
+    receiver.expect("refused");
+    let status = receiver.child.wait().unwrap();
+    let _ = std::fs::remove_file(&marker);
+    assert!(status.success(), "the receiver's checks failed: {status}");
+    assert!(replacement.child.wait().unwrap().success(), "the replacement exits cleanly");
+}

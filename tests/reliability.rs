@@ -8,7 +8,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 use common::{Peer, die, ring_name, role, unique_name};
-use gpuring::{Channel, TensorMeta};
+use gpuring::{Channel, PoolState, TensorMeta};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -175,4 +175,94 @@ fn a_slot_of_a_crashed_receiver_comes_back_after_100_more_crashes() {
     let pools = gpuring::inspect::inspect(&name).unwrap().pools;
     let held = pools.iter().filter_map(|p| p.slots.as_ref().map(|s| s.held)).sum::<u32>();
     assert_eq!(held, 0, "inspect shows no slot held");
+}
+
+/// Senders that crash one after another, three times as many as the pool table holds,
+/// each with a message queued and a slot leased: every replacement registers, the queued
+/// messages all arrive, and each dead sender's pool goes once its messages are taken.
+/// Before, a crashed sender's entry stayed `Active` for good: the replacement after
+/// `max_senders` crashes got `PoolTableFull`, and the pools stayed in /dev/shm.
+fn crashed_senders_leave_the_pool_table_free(test: &str, mpmc: bool, max_senders: u32) {
+    let tag_of = |m: &gpuring::Message| u64::from_le_bytes(m[..8].try_into().unwrap());
+    if role().as_deref() == Some("victim") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tag: u64 = std::env::var("GPURING_TEST_TAG").unwrap().parse().unwrap();
+        let tx = send_one(&ch, tag);
+        let _leased = tx.acquire_timeout(LIMIT).unwrap();
+        die();
+    }
+    let name = unique_name("crashed-senders");
+    let mut builder = Channel::builder(&name).capacity(8).slots(4, 64).max_senders(max_senders);
+    if mpmc {
+        builder = builder.mpmc();
+    }
+    let ch = builder.create().unwrap();
+    let rx = ch.receiver().unwrap();
+    let crashes = u64::from(3 * max_senders);
+    for tag in 0..crashes {
+        let env = [("GPURING_TEST_TAG", tag.to_string())];
+        Peer::spawn_with(test, "victim", &name, &env).died();
+        // The previous victim's message, taken after this one closed its pool: the last
+        // slot back unlinks it.
+        if let Some(previous) = tag.checked_sub(1) {
+            assert_eq!(tag_of(&rx.recv_timeout(LIMIT).unwrap()), previous);
+        }
+        let found = leftovers(&name);
+        assert!(found.len() <= 2, "the channel and the last victim's pool only: {found:?}");
+    }
+    let tx = send_one(&ch, crashes);
+    assert_eq!(tag_of(&rx.recv_timeout(LIMIT).unwrap()), crashes - 1, "the last victim's");
+    assert_eq!(tag_of(&rx.recv_timeout(LIMIT).unwrap()), crashes, "the live sender's");
+    let own = tx.pool_name().trim_start_matches('/').to_owned();
+    assert_eq!(leftovers(&name), [name.clone(), own], "no dead sender's pool is left");
+    let active: Vec<_> = ch.pools().into_iter().filter(|p| p.state != PoolState::Closed).collect();
+    assert_eq!(active.len(), 1, "only the live sender's entry is active: {active:?}");
+}
+
+#[test]
+fn crashed_spsc_senders_leave_the_pool_table_free() {
+    crashed_senders_leave_the_pool_table_free(
+        "crashed_spsc_senders_leave_the_pool_table_free",
+        false,
+        4,
+    );
+}
+
+#[test]
+fn crashed_mpmc_senders_leave_the_pool_table_free() {
+    crashed_senders_leave_the_pool_table_free(
+        "crashed_mpmc_senders_leave_the_pool_table_free",
+        true,
+        2,
+    );
+}
+
+/// A sender that left cleanly while a receiver held one of its slots, then that receiver
+/// crashed: the pool can never drain by itself. A sender registering in the full table
+/// (one entry) gives the dead receiver's slot back, the old pool goes, and the entry is
+/// taken. Before, the entry stayed closed with its pool there: `PoolTableFull` for good.
+#[test]
+fn a_pool_kept_only_by_a_dead_receiver_gives_its_entry_back() {
+    if role().as_deref() == Some("holder") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let m = rx.recv_timeout(LIMIT).unwrap();
+        common::announce(&format!("holding {}", m.tag()));
+        die();
+    }
+    let name = unique_name("kept-pool");
+    let ch = Channel::builder(&name).capacity(8).slots(2, 64).max_senders(1).create().unwrap();
+    let tx = send_one(&ch, 1);
+    let old_pool = tx.pool_name().trim_start_matches('/').to_owned();
+    let mut holder =
+        Peer::spawn("a_pool_kept_only_by_a_dead_receiver_gives_its_entry_back", "holder", &name);
+    assert_eq!(holder.expect("holding"), "1");
+    drop(tx); // leaves cleanly; the held slot keeps its pool
+    holder.died();
+    assert!(leftovers(&name).contains(&old_pool), "the pool waits for its held slot");
+    let tx = send_one(&ch, 2);
+    assert!(!leftovers(&name).contains(&old_pool), "the dead receiver's slot came back");
+    let rx = ch.receiver().unwrap();
+    assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 2);
+    drop(tx);
 }

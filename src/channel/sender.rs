@@ -21,10 +21,10 @@ use super::error::SendError;
 use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
-use crate::layout::{MpmcCell, SpscCell};
-use crate::liveness::{AttachError, Blocked};
+use crate::layout::{MpmcCell, ParticipantId, SpscCell};
+use crate::liveness::{AttachError, Blocked, Watch};
 use crate::pool::{AcquireError, PoolSegment, SlotRef};
-use crate::ring::{PushError, ShmStorage, mpmc, spsc};
+use crate::ring::{PushError, ShmStorage, Storage, mpmc, spsc};
 use crate::wait::{Deadline, WaitPolicy, blocking};
 
 /// The producer end of a channel's descriptor ring.
@@ -74,6 +74,15 @@ impl Tx {
             Tx::Spsc(p) => p.borrow().any_queued(pred),
             Tx::Mpmc(p) => p.any_unfreed(pred),
         }
+    }
+
+    /// This endpoint's identity in the channel's ring.
+    fn id(&self) -> ParticipantId {
+        let id = match self {
+            Tx::Spsc(p) => p.borrow().storage().watch().id(),
+            Tx::Mpmc(p) => p.storage().watch().id(),
+        };
+        id.expect("an endpoint of a ring in shared memory is registered")
     }
 
     fn set_wait_policy(&mut self, policy: WaitPolicy) {
@@ -142,7 +151,12 @@ impl<B: Backend> Channel<B> {
     /// creating the pool segment (or, on a GPU channel, the device pool) can return.
     pub fn sender(&self) -> Result<Sender<B>, super::ChannelError> {
         let tx = Tx::attach(&self.inner)?;
-        let registered = self.inner.register_pool()?;
+        let queued = |pool_id: u32, slot: u32, generation: u32| {
+            tx.any_unconsumed(|d| {
+                d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
+            })
+        };
+        let registered = self.inner.register_pool(tx.id(), &queued)?;
         Ok(Sender {
             channel: self.inner.clone(),
             free: registered.pool.core.free_consumer(),

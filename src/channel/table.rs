@@ -17,8 +17,8 @@ use super::Flavor;
 use super::backend::sealed::Backend;
 use super::error::{ChannelError, RecvError, corrupt};
 use crate::layout::{
-    ChannelHeader, ChannelLayout, LAYOUT_VERSION, POOL_NAME_BYTES, PoolEntry, SegmentHeader,
-    SegmentKind, load_bytes, store_bytes,
+    ChannelHeader, ChannelLayout, LAYOUT_VERSION, POOL_NAME_BYTES, ParticipantId, PoolEntry,
+    SegmentHeader, SegmentKind, load_bytes, store_bytes,
 };
 use crate::pool::PoolSegment;
 use crate::ring::RingSegment;
@@ -101,25 +101,47 @@ impl<B: Backend> ChannelSegment<B> {
         pool_name(&self.base, self.nonce, index, instance)
     }
 
-    /// Claims a table entry and makes the sender's pool (through the backend) under the
-    /// entry's name; the entry goes `ACTIVE` once the pool exists.
+    /// Claims a table entry for the sender `me` (its identity in the channel's ring) and
+    /// makes its pool (through the backend) under the entry's name; the entry goes `ACTIVE`
+    /// once the pool exists. First, entries of senders that died are closed
+    /// ([`close_dead_owners`](Self::close_dead_owners)); and when no entry is free, closed
+    /// entries whose pools only dead receivers keep are drained
+    /// ([`drain_closed`](Self::drain_closed)). `queued(pool_id, slot, generation)` says
+    /// whether a descriptor naming that slot is still in the channel's ring.
     ///
     /// # Errors
     ///
     /// [`ChannelError::PoolTableFull`], and what making the pool returns.
-    pub(super) fn register_pool(&self) -> Result<Registered<B>, ChannelError> {
+    pub(super) fn register_pool(
+        &self,
+        me: ParticipantId,
+        queued: &dyn Fn(u32, u32, u32) -> bool,
+    ) -> Result<Registered<B>, ChannelError> {
+        self.close_dead_owners(me, queued);
+        if let Some(registered) = self.claim(me)? {
+            return Ok(registered);
+        }
+        if self.drain_closed(queued) > 0 {
+            if let Some(registered) = self.claim(me)? {
+                return Ok(registered);
+            }
+        }
+        Err(ChannelError::PoolTableFull { max_pools: self.max_pools() })
+    }
+
+    /// Claims an entry that is empty, or closed with its pool gone, and makes the pool
+    /// there; `None` when there is no such entry.
+    fn claim(&self, me: ParticipantId) -> Result<Option<Registered<B>>, ChannelError> {
         for index in 0..self.max_pools() {
             let entry = self.entry(index);
             // Acquire: pairs with the Release store of the state by the entry's last
             // writer, so its instance and name are visible.
             let state = entry.state.load(Ordering::Acquire);
-            let reusable = match state {
+            let reusable = match PoolEntry::code(state) {
                 PoolEntry::EMPTY => true,
+                // Reusable once its pool is drained: the last one out unlinked it.
                 PoolEntry::CLOSED => {
-                    // Reusable once its pool is drained: the last one out unlinked it.
-                    // Relaxed: after the Acquire above.
-                    let old = entry.instance.load(Ordering::Relaxed) & 0xFFFF;
-                    !Segment::exists(&self.pool_name(index, old))?
+                    !Segment::exists(&self.pool_name(index, self.instance(entry)))?
                 }
                 _ => false,
             };
@@ -129,7 +151,7 @@ impl<B: Backend> ChannelSegment<B> {
                     .state
                     .compare_exchange(
                         state,
-                        PoolEntry::CLAIMED,
+                        PoolEntry::state(PoolEntry::CLAIMED, me),
                         Ordering::Acquire,
                         Ordering::Relaxed,
                     )
@@ -141,18 +163,27 @@ impl<B: Backend> ChannelSegment<B> {
             let instance =
                 self.header().registrations.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
                     & 0xFFFF;
+            // Before the pool exists, so that if this sender dies making it, whoever closes
+            // the entry finds the pool by its name. Relaxed: read by that closer after its
+            // Acquire CAS of the state, which a dead claimer never published: it reads
+            // either this instance or the entry's previous one, whose pool is gone (checked
+            // above, and names are never made twice).
+            entry.instance.store(instance, Ordering::Relaxed);
             let name = self.pool_name(index, instance);
             let (pool, exported) =
                 match B::create_pool(&self.ctx, &name, self.slot_count, self.slot_size) {
                     Ok(made) => made,
                     Err(e) => {
-                        // Release: pairs with the Acquire loads above.
+                        // Release: pairs with the Acquire loads above. (The instance written
+                        // names no pool: the entry is as reusable as it was.)
                         entry.state.store(state, Ordering::Release);
                         return Err(e);
                     }
                 };
+            // A death here leaves the entry CLAIMED by a sender that is gone, and a pool
+            // that nobody saw: `close_dead_owners` removes both.
+            crate::fault::point("pool_made");
             // Relaxed: published by the Release store of `state` below.
-            entry.instance.store(instance, Ordering::Relaxed);
             entry.backend.store(B::CODE, Ordering::Relaxed);
             entry.slot_count.store(self.slot_count, Ordering::Relaxed);
             entry.slot_size.store(self.slot_size, Ordering::Relaxed);
@@ -160,10 +191,100 @@ impl<B: Backend> ChannelSegment<B> {
             write_name(entry, &name);
             // Release: pairs with the Acquire load of the state in `open_pool`; the fields
             // above are visible to a receiver that sees ACTIVE.
-            entry.state.store(PoolEntry::ACTIVE, Ordering::Release);
-            return Ok(Registered { index, instance, pool, exported });
+            entry.state.store(PoolEntry::state(PoolEntry::ACTIVE, me), Ordering::Release);
+            return Ok(Some(Registered { index, instance, pool, exported }));
         }
-        Err(ChannelError::PoolTableFull { max_pools: self.max_pools() })
+        Ok(None)
+    }
+
+    /// Closes the entries of senders that died: those whose owner (see [`PoolEntry`]) is
+    /// gone. One that died registering left a `CLAIMED` entry and perhaps a pool nobody ever
+    /// saw, which is removed. One that died after that left an `ACTIVE` entry, whose pool is
+    /// closed as its sender would have closed it, the slots that would never come back
+    /// marked free first (`PoolSegment::close_orphaned`); it unlinks itself once the
+    /// messages still queued are received and given back. Each entry is taken first (a CAS
+    /// to its code by `me`), so that of several registering senders one closes it, and a
+    /// taker that dies halfway leaves it to the next one. One lock probe per owned entry.
+    fn close_dead_owners(&self, me: ParticipantId, queued: &dyn Fn(u32, u32, u32) -> bool) {
+        for index in 0..self.max_pools() {
+            let entry = self.entry(index);
+            // Acquire: pairs with the Release store of the state by the entry's last
+            // writer (its instance is visible).
+            let state = entry.state.load(Ordering::Acquire);
+            let code = PoolEntry::code(state);
+            if !matches!(code, PoolEntry::CLAIMED | PoolEntry::ACTIVE)
+                || PoolEntry::owner(state) == me
+                || self.ring.id_gone(PoolEntry::owner(state)).is_none()
+            {
+                continue;
+            }
+            // Acquire: as above; makes this sender the one that closes the entry.
+            let taken = entry.state.compare_exchange(
+                state,
+                PoolEntry::state(code, me),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            );
+            if taken.is_err() {
+                continue;
+            }
+            let instance = self.instance(entry);
+            let name = self.pool_name(index, instance);
+            if code == PoolEntry::CLAIMED {
+                // Never published: nobody else has it open.
+                let _ = Segment::remove_if_unattended(&name, |_| true);
+            } else {
+                let pool_id = instance << 16 | index;
+                let closed = PoolSegment::close_orphaned(
+                    &name,
+                    B::CODE,
+                    (self.slot_count, self.slot_size),
+                    true,
+                    B::holder_gone,
+                    |slot, generation| queued(pool_id, slot, generation),
+                );
+                // A pool that cannot be opened (damaged, or its free ring's participant table
+                // full) stays until the channel goes; the entry is closed all the same.
+                drop(closed);
+            }
+            // Release: pairs with the Acquire loads of the state in `claim`.
+            entry.state.store(PoolEntry::CLOSED, Ordering::Release);
+        }
+    }
+
+    /// Drains the closed entries whose pools are still there because receivers that died
+    /// hold their slots (a sender that left while a receiver held one, then that receiver
+    /// died): those slots are marked free and the pool unlinks itself. Returns how many
+    /// pools that removed. Maps each closed pool still there: for a full table only.
+    fn drain_closed(&self, queued: &dyn Fn(u32, u32, u32) -> bool) -> u32 {
+        let mut drained = 0;
+        for index in 0..self.max_pools() {
+            let entry = self.entry(index);
+            // Acquire: pairs with the Release store of the state by the entry's last writer.
+            if PoolEntry::code(entry.state.load(Ordering::Acquire)) != PoolEntry::CLOSED {
+                continue;
+            }
+            let instance = self.instance(entry);
+            let name = self.pool_name(index, instance);
+            let pool_id = instance << 16 | index;
+            let closed = PoolSegment::close_orphaned(
+                &name,
+                B::CODE,
+                (self.slot_count, self.slot_size),
+                false,
+                B::holder_gone,
+                |slot, generation| queued(pool_id, slot, generation),
+            );
+            drained += u32::from(closed.is_ok() && !Segment::exists(&name).unwrap_or(true));
+        }
+        drained
+    }
+
+    /// The registration instance an entry records (16 bits), read after an Acquire load of
+    /// its state.
+    fn instance(&self, entry: &PoolEntry) -> u32 {
+        // Relaxed: after the caller's Acquire load of the state.
+        entry.instance.load(Ordering::Relaxed) & 0xFFFF
     }
 
     /// A sender is gone: its entry is closed (its pool drains back and unlinks itself).
@@ -184,7 +305,7 @@ impl<B: Backend> ChannelSegment<B> {
         // Acquire: pairs with the Release store of ACTIVE in `register_pool`.
         let state = entry.state.load(Ordering::Acquire);
         // Relaxed: after the Acquire above.
-        if !matches!(state, PoolEntry::ACTIVE | PoolEntry::CLOSED)
+        if !matches!(PoolEntry::code(state), PoolEntry::ACTIVE | PoolEntry::CLOSED)
             || entry.instance.load(Ordering::Relaxed) != instance
         {
             return Err(corrupt("descriptor names an unknown pool"));
@@ -220,7 +341,7 @@ impl<B: Backend> ChannelSegment<B> {
             .filter_map(|index| {
                 let e = self.entry(index);
                 // Acquire: pairs with the Release store of the state in `register_pool`.
-                let state = match e.state.load(Ordering::Acquire) {
+                let state = match PoolEntry::code(e.state.load(Ordering::Acquire)) {
                     PoolEntry::CLAIMED => PoolState::Registering,
                     PoolEntry::ACTIVE => PoolState::Active,
                     PoolEntry::CLOSED => PoolState::Closed,

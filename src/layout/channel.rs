@@ -8,7 +8,7 @@
 //! | 256 | `max_pools` × [`PoolEntry`] |
 //! | after | the descriptor ring ([`RingLayout::at`]) |
 
-use super::{RingLayout, SegmentHeader};
+use super::{ParticipantId, RingLayout, SegmentHeader};
 use crate::sync::{AtomicU32, AtomicU64};
 
 /// Most pools one channel's table describes.
@@ -41,16 +41,22 @@ pub const BACKEND_HOST: u32 = 1;
 /// Pool backend code: CUDA device memory.
 pub const BACKEND_CUDA: u32 = 2;
 
-/// One row of a channel's pool table: which pool, where to find it.
+/// One row of a channel's pool table: which pool, where to find it, and whose it is.
 ///
-/// The sender writes every field, then `state = ACTIVE` with Release. The segment
-/// name is derivable from the channel name, index and instance; a receiver checks that
-/// the stored one matches rather than opening whatever a peer wrote here.
+/// The sender claims the row (`CLAIMED` by its identity), records the instance, makes
+/// the pool, writes the other fields, then stores `ACTIVE` by its identity with Release.
+/// The segment name is derivable from the channel name, index and instance; a receiver
+/// checks that the stored one matches rather than opening whatever a peer wrote here.
+///
+/// `state` packs a code ([`EMPTY`](Self::EMPTY), [`CLAIMED`](Self::CLAIMED),
+/// [`ACTIVE`](Self::ACTIVE), [`CLOSED`](Self::CLOSED)) in its low [`CODE_BITS`](Self::CODE_BITS)
+/// and, while `CLAIMED` or `ACTIVE`, the owner above them: the sender's
+/// [`ParticipantId`] in the channel's ring, so that one word says both what the row is and
+/// who may be dead holding it (by the owner's lock, never by pid).
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct PoolEntry {
-    /// [`EMPTY`](Self::EMPTY), [`CLAIMED`](Self::CLAIMED), [`ACTIVE`](Self::ACTIVE) or
-    /// [`CLOSED`](Self::CLOSED).
+    /// A code and, while `CLAIMED` or `ACTIVE`, its owner ([`PoolEntry::state`]).
     pub state: AtomicU32,
     /// Which registration this is (from [`ChannelHeader::registrations`]), low 16 bits.
     pub instance: AtomicU32,
@@ -71,14 +77,33 @@ pub struct PoolEntry {
 }
 
 impl PoolEntry {
-    /// [`state`](Self::state): nobody uses the entry.
+    /// [`state`](Self::state) code: nobody uses the entry.
     pub const EMPTY: u32 = 0;
-    /// A sender is setting the entry up.
+    /// A sender (the owner) is setting the entry up.
     pub const CLAIMED: u32 = 1;
-    /// The pool is live; its sender may send from it.
+    /// The pool is live; its sender (the owner) may send from it.
     pub const ACTIVE: u32 = 2;
-    /// The sender is gone; slots still in flight drain back to the pool.
+    /// The sender is gone; slots still in flight drain back to the pool, and the last one
+    /// back unlinks it.
     pub const CLOSED: u32 = 3;
+    /// Low bits of [`state`](Self::state) that hold its code.
+    pub const CODE_BITS: u32 = 3;
+
+    /// The code of a `state` word.
+    pub const fn code(state: u32) -> u32 {
+        state & ((1 << Self::CODE_BITS) - 1)
+    }
+
+    /// The owner a `state` word names (0: none).
+    pub const fn owner(state: u32) -> ParticipantId {
+        state >> Self::CODE_BITS
+    }
+
+    /// A `state` word: `code` owned by `owner` (a [`ParticipantId`] fits in the 29 bits
+    /// above the code).
+    pub const fn state(code: u32, owner: ParticipantId) -> u32 {
+        code | owner << Self::CODE_BITS
+    }
 }
 
 /// Byte offsets and size of a channel segment.

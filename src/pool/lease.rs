@@ -419,6 +419,58 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         reclaimed
     }
 
+    /// For whoever closes the pool of a sender that is gone (see
+    /// `PoolSegment::close_orphaned`): marks free every slot that would otherwise never
+    /// come back, so that the pool can drain and unlink itself. Those are the slots held by
+    /// a receiver that is gone (HELD, not `queued`; as in
+    /// [`reclaim_dead`](Self::reclaim_dead), with `exited`) and, when the sender died
+    /// (`sender_dead`; a sender that left may have left a lease alive behind it), the slots
+    /// it leased and never sent (LEASED) or sent but never published (SENT with no
+    /// descriptor `queued`: it died between the two). A slot SENT and queued comes back
+    /// through the receiver that takes it; one HELD by a live receiver, when it is
+    /// released; one RETURNING already counts as free. Nothing goes on the free ring:
+    /// nobody leases from a closed pool. Returns how many slots it marked.
+    ///
+    /// A receiver taking a SENT slot meanwhile moves it to HELD before its descriptor
+    /// leaves the ring, so the CAS from SENT fails if it did, whatever the scan saw.
+    pub fn abandon(
+        &self,
+        sender_dead: bool,
+        exited: impl Fn(u32) -> bool,
+        queued: impl Fn(u32, u32) -> bool,
+    ) -> u32 {
+        let watch = self.free_rx.storage().watch();
+        let gone =
+            |word: u64| watch.id_gone(party(word)).is_some_and(|pid| pid.is_none_or(&exited));
+        let returning = by(RETURNING, self.me());
+        let mut marked = 0;
+        for (slot, record) in self.records.iter().enumerate() {
+            // Relaxed: the CAS below decides; a stale read only skips a slot.
+            let word = record.state.load(Ordering::Relaxed);
+            let (generation, state) = unpack(word);
+            let orphan = match state {
+                LEASED => sender_dead,
+                SENT => sender_dead && !queued(slot as u32, generation),
+                HELD => gone(word) && !queued(slot as u32, generation),
+                _ => false,
+            };
+            // SeqCst: pairs with the SeqCst loads in `all_free`, as in `give_back`.
+            marked += u32::from(
+                orphan
+                    && record
+                        .state
+                        .compare_exchange(
+                            word,
+                            pack(generation, returning),
+                            Ordering::SeqCst,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok(),
+            );
+        }
+        marked
+    }
+
     /// A slot RETURNING by a party that is gone: this endpoint takes the return over (a
     /// CAS, so of several takers one does) and pushes the slot unless it is on the free
     /// ring already (the party died after its push).

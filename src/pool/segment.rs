@@ -121,6 +121,46 @@ impl PoolSegment {
         slot_size: u64,
         timeout: Duration,
     ) -> Result<Self, PoolError> {
+        Self::open_as(name, backend, (slot_count, slot_size), timeout, true)
+    }
+
+    /// Closes pool `name` whose sender is gone, for a sender registering in its channel:
+    /// marks free the slots that would never come back ([`PoolCore::abandon`], with
+    /// `sender_dead`, `exited` and `queued` as there), marks the pool closed (a device
+    /// pool of a sender that died also retired: its memory went with its process, so
+    /// receivers refuse what is still queued), and unlinks it if that left every slot
+    /// free; otherwise the last slot to come back unlinks it. Maps the pool without
+    /// touching its slots. A pool that is gone already is fine.
+    pub(crate) fn close_orphaned(
+        name: &str,
+        backend: u32,
+        (slot_count, slot_size): (u32, u64),
+        sender_dead: bool,
+        exited: impl Fn(u32) -> bool,
+        queued: impl Fn(u32, u32) -> bool,
+    ) -> Result<(), PoolError> {
+        let params = (slot_count, slot_size);
+        let pool = match Self::open_as(name, backend, params, Duration::ZERO, false) {
+            Err(PoolError::Segment(ShmError::NotFound { .. })) => return Ok(()),
+            opened => opened?,
+        };
+        if sender_dead && backend == BACKEND_CUDA {
+            pool.retire();
+        }
+        pool.core.abandon(sender_dead, exited, queued);
+        pool.close();
+        Ok(())
+    }
+
+    /// `open`, faulting the mapping in (`populate`: for a receiver, which reads the slots)
+    /// or not.
+    fn open_as(
+        name: &str,
+        backend: u32,
+        (slot_count, slot_size): (u32, u64),
+        timeout: Duration,
+        populate: bool,
+    ) -> Result<Self, PoolError> {
         let segment = Segment::open(name, kind(backend), timeout)?;
         let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
             .ok_or(Corrupted { what: "pool table entry holds impossible slot parameters" })?;
@@ -144,7 +184,9 @@ impl PoolSegment {
             );
         }
         RingSegment::check_in::<u32>(&segment, &layout.free_ring)?;
-        segment.populate();
+        if populate {
+            segment.populate();
+        }
         Self::new(Arc::new(segment), layout, backend, Role::Producer)
     }
 

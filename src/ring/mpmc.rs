@@ -501,6 +501,12 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     pub fn capacity(&self) -> usize {
         self.capacity as usize
     }
+
+    /// The storage, for the layers above (a channel's sender asks its watch who it is).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn storage(&self) -> &S {
+        &self.storage
+    }
 }
 
 impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {

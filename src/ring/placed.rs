@@ -99,6 +99,12 @@ impl RingSegment {
         Arc::new(Self { segment, layout, control, cells, stamped, table })
     }
 
+    /// Whether the endpoint that `id` names in this ring's participant table is gone (see
+    /// `ParticipantTable::id_gone`). Probes a lock.
+    pub(crate) fn id_gone(&self, id: crate::layout::ParticipantId) -> Option<Option<u32>> {
+        self.table.id_gone(id)
+    }
+
     /// The segment the ring lives in.
     pub(crate) fn segment(&self) -> &Segment {
         &self.segment

@@ -293,6 +293,12 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
         self.len() == Some(0)
     }
 
+    /// The storage, for the layers above (a channel's sender asks its watch who it is).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn storage(&self) -> &S {
+        &self.storage
+    }
+
     /// Whether an element still in the ring (pushed, not yet popped) satisfies `pred`.
     /// Reads every queued cell: for slow paths only. An impossible `head` answers `true`
     /// (the caller then leaves things as they are).
