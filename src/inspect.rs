@@ -305,19 +305,25 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
         moving: false,
         pools: Vec::new(),
     };
-    if let Some(base) = ring_base(&seg, kind) {
+    // The channel's layout, read once: its table size is shared memory, and a second read
+    // could disagree with the first.
+    let is_channel = matches!(kind, SegmentKind::SpscChannel | SegmentKind::MpmcChannel);
+    let channel = is_channel.then(|| crate::channel::channel_layout(&seg)).flatten();
+    let channel = channel.map(|(layout, _)| layout);
+    let base = if is_channel { channel.map(|l| l.ring.ring_header) } else { ring_base(&seg, kind) };
+    if let Some(base) = base {
         let first = ring_state(&seg, base, kind)?;
         // Read again: positions that moved meanwhile mean the figures are no snapshot.
         let again = ring_state(&seg, base, kind)?;
         report.moving = (first.head, first.tail) != (again.head, again.tail);
         report.ring = Some(first);
-    } else if matches!(kind, SegmentKind::SpscChannel | SegmentKind::MpmcChannel) {
+    } else if is_channel {
         return Err(corrupted("channel pool table size out of range or beyond the segment"));
     }
     match kind {
         SegmentKind::SpscRing | SegmentKind::MpmcRing => {}
         SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
-            let (layout, _) = crate::channel::channel_layout(&seg).expect("checked above");
+            let layout = channel.expect("a channel without a layout returned above");
             for index in 0..layout.max_pools as u32 {
                 let at = layout.pools + index as usize * size_of::<PoolEntry>();
                 // SAFETY: inside the table (checked above); atomics only.
