@@ -165,9 +165,12 @@ pub use named::{
 #[cfg(not(loom))]
 pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};
 
-/// CUDA helpers (feature `cuda`): a context for a device, whether a driver is present, and
-/// the count of IPC handles this process has opened. cudarc loads the driver at run time,
-/// so this builds everywhere and says [`CudaError::Unavailable`] where there is no driver.
+/// CUDA helpers (feature `cuda`): a context for a device, whether a driver is present, the
+/// count of IPC handles this process has opened, and where two processes' GPU work meets
+/// ([`device_info`](cuda::device_info), [`GpuPath`](cuda::GpuPath): one GPU time-sliced
+/// between the processes, one GPU under CUDA MPS, or two GPUs; docs/GPU.md says what each
+/// costs). cudarc loads the driver at run time, so this builds everywhere and says
+/// [`CudaError::Unavailable`] where there is no driver.
 ///
 /// ```no_run
 /// let ctx = gpuring::cuda::context(0)?; // the primary context of device 0
@@ -180,6 +183,7 @@ pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};
 pub mod cuda {
     pub use crate::pool::CudaError;
     pub use crate::pool::cuda::{CudaContext, CudaStream, available, context, ipc_opens};
+    pub use crate::pool::setup::{DeviceInfo, GpuPath, MPS_HINT, device_info};
 }
 
 /// Not API: what the crate's own tests, fuzz targets and benchmarks need of its insides.

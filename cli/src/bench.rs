@@ -38,9 +38,12 @@ pub(crate) fn bench(
         push(size, base, p);
         push(size, base, u);
     }
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))] // set by the GPU path
+    let mut gpu_setup: Option<String> = None;
     #[cfg(feature = "cuda")]
     if crate::demo::gpu_present() {
-        let g = gpu_demo::channel(20_000, 4096, 2_000)?;
+        let (g, setup) = gpu_demo::channel(20_000, 4096, 2_000)?;
+        gpu_setup = Some(setup);
         let p = gpu_demo::pipe(20_000, 4096, 2_000)?;
         let base = (g.p50, g.per_sec);
         push(4096, base, g);
@@ -72,6 +75,9 @@ pub(crate) fn bench(
             })
             .collect();
         say!("{}", serde_json::to_string_pretty(&out)?);
+        if let Some(setup) = gpu_setup {
+            eprintln!("{setup}");
+        }
         return Ok(());
     }
     let mut t = table(
@@ -91,6 +97,9 @@ pub(crate) fn bench(
     }
     say!("{t}");
     say!("(one run on this machine; a ratio above 1x means gpuring is ahead on that row)");
+    if let Some(setup) = gpu_setup {
+        say!("{setup}");
+    }
     if capped {
         say!(
             "(the pipe and socket rows copy every byte: they stream at most about 1 GB per \

@@ -39,10 +39,14 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
         "gpuring demo: {} path, {messages} messages of {size} bytes, {pings} ping-pongs",
         if use_gpu { "GPU" } else { "host" }
     );
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))] // set by the GPU path
+    let mut gpu_setup: Option<String> = None;
     let (ring, pipe) = if use_gpu {
         #[cfg(feature = "cuda")]
         {
-            (gpu_demo::channel(messages, size, pings)?, gpu_demo::pipe(pipe_messages, size, pings)?)
+            let (ring, setup) = gpu_demo::channel(messages, size, pings)?;
+            gpu_setup = Some(setup);
+            (ring, gpu_demo::pipe(pipe_messages, size, pings)?)
         }
         #[cfg(not(feature = "cuda"))]
         unreachable!("gpu_present() is false without the cuda feature")
@@ -76,6 +80,9 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
             "(the pipe copies every byte: it ran {pipe_messages} of the {messages} messages, \
              about 2 GB, to keep the demo short)"
         );
+    }
+    if let Some(setup) = gpu_setup {
+        say!("{setup}");
     }
     if !use_gpu {
         say!(

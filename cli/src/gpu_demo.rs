@@ -34,9 +34,13 @@ fn read_word(ptr: sys::CUdeviceptr, s: &CudaStream) -> Result<u32, Error> {
 
 /// GPU channel figures: ping-pong (A writes a word on its stream, B's stream waits,
 /// copies it into its own slot and sends it back, A's stream waits, A reads it back
-/// to the host), then a one-way stream.
-pub(super) fn channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
+/// to the host), then a one-way stream; and a line on the GPU setup the hand-offs took
+/// (one GPU time-sliced, one under MPS, or two GPUs: from the echo's device and this
+/// process's MPS state), with the hint to turn MPS on where it would help.
+pub(super) fn channel(messages: u64, size: usize, pings: u64) -> Result<(Figures, String), Error> {
     let (ctx, s) = setup()?;
+    let here = cuda::device_info(&ctx)?;
+    let mut path = None;
     let name = format!("gpuring-demo-{}", std::process::id());
     let make = |suffix: &str, cap: u64, slots: u32| {
         Channel::builder(format!("{name}-{suffix}"))
@@ -56,6 +60,7 @@ pub(super) fn channel(messages: u64, size: usize, pings: u64) -> Result<Figures,
         memset_word(lease.device_ptr(), seq as u32, &s)?;
         tx.send(lease, meta)?;
         let m = rx.recv_on_timeout(&s, Duration::from_secs(10))?;
+        path.get_or_insert_with(|| cuda::GpuPath::between(&m.descriptor().device_uuid, &here));
         if read_word(m.device_ptr(), &s)? != seq as u32 {
             return Err("echo returned the wrong word".into());
         }
@@ -73,11 +78,14 @@ pub(super) fn channel(messages: u64, size: usize, pings: u64) -> Result<Figures,
     let sc = make("s", 256, 64)?;
     let tx = sc.sender()?;
     let child = spawn_peer("sink-gpu", &name, size, false)?;
-    stream_figures_of("gpuring (GPU)", (messages, latency), (&tx, child), meta, |seq| {
-        let lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
-        memset_word(lease.device_ptr(), seq as u32, &s)?;
-        Ok(lease)
-    })
+    let figures =
+        stream_figures_of("gpuring (GPU)", (messages, latency), (&tx, child), meta, |seq| {
+            let lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
+            memset_word(lease.device_ptr(), seq as u32, &s)?;
+            Ok(lease)
+        })?;
+    let path = path.expect("the ping-pong ran at least once");
+    Ok((figures, format!("GPU setup: {}", path.describe(&here))))
 }
 
 pub(super) fn pipe(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
@@ -157,4 +165,25 @@ impl Drop for Staging {
         // SAFETY: our allocation, no work pending after the synchronizes above.
         let _ = unsafe { result::free_sync(self.buf) };
     }
+}
+
+/// One line per GPU of this machine: its MPS state as this process sees it, and what a
+/// GPU channel between two processes on it costs (for `inspect` of a GPU channel).
+pub(super) fn machine_lines() -> Vec<String> {
+    let count = result::device::get_count().unwrap_or(0).max(0) as usize;
+    (0..count)
+        .map(|ordinal| {
+            let info = cuda::context(ordinal).and_then(|ctx| cuda::device_info(&ctx));
+            match info {
+                Ok(info) => {
+                    let path = cuda::GpuPath::between(&info.uuid, &info);
+                    format!(
+                        "gpu       {}",
+                        path.describe(&info).replace("both processes", "processes")
+                    )
+                }
+                Err(e) => format!("gpu       GPU {ordinal}: {e}"),
+            }
+        })
+        .collect()
 }

@@ -56,6 +56,14 @@ fn print_inspection(i: Inspection) {
             );
         }
     }
+    #[cfg(feature = "cuda")]
+    if i.pools.iter().any(|p| p.backend == gpuring::internal::BACKEND_CUDA)
+        && crate::demo::gpu_present()
+    {
+        for line in crate::gpu_demo::machine_lines() {
+            say!("{line}");
+        }
+    }
     if !i.pools.is_empty() {
         let mut t = table(
             "pool | state | owner | backend | slots | slot size | free | leased | in flight \

@@ -192,3 +192,26 @@ fn list_tells_in_use_from_left_over_and_clean_removes_only_what_nobody_uses() {
     assert!(std::fs::metadata(path(&queued)).is_err(), "--queued drops what waited");
     assert!(std::fs::metadata(path(&live)).is_ok(), "the one in use stays");
 }
+
+/// On a GPU machine, `demo --gpu` says which GPU setup its hand-offs took: both processes on
+/// one GPU, time-sliced without an MPS daemon (with the hint to start one), or sharing it
+/// through MPS (no hint). Whether a daemon runs is read here from its control pipe, not
+/// from the driver attribute the tool uses.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_demo_says_whether_the_gpu_is_time_sliced_or_shared_through_mps() {
+    let pipe_dir = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or("/tmp/nvidia-mps".into());
+    let mps = std::path::Path::new(&pipe_dir).join("control").exists();
+    let out = gpuring(&["demo", "--gpu", "--messages", "2000", "--size", "4096"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "demo failed: {stderr}");
+    let setup = stdout.lines().find(|l| l.starts_with("GPU setup: ")).expect(&stdout);
+    println!("MPS daemon running: {mps}; {setup}");
+    if mps {
+        assert!(setup.contains("sharing it through CUDA MPS"), "{setup}");
+        assert!(!setup.contains("nvidia-cuda-mps-control"), "no hint under MPS: {setup}");
+    } else {
+        assert!(setup.contains("time-slices their contexts"), "{setup}");
+        assert!(setup.contains("nvidia-cuda-mps-control -d"), "the hint: {setup}");
+    }
+}
