@@ -20,7 +20,7 @@ use crate::layout::{
     ChannelHeader, ChannelLayout, LAYOUT_VERSION, POOL_NAME_BYTES, ParticipantId, PoolEntry,
     SegmentHeader, SegmentKind, load_bytes, store_bytes,
 };
-use crate::pool::PoolSegment;
+use crate::pool::{PoolError, PoolSegment};
 use crate::ring::RingSegment;
 use crate::shm::{Segment, ShmError, object_name};
 use crate::sync::Ordering;
@@ -229,23 +229,14 @@ impl<B: Backend> ChannelSegment<B> {
                 continue;
             }
             let instance = self.instance(entry);
-            let name = self.pool_name(index, instance);
             if code == PoolEntry::CLAIMED {
                 // Never published: nobody else has it open.
+                let name = self.pool_name(index, instance);
                 let _ = Segment::remove_if_unattended(&name, |_| true);
             } else {
-                let pool_id = instance << 16 | index;
-                let closed = PoolSegment::close_orphaned(
-                    &name,
-                    B::CODE,
-                    (self.slot_count, self.slot_size),
-                    true,
-                    B::holder_gone,
-                    |slot, generation| queued(pool_id, slot, generation),
-                );
                 // A pool that cannot be opened (damaged, or its free ring's participant table
                 // full) stays until the channel goes; the entry is closed all the same.
-                drop(closed);
+                drop(self.close_pool(index, instance, true, queued));
             }
             // Release: pairs with the Acquire loads of the state in `claim`.
             entry.state.store(PoolEntry::CLOSED, Ordering::Release);
@@ -265,19 +256,31 @@ impl<B: Backend> ChannelSegment<B> {
                 continue;
             }
             let instance = self.instance(entry);
-            let name = self.pool_name(index, instance);
-            let pool_id = instance << 16 | index;
-            let closed = PoolSegment::close_orphaned(
-                &name,
-                B::CODE,
-                (self.slot_count, self.slot_size),
-                false,
-                B::holder_gone,
-                |slot, generation| queued(pool_id, slot, generation),
-            );
-            drained += u32::from(closed.is_ok() && !Segment::exists(&name).unwrap_or(true));
+            let closed = self.close_pool(index, instance, false, queued);
+            let gone = !Segment::exists(&self.pool_name(index, instance)).unwrap_or(true);
+            drained += u32::from(closed.is_ok() && gone);
         }
         drained
+    }
+
+    /// `PoolSegment::close_orphaned` for the pool at entry `index`, registration
+    /// `instance`, whose sender died (`sender_dead`) or left.
+    fn close_pool(
+        &self,
+        index: u32,
+        instance: u32,
+        sender_dead: bool,
+        queued: &dyn Fn(u32, u32, u32) -> bool,
+    ) -> Result<(), PoolError> {
+        let pool_id = instance << 16 | index;
+        PoolSegment::close_orphaned(
+            &self.pool_name(index, instance),
+            B::CODE,
+            (self.slot_count, self.slot_size),
+            sender_dead,
+            B::holder_gone,
+            |slot, generation| queued(pool_id, slot, generation),
+        )
     }
 
     /// The registration instance an entry records (16 bits), read after an Acquire load of

@@ -396,9 +396,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         exited: impl Fn(u32) -> bool,
         queued: impl Fn(u32, u32) -> bool,
     ) -> u32 {
-        let watch = self.free_rx.storage().watch();
-        let gone =
-            |word: u64| watch.id_gone(party(word)).is_some_and(|pid| pid.is_none_or(&exited));
+        let gone = |word: u64| self.party_gone(word, &exited);
         let mut reclaimed = 0;
         for (slot, record) in self.records.iter().enumerate() {
             // Relaxed: the CAS in `give_back` decides; a stale read only skips a slot.
@@ -417,6 +415,14 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             reclaimed += u32::from(back);
         }
         reclaimed
+    }
+
+    /// Whether the party a HELD or RETURNING state `word` names is gone (its registration
+    /// is, and `exited` agrees given the pid its entry recorded, if it still does). Probes a
+    /// lock.
+    fn party_gone(&self, word: u64, exited: &impl Fn(u32) -> bool) -> bool {
+        let watch = self.free_rx.storage().watch();
+        watch.id_gone(party(word)).is_some_and(|pid| pid.is_none_or(exited))
     }
 
     /// For whoever closes the pool of a sender that is gone (see
@@ -439,9 +445,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         exited: impl Fn(u32) -> bool,
         queued: impl Fn(u32, u32) -> bool,
     ) -> u32 {
-        let watch = self.free_rx.storage().watch();
-        let gone =
-            |word: u64| watch.id_gone(party(word)).is_some_and(|pid| pid.is_none_or(&exited));
+        let gone = |word: u64| self.party_gone(word, &exited);
         let returning = by(RETURNING, self.me());
         let mut marked = 0;
         for (slot, record) in self.records.iter().enumerate() {
