@@ -176,11 +176,9 @@ pub(super) fn machine_lines() -> Vec<String> {
             let info = cuda::context(ordinal).and_then(|ctx| cuda::device_info(&ctx));
             match info {
                 Ok(info) => {
+                    // What a sender and a receiver both on this GPU would get.
                     let path = cuda::GpuPath::between(&info.uuid, &info);
-                    format!(
-                        "gpu       {}",
-                        path.describe(&info).replace("both processes", "processes")
-                    )
+                    format!("gpu       if both ends use it: {}", path.describe(&info))
                 }
                 Err(e) => format!("gpu       GPU {ordinal}: {e}"),
             }

@@ -215,3 +215,29 @@ fn gpu_demo_says_whether_the_gpu_is_time_sliced_or_shared_through_mps() {
         assert!(setup.contains("nvidia-cuda-mps-control -d"), "the hint: {setup}");
     }
 }
+
+/// On a GPU machine, `inspect` of a GPU channel ends with a line per GPU saying what a
+/// sender and a receiver both on it would get: time-sliced (with the hint to start MPS) or
+/// shared through MPS, as read here from the MPS control pipe.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_inspect_of_a_gpu_channel_says_each_gpus_mps_state() {
+    let pipe_dir = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or("/tmp/nvidia-mps".into());
+    let mps = std::path::Path::new(&pipe_dir).join("control").exists();
+    let ctx = gpuring::cuda::context(0).unwrap();
+    let name = unique_name("cli-gpu-inspect");
+    let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let _tx = ch.sender().unwrap(); // a device pool in the table
+    let out = gpuring(&["inspect", &name]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "inspect failed: {stderr}");
+    let gpu0 = stdout.lines().find(|l| l.starts_with("gpu ") && l.contains("GPU 0 ("));
+    let gpu0 = gpu0.unwrap_or_else(|| panic!("no line for GPU 0 in:\n{stdout}"));
+    println!("MPS daemon running: {mps}; {gpu0}");
+    if mps {
+        assert!(gpu0.contains("sharing it through CUDA MPS"), "{gpu0}");
+    } else {
+        assert!(gpu0.contains("time-slices") && gpu0.contains("nvidia-cuda-mps-control -d"));
+    }
+}

@@ -67,12 +67,18 @@ impl Tx {
         }
     }
 
-    /// Whether a descriptor still in the ring satisfies `pred` (SPSC: queued; MPMC: in a
-    /// cell not yet freed). Slow paths only.
-    fn any_unconsumed(&self, pred: impl FnMut(&Descriptor) -> bool) -> bool {
+    /// Whether a descriptor naming slot `slot` of pool `pool_id` at `generation` is still
+    /// in the ring (SPSC: queued; MPMC: in a cell not yet freed). A receiver takes a slot
+    /// before the descriptor leaves the ring (SPSC: before `head` moves; MPMC: before the
+    /// cell is freed), so a receiver that died in between left both, and the next receiver
+    /// takes the slot over with the message. Reads every such cell: slow paths only.
+    fn queued(&self, pool_id: u32, slot: u32, generation: u32) -> bool {
+        let names = |d: &Descriptor| {
+            d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
+        };
         match self {
-            Tx::Spsc(p) => p.borrow().any_queued(pred),
-            Tx::Mpmc(p) => p.any_unfreed(pred),
+            Tx::Spsc(p) => p.borrow().any_queued(names),
+            Tx::Mpmc(p) => p.any_unfreed(names),
         }
     }
 
@@ -151,11 +157,7 @@ impl<B: Backend> Channel<B> {
     /// creating the pool segment (or, on a GPU channel, the device pool) can return.
     pub fn sender(&self) -> Result<Sender<B>, super::ChannelError> {
         let tx = Tx::attach(&self.inner)?;
-        let queued = |pool_id: u32, slot: u32, generation: u32| {
-            tx.any_unconsumed(|d| {
-                d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
-            })
-        };
+        let queued = |pool_id, slot, generation| tx.queued(pool_id, slot, generation);
         let registered = self.inner.register_pool(tx.id(), &queued)?;
         Ok(Sender {
             channel: self.inner.clone(),
@@ -198,13 +200,9 @@ impl<B: Backend> Sender<B> {
     }
 
     /// Whether a descriptor of this sender naming `slot` at `generation` is still in the
-    /// ring. A receiver takes a slot before the descriptor leaves the ring (SPSC: before
-    /// `head` moves; MPMC: before the cell is freed), so a receiver that died in between
-    /// left both, and the next receiver takes the slot over with the message.
+    /// ring (see `Tx::queued`).
     fn queued(&self, slot: u32, generation: u32) -> bool {
-        self.tx.any_unconsumed(|d| {
-            d.pool_id == self.pool_id && d.slot == slot && d.generation == u64::from(generation)
-        })
+        self.tx.queued(self.pool_id, slot, generation)
     }
 
     blocking! {

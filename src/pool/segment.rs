@@ -247,9 +247,9 @@ impl PoolSegment {
         self.unlink_if_drained();
     }
 
-    /// Device pools: the sender gives its slots in flight up for lost (its process leaves,
-    /// and the device memory with it): from now on receivers refuse them.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// Device pools: the slots in flight are given up for lost (their sender's process
+    /// leaves, or has died, and the device memory with it): from now on receivers refuse
+    /// them. Called by a departing sender, and by whoever closes a dead sender's pool.
     pub(crate) fn retire(&self) {
         // SeqCst: pairs with the fence in `retired` (a store-load handshake with a receiver
         // that has just taken a slot: of the two, at least one sees the other).
