@@ -8,7 +8,7 @@ cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | cut -d, -f1 | sed
 run_setup() {
   local tag=$1
   echo "######## $tag"
-  timeout 120 .gpu/bin/test-cli --include-ignored gpu_demo_says 2>&1 | grep -E "MPS daemon|^test |result"
+  timeout 120 .gpu/bin/test-cli --include-ignored gpu_ 2>&1 | grep -E "MPS daemon|^test |result"
   timeout 200 .gpu/bin/test-gpu --include-ignored 2>&1 | grep -E "^test result|FAILED|panicked"
   timeout 120 .gpu/bin/gpuring demo 2>&1 | tail -7
   GPURING_BENCH_CPUS=$cpus timeout 200 .gpu/bin/bench-gpu --bench >"$out/bench-gpu-$tag.log" 2>&1
