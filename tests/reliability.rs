@@ -266,3 +266,27 @@ fn a_pool_kept_only_by_a_dead_receiver_gives_its_entry_back() {
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 2);
     drop(tx);
 }
+
+/// A sender crashed after its message was received, and the receiver is the last user
+/// of the channel: when it leaves, the channel goes and the dead sender's pool with it.
+/// Before, the receiver let go of the channel before its own mapping of that pool, so the
+/// last-out removal saw the pool still open (by the receiver itself) and left it for
+/// good. (Found by the Python package's tests, whose fixture checks /dev/shm.)
+#[test]
+fn the_last_receiver_out_removes_a_dead_senders_pool() {
+    if role().as_deref() == Some("victim") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let _tx = send_one(&ch, 7);
+        die();
+    }
+    let name = unique_name("last-receiver");
+    let ch = Channel::builder(&name).capacity(8).slots(2, 64).create().unwrap();
+    let rx = ch.receiver().unwrap();
+    drop(ch); // the receiver alone holds the channel now
+    Peer::spawn("the_last_receiver_out_removes_a_dead_senders_pool", "victim", &name).died();
+    assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 7);
+    assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvError::PeerDead)));
+    assert_eq!(leftovers(&name).len(), 2, "the channel and the dead sender's pool");
+    drop(rx);
+    assert_eq!(leftovers(&name), Vec::<String>::new(), "the last one out took both");
+}

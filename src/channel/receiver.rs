@@ -78,10 +78,12 @@ impl<B: Backend> Clone for CachedPool<B> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Receiver<B: Backend = Host> {
-    channel: Arc<ChannelSegment<B>>,
-    rx: Rx,
     // Preallocated: one entry per pool table row, filled on first sight of a pool.
+    // Dropped first (fields drop in order): when this receiver is the channel's last user,
+    // the last-out removal of the channel's pools must not find them open by us.
     pools: RefCell<Box<[Option<CachedPool<B>>]>>,
+    rx: Rx,
+    channel: Arc<ChannelSegment<B>>,
 }
 
 impl<B: Backend> core::fmt::Debug for Receiver<B> {
@@ -111,7 +113,7 @@ impl<B: Backend> Channel<B> {
     pub fn receiver(&self) -> Result<Receiver<B>, super::ChannelError> {
         let rx = Rx::attach(&self.inner)?;
         let pools = (0..self.inner.max_pools()).map(|_| None).collect();
-        Ok(Receiver { channel: self.inner.clone(), rx, pools: RefCell::new(pools) })
+        Ok(Receiver { pools: RefCell::new(pools), rx, channel: self.inner.clone() })
     }
 }
 
