@@ -281,6 +281,22 @@ impl Message<Cuda> {
         &self.slot_view().stream
     }
 
+    /// Makes `stream` see the payload too: enqueues on it a wait for the slot's ready
+    /// event, as [`Receiver::recv_on`] did on the message's own stream. For a reader
+    /// that works on another stream than the one it received on (the Python package's
+    /// DLPack export does this for the consumer's stream). The slot's release is still
+    /// recorded on [`stream`](Self::stream) when the message drops: order the reads
+    /// queued on `stream` before that (e.g. `msg.stream().join(&stream)`), or the slot may
+    /// be written again under them.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Driver`] when the driver refused the wait.
+    pub fn wait_on(&self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        let read = self.slot_view();
+        read.device.wait_ready(read.slot, stream)
+    }
+
     /// The payload as a cudarc slice of `T` on the message's stream, without taking
     /// ownership: dropping the view never frees the memory. (cudarc may create events for
     /// the view when its context tracks events; this helper is for convenience, not the

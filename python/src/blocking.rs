@@ -1,0 +1,83 @@
+//! Blocking from Python: every wait runs in Rust with the GIL released, in slices of at
+//! most [`SLICE`], checking for signals between them, so that Ctrl-C raises
+//! `KeyboardInterrupt` within about that long and other Python threads run meanwhile.
+
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+
+use crate::errors::raise;
+
+/// The longest a wait runs without the GIL before it checks for signals.
+pub(crate) const SLICE: Duration = Duration::from_millis(50);
+
+/// A Python `timeout=` argument: `None` waits as long as it takes, `0` tries once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Until(Option<Instant>);
+
+impl Until {
+    /// # Errors
+    ///
+    /// `ConfigError` (a `ValueError`) for a negative or non-finite number of seconds.
+    pub(crate) fn new(py: Python<'_>, timeout: Option<f64>) -> PyResult<Self> {
+        match timeout {
+            None => Ok(Until(None)),
+            Some(t) if t.is_finite() && t >= 0.0 => {
+                let d = Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX);
+                Ok(Until(Instant::now().checked_add(d)))
+            }
+            Some(t) => Err(raise(
+                py,
+                "ConfigError",
+                format!("timeout {t} is not a number of seconds >= 0"),
+            )),
+        }
+    }
+
+    /// The next slice to wait: up to [`SLICE`], never past the deadline (zero once it
+    /// passed: one more try).
+    pub(crate) fn slice(&self) -> Duration {
+        match self.0 {
+            None => SLICE,
+            Some(end) => end.saturating_duration_since(Instant::now()).min(SLICE),
+        }
+    }
+
+    /// Whether the deadline has passed.
+    pub(crate) fn passed(&self) -> bool {
+        self.0.is_some_and(|end| Instant::now() >= end)
+    }
+}
+
+/// What one slice of a wait gave.
+pub(crate) enum Step<T, S> {
+    /// Finished (a result or an error other than running out of time).
+    Done(T),
+    /// The slice ran out; the state to try again with (a lease, ...).
+    Again(S),
+}
+
+/// Runs `step` in slices until it is done or `until` passes, the GIL released during
+/// each slice and signals checked between them. `Ok(Err(state))`: the deadline passed.
+///
+/// # Errors
+///
+/// What a signal handler raised (`KeyboardInterrupt`); `state` is dropped then.
+pub(crate) fn wait<T: Send, S: Send>(
+    py: Python<'_>,
+    until: Until,
+    mut state: S,
+    step: impl Fn(S, Duration) -> Step<T, S> + Sync,
+) -> PyResult<Result<T, S>> {
+    loop {
+        let slice = until.slice();
+        match py.detach(|| step(state, slice)) {
+            Step::Done(t) => return Ok(Ok(t)),
+            Step::Again(s) if until.passed() => return Ok(Err(s)),
+            Step::Again(s) => {
+                state = s;
+                py.check_signals()?;
+            }
+        }
+    }
+}

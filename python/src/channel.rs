@@ -1,0 +1,263 @@
+//! `gpuring.Channel`: create or open a named channel, make its senders and receivers.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use gpuring::{Channel, ChannelBuilder, ChannelError, Cuda, Flavor, Host, ShmError};
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+use crate::blocking::{Step, Until, wait};
+use crate::errors::{self, closed};
+use crate::gpu::Gpu;
+use crate::receiver::PyReceiver;
+use crate::sender::PySender;
+
+/// What `__reduce__` gives pickle: `Channel.open` and its arguments.
+type Reduced<'py> = (Bound<'py, PyAny>, (String, Option<i32>));
+
+/// A channel of either kind.
+#[derive(Clone)]
+pub(crate) enum AnyChannel {
+    Host(Channel<Host>),
+    Cuda(Channel<Cuda>, Arc<Gpu>),
+}
+
+/// A named channel: a ring of descriptors in shared memory, and one slot pool per sender
+/// (host shared memory, or device memory of one GPU).
+///
+/// Make one with :meth:`Channel.create` (exclusive; the first process) or
+/// :meth:`Channel.open` (the others), then take a :meth:`sender` or a :meth:`receiver`.
+/// A channel lives while any process has it open or a message waits in it; the last one
+/// out removes it. Channels pickle by name: an unpickled channel opens the same one.
+#[pyclass(module = "gpuring._gpuring", name = "Channel", frozen)]
+pub(crate) struct PyChannel {
+    ch: Mutex<Option<AnyChannel>>,
+    name: String,
+    device: Option<i32>,
+    mpmc: bool,
+    capacity: usize,
+    slots: u32,
+    slot_bytes: u64,
+    max_senders: u32,
+}
+
+impl PyChannel {
+    fn new(ch: AnyChannel) -> Self {
+        let (name, device, flavor, capacity, (slots, slot_bytes), max_senders) = match &ch {
+            AnyChannel::Host(c) => {
+                (c.name().to_owned(), None, c.flavor(), c.capacity(), c.slots(), c.max_senders())
+            }
+            AnyChannel::Cuda(c, g) => (
+                c.name().to_owned(),
+                Some(g.ordinal),
+                c.flavor(),
+                c.capacity(),
+                c.slots(),
+                c.max_senders(),
+            ),
+        };
+        let mpmc = flavor == Flavor::Mpmc;
+        PyChannel {
+            ch: Mutex::new(Some(ch)),
+            name,
+            device,
+            mpmc,
+            capacity,
+            slots,
+            slot_bytes,
+            max_senders,
+        }
+    }
+
+    fn get(&self, py: Python<'_>) -> PyResult<AnyChannel> {
+        let ch = self.ch.lock().unwrap_or_else(PoisonError::into_inner);
+        ch.clone().ok_or_else(|| closed(py, "channel"))
+    }
+}
+
+fn gpu(py: Python<'_>, device: Option<i32>) -> PyResult<Option<Arc<Gpu>>> {
+    device.map(|d| Gpu::new(d).map_err(|e| errors::cuda(py, e))).transpose()
+}
+
+#[pymethods]
+impl PyChannel {
+    /// Creates channel ``name`` (exclusively, mode 0600) and returns it.
+    ///
+    /// ``capacity``: descriptor ring cells, a power of two. ``slots`` × ``slot_bytes``:
+    /// each sender's pool (made when the sender is), reserved in ``/dev/shm`` for host
+    /// channels (``device=None``) or allocated on GPU ``device``. ``mpmc``: any number of
+    /// senders and receivers (else one of each). ``max_senders``: pool table entries
+    /// (default 4, or 16 for MPMC). ``replace_stale``: replace a channel of this name
+    /// that no process has open (left by a crash).
+    ///
+    /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError``, ``CudaError``.
+    #[staticmethod]
+    #[pyo3(signature = (name, capacity=64, slots=8, slot_bytes=64 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        py: Python<'_>,
+        name: String,
+        capacity: u64,
+        slots: u32,
+        slot_bytes: u64,
+        device: Option<i32>,
+        mpmc: bool,
+        max_senders: Option<u32>,
+        replace_stale: bool,
+    ) -> PyResult<Self> {
+        let gpu = gpu(py, device)?;
+        let mut b = Channel::builder(name)
+            .capacity(capacity)
+            .slots(slots, slot_bytes)
+            .replace_stale(replace_stale);
+        if mpmc {
+            b = b.mpmc();
+        }
+        if let Some(n) = max_senders {
+            b = b.max_senders(n);
+        }
+        let made = py.detach(|| match &gpu {
+            None => b.create().map(AnyChannel::Host),
+            Some(g) => b.cuda(&g.ctx).create().map(|c| AnyChannel::Cuda(c, g.clone())),
+        });
+        made.map(PyChannel::new).map_err(|e| errors::channel(py, e))
+    }
+
+    /// Opens channel ``name``, waiting up to ``timeout`` seconds for it to exist (``None``:
+    /// as long as it takes, interruptible; ``0``: not at all). ``device``: the GPU this
+    /// process uses for a GPU channel's slots (``None`` for a host channel).
+    ///
+    /// Raises ``NotFound`` (also a ``FileNotFoundError``), ``WrongBackend``,
+    /// ``ShmError`` (not a gpuring channel, another layout version, ...), ``CudaError``.
+    #[staticmethod]
+    #[pyo3(signature = (name, device=None, timeout=None))]
+    fn open(
+        py: Python<'_>,
+        name: String,
+        device: Option<i32>,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
+        let until = Until::new(py, timeout)?;
+        let gpu = gpu(py, device)?;
+        let builder = Channel::builder(name);
+        let step = |_: Option<ChannelError>, slice: Duration| {
+            let b: ChannelBuilder<Host> = builder.clone().open_timeout(slice);
+            let r = match &gpu {
+                None => b.open().map(AnyChannel::Host),
+                Some(g) => b.cuda(&g.ctx).open().map(|c| AnyChannel::Cuda(c, g.clone())),
+            };
+            match r {
+                Err(
+                    e @ ChannelError::Segment(
+                        ShmError::NotFound { .. } | ShmError::NotInitialized { .. },
+                    ),
+                ) => Step::Again(Some(e)),
+                r => Step::Done(r),
+            }
+        };
+        match wait(py, until, None, step)? {
+            Ok(r) => r.map(PyChannel::new).map_err(|e| errors::channel(py, e)),
+            Err(last) => Err(errors::channel(
+                py,
+                last.unwrap_or(ChannelError::InvalidConfig { reason: "no channel of this name" }),
+            )),
+        }
+    }
+
+    /// A new sender, with its own slot pool (made now). SPSC channels have one live
+    /// sender at a time. Raises ``AttachError``, ``ConfigError`` (the pool table is full),
+    /// ``NoSpace``, ``CudaError``, ``Closed``.
+    fn sender(&self, py: Python<'_>) -> PyResult<PySender> {
+        let ch = self.get(py)?;
+        PySender::new(py, ch)
+    }
+
+    /// A new receiver. SPSC channels have one live receiver at a time. Raises
+    /// ``AttachError``, ``Closed``.
+    fn receiver(&self, py: Python<'_>) -> PyResult<PyReceiver> {
+        let ch = self.get(py)?;
+        PyReceiver::new(py, ch)
+    }
+
+    /// Lets go of this handle (senders and receivers made from it stay usable). The
+    /// channel goes away once no process has it open and no message waits in it.
+    fn close(&self) {
+        let taken = self.ch.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(taken);
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.ch.lock().unwrap_or_else(PoisonError::into_inner).is_none()
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    /// The channel's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The GPU whose memory holds the slots, or ``None`` for host slots.
+    #[getter]
+    fn device(&self) -> Option<i32> {
+        self.device
+    }
+
+    /// Whether any number of senders and receivers may attach.
+    #[getter]
+    fn mpmc(&self) -> bool {
+        self.mpmc
+    }
+
+    /// Descriptor ring cells.
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Slots in each sender's pool.
+    #[getter]
+    fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Bytes in one slot: the largest tensor a message carries.
+    #[getter]
+    fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    /// Pool table entries: senders that may have pools at once.
+    #[getter]
+    fn max_senders(&self) -> u32 {
+        self.max_senders
+    }
+
+    fn __repr__(&self) -> String {
+        let place = self.device.map_or("host".to_owned(), |d| format!("cuda:{d}"));
+        let flavor = if self.mpmc { "mpmc" } else { "spsc" };
+        format!(
+            "Channel({:?}, {flavor}, {place}, capacity={}, slots={}, slot_bytes={})",
+            self.name, self.capacity, self.slots, self.slot_bytes
+        )
+    }
+
+    /// Pickles by name: the copy opens the same channel.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        let this = slf.get();
+        let open = slf.get_type().cast_into::<PyType>()?.getattr("open")?;
+        Ok((open, (this.name.clone(), this.device)))
+    }
+}

@@ -1,0 +1,138 @@
+//! CUDA from the Python side: the context of a device (the primary context, which torch
+//! uses too, so its streams and ours mix), torch's current stream, cudarc handles of
+//! foreign streams, copies between a tensor and a slot, and ordering one stream after
+//! another.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
+use gpuring::CudaError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
+
+/// A device's primary context, and the last foreign stream wrapped for it.
+pub(crate) struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) ordinal: i32,
+    /// One stream handle is used over and over (torch's current stream): wrap it once.
+    last: Mutex<Option<(usize, Arc<CudaStream>)>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cuda:{}", self.ordinal)
+    }
+}
+
+fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+    move |e| CudaError::Driver { op, code: e.0 as i32 }
+}
+
+fn check(op: &'static str, r: sys::CUresult) -> Result<(), CudaError> {
+    r.result().map_err(driver(op))
+}
+
+impl Gpu {
+    /// The primary context of device `ordinal`.
+    pub(crate) fn new(ordinal: i32) -> Result<Arc<Self>, CudaError> {
+        let n = usize::try_from(ordinal)
+            .map_err(|_| CudaError::Driver { op: "device ordinal < 0", code: 101 })?;
+        let ctx = gpuring::cuda::context(n)?;
+        Ok(Arc::new(Gpu { ctx, ordinal, last: Mutex::new(None) }))
+    }
+
+    /// A cudarc handle of the stream whose raw handle is `raw` (0: the legacy default
+    /// stream, 2: the per-thread default stream), which the caller (torch, or the user who
+    /// passed it) keeps alive. Never destroys it.
+    pub(crate) fn stream(&self, raw: usize) -> Arc<CudaStream> {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((r, s)) = last.as_ref()
+            && *r == raw
+        {
+            return s.clone();
+        }
+        // SAFETY: `raw` is a stream of this device's primary context (torch's current
+        // stream, or a handle the caller passed and keeps alive, as documented); the
+        // wrapper borrows it and never destroys it.
+        let s = unsafe { self.ctx.wrap_borrowed_stream(raw as sys::CUstream) };
+        *last = Some((raw, s.clone()));
+        s
+    }
+
+    /// Enqueues a copy of `n` bytes from `src` to `dst` on `stream`. Either may be device
+    /// or host memory (unified addressing tells which). From or to pageable host memory
+    /// the driver stages the copy, and the call returns once the host side is done.
+    pub(crate) fn copy(
+        &self,
+        dst: u64,
+        src: u64,
+        n: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: the caller vouches for `n` bytes at `src` (a checked DLPack tensor, kept
+        // alive) and at `dst` (a leased slot of at least `n` bytes).
+        check("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst, src, n, stream.cu_stream()) })
+    }
+
+    /// Waits on the host for everything queued on `stream`.
+    pub(crate) fn synchronize(&self, stream: &CudaStream) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// Makes `waiter` wait for the work queued on `on` so far (no host wait).
+    pub(crate) fn join(&self, waiter: &CudaStream, on: &CudaStream) -> Result<(), CudaError> {
+        if waiter.cu_stream() == on.cu_stream() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        waiter.join(on).map_err(driver("cuStreamWaitEvent"))
+    }
+}
+
+static SYS_MODULES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+static CURRENT_STREAM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// torch's current stream on `device` as a raw handle (0: the legacy default stream), if
+/// torch is imported; 0 otherwise. torch is never imported by gpuring.
+pub(crate) fn current_stream(py: Python<'_>, device: i32) -> PyResult<usize> {
+    let modules = SYS_MODULES.get_or_try_init(py, || {
+        py.import("sys")?
+            .getattr("modules")?
+            .cast_into::<PyDict>()
+            .map(Bound::unbind)
+            .map_err(PyErr::from)
+    })?;
+    let current = match CURRENT_STREAM.get(py) {
+        Some(f) => f.bind(py).clone(),
+        None => {
+            let Some(torch) = modules.bind(py).get_item("torch")? else { return Ok(0) };
+            let f = torch.getattr("cuda")?.getattr("current_stream")?;
+            CURRENT_STREAM.get_or_init(py, || f.clone().unbind());
+            f
+        }
+    };
+    current.call1((device,))?.getattr("cuda_stream")?.extract()
+}
+
+/// A DLPack `stream` value for raw handle `raw`: the legacy default stream is 1.
+pub(crate) fn dlpack_stream(raw: usize) -> usize {
+    if raw == 0 { 1 } else { raw }
+}
+
+/// A `stream=` argument of ours: `None` (torch's current stream if torch is imported,
+/// else the legacy default stream), an int (a raw `cudaStream_t`), or an object with a
+/// `cuda_stream` attribute (a `torch.cuda.Stream`, cupy's, ...).
+pub(crate) fn stream_handle(
+    py: Python<'_>,
+    stream: Option<&Bound<'_, PyAny>>,
+    device: i32,
+) -> PyResult<usize> {
+    match stream.filter(|s| !s.is_none()) {
+        None => current_stream(py, device),
+        Some(s) if s.hasattr("cuda_stream")? => s.getattr("cuda_stream")?.extract(),
+        Some(s) => s.extract(),
+    }
+}

@@ -1,0 +1,59 @@
+//! `gpuring._gpuring`: the Python extension of gpuring, a thin layer over the Rust API
+//! (the `gpuring` package in `gpuring/` re-exports it and adds `Queue`).
+//!
+//! | file | what |
+//! |---|---|
+//! | `channel.rs` | `Channel`: create, open, senders and receivers |
+//! | `sender.rs` | `Sender` (`send` copies a tensor into a slot), `Lease` (fill in place) |
+//! | `receiver.rs` | `Receiver`, `Message` (a zero-copy view, exported by DLPack) |
+//! | `dlpack.rs` | DLPack both ways: reading a caller's tensor, exporting a slot |
+//! | `gpu.rs` | contexts, torch's current stream, copies, ordering streams |
+//! | `blocking.rs` | waits with the GIL released, in slices, interruptible |
+//! | `dtypes.rs`, `errors.rs` | dtype names; Rust errors as `gpuring.errors` exceptions |
+//!
+//! Tensors cross by DLPack only: no pickle, no copy beyond the one `send` makes (and
+//! none for a lease).
+
+use pyo3::prelude::*;
+
+mod blocking;
+mod channel;
+mod dlpack;
+mod dtypes;
+mod errors;
+mod gpu;
+mod receiver;
+mod sender;
+
+/// Whether a CUDA driver is present and initialises here.
+#[pyfunction]
+fn cuda_available(py: Python<'_>) -> bool {
+    py.detach(gpuring::cuda::available)
+}
+
+/// CUDA IPC handles this process has opened (memory and event handles together): a
+/// receiver opens a sender's pool once, on first sight, never per message.
+#[pyfunction]
+fn ipc_opens() -> u64 {
+    gpuring::cuda::ipc_opens()
+}
+
+/// The element type names gpuring carries, as numpy and torch name them.
+#[pyfunction(name = "dtypes")]
+fn dtype_names() -> Vec<&'static str> {
+    dtypes::NAMES.iter().map(|(_, n)| *n).collect()
+}
+
+#[pymodule]
+fn _gpuring(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<channel::PyChannel>()?;
+    m.add_class::<sender::PySender>()?;
+    m.add_class::<sender::PyLease>()?;
+    m.add_class::<receiver::PyReceiver>()?;
+    m.add_class::<receiver::PyMessage>()?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc_opens, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
+    m.add("MAX_DIMS", gpuring::MAX_DIMS)?;
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! `gpuring.Receiver` and `gpuring.Message`: receiving, and zero-copy views of a
+//! received slot through DLPack.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use cudarc::driver::CudaStream;
+use gpuring::{Cuda, Host, Message, Receiver, RecvError, TensorMeta};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::blocking::{Step, Until, wait};
+use crate::channel::AnyChannel;
+use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA};
+use crate::dtypes;
+use crate::errors::{self, closed};
+use crate::gpu::{self, Gpu};
+
+/// A receiver of either kind.
+enum AnyReceiver {
+    Host(Receiver<Host>),
+    Cuda(Receiver<Cuda>, Arc<Gpu>),
+}
+
+/// A received message of either kind.
+enum AnyMessage {
+    Host(Message<Host>),
+    Cuda(Message<Cuda>, Arc<Gpu>),
+}
+
+/// The receiving end of a channel. Safe to share between threads; iterating over it
+/// receives until every sender has left and everything was received.
+#[pyclass(module = "gpuring._gpuring", name = "Receiver", frozen)]
+pub(crate) struct PyReceiver {
+    rx: Mutex<Option<Arc<Mutex<AnyReceiver>>>>,
+}
+
+impl PyReceiver {
+    pub(crate) fn new(py: Python<'_>, ch: AnyChannel) -> PyResult<Self> {
+        let made = py.detach(|| match &ch {
+            AnyChannel::Host(c) => c.receiver().map(AnyReceiver::Host),
+            AnyChannel::Cuda(c, g) => c.receiver().map(|r| AnyReceiver::Cuda(r, g.clone())),
+        });
+        let rx = made.map_err(|e| errors::channel(py, e))?;
+        Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))) })
+    }
+
+    fn get(&self, py: Python<'_>) -> PyResult<Arc<Mutex<AnyReceiver>>> {
+        let rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
+        rx.clone().ok_or_else(|| closed(py, "receiver"))
+    }
+
+    /// Receives, waiting in slices with the GIL released; the Rust error as it is.
+    fn receive(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Result<PyMessage, RecvError>> {
+        let until = Until::new(py, timeout)?;
+        let rx = self.get(py)?;
+        let raw = match &*rx.lock().unwrap_or_else(PoisonError::into_inner) {
+            AnyReceiver::Host(_) => 0,
+            AnyReceiver::Cuda(_, g) => gpu::stream_handle(py, stream, g.ordinal)?,
+        };
+        let step = |(), slice: Duration| {
+            let r = match &*rx.lock().unwrap_or_else(PoisonError::into_inner) {
+                AnyReceiver::Host(r) => r.recv_timeout(slice).map(AnyMessage::Host),
+                AnyReceiver::Cuda(r, g) => {
+                    r.recv_on_timeout(&g.stream(raw), slice).map(|m| AnyMessage::Cuda(m, g.clone()))
+                }
+            };
+            match r {
+                Err(RecvError::Timeout) => Step::Again(()),
+                r => Step::Done(r),
+            }
+        };
+        Ok(match wait(py, until, (), step)? {
+            Ok(r) => r.map(PyMessage::new),
+            Err(()) => Err(RecvError::Timeout),
+        })
+    }
+}
+
+#[pymethods]
+impl PyReceiver {
+    /// Receives a message, waiting up to ``timeout`` seconds (``None``: as long as it
+    /// takes, interruptible; ``0``: not at all).
+    ///
+    /// The :class:`Message` is a zero-copy view of the sender's slot, which stays this
+    /// receiver's until the message and every view of it are gone (``release()`` or a
+    /// ``with`` block lets go at once). GPU channels: ``stream`` (``None``: torch's
+    /// current stream if torch is imported, else the legacy default stream; an int or a
+    /// ``torch.cuda.Stream``) waits on the GPU for the sender's writes; the CPU does not.
+    ///
+    /// Raises ``Timeout``, ``Disconnected`` (every sender left and everything was
+    /// received), ``PeerDead``, ``SenderGone`` (GPU: the sender left with the memory),
+    /// ``Corrupted`` (a bad descriptor, dropped: the next call carries on), ``CudaError``,
+    /// ``Closed``.
+    #[pyo3(signature = (timeout=None, stream=None))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyMessage> {
+        self.receive(py, timeout, stream)?.map_err(|e| errors::recv(py, e))
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// The next message; the iteration ends once every sender has left and everything
+    /// they sent was received (``PeerDead`` is raised if one died).
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyMessage>> {
+        match self.receive(py, None, None)? {
+            Ok(m) => Ok(Some(m)),
+            Err(RecvError::Disconnected) => Ok(None),
+            Err(e) => Err(errors::recv(py, e)),
+        }
+    }
+
+    /// Leaves the channel (messages already received stay valid). Further calls raise
+    /// ``Closed``.
+    fn close(&self) {
+        let taken = self.rx.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(taken);
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.rx.lock().unwrap_or_else(PoisonError::into_inner).is_none()
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.close();
+        false
+    }
+}
+
+/// What a message and its exported views share: the Rust message, whose slot goes back
+/// when the last of them is gone.
+struct Held(AnyMessage);
+
+/// A view exported on another CUDA stream than the message's: when the consumer lets go
+/// of it, the message's stream is made to wait for the reads queued on that stream, so
+/// the release event (recorded on the message's stream) comes after them.
+struct ForeignView {
+    held: Arc<Held>,
+    stream: Arc<CudaStream>,
+}
+
+impl Drop for ForeignView {
+    fn drop(&mut self) {
+        if let AnyMessage::Cuda(m, g) = &self.held.0
+            && g.join(m.stream(), &self.stream).is_err()
+        {
+            // Without the join the slot could be written under pending reads: wait for
+            // them instead (a failed driver call; never the normal path).
+            let _ = g.synchronize(&self.stream);
+        }
+    }
+}
+
+/// A received tensor: a zero-copy view of the sender's slot.
+///
+/// ``torch.from_dlpack(msg)`` or ``np.from_dlpack(msg)`` makes a tensor or array of it
+/// without copying. The slot goes back to the sender when the message has been released
+/// (``release()``, the end of a ``with`` block, or garbage collection) and every such
+/// view is gone. GPU messages: the consumer's stream (torch passes its current one) waits
+/// on the GPU for the sender's writes, and the slot goes back only after the reads
+/// queued on it. A view read on yet another stream must be ordered by its user (as
+/// with torch's ``record_stream``).
+#[pyclass(module = "gpuring._gpuring", name = "Message", frozen)]
+pub(crate) struct PyMessage {
+    held: Mutex<Option<Arc<Held>>>,
+    meta: TensorMeta,
+    seq: u64,
+    tag: u64,
+    place: (i32, i32),
+    ptr: usize,
+}
+
+impl PyMessage {
+    fn new(m: AnyMessage) -> Self {
+        let (meta, seq, tag, place, ptr) = match &m {
+            AnyMessage::Host(m) => {
+                (*m.meta(), m.seq(), m.tag(), (DEVICE_CPU, 0), m.as_ptr() as usize)
+            }
+            AnyMessage::Cuda(m, g) => {
+                (*m.meta(), m.seq(), m.tag(), (DEVICE_CUDA, g.ordinal), m.device_ptr() as usize)
+            }
+        };
+        PyMessage { held: Mutex::new(Some(Arc::new(Held(m)))), meta, seq, tag, place, ptr }
+    }
+}
+
+#[pymethods]
+impl PyMessage {
+    /// A DLPack capsule of a view of the payload (the DLPack protocol: torch and numpy
+    /// call it). GPU messages: ``stream`` waits for the sender's writes (``-1``: the
+    /// consumer orders its reads itself).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<&Bound<'py, PyAny>>,
+        copy: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        dlpack::check_request(self.place, dl_device, copy)?;
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let held = held.ok_or_else(|| closed(py, "message (released)"))?;
+        let keep: dlpack::Keep = match &held.0 {
+            AnyMessage::Cuda(m, g) => match dlpack::stream_arg(stream)? {
+                Some(raw) if raw != m.stream().cu_stream() as usize => {
+                    let s = g.stream(raw);
+                    m.wait_on(&s).map_err(|e| errors::cuda(py, e))?;
+                    Box::new(ForeignView { held: held.clone(), stream: s })
+                }
+                _ => Box::new(held.clone()),
+            },
+            AnyMessage::Host(_) => Box::new(held.clone()),
+        };
+        let versioned = dlpack::wants_versioned(max_version)?;
+        dlpack::export(py, self.ptr, self.place, &self.meta, false, versioned, keep)
+    }
+
+    fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        dlpack::device_tuple(py, self.place)
+    }
+
+    /// Lets go of the slot (it goes back once no view of it is left). Further DLPack
+    /// exports raise ``Closed``.
+    fn release(&self) {
+        let taken = self.held.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(taken);
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.release();
+        false
+    }
+
+    /// Whether :meth:`release` was called.
+    #[getter]
+    fn released(&self) -> bool {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).is_none()
+    }
+
+    /// The tensor's shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        dtypes::shape_tuple(py, &self.meta)
+    }
+
+    /// The element type's name (``"float32"``, ...).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtypes::name(self.meta.dtype())
+    }
+
+    /// Bytes of payload.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.meta.nbytes()
+    }
+
+    /// The sender's sequence number (per sender, from 0).
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The tag the sender gave.
+    #[getter]
+    fn tag(&self) -> u64 {
+        self.tag
+    }
+
+    /// The GPU the payload is on, or ``None`` for host memory.
+    #[getter]
+    fn device(&self) -> Option<i32> {
+        (self.place.0 == DEVICE_CUDA).then_some(self.place.1)
+    }
+
+    fn __repr__(&self) -> String {
+        let place = self.device().map_or("host".to_owned(), |d| format!("cuda:{d}"));
+        format!(
+            "Message(seq={}, tag={}, shape={:?}, dtype={}, {place})",
+            self.seq,
+            self.tag,
+            self.meta.shape(),
+            dtypes::name(self.meta.dtype())
+        )
+    }
+}

@@ -1,0 +1,509 @@
+//! `gpuring.Sender` and `gpuring.Lease`: copying a tensor into a slot and sending it, or
+//! leasing a slot to fill in place.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use cudarc::driver::CudaStream;
+use gpuring::{AcquireError, Cuda, Host, Lease, SendError, Sender, TensorMeta};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::blocking::{Step, Until, wait};
+use crate::channel::AnyChannel;
+use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA, Place, Source};
+use crate::dtypes;
+use crate::errors::{self, closed, raise};
+use crate::gpu::{self, Gpu};
+
+/// A sender of either kind.
+pub(crate) enum AnySender {
+    Host(Sender<Host>),
+    Cuda(Sender<Cuda>, Arc<Gpu>),
+}
+
+/// What a Python sender, its leases and their exported views share: the Rust sender,
+/// which (with its pool) lives until the last of them is gone.
+pub(crate) struct TxShared {
+    tx: Mutex<AnySender>,
+    slot_bytes: u64,
+    /// Host channels: the GPU a CUDA tensor handed to `send` is on (copied out of it).
+    source_gpu: Mutex<Option<Arc<Gpu>>>,
+}
+
+impl TxShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AnySender> {
+        self.tx.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn source_gpu(&self, py: Python<'_>, device: i32) -> PyResult<Arc<Gpu>> {
+        let mut g = self.source_gpu.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(g) = g.as_ref().filter(|g| g.ordinal == device) {
+            return Ok(g.clone());
+        }
+        let made = Gpu::new(device).map_err(|e| errors::cuda(py, e))?;
+        *g = Some(made.clone());
+        Ok(made)
+    }
+}
+
+/// A leased slot of either kind, with the streams of CUDA views made on other streams
+/// than the lease's (the send waits for their writes).
+enum AnyLease {
+    Host(Lease<Host>),
+    Cuda(Lease<Cuda>, Vec<Arc<CudaStream>>),
+}
+
+/// Leases a slot, waiting (in slices, the GIL released) until `until`. For a GPU
+/// channel, on the stream with raw handle `raw`.
+fn acquire(py: Python<'_>, tx: &TxShared, until: Until, raw: usize) -> PyResult<AnyLease> {
+    let step = |(), slice: Duration| {
+        let r = match &*tx.lock() {
+            AnySender::Host(s) => s.acquire_timeout(slice).map(AnyLease::Host),
+            AnySender::Cuda(s, g) => {
+                s.acquire_on_timeout(&g.stream(raw), slice).map(|l| AnyLease::Cuda(l, Vec::new()))
+            }
+        };
+        match r {
+            Err(AcquireError::Timeout) => Step::Again(()),
+            r => Step::Done(r),
+        }
+    };
+    match wait(py, until, (), step)? {
+        Ok(r) => r.map_err(|e| errors::acquire(py, e)),
+        Err(()) => Err(errors::acquire(py, AcquireError::Timeout)),
+    }
+}
+
+/// Sends `lease` as a tensor of `meta` with `tag`, waiting for room in the ring.
+fn send_lease(
+    py: Python<'_>,
+    tx: &TxShared,
+    until: Until,
+    lease: AnyLease,
+    meta: TensorMeta,
+    tag: u64,
+) -> PyResult<()> {
+    let lease = match lease {
+        AnyLease::Host(mut l) => {
+            l.set_tag(tag);
+            AnyLease::Host(l)
+        }
+        AnyLease::Cuda(mut l, foreign) => {
+            l.set_tag(tag);
+            // The ready event is recorded on the lease's stream: make it follow the
+            // writes queued on the other streams views were made on.
+            if let AnySender::Cuda(_, g) = &*tx.lock() {
+                for s in &foreign {
+                    g.join(l.stream(), s).map_err(|e| errors::cuda(py, e))?;
+                }
+            }
+            AnyLease::Cuda(l, Vec::new())
+        }
+    };
+    let step = |lease: AnyLease, slice: Duration| {
+        let r = match (&*tx.lock(), lease) {
+            (AnySender::Host(s), AnyLease::Host(l)) => {
+                s.send_timeout(l, meta, slice).map_err(|e| match e {
+                    SendError::Timeout(l) => Ok(AnyLease::Host(l)),
+                    e => Err(errors::send_parts(&e)),
+                })
+            }
+            (AnySender::Cuda(s, _), AnyLease::Cuda(l, f)) => {
+                s.send_timeout(l, meta, slice).map_err(|e| match e {
+                    SendError::Timeout(l) => Ok(AnyLease::Cuda(l, f)),
+                    e => Err(errors::send_parts(&e)),
+                })
+            }
+            _ => unreachable!("a lease is sent by the sender it came from"),
+        };
+        match r {
+            Ok(()) => Step::Done(Ok(())),
+            Err(Ok(lease)) => Step::Again(lease),
+            Err(Err(e)) => Step::Done(Err(e)),
+        }
+    };
+    match wait(py, until, lease, step)? {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err((class, msg))) => Err(raise(py, class, msg)),
+        Err(_lease) => Err(raise(py, "Timeout", "timed out waiting for room in the ring")),
+    }
+}
+
+/// The sending end of a channel, with its own pool of slots.
+///
+/// :meth:`send` copies a tensor or array into a slot and sends it (one copy, no pickle);
+/// :meth:`lease` hands out a slot to fill in place (no copy at all). Safe to share
+/// between threads. The sender leaves the channel at :meth:`close` (or when garbage
+/// collected) once no lease of it is left.
+#[pyclass(module = "gpuring._gpuring", name = "Sender", frozen)]
+pub(crate) struct PySender {
+    shared: Mutex<Option<Arc<TxShared>>>,
+}
+
+impl PySender {
+    pub(crate) fn new(py: Python<'_>, ch: AnyChannel) -> PyResult<Self> {
+        let made = py.detach(|| match &ch {
+            AnyChannel::Host(c) => c.sender().map(AnySender::Host),
+            AnyChannel::Cuda(c, g) => c.sender().map(|s| AnySender::Cuda(s, g.clone())),
+        });
+        let tx = made.map_err(|e| errors::channel(py, e))?;
+        let slot_bytes = match &tx {
+            AnySender::Host(s) => s.slot_size(),
+            AnySender::Cuda(s, _) => s.slot_size(),
+        } as u64;
+        let shared = TxShared { tx: Mutex::new(tx), slot_bytes, source_gpu: Mutex::new(None) };
+        Ok(PySender { shared: Mutex::new(Some(Arc::new(shared))) })
+    }
+
+    fn shared(&self, py: Python<'_>) -> PyResult<Arc<TxShared>> {
+        let s = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        s.clone().ok_or_else(|| closed(py, "sender"))
+    }
+}
+
+#[pymethods]
+impl PySender {
+    /// Copies ``tensor`` (a torch tensor on the CPU or a GPU, a numpy array, or anything
+    /// with ``__dlpack__``) into a free slot and sends it; returns once it is in the ring.
+    ///
+    /// Waits up to ``timeout`` seconds (``None``: as long as it takes; ``0``: not at all)
+    /// for a free slot and for room in the ring. ``tag`` is any 64-bit number the
+    /// receiver reads back. A tensor that is not C-contiguous is made contiguous first
+    /// (one more copy, by its own library).
+    ///
+    /// GPU channels: the copy is device to device, queued on torch's current stream (the
+    /// receiver's stream waits for it on the GPU; this call does not wait for the GPU).
+    /// The tensor may be freed or reused at once in torch's stream order. A host tensor
+    /// into a GPU channel, or a CUDA tensor into a host channel, is copied across.
+    ///
+    /// Raises ``Timeout``, ``TooLarge``, ``DTypeError``, ``Disconnected`` (every receiver
+    /// left), ``PeerDead``, ``Corrupted``, ``CudaError``, ``Closed``.
+    #[pyo3(signature = (tensor, timeout=None, tag=0))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        tensor: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        tag: u64,
+    ) -> PyResult<()> {
+        let until = Until::new(py, timeout)?;
+        let tx = self.shared(py)?;
+        let channel_gpu = match &*tx.lock() {
+            AnySender::Host(_) => None,
+            AnySender::Cuda(_, g) => Some(g.clone()),
+        };
+        // The stream the tensor is read in order of: torch's current one on its device.
+        let mut raw_stream = 0usize;
+        let src = Source::read(tensor, &mut |device| {
+            raw_stream = gpu::current_stream(py, device)?;
+            Ok(gpu::dlpack_stream(raw_stream))
+        })?;
+        let n = src.meta.nbytes();
+        if n > tx.slot_bytes {
+            return Err(raise(
+                py,
+                "TooLarge",
+                format!("tensor spans {n} bytes, a slot holds {}", tx.slot_bytes),
+            ));
+        }
+        let (meta, ptr) = (src.meta, src.ptr as u64);
+        match (&channel_gpu, src.place) {
+            (Some(g), Place::Cuda(d)) if d != g.ordinal => {
+                return Err(raise(
+                    py,
+                    "CudaError",
+                    format!(
+                        "the tensor is on cuda:{d}, the channel's slots on cuda:{}: move it there first",
+                        g.ordinal
+                    ),
+                ));
+            }
+            (Some(g), Place::Host) => raw_stream = gpu::current_stream(py, g.ordinal)?,
+            _ => {}
+        }
+        let mut lease = acquire(py, &tx, until, raw_stream)?;
+        match (&mut lease, src.place) {
+            (AnyLease::Host(l), Place::Host) => {
+                let dst = l.as_mut_ptr() as usize;
+                // SAFETY: `n` bytes at `ptr` belong to the tensor, which `src` keeps alive;
+                // the lease holds at least `n` bytes (checked against the slot size). The
+                // two do not overlap (the slot is ours alone).
+                py.detach(|| unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        ptr as usize as *const u8,
+                        dst as *mut u8,
+                        n as usize,
+                    )
+                });
+            }
+            (AnyLease::Host(l), Place::Cuda(d)) => {
+                let g = tx.source_gpu(py, d)?;
+                let s = g.stream(raw_stream);
+                let dst = l.as_mut_ptr() as u64;
+                py.detach(|| g.copy(dst, ptr, n as usize, &s).and_then(|()| g.synchronize(&s)))
+                    .map_err(|e| errors::cuda(py, e))?;
+            }
+            (AnyLease::Cuda(l, _), _) => {
+                let g = channel_gpu.as_ref().expect("a GPU lease comes from a GPU channel");
+                g.copy(l.device_ptr(), ptr, n as usize, l.stream())
+                    .map_err(|e| errors::cuda(py, e))?;
+            }
+        }
+        drop(src);
+        send_lease(py, &tx, until, lease, meta, tag)
+    }
+
+    /// Leases a free slot for a tensor of ``shape`` and ``dtype`` (a name such as
+    /// ``"float32"``, a numpy dtype or a torch dtype) to fill in place: zero copies.
+    ///
+    /// The lease supports DLPack: ``torch.from_dlpack(lease)`` or ``np.from_dlpack(lease)``
+    /// is a writable view of the slot. Used as a context manager, it is sent when the
+    /// block exits normally (and given back unsent on an exception)::
+    ///
+    ///     with tx.lease((3, 224, 224), "float32") as buf:
+    ///         torch.from_dlpack(buf).copy_(x)
+    ///
+    /// Views must not be used after the lease is sent. GPU channels: the slot is leased
+    /// on torch's current stream (``stream=`` to choose), which waits on the GPU until
+    /// the slot's last reader is done.
+    ///
+    /// Raises ``Timeout``, ``TooLarge``, ``DTypeError``, ``Disconnected``, ``PeerDead``,
+    /// ``Closed``.
+    #[pyo3(signature = (shape, dtype, timeout=None, tag=0, stream=None))]
+    fn lease(
+        &self,
+        py: Python<'_>,
+        shape: &Bound<'_, PyAny>,
+        dtype: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        tag: u64,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyLease> {
+        let until = Until::new(py, timeout)?;
+        let tx = self.shared(py)?;
+        let meta = dtypes::meta(shape, dtypes::from_py(dtype)?)?;
+        if meta.nbytes() > tx.slot_bytes {
+            let n = meta.nbytes();
+            return Err(raise(
+                py,
+                "TooLarge",
+                format!("tensor spans {n} bytes, a slot holds {}", tx.slot_bytes),
+            ));
+        }
+        let device = match &*tx.lock() {
+            AnySender::Host(_) => None,
+            AnySender::Cuda(_, g) => Some(g.ordinal),
+        };
+        let raw = match device {
+            Some(d) => gpu::stream_handle(py, stream, d)?,
+            None => 0,
+        };
+        let mut lease = acquire(py, &tx, until, raw)?;
+        let (ptr, place) = match &mut lease {
+            AnyLease::Host(l) => (l.as_mut_ptr() as usize, (DEVICE_CPU, 0)),
+            AnyLease::Cuda(l, _) => (l.device_ptr() as usize, (DEVICE_CUDA, device.unwrap_or(0))),
+        };
+        Ok(PyLease {
+            tx,
+            lease: Mutex::new(Some(lease)),
+            meta,
+            ptr,
+            place,
+            tag: AtomicU64::new(tag),
+        })
+    }
+
+    /// Leaves the channel once no lease of this sender is left (its pool goes once every
+    /// message sent from it is received). Further calls raise ``Closed``.
+    fn close(&self) {
+        let taken = self.shared.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(taken);
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner).is_none()
+    }
+
+    /// Bytes in one slot: the largest tensor it sends.
+    #[getter]
+    fn slot_bytes(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.shared(py)?.slot_bytes)
+    }
+
+    /// Slots free in this sender's pool now.
+    #[getter]
+    fn free_slots(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(match &*self.shared(py)?.lock() {
+            AnySender::Host(s) => s.free_slots(),
+            AnySender::Cuda(s, _) => s.free_slots(),
+        })
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        match s.as_ref() {
+            None => "Sender(closed)".to_owned(),
+            Some(tx) => match &*tx.lock() {
+                AnySender::Host(s) => format!("Sender(pool {:?}, host)", s.pool_name()),
+                AnySender::Cuda(s, g) => {
+                    format!("Sender(pool {:?}, cuda:{})", s.pool_name(), g.ordinal)
+                }
+            },
+        }
+    }
+}
+
+/// A leased slot, to fill in place and send (see :meth:`Sender.lease`). Supports DLPack
+/// (``torch.from_dlpack(lease)``, ``np.from_dlpack(lease)``: writable views of the slot).
+#[pyclass(module = "gpuring._gpuring", name = "Lease", frozen)]
+pub(crate) struct PyLease {
+    tx: Arc<TxShared>,
+    lease: Mutex<Option<AnyLease>>,
+    meta: TensorMeta,
+    ptr: usize,
+    place: (i32, i32),
+    tag: AtomicU64,
+}
+
+impl PyLease {
+    fn take(&self, py: Python<'_>) -> PyResult<AnyLease> {
+        let l = self.lease.lock().unwrap_or_else(PoisonError::into_inner).take();
+        l.ok_or_else(|| closed(py, "lease (sent or cancelled)"))
+    }
+}
+
+#[pymethods]
+impl PyLease {
+    /// Sends the slot as a tensor of the lease's shape and dtype, waiting up to
+    /// ``timeout`` seconds for room in the ring. Raises ``Timeout`` (the slot goes back
+    /// to the pool), ``Disconnected``, ``PeerDead``, ``Closed``.
+    #[pyo3(signature = (timeout=None))]
+    fn send(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let until = Until::new(py, timeout)?;
+        let lease = self.take(py)?;
+        send_lease(py, &self.tx, until, lease, self.meta, self.tag.load(Ordering::Relaxed))
+    }
+
+    /// Gives the slot back unsent.
+    fn cancel(&self) {
+        let taken = self.lease.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(taken);
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// Sends the slot when the block exits normally; gives it back on an exception.
+    #[pyo3(signature = (exc_type, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let sent = self.lease.lock().unwrap_or_else(PoisonError::into_inner).is_none();
+        if exc_type.is_some_and(|e| !e.is_none()) {
+            self.cancel();
+        } else if !sent {
+            self.send(py, None)?;
+        }
+        Ok(false)
+    }
+
+    /// A DLPack capsule of a writable view of the slot (the DLPack protocol; torch and
+    /// numpy call it). GPU channels: writes queued on ``stream`` come after the slot's
+    /// last reader, and the send waits for them.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<&Bound<'py, PyAny>>,
+        copy: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        dlpack::check_request(self.place, dl_device, copy)?;
+        let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(lease) = guard.as_mut() else {
+            return Err(closed(py, "lease (sent or cancelled)"));
+        };
+        if let AnyLease::Cuda(l, foreign) = lease
+            && let Some(raw) = dlpack::stream_arg(stream)?
+            && raw != l.stream().cu_stream() as usize
+            && let AnySender::Cuda(_, g) = &*self.tx.lock()
+        {
+            let s = g.stream(raw);
+            g.join(&s, l.stream()).map_err(|e| errors::cuda(py, e))?;
+            foreign.push(s);
+        }
+        let versioned = dlpack::wants_versioned(max_version)?;
+        dlpack::export(
+            py,
+            self.ptr,
+            self.place,
+            &self.meta,
+            false,
+            versioned,
+            Box::new(self.tx.clone()),
+        )
+    }
+
+    fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        dlpack::device_tuple(py, self.place)
+    }
+
+    /// The tensor's shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        dtypes::shape_tuple(py, &self.meta)
+    }
+
+    /// The element type's name (``"float32"``, ...).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtypes::name(self.meta.dtype())
+    }
+
+    /// Bytes the tensor spans.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.meta.nbytes()
+    }
+
+    /// The tag sent with it (settable until sent).
+    #[getter]
+    fn get_tag(&self) -> u64 {
+        self.tag.load(Ordering::Relaxed)
+    }
+
+    #[setter]
+    fn set_tag(&self, tag: u64) {
+        self.tag.store(tag, Ordering::Relaxed);
+    }
+
+    /// Whether the lease was sent or cancelled.
+    #[getter]
+    fn done(&self) -> bool {
+        self.lease.lock().unwrap_or_else(PoisonError::into_inner).is_none()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Lease(shape={:?}, dtype={})", self.meta.shape(), dtypes::name(self.meta.dtype()))
+    }
+}

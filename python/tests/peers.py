@@ -1,0 +1,97 @@
+"""What the child processes of the tests run (a module of its own, so that
+``multiprocessing``'s spawn start method can import it in the child)."""
+
+import os
+import time
+
+import numpy as np
+
+import gpuring
+
+BIG_SHAPE = (3, 2160, 2080)  # float32: 53.9 MB, the size the issue names
+
+
+def big_array(i):
+    """A 54 MB float32 array whose every byte depends on ``i`` and its position."""
+    a = np.arange(np.prod(BIG_SHAPE), dtype=np.uint32).reshape(BIG_SHAPE)
+    a += np.uint32(i * 7919)
+    return a.view(np.float32)
+
+
+def send_big(name, count):
+    ch = gpuring.Channel.open(name, timeout=10)
+    tx = ch.sender()
+    for i in range(count):
+        tx.send(big_array(i), tag=i)
+    tx.close()
+
+
+def send_numbered(name, producer, count, slot_bytes_check=8):
+    """Sends ``count`` int64 pairs (producer, i) through an MPMC channel."""
+    ch = gpuring.Channel.open(name, timeout=10)
+    tx = ch.sender()
+    for i in range(count):
+        with tx.lease((2,), "int64", tag=producer) as buf:
+            v = np.from_dlpack(buf)
+            v[0] = producer
+            v[1] = i
+    tx.close()
+
+
+def receive_numbered(name, out_queue, stop_after):
+    """Receives until every sender left; reports the (producer, i) pairs it got."""
+    ch = gpuring.Channel.open(name, timeout=10)
+    rx = ch.receiver()
+    got = []
+    deadline = time.monotonic() + stop_after
+    while time.monotonic() < deadline:
+        try:
+            with rx.recv(timeout=0.5) as msg:
+                v = np.from_dlpack(msg)
+                got.append((int(v[0]), int(v[1])))
+        except gpuring.Timeout:
+            continue
+        except gpuring.Disconnected:
+            break
+    out_queue.put(got)
+
+
+def send_then_hang(name, ready):
+    """Sends one message, says so, then waits to be killed."""
+    ch = gpuring.Channel.open(name, timeout=10)
+    tx = ch.sender()
+    tx.send(np.full(4, 9, dtype=np.int32))
+    ready.set()
+    time.sleep(600)
+
+
+def receive_then_hang(name, ready):
+    """Attaches as the receiver, says so, then waits to be killed."""
+    ch = gpuring.Channel.open(name, timeout=10)
+    rx = ch.receiver()
+    ready.set()
+    time.sleep(600)
+    rx.close()
+
+
+def put_queue(q, count):
+    for i in range(count):
+        q.put(np.full((16,), i, dtype=np.int16))
+
+
+def blocked_recv_main(name):
+    """Run as a script: blocks in recv() until interrupted; exits 3 on KeyboardInterrupt."""
+    ch = gpuring.Channel.open(name, timeout=10)
+    rx = ch.receiver()
+    print("blocking", flush=True)
+    try:
+        rx.recv()
+    except KeyboardInterrupt:
+        os._exit(3)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    blocked_recv_main(sys.argv[1])

@@ -1,0 +1,338 @@
+"""The host path with numpy: no GPU needed (these run in CI)."""
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import gpuring
+import peers
+
+spawn = mp.get_context("spawn")
+
+NUMPY_DTYPES = [
+    "bool",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint32",
+    "int32",
+    "uint64",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
+
+
+def test_send_recv_roundtrip_every_numpy_dtype(name):
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=4096)
+    tx, rx = ch.sender(), ch.receiver()
+    for dt in NUMPY_DTYPES:
+        a = (np.arange(24) % 5).astype(dt).reshape(2, 3, 4)
+        tx.send(a, tag=7)
+        with rx.recv(timeout=1) as msg:
+            assert (msg.shape, msg.dtype, msg.tag, msg.nbytes) == ((2, 3, 4), dt, 7, a.nbytes)
+            b = np.from_dlpack(msg)
+            assert b.dtype == a.dtype and b.shape == a.shape
+            assert np.array_equal(a, b)
+    assert sorted(gpuring.dtypes()) == sorted(NUMPY_DTYPES + ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+
+
+def test_message_is_a_view_of_the_slot_and_the_slot_returns_after_every_view(name):
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    tx.send(np.arange(4, dtype=np.int64))
+    msg = rx.recv(timeout=1)
+    view = np.from_dlpack(msg)
+    msg.release()
+    assert msg.released
+    # The one slot is still held by the view: the sender cannot lease it.
+    with pytest.raises(gpuring.Timeout):
+        tx.send(np.zeros(4, dtype=np.int64), timeout=0.05)
+    assert list(view) == [0, 1, 2, 3]
+    del view
+    tx.send(np.ones(4, dtype=np.int64), timeout=1)
+    with rx.recv(timeout=1) as msg:
+        assert list(np.from_dlpack(msg)) == [1, 1, 1, 1]
+    with pytest.raises(gpuring.Closed):
+        np.from_dlpack(msg)
+
+
+def test_lease_fills_in_place_and_sends_on_exit_or_gives_back_on_error(name):
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1024)
+    tx, rx = ch.sender(), ch.receiver()
+    with tx.lease((4, 4), np.float32, tag=3) as buf:
+        assert (buf.shape, buf.dtype, buf.nbytes) == ((4, 4), "float32", 64)
+        np.from_dlpack(buf)[:] = 2.5
+    with rx.recv(timeout=1) as msg:
+        assert msg.tag == 3 and float(np.from_dlpack(msg).sum()) == 40.0
+    with pytest.raises(RuntimeError):
+        with tx.lease(8, "uint8") as buf:
+            raise RuntimeError("abandon")
+    assert buf.done
+    assert tx.free_slots == 1  # the lease went back unsent
+    with pytest.raises(gpuring.Timeout):
+        rx.recv(timeout=0)
+    with pytest.raises(gpuring.Closed):
+        buf.send()
+
+
+def test_non_contiguous_input_is_made_contiguous(name):
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1024)
+    tx, rx = ch.sender(), ch.receiver()
+    a = np.arange(36, dtype=np.int32).reshape(6, 6)
+    for view in (a[:, ::2], a.T, a[::-1]):
+        tx.send(view)
+        with rx.recv(timeout=1) as msg:
+            assert np.array_equal(np.from_dlpack(msg), view)
+
+
+def test_readonly_and_zero_sized_arrays(name):
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1024)
+    tx, rx = ch.sender(), ch.receiver()
+    ro = np.frombuffer(b"\x01\x02\x03\x04", dtype=np.uint8)
+    assert not ro.flags.writeable
+    tx.send(ro)
+    with rx.recv(timeout=1) as msg:
+        assert list(np.from_dlpack(msg)) == [1, 2, 3, 4]
+    tx.send(np.zeros((0, 3), dtype=np.float64))
+    with rx.recv(timeout=1) as msg:
+        assert msg.shape == (0, 3) and np.from_dlpack(msg).size == 0
+
+
+def test_bad_input_raises_the_named_exception(name):
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    with pytest.raises(gpuring.DTypeError):
+        tx.send(np.array(["a", "b"]))  # no DLPack dtype for strings
+    with pytest.raises(gpuring.DTypeError):
+        tx.send([1, 2, 3])  # not a tensor or array
+    with pytest.raises(TypeError):  # DTypeError is a TypeError
+        tx.lease((2,), "float128")
+    with pytest.raises(gpuring.TooLarge):
+        tx.send(np.zeros(65, dtype=np.uint8))
+    with pytest.raises(ValueError):  # TooLarge is a ValueError
+        tx.lease((9,), "float64")
+    with pytest.raises(gpuring.ConfigError):
+        gpuring.Channel.create(name + "-x", capacity=3)
+    with pytest.raises(gpuring.ConfigError):
+        rx.recv(timeout=-1)
+    # A name that is not a channel: a ring, an unrelated file, a name nobody made.
+    with open("/dev/shm/" + name + "-junk", "wb") as f:
+        f.write(b"not a gpuring segment" * 100)
+    try:
+        with pytest.raises(gpuring.ShmError):
+            gpuring.Channel.open(name + "-junk", timeout=0)
+    finally:
+        os.unlink("/dev/shm/" + name + "-junk")
+    with pytest.raises(gpuring.NotFound):
+        gpuring.Channel.open(name + "-nobody", timeout=0)
+    with pytest.raises(FileNotFoundError):
+        gpuring.Channel.open(name + "-nobody", timeout=0.05)
+    with pytest.raises(gpuring.AlreadyExists):
+        gpuring.Channel.create(name)
+    with pytest.raises(gpuring.AttachError):
+        ch.receiver()  # SPSC: the one receiver is taken
+    # Everything still works after all that, and nothing sent was lost.
+    tx.send(np.arange(8, dtype=np.uint8))
+    with rx.recv(timeout=1) as msg:
+        assert list(np.from_dlpack(msg)) == list(range(8))
+
+
+def test_closed_endpoints_raise_closed(name):
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    tx.close()
+    rx.close()
+    ch.close()
+    assert tx.closed and rx.closed and ch.closed
+    with pytest.raises(gpuring.Closed):
+        tx.send(np.zeros(1))
+    with pytest.raises(gpuring.Closed):
+        rx.recv(timeout=0)
+    with pytest.raises(gpuring.Closed):
+        ch.sender()
+
+
+def test_timeouts_wait_about_as_long_as_asked(name):
+    ch = gpuring.Channel.create(name, capacity=2, slots=4, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    t0 = time.monotonic()
+    with pytest.raises(gpuring.Timeout):
+        rx.recv(timeout=0.2)
+    assert 0.19 <= time.monotonic() - t0 < 2.0
+    tx.send(np.zeros(2), timeout=0)
+    tx.send(np.zeros(2), timeout=0)
+    with pytest.raises(TimeoutError):  # the ring (capacity 2) is full
+        tx.send(np.zeros(2), timeout=0.1)
+    assert tx.free_slots == 2  # the failed send gave its slot back
+    for _ in range(2):  # a channel with messages queued outlives its users: drain it
+        rx.recv(timeout=1).release()
+
+
+def test_disconnected_once_every_sender_left_and_iteration_ends(name):
+    ch = gpuring.Channel.create(name, slots=4, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    for i in range(3):
+        tx.send(np.full(2, i, dtype=np.int8))
+    tx.close()
+    got = [int(np.from_dlpack(m)[0]) for m in rx]
+    assert got == [0, 1, 2]
+    with pytest.raises(gpuring.Disconnected):
+        rx.recv(timeout=1)
+
+
+def test_54mb_arrays_between_two_processes_every_byte_checked(name):
+    count = 6
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64 << 20)
+    rx = ch.receiver()
+    p = spawn.Process(target=peers.send_big, args=(name, count))
+    p.start()
+    try:
+        for i in range(count):
+            with rx.recv(timeout=60) as msg:
+                assert msg.tag == i and msg.shape == peers.BIG_SHAPE and msg.nbytes == 53_913_600
+                got = np.from_dlpack(msg)
+                assert np.array_equal(got.view(np.uint32), peers.big_array(i).view(np.uint32))
+        with pytest.raises(gpuring.Disconnected):
+            rx.recv(timeout=30)
+    finally:
+        p.join(30)
+    assert p.exitcode == 0
+
+
+def test_exactly_once_over_10k_messages_mpmc_2x2(name):
+    per_producer = 5000
+    ch = gpuring.Channel.create(name, capacity=64, slots=16, slot_bytes=64, mpmc=True)
+    results = spawn.Queue()
+    consumers = [spawn.Process(target=peers.receive_numbered, args=(name, results, 120)) for _ in range(2)]
+    producers = [spawn.Process(target=peers.send_numbered, args=(name, k, per_producer)) for k in range(2)]
+    for p in consumers + producers:
+        p.start()
+    got = results.get(timeout=180) + results.get(timeout=180)
+    for p in consumers + producers:
+        p.join(30)
+        assert p.exitcode == 0
+    ch.close()
+    assert len(got) == 2 * per_producer
+    assert sorted(got) == [(k, i) for k in range(2) for i in range(per_producer)]
+    # Each producer's messages arrive in order at each consumer (FIFO per sender).
+    assert len(set(got)) == len(got)
+
+
+def test_peer_dead_after_the_sender_is_killed(name):
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
+    rx = ch.receiver()
+    ready = spawn.Event()
+    p = spawn.Process(target=peers.send_then_hang, args=(name, ready))
+    p.start()
+    assert ready.wait(30)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    # What was sent before the kill arrives; then PeerDead.
+    with rx.recv(timeout=5) as msg:
+        assert list(np.from_dlpack(msg)) == [9, 9, 9, 9]
+    with pytest.raises(gpuring.PeerDead):
+        rx.recv(timeout=5)
+
+
+def test_peer_dead_after_the_receiver_is_killed(name):
+    ch = gpuring.Channel.create(name, capacity=2, slots=4, slot_bytes=64)
+    tx = ch.sender()
+    ready = spawn.Event()
+    p = spawn.Process(target=peers.receive_then_hang, args=(name, ready))
+    p.start()
+    assert ready.wait(30)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    tx.send(np.zeros(1), timeout=1)
+    tx.send(np.zeros(1), timeout=1)
+    with pytest.raises(gpuring.PeerDead):  # the ring is full and its reader died
+        tx.send(np.zeros(1), timeout=5)
+    # Nothing sent was lost: a new receiver takes the dead one's role and gets both.
+    rx = ch.receiver()
+    for _ in range(2):
+        rx.recv(timeout=1).release()
+
+
+def test_blocking_recv_releases_the_gil(name):
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    ticks = []
+
+    def ticker():
+        for _ in range(20):
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+        tx.send(np.ones(1))
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    with rx.recv(timeout=10) as msg:  # blocks in Rust while the thread runs and sends
+        assert np.from_dlpack(msg)[0] == 1
+    t.join()
+    assert len(ticks) == 20
+
+
+def test_ctrl_c_interrupts_a_blocked_recv(name):
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=64)
+    script = os.path.join(os.path.dirname(__file__), "peers.py")
+    child = subprocess.Popen([sys.executable, script, name], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "blocking"
+        time.sleep(0.2)  # well inside recv()
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        code = child.wait(10)
+        took = time.monotonic() - t0
+    finally:
+        child.kill()
+        child.wait()
+    assert code == 3, "the child did not see KeyboardInterrupt (exit %r)" % code
+    print("KeyboardInterrupt after %.0f ms" % (took * 1000))
+    assert took < 2.0
+    ch.close()
+
+
+def test_channels_pickle_by_name_and_open_in_a_child(name):
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
+    again = pickle.loads(pickle.dumps(ch))
+    assert (again.name, again.slot_bytes, again.device) == (ch.name, 64, None)
+    rx = again.receiver()
+    tx = ch.sender()
+    tx.send(np.arange(3, dtype=np.uint16))
+    with rx.recv(timeout=1) as msg:
+        assert list(np.from_dlpack(msg)) == [0, 1, 2]
+
+
+def test_queue_between_processes(name):
+    q = gpuring.Queue(name, slot_bytes=4096)
+    p = spawn.Process(target=peers.put_queue, args=(q, 200))
+    p.start()
+    got = [q.get(timeout=60) for _ in range(200)]
+    p.join(30)
+    assert p.exitcode == 0
+    assert [int(a[0]) for a in got] == list(range(200))
+    assert all(a.dtype == np.int16 and a.shape == (16,) for a in got)
+    with pytest.raises(gpuring.Empty):
+        q.get(timeout=0.05)
+    import queue
+
+    with pytest.raises(queue.Empty):
+        q.get_nowait()
+    q.put(np.ones(3))
+    view = q.get(copy=False)
+    assert list(view) == [1.0, 1.0, 1.0]
+    del view
+    q.close()
