@@ -1,0 +1,177 @@
+"""Type stubs of the extension module (the classes are re-exported by ``gpuring``)."""
+
+from types import TracebackType
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union
+
+MAX_DIMS: int
+
+# A dtype argument: a name ("float32", "bfloat16", ...), a numpy dtype or scalar type, or a
+# torch dtype.
+DTypeLike = Any
+# A shape argument: a sequence of ints, or one int.
+ShapeLike = Union[int, Sequence[int]]
+# A CUDA stream argument: None (torch's current stream if torch is imported, else the
+# legacy default stream), a raw cudaStream_t as an int, or an object with `.cuda_stream`.
+StreamLike = Any
+
+def cuda_available() -> bool:
+    """Whether a CUDA driver is present and initialises here."""
+
+def ipc_opens() -> int:
+    """CUDA IPC handles this process has opened: once per pool, never per message."""
+
+def dtypes() -> list[str]:
+    """The element type names gpuring carries."""
+
+class Channel:
+    """A named channel: a descriptor ring in shared memory and one slot pool per sender."""
+
+    @staticmethod
+    def create(
+        name: str,
+        capacity: int = 64,
+        slots: int = 8,
+        slot_bytes: int = 64 << 20,
+        device: Optional[int] = None,
+        mpmc: bool = False,
+        max_senders: Optional[int] = None,
+        replace_stale: bool = False,
+    ) -> "Channel":
+        """Creates channel ``name`` (exclusively). ``device=None``: host slots."""
+
+    @staticmethod
+    def open(name: str, device: Optional[int] = None, timeout: Optional[float] = None) -> "Channel":
+        """Opens channel ``name``, waiting up to ``timeout`` s for it (None: as long as it takes)."""
+
+    def sender(self) -> "Sender":
+        """A new sender, with its own slot pool."""
+
+    def receiver(self) -> "Receiver":
+        """A new receiver."""
+
+    def close(self) -> None:
+        """Lets go of this handle."""
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> Optional[int]: ...
+    @property
+    def mpmc(self) -> bool: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def max_senders(self) -> int: ...
+    def __enter__(self) -> "Channel": ...
+    def __exit__(self, *args: Any) -> bool: ...
+
+class Sender:
+    """The sending end of a channel, with its own pool of slots."""
+
+    def send(self, tensor: Any, timeout: Optional[float] = None, tag: int = 0) -> None:
+        """Copies ``tensor`` (anything with ``__dlpack__``) into a slot and sends it."""
+
+    def lease(
+        self,
+        shape: ShapeLike,
+        dtype: DTypeLike,
+        timeout: Optional[float] = None,
+        tag: int = 0,
+        stream: StreamLike = None,
+    ) -> "Lease":
+        """Leases a slot to fill in place (zero-copy); sent when its ``with`` block exits."""
+
+    def close(self) -> None:
+        """Leaves the channel once no lease of this sender is left."""
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def free_slots(self) -> int: ...
+    def __enter__(self) -> "Sender": ...
+    def __exit__(self, *args: Any) -> bool: ...
+
+class Lease:
+    """A leased slot: a writable DLPack view, sent by ``send()`` or at the end of ``with``."""
+
+    def send(self, timeout: Optional[float] = None) -> None: ...
+    def cancel(self) -> None: ...
+    def __enter__(self) -> "Lease": ...
+    def __exit__(
+        self,
+        exc_type: Optional[type],
+        _exc: Optional[BaseException] = None,
+        _tb: Optional[TracebackType] = None,
+    ) -> bool: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    @property
+    def shape(self) -> Tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    tag: int
+    @property
+    def done(self) -> bool: ...
+
+class Receiver:
+    """The receiving end of a channel; iterating receives until every sender left."""
+
+    def recv(self, timeout: Optional[float] = None, stream: StreamLike = None) -> "Message":
+        """Receives a message: a zero-copy view of the sender's slot."""
+
+    def __iter__(self) -> Iterator["Message"]: ...
+    def __next__(self) -> "Message": ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> "Receiver": ...
+    def __exit__(self, *args: Any) -> bool: ...
+
+class Message:
+    """A received tensor: ``torch.from_dlpack(msg)`` / ``np.from_dlpack(msg)`` view it."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def release(self) -> None:
+        """Lets go of the slot (it goes back once no view of it is left)."""
+
+    def __enter__(self) -> "Message": ...
+    def __exit__(self, *args: Any) -> bool: ...
+    @property
+    def released(self) -> bool: ...
+    @property
+    def shape(self) -> Tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def tag(self) -> int: ...
+    @property
+    def device(self) -> Optional[int]: ...

@@ -1,0 +1,60 @@
+"""What the child processes of the GPU tests run (spawned: they import this module)."""
+
+import torch
+
+import gpuring
+
+# About 0.3 s of GPU time (torch.cuda._sleep spins this many clock cycles).
+SLOW_CYCLES = 600_000_000
+
+
+def expected(i):
+    return torch.arange(4096, dtype=torch.float32, device="cuda") + i
+
+
+def send_tensors(name, count):
+    ch = gpuring.Channel.open(name, device=0, timeout=30)
+    tx = ch.sender()
+    for i in range(count):
+        tx.send(expected(i), tag=i)
+    tx.close()
+
+
+def send_after_slow_kernel(name, count):
+    """Each tensor is written after a slow kernel on the current stream; send queues the
+    copy into the slot after it (torch's stream order), without waiting for the GPU."""
+    ch = gpuring.Channel.open(name, device=0, timeout=30)
+    tx = ch.sender()
+    for k in range(1, count + 1):
+        x = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
+        torch.cuda._sleep(SLOW_CYCLES)
+        x.fill_(k)
+        tx.send(x, timeout=60)
+    torch.cuda.synchronize()
+    tx.close()
+
+
+def send_ones_then_twos(name, n, count):
+    """Message k holds n values k + 1, each into the one slot as soon as it is free."""
+    ch = gpuring.Channel.open(name, device=0, timeout=30)
+    tx = ch.sender()
+    for k in range(count):
+        tx.send(torch.full((n,), float(k + 1), device="cuda"), timeout=60)
+    torch.cuda.synchronize()
+    tx.close()
+
+
+def send_numbers(name, count):
+    ch = gpuring.Channel.open(name, device=0, timeout=30)
+    tx = ch.sender()
+    numbers = torch.arange(count, dtype=torch.int64, device="cuda")
+    for i in range(count):
+        tx.send(numbers[i : i + 1], timeout=60)
+    torch.cuda.synchronize()
+    tx.close()
+
+
+def put_tensors(q, count):
+    for i in range(count):
+        q.put(expected(i))
+    torch.cuda.synchronize()

@@ -1,0 +1,163 @@
+"""The GPU path with torch: CUDA tensors between processes. Skipped (visibly) where torch
+or a CUDA GPU is missing, as in CI; run on a GPU machine."""
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+import gpuring
+
+torch = pytest.importorskip("torch", reason="the GPU tests need torch")
+if not torch.cuda.is_available():
+    pytest.skip("the GPU tests need an NVIDIA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import gpu_peers  # noqa: E402  (imports torch)
+
+spawn = mp.get_context("spawn")
+
+
+def run(target, *args):
+    p = spawn.Process(target=target, args=args)
+    p.start()
+    return p
+
+
+def done(p):
+    p.join(120)
+    assert p.exitcode == 0, "the peer process failed (exit %r)" % p.exitcode
+
+
+def test_cuda_tensors_across_processes_values_checked(name):
+    ch = gpuring.Channel.create(name, slots=4, slot_bytes=1 << 20, device=0)
+    rx = ch.receiver()
+    p = run(gpu_peers.send_tensors, name, 64)
+    opens_after_first = None
+    for i in range(64):
+        with rx.recv(timeout=60) as msg:
+            assert msg.device == 0 and msg.tag == i
+            t = torch.from_dlpack(msg)
+            assert t.device == torch.device("cuda", 0)
+            assert torch.equal(t, gpu_peers.expected(i)), "message %d" % i
+            del t
+        if i == 0:
+            opens_after_first = gpuring.ipc_opens()
+    done(p)
+    # The sender's pool was opened once, on first sight: not once per message.
+    assert opens_after_first > 0 and gpuring.ipc_opens() == opens_after_first
+
+
+def test_every_torch_dtype_roundtrips_on_the_gpu(name):
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=4096, device=0)
+    tx, rx = ch.sender(), ch.receiver()
+    dtypes = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+    dtypes += [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    dtypes += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+    for dt in dtypes:
+        src = (torch.arange(60, device="cuda") % 7).to(dt).reshape(3, 4, 5)
+        tx.send(src)
+        with rx.recv(timeout=5) as msg:
+            assert msg.dtype == str(dt).replace("torch.", "")
+            got = torch.from_dlpack(msg)
+            assert got.dtype == dt and got.shape == src.shape
+            assert torch.equal(got.view(torch.uint8), src.view(torch.uint8)), dt
+
+
+def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name):
+    """The sender's copy into the slot runs after a ~0.3 s kernel; the receiver reads at
+    once. Ordered by the slot's ready event, it sees the final values every time; the
+    control reads without the wait (DLPack stream -1) and sees the slot as it was."""
+    rounds = 4
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1 << 20, device=0)
+    rx = ch.receiver()
+    p = run(gpu_peers.send_after_slow_kernel, name, 2 * rounds)
+    stale = 0
+    elsewhere = torch.cuda.Stream()
+    for k in range(1, 2 * rounds + 1):
+        if k % 2:  # ordered: recv and torch.from_dlpack on torch's current stream
+            msg = rx.recv(timeout=60)
+            t = torch.from_dlpack(msg)
+            assert int(t[0].item()) == k and int(t[-1].item()) == k
+        else:  # control: received onto another stream, read on this one without a wait
+            msg = rx.recv(timeout=60, stream=elsewhere)
+            t = torch.from_dlpack(msg.__dlpack__(stream=-1))
+            stale += int(t[0].item()) != k
+            torch.cuda.synchronize()  # before giving the slot back
+        del t
+        msg.release()
+    done(p)
+    assert stale > 0, "the control never saw stale values: the test could not tell"
+
+
+def test_a_slot_is_not_written_while_a_reader_still_reads_it(name):
+    """One slot. The receiver queues a slow read (a ~0.3 s kernel, then a sum) of message 1
+    and releases it at once; the sender writes message 2 into the same slot. The sum sees
+    message 1's values: the sender's stream waited for the release event recorded after
+    the read. Control: the same read on a stream the message knows nothing of sees
+    message 2's values."""
+    n = 1 << 16
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=4 * n, device=0)
+    rx = ch.receiver()
+    p = run(gpu_peers.send_ones_then_twos, name, n, 4)
+    side = torch.cuda.Stream()
+    overwritten = 0
+    for k in range(4):
+        msg = rx.recv(timeout=60)
+        t = torch.from_dlpack(msg)
+        if k % 2 == 0:  # ordered: the read is queued on the stream the view was made on
+            torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
+            s = t.sum()
+            del t
+            msg.release()
+            assert float(s.item()) == float(n * (k + 1)), "the slot was overwritten under a read"
+        else:  # control: read on another stream, unordered with the release
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
+                s = t.sum()
+            del t
+            msg.release()
+            side.synchronize()
+            overwritten += float(s.item()) != float(n * (k + 1))
+    done(p)
+    assert overwritten > 0, "the control's reads were never overwritten: the test could not tell"
+
+
+def test_100k_messages(name):
+    count = 100_000
+    ch = gpuring.Channel.create(name, capacity=256, slots=64, slot_bytes=64, device=0)
+    rx = ch.receiver()
+    p = run(gpu_peers.send_numbers, name, count)
+    got = torch.empty(count, dtype=torch.int64, device="cuda")
+    for i in range(count):
+        with rx.recv(timeout=60) as msg:
+            got[i] = torch.from_dlpack(msg)[0]
+    done(p)
+    assert torch.equal(got, torch.arange(count, device="cuda"))
+
+
+def test_queue_of_cuda_tensors_between_processes(name):
+    q = gpuring.Queue(name, slot_bytes=1 << 20, device=0)
+    p = run(gpu_peers.put_tensors, q, 50)
+    for i in range(50):
+        t = q.get(timeout=60)
+        assert t.is_cuda and torch.equal(t, gpu_peers.expected(i))
+    done(p)
+    q.close()
+
+
+def test_host_and_device_tensors_cross_into_the_other_kind_of_channel(name):
+    gpu = gpuring.Channel.create(name, slots=1, slot_bytes=4096, device=0)
+    tx, rx = gpu.sender(), gpu.receiver()
+    tx.send(np.arange(10, dtype=np.float32))  # host array into device slots
+    with rx.recv(timeout=5) as msg:
+        assert torch.equal(torch.from_dlpack(msg).cpu(), torch.arange(10, dtype=torch.float32))
+    host = gpuring.Channel.create(name + "-host", slots=1, slot_bytes=4096)
+    htx, hrx = host.sender(), host.receiver()
+    htx.send(torch.arange(10, device="cuda") * 3)  # device tensor into host slots
+    with hrx.recv(timeout=5) as msg:
+        assert list(np.from_dlpack(msg)) == [3 * i for i in range(10)]
+    with tx.lease((4,), torch.float32) as buf:
+        torch.from_dlpack(buf).fill_(2.5)
+    with rx.recv(timeout=5) as msg:
+        assert torch.from_dlpack(msg).sum().item() == 10.0
