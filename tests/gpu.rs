@@ -116,6 +116,31 @@ fn host_and_gpu_channels_do_not_mix() {
     assert!(matches!(opened, Err(ChannelError::WrongBackend { channel: "host", asked: "cuda" })));
 }
 
+/// Sender and receiver in one process (threads, a test, a Python program that does
+/// both): CUDA does not open a process's own IPC handles (`cuIpcOpenMemHandle` fails with
+/// `CUDA_ERROR_INVALID_CONTEXT`, seen on the H100 from the Python package's tests), so the
+/// receiver uses the pool itself: nothing is opened, the values and the stream order are
+/// the same.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_receiver_in_the_senders_own_process() {
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-same-process");
+    let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    let opens = cuda::ipc_opens();
+    for seq in 0..10u64 {
+        let lease = tx.acquire_on(&stream).unwrap();
+        memset(lease.device_ptr(), value(seq), 1024, &stream);
+        tx.send(lease, TensorMeta::bytes(4096)).unwrap();
+        let msg: Message<Cuda> = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+        let mut words = [0u32; 2];
+        read_words(msg.device_ptr(), &mut words, &stream);
+        assert_eq!(words, [value(seq); 2], "message {seq}");
+    }
+    assert_eq!(cuda::ipc_opens(), opens, "nothing opened for the process's own pool");
+}
+
 /// 100,000 messages: the producer writes seq-dependent words into each slot with
 /// `cuMemsetD32Async` on its stream; the receiver copies the first and last word back
 /// after its wait and checks them. After warm-up: no IPC handle opened, no allocation.

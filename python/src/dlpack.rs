@@ -11,9 +11,13 @@ use gpuring::{DType, DlDataType, MAX_DIMS, TensorMeta};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::raise;
+
+static TORCH_TENSOR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static TORCH_STRIDED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// `kDLCPU`.
 pub(crate) const DEVICE_CPU: i32 = 1;
@@ -91,7 +95,8 @@ pub(crate) enum Place {
 /// A tensor handed to `send`, read through its DLPack capsule: the capsule (which keeps
 /// the memory alive) and what was read from it, checked.
 pub(crate) struct Source<'py> {
-    _capsule: Bound<'py, PyAny>,
+    /// The capsule, or the torch tensor itself: what keeps the memory alive.
+    _keep: Bound<'py, PyAny>,
     /// Address of the first element.
     pub(crate) ptr: usize,
     pub(crate) meta: TensorMeta,
@@ -107,6 +112,9 @@ impl<'py> Source<'py> {
         obj: &Bound<'py, PyAny>,
         cuda_stream: &mut dyn FnMut(i32) -> PyResult<usize>,
     ) -> PyResult<Self> {
+        if let Some(src) = Self::read_torch(obj)? {
+            return Ok(src);
+        }
         if let Some(src) = Self::read_once(obj, cuda_stream)? {
             return Ok(src);
         }
@@ -119,6 +127,55 @@ impl<'py> Source<'py> {
         Self::read_once(&contiguous, cuda_stream)?.ok_or_else(|| {
             raise(py, "DTypeError", "the tensor stays non-contiguous after .contiguous()")
         })
+    }
+
+    /// A dense torch tensor on the CPU or a GPU, read through its own accessors (C
+    /// functions: a fraction of what `__dlpack__`, a Python method making a capsule,
+    /// costs). Its bytes are read in the order of torch's current stream, as the caller
+    /// does anyway. `None`: not such a tensor (or torch not imported): use DLPack.
+    fn read_torch(obj: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+        let py = obj.py();
+        let Some(torch) = crate::gpu::torch_module(py)? else { return Ok(None) };
+        let tensor =
+            TORCH_TENSOR.get_or_try_init(py, || torch.getattr("Tensor").map(Bound::unbind))?;
+        if !obj.is_instance(tensor.bind(py))? {
+            return Ok(None);
+        }
+        let strided =
+            TORCH_STRIDED.get_or_try_init(py, || torch.getattr("strided").map(Bound::unbind))?;
+        if !obj.getattr("layout")?.is(strided.bind(py)) {
+            return Ok(None); // sparse and the like: DLPack says what it thinks of them
+        }
+        let place = if obj.getattr("is_cuda")?.is_truthy()? {
+            Place::Cuda(obj.call_method0("get_device")?.extract()?)
+        } else if obj.getattr("device")?.getattr("type")?.extract::<String>()? == "cpu" {
+            Place::Host
+        } else {
+            return Ok(None);
+        };
+        let mut t = obj.clone();
+        // Lazy conjugation or negation is a flag on the view, not in the bytes.
+        if t.call_method0("is_conj")?.is_truthy()? {
+            t = t.call_method0("resolve_conj")?;
+        }
+        if t.call_method0("is_neg")?.is_truthy()? {
+            t = t.call_method0("resolve_neg")?;
+        }
+        if !t.call_method0("is_contiguous")?.is_truthy()? {
+            t = t.call_method0("contiguous")?;
+        }
+        let dtype = crate::dtypes::from_py(&t.getattr("dtype")?)?;
+        let shape: Vec<u64> = t.getattr("shape")?.extract()?;
+        if shape.len() > MAX_DIMS {
+            return Err(raise(
+                py,
+                "TooLarge",
+                format!("{} dimensions, at most {MAX_DIMS}", shape.len()),
+            ));
+        }
+        let meta = TensorMeta::contiguous(dtype, &shape).map_err(|e| raise(py, "TooLarge", e))?;
+        let ptr: usize = t.call_method0("data_ptr")?.extract()?;
+        Ok(Some(Source { _keep: t, ptr, meta, place }))
     }
 
     fn read_once(
@@ -249,7 +306,7 @@ impl<'py> Source<'py> {
         let meta =
             TensorMeta::contiguous(dtype, &shape[..ndim]).map_err(|e| raise(py, "TooLarge", e))?;
         let ptr = (tensor.data as usize).wrapping_add(tensor.byte_offset as usize);
-        Ok(Some(Source { _capsule: capsule, ptr, meta, place }))
+        Ok(Some(Source { _keep: capsule, ptr, meta, place }))
     }
 }
 

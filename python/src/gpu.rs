@@ -93,11 +93,10 @@ impl Gpu {
 }
 
 static SYS_MODULES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
-static CURRENT_STREAM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static CURRENT_STREAM: PyOnceLock<(Py<PyAny>, bool)> = PyOnceLock::new();
 
-/// torch's current stream on `device` as a raw handle (0: the legacy default stream), if
-/// torch is imported; 0 otherwise. torch is never imported by gpuring.
-pub(crate) fn current_stream(py: Python<'_>, device: i32) -> PyResult<usize> {
+/// torch's module, if the program imported it (gpuring never imports torch).
+pub(crate) fn torch_module<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
     let modules = SYS_MODULES.get_or_try_init(py, || {
         py.import("sys")?
             .getattr("modules")?
@@ -105,16 +104,29 @@ pub(crate) fn current_stream(py: Python<'_>, device: i32) -> PyResult<usize> {
             .map(Bound::unbind)
             .map_err(PyErr::from)
     })?;
-    let current = match CURRENT_STREAM.get(py) {
-        Some(f) => f.bind(py).clone(),
+    modules.bind(py).get_item("torch")
+}
+
+/// torch's current stream on `device` as a raw handle (0: the legacy default stream), if
+/// torch is imported; 0 otherwise. Asks `torch._C._cuda_getCurrentRawStream` (what
+/// torch's own generated code calls: no Stream object made) where torch has it, else the
+/// public `torch.cuda.current_stream(device).cuda_stream`.
+pub(crate) fn current_stream(py: Python<'_>, device: i32) -> PyResult<usize> {
+    let (f, raw) = match CURRENT_STREAM.get(py) {
+        Some((f, raw)) => (f.bind(py).clone(), *raw),
         None => {
-            let Some(torch) = modules.bind(py).get_item("torch")? else { return Ok(0) };
-            let f = torch.getattr("cuda")?.getattr("current_stream")?;
-            CURRENT_STREAM.get_or_init(py, || f.clone().unbind());
-            f
+            let Some(torch) = torch_module(py)? else { return Ok(0) };
+            let c = torch.getattr("_C")?;
+            let (f, raw) = match c.getattr("_cuda_getCurrentRawStream") {
+                Ok(f) => (f, true),
+                Err(_) => (torch.getattr("cuda")?.getattr("current_stream")?, false),
+            };
+            CURRENT_STREAM.get_or_init(py, || (f.clone().unbind(), raw));
+            (f, raw)
         }
     };
-    current.call1((device,))?.getattr("cuda_stream")?.extract()
+    let got = f.call1((device,))?;
+    if raw { got.extract() } else { got.getattr("cuda_stream")?.extract() }
 }
 
 /// A DLPack `stream` value for raw handle `raw`: the legacy default stream is 1.

@@ -194,11 +194,13 @@ impl PySender {
             AnySender::Host(_) => None,
             AnySender::Cuda(_, g) => Some(g.clone()),
         };
-        // The stream the tensor is read in order of: torch's current one on its device.
-        let mut raw_stream = 0usize;
+        // The stream the tensor is read in order of: torch's current one on its device
+        // (asked once: by the DLPack path, or below).
+        let mut asked: Option<usize> = None;
         let src = Source::read(tensor, &mut |device| {
-            raw_stream = gpu::current_stream(py, device)?;
-            Ok(gpu::dlpack_stream(raw_stream))
+            let raw = gpu::current_stream(py, device)?;
+            asked = Some(raw);
+            Ok(gpu::dlpack_stream(raw))
         })?;
         let n = src.meta.nbytes();
         if n > tx.slot_bytes {
@@ -209,6 +211,14 @@ impl PySender {
             ));
         }
         let (meta, ptr) = (src.meta, src.ptr as u64);
+        // The copy's stream: torch's current one on the tensor's device, or for a host
+        // tensor into device slots, on the channel's device.
+        let raw_stream = match (asked, src.place, &channel_gpu) {
+            (Some(raw), _, _) => raw,
+            (None, Place::Cuda(d), _) => gpu::current_stream(py, d)?,
+            (None, Place::Host, Some(g)) => gpu::current_stream(py, g.ordinal)?,
+            (None, Place::Host, None) => 0,
+        };
         match (&channel_gpu, src.place) {
             (Some(g), Place::Cuda(d)) if d != g.ordinal => {
                 return Err(raise(
@@ -220,7 +230,6 @@ impl PySender {
                     ),
                 ));
             }
-            (Some(g), Place::Host) => raw_stream = gpu::current_stream(py, g.ordinal)?,
             _ => {}
         }
         let mut lease = acquire(py, &tx, until, raw_stream)?;

@@ -26,7 +26,7 @@ use super::receiver::Taken;
 use super::{ChannelBuilder, Host, Lease, Message, Receiver, Sender};
 use crate::descriptor::Descriptor;
 use crate::layout::{BACKEND_CUDA, Corrupted, PoolLayout};
-use crate::pool::cuda::{CudaContext, CudaStream, DevicePool, ImportedPool};
+use crate::pool::cuda::{CudaContext, CudaStream, DevicePool, ImportedPool, register_local};
 use crate::pool::{AcquireError, CudaError, PoolSegment};
 use crate::wait::{Deadline, blocking, receive_iter};
 
@@ -98,7 +98,11 @@ impl Backend for Cuda {
             PoolSegment::create(name, BACKEND_CUDA, slot_count, slot_size, |seg, layout| {
                 device.export_into(seg, layout);
             })?;
-        Ok((pool, Arc::new(device)))
+        let device = Arc::new(device);
+        // A receiver in this process uses the pool directly (CUDA cannot open our own
+        // IPC handles).
+        register_local(&device);
+        Ok((pool, device))
     }
 
     fn retire(device: Arc<DevicePool>, pool: &PoolSegment) {

@@ -68,8 +68,8 @@ pub use imp::*;
 
 #[cfg(all(feature = "cuda", not(loom)))]
 mod imp {
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+    use std::sync::{Arc, Mutex, PoisonError, Weak};
 
     pub use cudarc::driver::{CudaContext, CudaStream};
     use cudarc::driver::{result, sys};
@@ -193,10 +193,28 @@ mod imp {
         }
     }
 
+    /// Device pools this process exported and still has: a receiver in the same process
+    /// uses one directly, since CUDA does not open a process's own IPC handles
+    /// (`cuIpcOpenMemHandle` fails with `CUDA_ERROR_INVALID_CONTEXT`).
+    static LOCAL_POOLS: Mutex<Vec<Weak<DevicePool>>> = Mutex::new(Vec::new());
+
+    /// Makes `pool` findable by a receiver of this process (see [`LOCAL_POOLS`]).
+    pub(crate) fn register_local(pool: &Arc<DevicePool>) {
+        let mut pools = LOCAL_POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+        pools.retain(|p| p.strong_count() > 0);
+        pools.push(Arc::downgrade(pool));
+    }
+
+    /// This process's own live pool whose allocation has IPC handle `mem_handle`.
+    fn local_pool(mem_handle: &[u8; 64]) -> Option<Arc<DevicePool>> {
+        let pools = LOCAL_POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+        pools.iter().filter_map(Weak::upgrade).find(|p| p.mem_handle == *mem_handle)
+    }
+
     /// The exporting side of a device pool: the allocation and the events, owned.
     #[derive(Debug)]
     pub struct DevicePool {
-        events: Events,
+        events: Arc<Events>,
         base: sys::CUdeviceptr,
         stride: usize,
         uuid: [u8; 16],
@@ -220,7 +238,7 @@ mod imp {
             // stream-ordered allocations cudarc makes).
             check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut base, len) })?;
             let mut pool = Self {
-                events: Events::new(ctx, slot_count),
+                events: Arc::new(Events::new(ctx, slot_count)),
                 base,
                 stride,
                 uuid,
@@ -233,7 +251,7 @@ mod imp {
             check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut mem, base) })?;
             pool.mem_handle = mem.reserved.map(|b| b as u8);
             let mut handles = Vec::with_capacity(slot_count);
-            let events = &mut pool.events;
+            let events = Arc::get_mut(&mut pool.events).expect("not shared yet");
             let made = (0..slot_count).try_for_each(|_| {
                 let (r, l) = (interprocess_event()?, interprocess_event()?);
                 events.ready.push(r);
@@ -345,10 +363,12 @@ mod imp {
     }
 
     /// The importing side of a device pool: the allocation and events opened from their
-    /// IPC handles, once.
+    /// IPC handles, once; or, for a pool of this very process, the pool itself.
     #[derive(Debug)]
     pub struct ImportedPool {
-        events: Events,
+        events: Arc<Events>,
+        /// The pool, when this process exported it (its memory stays while we hold it).
+        local: Option<Arc<DevicePool>>,
         base: sys::CUdeviceptr,
         stride: usize,
         mem_handle: [u8; 64],
@@ -374,8 +394,13 @@ mod imp {
             let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
             let mut mem_handle = [0u8; 64];
             load_bytes(&info.mem_handle, &mut mem_handle);
+            if let Some(local) = local_pool(&mem_handle) {
+                return Self::local(local, stride, events.len(), uuid);
+            }
+            let mut events_here = Events::new(ctx, events.len());
             let mut pool = Self {
-                events: Events::new(ctx, events.len()),
+                events: Arc::new(Events::new(ctx, 0)),
+                local: None,
                 base: 0,
                 stride,
                 mem_handle,
@@ -390,7 +415,7 @@ mod imp {
                 sys::cuIpcOpenMemHandle_v2(&mut pool.base, handle, flags)
             })?;
             let mut ready_handles = Vec::with_capacity(events.len());
-            let opened = &mut pool.events;
+            let opened = &mut events_here;
             let done = events.iter().try_for_each(|slot| {
                 let mut r = [0u8; 64];
                 load_bytes(&slot.ready, &mut r);
@@ -402,7 +427,36 @@ mod imp {
                 Ok(())
             });
             pool.ready_handles = ready_handles.into_boxed_slice();
+            // Opened events are destroyed with `events_here` on error, with the pool if not.
+            pool.events = Arc::new(events_here);
             done.map(|()| pool)
+        }
+
+        /// A pool of this process seen by one of its receivers: its allocation and events
+        /// used as they are (nothing opened). The segment's layout must be the pool's own
+        /// (shared memory is untrusted: a forged segment could name our handle with
+        /// another size).
+        fn local(
+            pool: Arc<DevicePool>,
+            stride: usize,
+            slots: usize,
+            uuid: [u8; 16],
+        ) -> Result<Self, CudaError> {
+            if pool.stride != stride || pool.event_handles.len() != slots || pool.uuid != uuid {
+                return Err(CudaError::Driver {
+                    op: "importing a pool of this process whose segment says another layout",
+                    code: sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE as i32,
+                });
+            }
+            Ok(Self {
+                events: pool.events.clone(),
+                base: pool.base,
+                stride,
+                mem_handle: pool.mem_handle,
+                ready_handles: pool.event_handles.iter().map(|(ready, _)| *ready).collect(),
+                uuid,
+                local: Some(pool),
+            })
         }
 
         /// Device address of slot `slot` plus `offset` (both checked by the caller).
@@ -462,7 +516,7 @@ mod imp {
     impl Drop for ImportedPool {
         fn drop(&mut self) {
             let _ = self.events.ctx.bind_to_thread();
-            if self.base != 0 {
+            if self.base != 0 && self.local.is_none() {
                 // SAFETY: a mapping we opened; closed, never freed (the exporter owns it).
                 let _ = unsafe { sys::cuIpcCloseMemHandle(self.base) };
             }

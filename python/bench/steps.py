@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Where a Python GPU hand-off spends its CPU time: each step timed alone, in one process
+(sender and receiver both here, so no wake-up is in any figure).
+
+    python python/bench/steps.py [--size BYTES] [--n N]
+
+Prints the median and p99 of each step in microseconds.
+"""
+
+import argparse
+import os
+import time
+
+import torch
+
+import gpuring
+
+
+def timed(label, fn, n):
+    ns = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        ns.append(time.perf_counter_ns() - t0)
+    ns.sort()
+    print("  %-46s p50 %7.2f us  p99 %7.2f us" % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=3000)
+    args = ap.parse_args()
+    n = args.n
+    t = torch.ones(args.size // 4, device="cuda")
+    torch.cuda.synchronize()
+    name = "gpuring-steps-%d" % os.getpid()
+    ch = gpuring.Channel.create(name, capacity=64, slots=8, slot_bytes=max(args.size, 4096), device=0)
+    tx, rx = ch.sender(), ch.receiver()
+    print("one process, %d bytes, %d rounds each:" % (args.size, n))
+    timed("torch.cuda.current_stream(0)", lambda: torch.cuda.current_stream(0), n)
+    timed("torch._C._cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0), n)
+    timed("t.__dlpack__(stream=1)", lambda: t.__dlpack__(stream=1), n)
+    timed("torch.empty_like(t)", lambda: torch.empty_like(t), n)
+
+    def send_recv():
+        tx.send(t)
+        rx.recv().release()
+
+    timed("tx.send(t) + rx.recv().release()", send_recv, n)
+
+    def send_only():
+        tx.send(t)
+
+    msgs = []
+
+    def recv_only():
+        msgs.append(rx.recv())
+
+    def from_dlpack():
+        v = torch.from_dlpack(msgs[-1])
+        del v
+
+    def release():
+        msgs.pop().release()
+
+    # Step by step, 8 at a time (the pool holds 8 slots).
+    steps = {"tx.send(t)": [], "rx.recv()": [], "torch.from_dlpack(msg)": [], "msg.release()": []}
+    for _ in range(n // 8):
+        for _ in range(8):
+            t0 = time.perf_counter_ns()
+            send_only()
+            steps["tx.send(t)"].append(time.perf_counter_ns() - t0)
+        for _ in range(8):
+            t0 = time.perf_counter_ns()
+            recv_only()
+            steps["rx.recv()"].append(time.perf_counter_ns() - t0)
+            t0 = time.perf_counter_ns()
+            from_dlpack()
+            steps["torch.from_dlpack(msg)"].append(time.perf_counter_ns() - t0)
+        for _ in range(8):
+            t0 = time.perf_counter_ns()
+            release()
+            steps["msg.release()"].append(time.perf_counter_ns() - t0)
+    for label, ns in steps.items():
+        ns.sort()
+        print("  %-46s p50 %7.2f us  p99 %7.2f us" % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3))
+    torch.cuda.synchronize()
+    tx.close()
+    rx.close()
+    ch.close()
+
+
+if __name__ == "__main__":
+    main()
