@@ -6,8 +6,8 @@
 Rows (each in its own pair of spawned processes):
 
 - CUDA tensors of 4 KB, 5 MB and 64 MB: ``gpuring`` (``tx.send(t)`` into a GPU channel: one
-  device-to-device copy; the receiver's ``torch.from_dlpack(msg)``: zero-copy,
-  stream-ordered) against ``torch.multiprocessing.Queue`` and ``SimpleQueue`` (CUDA IPC
+  device-to-device copy; the receiver's ``torch.from_dlpack(msg)``, or its shortcut
+  ``msg.torch()``: zero-copy, stream-ordered) against ``torch.multiprocessing.Queue`` and ``SimpleQueue`` (CUDA IPC
   handles, pickled). Needs torch with CUDA; skipped otherwise.
 - numpy arrays of 4 KB and 54 MB: ``gpuring`` host channel, zero-copy (``tx.lease``, one
   element written in place; ``np.from_dlpack(msg)``), and with one copy (``tx.send(a)``),
@@ -85,15 +85,19 @@ def gpuring_producer(name, device, size, n, mode, how, ack):
     tx.close()
 
 
-def gpuring_consumer(name, device, n, mode, ack, out):
+def gpuring_consumer(name, device, n, mode, view_by, ack, out):
     ch = gpuring.Channel.open(name, device=device, timeout=30)
     rx = ch.receiver()
-    if device is not None:
+    if device is None:
+        view = np.from_dlpack
+    elif view_by == "torch.from_dlpack":
         import torch
 
         view = torch.from_dlpack
     else:
-        view = np.from_dlpack
+        import torch
+
+        view = gpuring.Message.torch
     lat = []
     t_first = None
     for i in range(n):
@@ -203,7 +207,7 @@ def measure(ctx, make, quick, size, slow=False, warm=20):
     return row
 
 
-def gpuring_rows(ctx, device, sizes, quick, how):
+def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack"):
     rows = {}
     for label, size in sizes:
         name = "gpuring-pybench-%d-%s" % (os.getpid(), label.replace(" ", ""))
@@ -217,13 +221,13 @@ def gpuring_rows(ctx, device, sizes, quick, how):
                     gpuring_producer,
                     (name, device, size, n, mode, how),
                     gpuring_consumer,
-                    (name, device, n, mode),
+                    (name, device, n, mode, view_by),
                 )
             finally:
                 ch.close()
 
         rows[label] = measure(ctx, make, quick, size)
-        print("  gpuring %-6s %-5s %s" % (how, label, fmt(rows[label])), flush=True)
+        print("  gpuring %s + %-17s %-5s %s" % (how, view_by, label, fmt(rows[label])), flush=True)
     return rows
 
 
@@ -294,7 +298,12 @@ def main():
 
         tctx = tmp.get_context("spawn")
         print("CUDA tensors (%s):" % results["device"], flush=True)
-        results["gpu"]["gpuring"] = gpuring_rows(ctx, args.device, GPU_SIZES, args.quick, "send")
+        results["gpu"]["gpuring (torch.from_dlpack)"] = gpuring_rows(
+            ctx, args.device, GPU_SIZES, args.quick, "send", "torch.from_dlpack"
+        )
+        results["gpu"]["gpuring (msg.torch())"] = gpuring_rows(
+            ctx, args.device, GPU_SIZES, args.quick, "send", "msg.torch()"
+        )
         results["gpu"]["torch.multiprocessing.Queue"] = torch_rows(tctx, args.device, GPU_SIZES, args.quick, "Queue")
         results["gpu"]["torch.multiprocessing.SimpleQueue"] = torch_rows(
             tctx, args.device, GPU_SIZES, args.quick, "SimpleQueue"

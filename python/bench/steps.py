@@ -61,11 +61,15 @@ def main():
         v = torch.from_dlpack(msgs[-1])
         del v
 
+    def torch_view():
+        v = msgs[-1].torch()
+        del v
+
     def release():
         msgs.pop().release()
 
     # Step by step, 8 at a time (the pool holds 8 slots).
-    steps = {"tx.send(t)": [], "rx.recv()": [], "torch.from_dlpack(msg)": [], "msg.release()": []}
+    steps = {"tx.send(t)": [], "rx.recv()": [], "torch.from_dlpack(msg)": [], "msg.torch()": [], "msg.release()": []}
     for _ in range(n // 8):
         for _ in range(8):
             t0 = time.perf_counter_ns()
@@ -78,6 +82,9 @@ def main():
             t0 = time.perf_counter_ns()
             from_dlpack()
             steps["torch.from_dlpack(msg)"].append(time.perf_counter_ns() - t0)
+            t0 = time.perf_counter_ns()
+            torch_view()
+            steps["msg.torch()"].append(time.perf_counter_ns() - t0)
         for _ in range(8):
             t0 = time.perf_counter_ns()
             release()

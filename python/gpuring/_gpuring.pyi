@@ -156,6 +156,10 @@ class Message:
         copy: Optional[bool] = None,
     ) -> Any: ...
     def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def torch(self) -> Any:
+        """The payload as a torch tensor (a zero-copy view, as ``torch.from_dlpack(msg)``,
+        ordered on the stream the message was received on), at about half the cost."""
+
     def release(self) -> None:
         """Lets go of the slot (it goes back once no view of it is left)."""
 

@@ -179,9 +179,7 @@ class Queue:
                     raise Empty(str(e)) from None
         with msg:
             if msg.tag == _TORCH or msg.device is not None:
-                import torch
-
-                out = torch.from_dlpack(msg)
+                out = msg.torch()
                 return out.clone() if copy else out
             import numpy
 

@@ -57,8 +57,8 @@ pub(crate) enum Step<T, S> {
     Again(S),
 }
 
-/// Runs `step` in slices until it is done or `until` passes, the GIL released during
-/// each slice and signals checked between them. `Ok(Err(state))`: the deadline passed.
+/// Runs `step` once at once, then in slices until it is done or `until` passes, the GIL
+/// released during each slice and signals checked between them. `Ok(Err(state))`: the deadline passed.
 ///
 /// # Errors
 ///
@@ -69,6 +69,13 @@ pub(crate) fn wait<T: Send, S: Send>(
     mut state: S,
     step: impl Fn(S, Duration) -> Step<T, S> + Sync,
 ) -> PyResult<Result<T, S>> {
+    // One try first, keeping the GIL: what is ready (a free slot, a queued message) is
+    // taken without letting go of the GIL and taking it back.
+    match step(state, Duration::ZERO) {
+        Step::Done(t) => return Ok(Ok(t)),
+        Step::Again(s) if until.passed() => return Ok(Err(s)),
+        Step::Again(s) => state = s,
+    }
     loop {
         let slice = until.slice();
         match py.detach(|| step(state, slice)) {

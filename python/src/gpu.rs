@@ -11,6 +11,14 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
+/// Which way a copy goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Dir {
+    DeviceToDevice,
+    HostToDevice,
+    DeviceToHost,
+}
+
 /// A device's primary context, and the last foreign stream wrapped for it.
 pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
@@ -60,20 +68,34 @@ impl Gpu {
         s
     }
 
-    /// Enqueues a copy of `n` bytes from `src` to `dst` on `stream`. Either may be device
-    /// or host memory (unified addressing tells which). From or to pageable host memory
-    /// the driver stages the copy, and the call returns once the host side is done.
+    /// Enqueues a copy of `n` bytes from `src` to `dst` on `stream`, in the direction
+    /// given (the direction-specific calls skip the pointer lookup of `cuMemcpyAsync`).
+    /// From or to pageable host memory the driver stages the copy, and the call returns
+    /// once the host side is done.
     pub(crate) fn copy(
         &self,
+        dir: Dir,
         dst: u64,
         src: u64,
         n: usize,
         stream: &CudaStream,
     ) -> Result<(), CudaError> {
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        // SAFETY: the caller vouches for `n` bytes at `src` (a checked DLPack tensor, kept
-        // alive) and at `dst` (a leased slot of at least `n` bytes).
-        check("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst, src, n, stream.cu_stream()) })
+        let s = stream.cu_stream();
+        // SAFETY: the caller vouches for `n` bytes at `src` (a checked tensor, kept alive)
+        // and at `dst` (a leased slot of at least `n` bytes), each where `dir` says.
+        let r = unsafe {
+            match dir {
+                Dir::DeviceToDevice => sys::cuMemcpyDtoDAsync_v2(dst, src, n, s),
+                Dir::HostToDevice => {
+                    sys::cuMemcpyHtoDAsync_v2(dst, src as *const std::ffi::c_void, n, s)
+                }
+                Dir::DeviceToHost => {
+                    sys::cuMemcpyDtoHAsync_v2(dst as *mut std::ffi::c_void, src, n, s)
+                }
+            }
+        };
+        check("cuMemcpyAsync", r)
     }
 
     /// Waits on the host for everything queued on `stream`.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use cudarc::driver::CudaStream;
 use gpuring::{Cuda, Host, Message, Receiver, RecvError, TensorMeta};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 
 use crate::blocking::{Step, Until, wait};
@@ -145,6 +146,8 @@ impl PyReceiver {
     }
 }
 
+static TORCH_FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 /// What a message and its exported views share: the Rust message, whose slot goes back
 /// when the last of them is gone.
 struct Held(AnyMessage);
@@ -236,6 +239,23 @@ impl PyMessage {
 
     fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         dlpack::device_tuple(py, self.place)
+    }
+
+    /// The payload as a torch tensor: the same zero-copy view as
+    /// ``torch.from_dlpack(msg)``, ordered on the stream the message was received on (for
+    /// ``recv()`` without ``stream=``, torch's current stream then), made without the
+    /// stream look-ups of ``torch.from_dlpack``'s protocol path (about half its cost).
+    /// Imports torch.
+    fn torch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let held = held.ok_or_else(|| closed(py, "message (released)"))?;
+        let capsule =
+            dlpack::export(py, self.ptr, self.place, &self.meta, false, false, Box::new(held))?;
+        let from_dlpack = TORCH_FROM_DLPACK.get_or_try_init(py, || {
+            py.import("torch")?.getattr("from_dlpack").map(Bound::unbind)
+        })?;
+        // Given a capsule, torch.from_dlpack only wraps it: the stream is already ordered.
+        from_dlpack.bind(py).call1((capsule,))
     }
 
     /// Lets go of the slot (it goes back once no view of it is left). Further DLPack

@@ -15,7 +15,7 @@ use crate::channel::AnyChannel;
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA, Place, Source};
 use crate::dtypes;
 use crate::errors::{self, closed, raise};
-use crate::gpu::{self, Gpu};
+use crate::gpu::{self, Dir, Gpu};
 
 /// A sender of either kind.
 pub(crate) enum AnySender {
@@ -251,12 +251,19 @@ impl PySender {
                 let g = tx.source_gpu(py, d)?;
                 let s = g.stream(raw_stream);
                 let dst = l.as_mut_ptr() as u64;
-                py.detach(|| g.copy(dst, ptr, n as usize, &s).and_then(|()| g.synchronize(&s)))
-                    .map_err(|e| errors::cuda(py, e))?;
+                let dir = Dir::DeviceToHost;
+                py.detach(|| {
+                    g.copy(dir, dst, ptr, n as usize, &s).and_then(|()| g.synchronize(&s))
+                })
+                .map_err(|e| errors::cuda(py, e))?;
             }
-            (AnyLease::Cuda(l, _), _) => {
+            (AnyLease::Cuda(l, _), place) => {
                 let g = channel_gpu.as_ref().expect("a GPU lease comes from a GPU channel");
-                g.copy(l.device_ptr(), ptr, n as usize, l.stream())
+                let dir = match place {
+                    Place::Cuda(_) => Dir::DeviceToDevice,
+                    Place::Host => Dir::HostToDevice,
+                };
+                g.copy(dir, l.device_ptr(), ptr, n as usize, l.stream())
                     .map_err(|e| errors::cuda(py, e))?;
             }
         }
