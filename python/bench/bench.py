@@ -34,7 +34,9 @@ import gpuring
 
 GPU_SIZES = [("4 KB", 4 << 10), ("5 MB", 5 << 20), ("64 MB", 64 << 20)]
 HOST_SIZES = [("4 KB", 4 << 10), ("54 MB", 3 * 2160 * 2080 * 4)]
-RING_SLOTS = 8
+RING_SLOTS = 8  # the tensors each producer cycles through
+GPU_SLOTS = 32  # gpuring slots per sender on the GPU (in flight: one GPU time slice each way)
+HOST_SLOTS = 8
 
 
 def now():
@@ -214,7 +216,8 @@ def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack"):
         slot = max(size, 4096)
 
         def make(mode, n, name=name, size=size, slot=slot):
-            ch = gpuring.Channel.create(name, capacity=64, slots=RING_SLOTS, slot_bytes=slot, device=device)
+            slots = HOST_SLOTS if device is None else GPU_SLOTS
+            ch = gpuring.Channel.create(name, capacity=64, slots=slots, slot_bytes=slot, device=device)
             try:
                 return run_pair(
                     ctx,
@@ -277,6 +280,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer items (a smoke run)")
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--no-gpu", action="store_true", help="host rows only")
+    ap.add_argument("--gpu-only", action="store_true", help="GPU rows only")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args()
 
@@ -310,6 +314,12 @@ def main():
         )
     else:
         print("CUDA tensors: skipped (no torch with CUDA here)", flush=True)
+    if args.gpu_only:
+        results["host"] = None
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     print("numpy arrays:", flush=True)
     results["host"]["gpuring zero-copy (lease)"] = gpuring_rows(ctx, None, HOST_SIZES, args.quick, "lease")
     results["host"]["gpuring one copy (send)"] = gpuring_rows(ctx, None, HOST_SIZES, args.quick, "send")

@@ -164,7 +164,7 @@ impl<'py> Source<'py> {
         if !t.call_method0("is_contiguous")?.is_truthy()? {
             t = t.call_method0("contiguous")?;
         }
-        let dtype = crate::dtypes::from_py(&t.getattr("dtype")?)?;
+        let dtype = torch_dtype(&t.getattr("dtype")?)?;
         let shape: Vec<u64> = t.getattr("shape")?.extract()?;
         if shape.len() > MAX_DIMS {
             return Err(raise(
@@ -319,6 +319,23 @@ fn refused(py: Python<'_>, e: PyErr) -> PyErr {
     let ours = raise(py, "DTypeError", format!("the tensor cannot be read through DLPack: {e}"));
     ours.set_cause(py, Some(e));
     ours
+}
+
+/// torch dtypes by identity (each is one object for the life of the process), so that the
+/// hot path makes no string of them.
+static TORCH_DTYPES: std::sync::Mutex<Vec<(usize, DType)>> = std::sync::Mutex::new(Vec::new());
+
+fn torch_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let key = dtype.as_ptr() as usize;
+    let mut known = TORCH_DTYPES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, d)) = known.iter().find(|(k, _)| *k == key) {
+        return Ok(*d);
+    }
+    let d = crate::dtypes::from_py(dtype)?;
+    // Kept alive for good, so that the address stays this dtype's.
+    std::mem::forget(dtype.clone());
+    known.push((key, d));
+    Ok(d)
 }
 
 /// What an exported capsule keeps alive (a message, a lease) until the consumer's

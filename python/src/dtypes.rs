@@ -37,8 +37,8 @@ pub(crate) fn name(dtype: DType) -> &'static str {
 /// or a torch dtype (`torch.float32`).
 pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     let py = obj.py();
-    let text: String = if let Ok(s) = obj.extract::<String>() {
-        s
+    let text: String = if let Ok(s) = obj.cast::<pyo3::types::PyString>() {
+        s.extract::<String>()?
     } else if obj.hasattr("itemsize")?
         && obj.hasattr("name")?
         && !obj.is_instance_of::<pyo3::types::PyType>()
