@@ -2,9 +2,9 @@
 
 import os
 import secrets
-import sys
 import threading
 import time
+from typing import Any, Optional
 
 from ._gpuring import Channel
 from .errors import Disconnected, Empty, Full, PeerDead, Timeout
@@ -71,15 +71,15 @@ class Queue:
 
     def __init__(
         self,
-        name=None,
-        maxsize=0,
+        name: Optional[str] = None,
+        maxsize: int = 0,
         *,
-        capacity=None,
-        slots=8,
-        slot_bytes=16 << 20,
-        device=None,
-        max_senders=16,
-    ):
+        capacity: Optional[int] = None,
+        slots: int = 8,
+        slot_bytes: int = 16 << 20,
+        device: Optional[int] = None,
+        max_senders: int = 16,
+    ) -> None:
         if name is None:
             name = "gpuring-queue-%d-%s" % (os.getpid(), secrets.token_hex(4))
         if capacity is None:
@@ -129,11 +129,11 @@ class Queue:
             return self._rx
 
     @property
-    def name(self):
+    def name(self) -> str:
         """The name of the channel under the queue."""
         return self._name
 
-    def put(self, obj, block=True, timeout=None):
+    def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         """Copies ``obj`` (a torch tensor or a numpy array) into a slot and queues it.
 
         Waits up to ``timeout`` seconds (forever if ``None``; not at all if ``block`` is
@@ -152,11 +152,11 @@ class Queue:
                 if not until.pause():
                     raise
 
-    def put_nowait(self, obj):
+    def put_nowait(self, obj: Any) -> None:
         """``put(obj, block=False)``."""
         self.put(obj, block=False)
 
-    def get(self, block=True, timeout=None, *, copy=True):
+    def get(self, block: bool = True, timeout: Optional[float] = None, *, copy: bool = True) -> Any:
         """Removes a tensor from the queue and returns it: a torch tensor if a torch
         tensor was put (or the queue is on a GPU), else a numpy array.
 
@@ -186,11 +186,11 @@ class Queue:
             out = numpy.from_dlpack(msg)
             return out.copy() if copy else out
 
-    def get_nowait(self):
+    def get_nowait(self) -> Any:
         """``get(block=False)``."""
         return self.get(block=False)
 
-    def close(self):
+    def close(self) -> None:
         """Leaves the channel from this process (the queue goes away once no process has
         it open and nothing is queued)."""
         with self._lock:
@@ -199,16 +199,13 @@ class Queue:
                     end.close()
             self._ch = self._tx = self._rx = None
 
-    def join_thread(self):
+    def join_thread(self) -> None:
         """Nothing to join: gpuring has no feeder thread (kept for compatibility)."""
 
-    def cancel_join_thread(self):
+    def cancel_join_thread(self) -> None:
         """Nothing to cancel (kept for compatibility)."""
 
     def __repr__(self):
         place = "host" if self._device is None else "cuda:%d" % self._device
         return "Queue(%r, %s)" % (self._name, place)
 
-
-if sys.version_info < (3, 9):  # pragma: no cover - the wheel is abi3 for 3.9+
-    raise ImportError("gpuring needs Python 3.9 or later")

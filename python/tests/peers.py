@@ -26,7 +26,7 @@ def send_big(name, count):
     tx.close()
 
 
-def send_numbered(name, producer, count, slot_bytes_check=8):
+def send_numbered(name, producer, count):
     """Sends ``count`` int64 pairs (producer, i) through an MPMC channel."""
     ch = gpuring.Channel.open(name, timeout=10)
     tx = ch.sender()
