@@ -132,10 +132,12 @@ def torch_producer(qkind, q, device, size, n, mode, ack):
     ack.recv()  # keep the tensors alive until the consumer is done (torch's rule)
 
 
-def torch_consumer(qkind, q, device, n, mode, ack, out):
-    import torch
+def queue_consumer(q, n, mode, cuda, ack, out):
+    """The consumer of a torch or multiprocessing queue: items are (timestamp, tensor)."""
+    if cuda:
+        import torch
 
-    torch.cuda.init()
+        torch.cuda.init()
     lat = []
     t_first = None
     for i in range(n):
@@ -147,7 +149,8 @@ def torch_consumer(qkind, q, device, n, mode, ack, out):
         del t
         if mode == "lat":
             ack.send(1)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     t_end = now()
     ack.send(1)
     out.put({"lat": lat, "secs": (t_end - t_first) / 1e9, "items": n - 1})
@@ -160,23 +163,6 @@ def mpq_producer(q, size, n, mode, ack):
         if mode == "lat":
             ack.recv()
     ack.recv()
-
-
-def mpq_consumer(q, n, mode, ack, out):
-    lat = []
-    t_first = None
-    for i in range(n):
-        ts, a = q.get()
-        got = now()
-        if t_first is None:
-            t_first = got
-        lat.append(got - ts)
-        del a
-        if mode == "lat":
-            ack.send(1)
-    t_end = now()
-    ack.send(1)
-    out.put({"lat": lat, "secs": (t_end - t_first) / 1e9, "items": n - 1})
 
 
 # ---------------------------------------------------------------------------------------
@@ -244,8 +230,8 @@ def torch_rows(tctx, device, sizes, quick, qkind):
                 tctx,
                 torch_producer,
                 (qkind, q, device, size, n, mode),
-                torch_consumer,
-                (qkind, q, device, n, mode),
+                queue_consumer,
+                (q, n, mode, True),
             )
 
         rows[label] = measure(tctx, make, quick, size)
@@ -259,7 +245,7 @@ def mpq_rows(ctx, sizes, quick):
 
         def make(mode, n, size=size):
             q = ctx.Queue()
-            return run_pair(ctx, mpq_producer, (q, size, n, mode), mpq_consumer, (q, n, mode))
+            return run_pair(ctx, mpq_producer, (q, size, n, mode), queue_consumer, (q, n, mode, False))
 
         rows[label] = measure(ctx, make, quick, size, slow=size > 1 << 20, warm=2 if size > 1 << 20 else 20)
         print("  multiprocessing.Queue %-5s %s" % (label, fmt(rows[label])), flush=True)
