@@ -95,6 +95,16 @@ impl WaitPolicy {
     pub const fn spin_then_sleep(spins: u32, yields: u32) -> Self {
         Self { spins, yields }
     }
+
+    /// Tries with a CPU pause in between before yielding.
+    pub const fn spins(&self) -> u32 {
+        self.spins
+    }
+
+    /// Tries with a `sched_yield` in between before sleeping.
+    pub const fn yields(&self) -> u32 {
+        self.yields
+    }
 }
 
 impl Default for WaitPolicy {

@@ -13,6 +13,9 @@ Rows (each in its own pair of spawned processes):
   element written in place; ``np.from_dlpack(msg)``), and with one copy (``tx.send(a)``),
   against ``multiprocessing.Queue`` (pickled).
 
+A third gpuring row on the GPU has the receiver spin longer before it sleeps
+(``ch.receiver(spins=100_000)``), so that no item pays a futex wake-up.
+
 Latency is one-way and CPU side, as a user sees it: from the sender's call until the
 receiver holds the tensor (``perf_counter_ns`` is CLOCK_MONOTONIC, shared by the
 processes). One item at a time: the receiver acknowledges each through a pipe before the
@@ -37,6 +40,7 @@ HOST_SIZES = [("4 KB", 4 << 10), ("54 MB", 3 * 2160 * 2080 * 4)]
 RING_SLOTS = 8  # the tensors each producer cycles through
 GPU_SLOTS = 32  # gpuring slots per sender on the GPU (in flight: one GPU time slice each way)
 HOST_SLOTS = 8
+SPINS = 100_000  # a receiver that spins (some 1-4 ms) before it sleeps: no wake-up per item
 
 
 def now():
@@ -87,9 +91,9 @@ def gpuring_producer(name, device, size, n, mode, how, ack):
     tx.close()
 
 
-def gpuring_consumer(name, device, n, mode, view_by, ack, out):
+def gpuring_consumer(name, device, n, mode, view_by, spins, ack, out):
     ch = gpuring.Channel.open(name, device=device, timeout=30)
-    rx = ch.receiver()
+    rx = ch.receiver(spins=spins)
     if device is None:
         view = np.from_dlpack
     elif view_by == "torch.from_dlpack":
@@ -195,7 +199,7 @@ def measure(ctx, make, quick, size, slow=False, warm=20):
     return row
 
 
-def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack"):
+def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack", spins=None):
     rows = {}
     for label, size in sizes:
         name = "gpuring-pybench-%d-%s" % (os.getpid(), label.replace(" ", ""))
@@ -210,13 +214,14 @@ def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack"):
                     gpuring_producer,
                     (name, device, size, n, mode, how),
                     gpuring_consumer,
-                    (name, device, n, mode, view_by),
+                    (name, device, n, mode, view_by, spins),
                 )
             finally:
                 ch.close()
 
         rows[label] = measure(ctx, make, quick, size)
-        print("  gpuring %s + %-17s %-5s %s" % (how, view_by, label, fmt(rows[label])), flush=True)
+        wait = "" if spins is None else ", spins=%d" % spins
+        print("  gpuring %s + %-17s%s %-5s %s" % (how, view_by, wait, label, fmt(rows[label])), flush=True)
     return rows
 
 
@@ -293,6 +298,9 @@ def main():
         )
         results["gpu"]["gpuring (msg.torch())"] = gpuring_rows(
             ctx, args.device, GPU_SIZES, args.quick, "send", "msg.torch()"
+        )
+        results["gpu"]["gpuring (msg.torch(), receiver(spins=%d))" % SPINS] = gpuring_rows(
+            ctx, args.device, GPU_SIZES, args.quick, "send", "msg.torch()", SPINS
         )
         results["gpu"]["torch.multiprocessing.Queue"] = torch_rows(tctx, args.device, GPU_SIZES, args.quick, "Queue")
         results["gpu"]["torch.multiprocessing.SimpleQueue"] = torch_rows(

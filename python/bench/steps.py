@@ -43,6 +43,16 @@ def main():
     timed("t.__dlpack__(stream=1)", lambda: t.__dlpack__(stream=1), n)
     timed("torch.empty_like(t)", lambda: torch.empty_like(t), n)
 
+    def lease_cancel():
+        tx.lease((args.size // 4,), "float32").cancel()
+
+    def lease_send():
+        tx.lease((args.size // 4,), "float32").send()
+        rx.recv().release()
+
+    timed("tx.lease(..).cancel()", lease_cancel, n)
+    timed("tx.lease(..).send() + rx.recv().release()", lease_send, n)
+
     def send_recv():
         tx.send(t)
         rx.recv().release()

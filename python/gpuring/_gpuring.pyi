@@ -43,11 +43,12 @@ class Channel:
     def open(name: str, device: Optional[int] = None, timeout: Optional[float] = None) -> "Channel":
         """Opens channel ``name``, waiting up to ``timeout`` s for it (None: as long as it takes)."""
 
-    def sender(self) -> "Sender":
-        """A new sender, with its own slot pool."""
+    def sender(self, spins: Optional[int] = None, yields: Optional[int] = None) -> "Sender":
+        """A new sender, with its own slot pool (``spins`` / ``yields``: how it waits)."""
 
-    def receiver(self) -> "Receiver":
-        """A new receiver."""
+    def receiver(self, spins: Optional[int] = None, yields: Optional[int] = None) -> "Receiver":
+        """A new receiver; a wait spins ``spins`` times (default 2048), yields ``yields``
+        times (default 8), then sleeps."""
 
     def close(self) -> None:
         """Lets go of this handle."""
@@ -158,7 +159,7 @@ class Message:
     def __dlpack_device__(self) -> Tuple[int, int]: ...
     def torch(self) -> Any:
         """The payload as a torch tensor (a zero-copy view, as ``torch.from_dlpack(msg)``,
-        ordered on the stream the message was received on), at about half the cost."""
+        ordered on the stream the message was received on), at a sixth of the cost."""
 
     def release(self) -> None:
         """Lets go of the slot (it goes back once no view of it is left)."""

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use gpuring::{Channel, ChannelBuilder, ChannelError, Cuda, Flavor, Host, ShmError};
+use gpuring::{Channel, ChannelBuilder, ChannelError, Cuda, Flavor, Host, ShmError, WaitPolicy};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
@@ -74,6 +74,12 @@ impl PyChannel {
         let ch = self.ch.lock().unwrap_or_else(PoisonError::into_inner);
         ch.clone().ok_or_else(|| closed(py, "channel"))
     }
+}
+
+/// A wait policy from the Python arguments (the Rust defaults where not given).
+fn policy(spins: Option<u32>, yields: Option<u32>) -> WaitPolicy {
+    let d = WaitPolicy::default();
+    WaitPolicy::spin_then_sleep(spins.unwrap_or(d.spins()), yields.unwrap_or(d.yields()))
 }
 
 fn gpu(py: Python<'_>, device: Option<i32>) -> PyResult<Option<Arc<Gpu>>> {
@@ -166,18 +172,38 @@ impl PyChannel {
     }
 
     /// A new sender, with its own slot pool (made now). SPSC channels have one live
-    /// sender at a time. Raises ``AttachError``, ``ConfigError`` (the pool table is full),
-    /// ``NoSpace``, ``CudaError``, ``Closed``.
-    fn sender(&self, py: Python<'_>) -> PyResult<PySender> {
+    /// sender at a time. ``spins`` / ``yields``: how its waits wait (see
+    /// :meth:`receiver`). Raises ``AttachError``, ``ConfigError`` (the pool table is
+    /// full), ``NoSpace``, ``CudaError``, ``Closed``.
+    #[pyo3(signature = (spins=None, yields=None))]
+    fn sender(
+        &self,
+        py: Python<'_>,
+        spins: Option<u32>,
+        yields: Option<u32>,
+    ) -> PyResult<PySender> {
         let ch = self.get(py)?;
-        PySender::new(py, ch)
+        PySender::new(py, ch, policy(spins, yields))
     }
 
-    /// A new receiver. SPSC channels have one live receiver at a time. Raises
-    /// ``AttachError``, ``Closed``.
-    fn receiver(&self, py: Python<'_>) -> PyResult<PyReceiver> {
+    /// A new receiver. SPSC channels have one live receiver at a time.
+    ///
+    /// A wait first spins ``spins`` times with a CPU pause between tries (each some
+    /// 10–40 ns), then yields the CPU ``yields`` times, then sleeps on a futex (default
+    /// 2048 and 8: a few µs of spinning). A receiver whose messages come tens of µs apart
+    /// answers faster spinning longer (e.g. ``spins=100_000``, some 1–4 ms), at the cost
+    /// of a busy core while it waits; the GIL is released all the while.
+    ///
+    /// Raises ``AttachError``, ``Closed``.
+    #[pyo3(signature = (spins=None, yields=None))]
+    fn receiver(
+        &self,
+        py: Python<'_>,
+        spins: Option<u32>,
+        yields: Option<u32>,
+    ) -> PyResult<PyReceiver> {
         let ch = self.get(py)?;
-        PyReceiver::new(py, ch)
+        PyReceiver::new(py, ch, policy(spins, yields))
     }
 
     /// Lets go of this handle (senders and receivers made from it stay usable). The

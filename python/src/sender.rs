@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use cudarc::driver::CudaStream;
-use gpuring::{AcquireError, Cuda, Host, Lease, SendError, Sender, TensorMeta};
+use gpuring::{AcquireError, Cuda, Host, Lease, SendError, Sender, TensorMeta, WaitPolicy};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -143,12 +143,16 @@ pub(crate) struct PySender {
 }
 
 impl PySender {
-    pub(crate) fn new(py: Python<'_>, ch: AnyChannel) -> PyResult<Self> {
+    pub(crate) fn new(py: Python<'_>, ch: AnyChannel, policy: WaitPolicy) -> PyResult<Self> {
         let made = py.detach(|| match &ch {
             AnyChannel::Host(c) => c.sender().map(AnySender::Host),
             AnyChannel::Cuda(c, g) => c.sender().map(|s| AnySender::Cuda(s, g.clone())),
         });
-        let tx = made.map_err(|e| errors::channel(py, e))?;
+        let mut tx = made.map_err(|e| errors::channel(py, e))?;
+        match &mut tx {
+            AnySender::Host(s) => s.set_wait_policy(policy),
+            AnySender::Cuda(s, _) => s.set_wait_policy(policy),
+        }
         let slot_bytes = match &tx {
             AnySender::Host(s) => s.slot_size(),
             AnySender::Cuda(s, _) => s.slot_size(),

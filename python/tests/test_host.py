@@ -341,3 +341,17 @@ def test_queue_between_processes(name):
     assert list(view) == [1.0, 1.0, 1.0]
     del view
     q.close()
+
+
+def test_wait_policy_arguments(name):
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
+    tx, rx = ch.sender(spins=0, yields=0), ch.receiver(spins=1_000_000, yields=0)
+    t0 = time.monotonic()
+    with pytest.raises(gpuring.Timeout):
+        rx.recv(timeout=0.05)  # spins, then gives up in time all the same
+    assert time.monotonic() - t0 < 2.0
+    tx.send(np.arange(2, dtype=np.uint8))
+    with rx.recv(timeout=1) as msg:
+        assert list(np.from_dlpack(msg)) == [0, 1]
+    with pytest.raises(OverflowError):
+        ch.receiver(spins=-1)
