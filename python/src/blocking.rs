@@ -2,6 +2,7 @@
 //! most [`SLICE`], checking for signals between them, so that Ctrl-C raises
 //! `KeyboardInterrupt` within about that long and other Python threads run meanwhile.
 
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -46,6 +47,21 @@ impl Until {
     /// Whether the deadline has passed.
     pub(crate) fn passed(&self) -> bool {
         self.0.is_some_and(|end| Instant::now() >= end)
+    }
+}
+
+/// An endpoint's lock for one slice of a wait. The first try (a zero slice) runs with
+/// the GIL held, so it does not wait for the lock: another thread may hold it through a
+/// whole slice of its own wait, and every Python thread would stall meanwhile. `None`:
+/// taken; try again in a slice (without the GIL, where waiting for it is harmless).
+pub(crate) fn lock_for<T>(m: &Mutex<T>, slice: Duration) -> Option<MutexGuard<'_, T>> {
+    if !slice.is_zero() {
+        return Some(m.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
     }
 }
 

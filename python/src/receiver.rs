@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 
-use crate::blocking::{Step, Until, wait};
+use crate::blocking::{Step, Until, lock_for, wait};
 use crate::channel::AnyChannel;
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA};
 use crate::dtypes;
@@ -34,6 +34,8 @@ enum AnyMessage {
 #[pyclass(module = "gpuring._gpuring", name = "Receiver", frozen)]
 pub(crate) struct PyReceiver {
     rx: Mutex<Option<Arc<Mutex<AnyReceiver>>>>,
+    /// GPU channels: the channel's device (readable without the receiver's lock).
+    gpu: Option<Arc<Gpu>>,
 }
 
 impl PyReceiver {
@@ -47,7 +49,11 @@ impl PyReceiver {
             AnyReceiver::Host(r) => r.set_wait_policy(policy),
             AnyReceiver::Cuda(r, _) => r.set_wait_policy(policy),
         }
-        Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))) })
+        let gpu = match &rx {
+            AnyReceiver::Host(_) => None,
+            AnyReceiver::Cuda(_, g) => Some(g.clone()),
+        };
+        Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))), gpu })
     }
 
     fn get(&self, py: Python<'_>) -> PyResult<Arc<Mutex<AnyReceiver>>> {
@@ -64,12 +70,13 @@ impl PyReceiver {
     ) -> PyResult<Result<PyMessage, RecvError>> {
         let until = Until::new(py, timeout)?;
         let rx = self.get(py)?;
-        let raw = match &*rx.lock().unwrap_or_else(PoisonError::into_inner) {
-            AnyReceiver::Host(_) => 0,
-            AnyReceiver::Cuda(_, g) => gpu::stream_handle(py, stream, g.ordinal)?,
+        let raw = match &self.gpu {
+            None => 0,
+            Some(g) => gpu::stream_handle(py, stream, g.ordinal)?,
         };
         let step = |(), slice: Duration| {
-            let r = match &*rx.lock().unwrap_or_else(PoisonError::into_inner) {
+            let Some(guard) = lock_for(&rx, slice) else { return Step::Again(()) };
+            let r = match &*guard {
                 AnyReceiver::Host(r) => r.recv_timeout(slice).map(AnyMessage::Host),
                 AnyReceiver::Cuda(r, g) => {
                     r.recv_on_timeout(&g.stream(raw), slice).map(|m| AnyMessage::Cuda(m, g.clone()))

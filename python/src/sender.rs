@@ -10,7 +10,7 @@ use gpuring::{AcquireError, Cuda, Host, Lease, SendError, Sender, TensorMeta, Wa
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::blocking::{Step, Until, wait};
+use crate::blocking::{Step, Until, lock_for, wait};
 use crate::channel::AnyChannel;
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA, Place, Source};
 use crate::dtypes;
@@ -27,6 +27,8 @@ pub(crate) enum AnySender {
 /// which (with its pool) lives until the last of them is gone.
 pub(crate) struct TxShared {
     tx: Mutex<AnySender>,
+    /// GPU channels: the channel's device (readable without the lock).
+    gpu: Option<Arc<Gpu>>,
     slot_bytes: u64,
     /// Host channels: the GPU a CUDA tensor handed to `send` is on (copied out of it).
     source_gpu: Mutex<Option<Arc<Gpu>>>,
@@ -59,7 +61,8 @@ enum AnyLease {
 /// channel, on the stream with raw handle `raw`.
 fn acquire(py: Python<'_>, tx: &TxShared, until: Until, raw: usize) -> PyResult<AnyLease> {
     let step = |(), slice: Duration| {
-        let r = match &*tx.lock() {
+        let Some(guard) = lock_for(&tx.tx, slice) else { return Step::Again(()) };
+        let r = match &*guard {
             AnySender::Host(s) => s.acquire_timeout(slice).map(AnyLease::Host),
             AnySender::Cuda(s, g) => {
                 s.acquire_on_timeout(&g.stream(raw), slice).map(|l| AnyLease::Cuda(l, Vec::new()))
@@ -94,7 +97,7 @@ fn send_lease(
             l.set_tag(tag);
             // The ready event is recorded on the lease's stream: make it follow the
             // writes queued on the other streams views were made on.
-            if let AnySender::Cuda(_, g) = &*tx.lock() {
+            if let Some(g) = &tx.gpu {
                 for s in &foreign {
                     g.join(l.stream(), s).map_err(|e| errors::cuda(py, e))?;
                 }
@@ -103,7 +106,8 @@ fn send_lease(
         }
     };
     let step = |lease: AnyLease, slice: Duration| {
-        let r = match (&*tx.lock(), lease) {
+        let Some(guard) = lock_for(&tx.tx, slice) else { return Step::Again(lease) };
+        let r = match (&*guard, lease) {
             (AnySender::Host(s), AnyLease::Host(l)) => {
                 s.send_timeout(l, meta, slice).map_err(|e| match e {
                     SendError::Timeout(l) => Ok(AnyLease::Host(l)),
@@ -153,11 +157,16 @@ impl PySender {
             AnySender::Host(s) => s.set_wait_policy(policy),
             AnySender::Cuda(s, _) => s.set_wait_policy(policy),
         }
-        let slot_bytes = match &tx {
-            AnySender::Host(s) => s.slot_size(),
-            AnySender::Cuda(s, _) => s.slot_size(),
-        } as u64;
-        let shared = TxShared { tx: Mutex::new(tx), slot_bytes, source_gpu: Mutex::new(None) };
+        let (slot_bytes, gpu) = match &tx {
+            AnySender::Host(s) => (s.slot_size(), None),
+            AnySender::Cuda(s, g) => (s.slot_size(), Some(g.clone())),
+        };
+        let shared = TxShared {
+            tx: Mutex::new(tx),
+            gpu,
+            slot_bytes: slot_bytes as u64,
+            source_gpu: Mutex::new(None),
+        };
         Ok(PySender { shared: Mutex::new(Some(Arc::new(shared))) })
     }
 
@@ -194,10 +203,7 @@ impl PySender {
     ) -> PyResult<()> {
         let until = Until::new(py, timeout)?;
         let tx = self.shared(py)?;
-        let channel_gpu = match &*tx.lock() {
-            AnySender::Host(_) => None,
-            AnySender::Cuda(_, g) => Some(g.clone()),
-        };
+        let channel_gpu = tx.gpu.clone();
         // The stream the tensor is read in order of: torch's current one on its device
         // (asked once: by the DLPack path, or below).
         let mut asked: Option<usize> = None;
@@ -312,10 +318,7 @@ impl PySender {
                 format!("tensor spans {n} bytes, a slot holds {}", tx.slot_bytes),
             ));
         }
-        let device = match &*tx.lock() {
-            AnySender::Host(_) => None,
-            AnySender::Cuda(_, g) => Some(g.ordinal),
-        };
+        let device = tx.gpu.as_ref().map(|g| g.ordinal);
         let raw = match device {
             Some(d) => gpu::stream_handle(py, stream, d)?,
             None => 0,
@@ -466,7 +469,7 @@ impl PyLease {
         if let AnyLease::Cuda(l, foreign) = lease
             && let Some(raw) = dlpack::stream_arg(stream)?
             && raw != l.stream().cu_stream() as usize
-            && let AnySender::Cuda(_, g) = &*self.tx.lock()
+            && let Some(g) = &self.tx.gpu
         {
             let s = g.stream(raw);
             g.join(&s, l.stream()).map_err(|e| errors::cuda(py, e))?;

@@ -355,3 +355,29 @@ def test_wait_policy_arguments(name):
         assert list(np.from_dlpack(msg)) == [0, 1]
     with pytest.raises(OverflowError):
         ch.receiver(spins=-1)
+
+
+def test_a_thread_blocked_in_recv_does_not_stall_the_others(name):
+    """One receiver, two threads: while one blocks in recv() (its wait holds the
+    receiver's lock in 50 ms slices, without the GIL), the other's recv(timeout=0) answers
+    at once instead of waiting for that lock with the GIL held (which stalled every
+    Python thread for up to a slice per call)."""
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    got = []
+    blocked = threading.Thread(target=lambda: got.append(rx.recv(timeout=5)))
+    blocked.start()
+    time.sleep(0.1)  # the thread is inside its wait
+    longest = 0.0
+    for _ in range(40):  # over some 400 ms: several of the blocked thread's slices
+        t0 = time.monotonic()
+        with pytest.raises(gpuring.Timeout):
+            rx.recv(timeout=0)
+        longest = max(longest, time.monotonic() - t0)
+        time.sleep(0.01)
+    tx.send(np.ones(1))
+    blocked.join(10)
+    assert len(got) == 1
+    got[0].release()
+    print("the longest recv(timeout=0) took %.2f ms" % (longest * 1000))
+    assert longest < 0.02, "a call waited for the other thread's slice (%.0f ms)" % (longest * 1000)
