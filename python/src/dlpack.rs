@@ -28,9 +28,6 @@ const DEVICE_CUDA_HOST: i32 = 3;
 /// `kDLCUDAManaged`: unified memory, readable by both.
 const DEVICE_CUDA_MANAGED: i32 = 13;
 
-/// `DLPACK_FLAG_BITMASK_READ_ONLY`.
-const FLAG_READ_ONLY: u64 = 1;
-
 const NAME_LEGACY: &CStr = c"dltensor";
 const NAME_VERSIONED: &CStr = c"dltensor_versioned";
 
@@ -166,13 +163,7 @@ impl<'py> Source<'py> {
         }
         let dtype = torch_dtype(&t.getattr("dtype")?)?;
         let shape: Vec<u64> = t.getattr("shape")?.extract()?;
-        if shape.len() > MAX_DIMS {
-            return Err(raise(
-                py,
-                "TooLarge",
-                format!("{} dimensions, at most {MAX_DIMS}", shape.len()),
-            ));
-        }
+        // More than MAX_DIMS dimensions: MetaError::TooManyDims, said as TooLarge.
         let meta = TensorMeta::contiguous(dtype, &shape).map_err(|e| raise(py, "TooLarge", e))?;
         let ptr: usize = t.call_method0("data_ptr")?.extract()?;
         Ok(Some(Source { _keep: t, ptr, meta, place }))
@@ -392,7 +383,6 @@ pub(crate) fn export<'py>(
     data: usize,
     place: (i32, i32),
     meta: &TensorMeta,
-    read_only: bool,
     versioned: bool,
     keep: Keep,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -420,7 +410,9 @@ pub(crate) fn export<'py>(
             version: DLPackVersion { major: 1, minor: 0 },
             manager_ctx: std::ptr::null_mut(),
             deleter: Some(delete_versioned),
-            flags: if read_only { FLAG_READ_ONLY } else { 0 },
+            // Never `DLPACK_FLAG_BITMASK_READ_ONLY`: a message's view could be one, but
+            // torch refuses read-only tensors, and writing a received slot harms nobody.
+            flags: 0,
             dl_tensor: tensor,
         };
         let ptr = Box::into_raw(Box::new(Export { managed, shape, strides, _keep: keep }));

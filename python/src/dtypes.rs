@@ -1,7 +1,7 @@
 //! Element type names, shared by numpy and torch (`"float32"`, `"bfloat16"`, ...), and
 //! the other small conversions between Python arguments and gpuring's types.
 
-use gpuring::{DType, MAX_DIMS, TensorMeta};
+use gpuring::{DType, TensorMeta};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -78,13 +78,7 @@ pub(crate) fn meta(obj: &Bound<'_, PyAny>, dtype: DType) -> PyResult<TensorMeta>
             .extract::<Vec<u64>>()
             .map_err(|_| raise(py, "ConfigError", "a shape is a sequence of ints >= 0"))?,
     };
-    if shape.len() > MAX_DIMS {
-        return Err(raise(
-            py,
-            "TooLarge",
-            format!("{} dimensions, at most {MAX_DIMS}", shape.len()),
-        ));
-    }
+    // More than MAX_DIMS dimensions: MetaError::TooManyDims, said as TooLarge.
     TensorMeta::contiguous(dtype, &shape).map_err(|e| raise(py, "TooLarge", e))
 }
 

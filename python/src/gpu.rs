@@ -44,8 +44,10 @@ fn check(op: &'static str, r: sys::CUresult) -> Result<(), CudaError> {
 impl Gpu {
     /// The primary context of device `ordinal`.
     pub(crate) fn new(ordinal: i32) -> Result<Arc<Self>, CudaError> {
-        let n = usize::try_from(ordinal)
-            .map_err(|_| CudaError::Driver { op: "device ordinal < 0", code: 101 })?;
+        let n = usize::try_from(ordinal).map_err(|_| CudaError::Driver {
+            op: "a device ordinal < 0",
+            code: sys::cudaError_enum::CUDA_ERROR_INVALID_DEVICE as i32,
+        })?;
         let ctx = gpuring::cuda::context(n)?;
         Ok(Arc::new(Gpu { ctx, ordinal, last: Mutex::new(None) }))
     }

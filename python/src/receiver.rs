@@ -17,10 +17,10 @@ use crate::dtypes;
 use crate::errors::{self, closed};
 use crate::gpu::{self, Gpu};
 
-/// A receiver of either kind.
+/// A receiver of either kind (a GPU receiver's device is `PyReceiver::gpu`).
 enum AnyReceiver {
     Host(Receiver<Host>),
-    Cuda(Receiver<Cuda>, Arc<Gpu>),
+    Cuda(Receiver<Cuda>),
 }
 
 /// A received message of either kind.
@@ -34,7 +34,8 @@ enum AnyMessage {
 #[pyclass(module = "gpuring._gpuring", name = "Receiver", frozen)]
 pub(crate) struct PyReceiver {
     rx: Mutex<Option<Arc<Mutex<AnyReceiver>>>>,
-    /// GPU channels: the channel's device (readable without the receiver's lock).
+    /// GPU channels: the channel's device (`Some` exactly for `AnyReceiver::Cuda`; read
+    /// without the receiver's lock).
     gpu: Option<Arc<Gpu>>,
 }
 
@@ -42,16 +43,16 @@ impl PyReceiver {
     pub(crate) fn new(py: Python<'_>, ch: AnyChannel, policy: WaitPolicy) -> PyResult<Self> {
         let made = py.detach(|| match &ch {
             AnyChannel::Host(c) => c.receiver().map(AnyReceiver::Host),
-            AnyChannel::Cuda(c, g) => c.receiver().map(|r| AnyReceiver::Cuda(r, g.clone())),
+            AnyChannel::Cuda(c, _) => c.receiver().map(AnyReceiver::Cuda),
         });
         let mut rx = made.map_err(|e| errors::channel(py, e))?;
         match &mut rx {
             AnyReceiver::Host(r) => r.set_wait_policy(policy),
-            AnyReceiver::Cuda(r, _) => r.set_wait_policy(policy),
+            AnyReceiver::Cuda(r) => r.set_wait_policy(policy),
         }
-        let gpu = match &rx {
-            AnyReceiver::Host(_) => None,
-            AnyReceiver::Cuda(_, g) => Some(g.clone()),
+        let gpu = match &ch {
+            AnyChannel::Host(_) => None,
+            AnyChannel::Cuda(_, g) => Some(g.clone()),
         };
         Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))), gpu })
     }
@@ -70,17 +71,19 @@ impl PyReceiver {
     ) -> PyResult<Result<PyMessage, RecvError>> {
         let until = Until::new(py, timeout)?;
         let rx = self.get(py)?;
-        let raw = match &self.gpu {
-            None => 0,
-            Some(g) => gpu::stream_handle(py, stream, g.ordinal)?,
+        // The stream the message is received on, wrapped once for the whole wait.
+        let stream = match &self.gpu {
+            None => None,
+            Some(g) => Some((g, g.stream(gpu::stream_handle(py, stream, g.ordinal)?))),
         };
         let step = |(), slice: Duration| {
             let Some(guard) = lock_for(&rx, slice) else { return Step::Again(()) };
-            let r = match &*guard {
-                AnyReceiver::Host(r) => r.recv_timeout(slice).map(AnyMessage::Host),
-                AnyReceiver::Cuda(r, g) => {
-                    r.recv_on_timeout(&g.stream(raw), slice).map(|m| AnyMessage::Cuda(m, g.clone()))
+            let r = match (&*guard, &stream) {
+                (AnyReceiver::Host(r), _) => r.recv_timeout(slice).map(AnyMessage::Host),
+                (AnyReceiver::Cuda(r), Some((g, s))) => {
+                    r.recv_on_timeout(s, slice).map(|m| AnyMessage::Cuda(m, Arc::clone(g)))
                 }
+                (AnyReceiver::Cuda(_), None) => unreachable!("a GPU receiver has its device"),
             };
             match r {
                 Err(RecvError::Timeout) => Step::Again(()),
@@ -245,7 +248,7 @@ impl PyMessage {
             AnyMessage::Host(_) => Box::new(held.clone()),
         };
         let versioned = dlpack::wants_versioned(max_version)?;
-        dlpack::export(py, self.ptr, self.place, &self.meta, false, versioned, keep)
+        dlpack::export(py, self.ptr, self.place, &self.meta, versioned, keep)
     }
 
     fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
@@ -260,8 +263,7 @@ impl PyMessage {
     fn torch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let held = self.held.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let held = held.ok_or_else(|| closed(py, "message (released)"))?;
-        let capsule =
-            dlpack::export(py, self.ptr, self.place, &self.meta, false, false, Box::new(held))?;
+        let capsule = dlpack::export(py, self.ptr, self.place, &self.meta, false, Box::new(held))?;
         let from_dlpack = TORCH_FROM_DLPACK.get_or_try_init(py, || {
             py.import("torch")?.getattr("from_dlpack").map(Bound::unbind)
         })?;

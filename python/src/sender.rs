@@ -17,17 +17,18 @@ use crate::dtypes;
 use crate::errors::{self, closed, raise};
 use crate::gpu::{self, Dir, Gpu};
 
-/// A sender of either kind.
+/// A sender of either kind (a GPU sender's device is `TxShared::gpu`).
 pub(crate) enum AnySender {
     Host(Sender<Host>),
-    Cuda(Sender<Cuda>, Arc<Gpu>),
+    Cuda(Sender<Cuda>),
 }
 
 /// What a Python sender, its leases and their exported views share: the Rust sender,
 /// which (with its pool) lives until the last of them is gone.
 pub(crate) struct TxShared {
     tx: Mutex<AnySender>,
-    /// GPU channels: the channel's device (readable without the lock).
+    /// GPU channels: the channel's device (`Some` exactly for `AnySender::Cuda`; read
+    /// without the lock).
     gpu: Option<Arc<Gpu>>,
     slot_bytes: u64,
     /// Host channels: the GPU a CUDA tensor handed to `send` is on (copied out of it).
@@ -37,6 +38,18 @@ pub(crate) struct TxShared {
 impl TxShared {
     fn lock(&self) -> std::sync::MutexGuard<'_, AnySender> {
         self.tx.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `TooLarge` unless `n` bytes fit in a slot (checked before waiting for one).
+    fn check_fits(&self, py: Python<'_>, n: u64) -> PyResult<()> {
+        if n <= self.slot_bytes {
+            return Ok(());
+        }
+        Err(raise(
+            py,
+            "TooLarge",
+            format!("tensor spans {n} bytes, a slot holds {}", self.slot_bytes),
+        ))
     }
 
     fn source_gpu(&self, py: Python<'_>, device: i32) -> PyResult<Arc<Gpu>> {
@@ -60,13 +73,15 @@ enum AnyLease {
 /// Leases a slot, waiting (in slices, the GIL released) until `until`. For a GPU
 /// channel, on the stream with raw handle `raw`.
 fn acquire(py: Python<'_>, tx: &TxShared, until: Until, raw: usize) -> PyResult<AnyLease> {
+    let stream = tx.gpu.as_ref().map(|g| g.stream(raw));
     let step = |(), slice: Duration| {
         let Some(guard) = lock_for(&tx.tx, slice) else { return Step::Again(()) };
-        let r = match &*guard {
-            AnySender::Host(s) => s.acquire_timeout(slice).map(AnyLease::Host),
-            AnySender::Cuda(s, g) => {
-                s.acquire_on_timeout(&g.stream(raw), slice).map(|l| AnyLease::Cuda(l, Vec::new()))
+        let r = match (&*guard, &stream) {
+            (AnySender::Host(s), _) => s.acquire_timeout(slice).map(AnyLease::Host),
+            (AnySender::Cuda(s), Some(stream)) => {
+                s.acquire_on_timeout(stream, slice).map(|l| AnyLease::Cuda(l, Vec::new()))
             }
+            (AnySender::Cuda(_), None) => unreachable!("a GPU sender has its device"),
         };
         match r {
             Err(AcquireError::Timeout) => Step::Again(()),
@@ -114,7 +129,7 @@ fn send_lease(
                     e => Err(errors::send_parts(&e)),
                 })
             }
-            (AnySender::Cuda(s, _), AnyLease::Cuda(l, f)) => {
+            (AnySender::Cuda(s), AnyLease::Cuda(l, f)) => {
                 s.send_timeout(l, meta, slice).map_err(|e| match e {
                     SendError::Timeout(l) => Ok(AnyLease::Cuda(l, f)),
                     e => Err(errors::send_parts(&e)),
@@ -150,16 +165,22 @@ impl PySender {
     pub(crate) fn new(py: Python<'_>, ch: AnyChannel, policy: WaitPolicy) -> PyResult<Self> {
         let made = py.detach(|| match &ch {
             AnyChannel::Host(c) => c.sender().map(AnySender::Host),
-            AnyChannel::Cuda(c, g) => c.sender().map(|s| AnySender::Cuda(s, g.clone())),
+            AnyChannel::Cuda(c, _) => c.sender().map(AnySender::Cuda),
         });
         let mut tx = made.map_err(|e| errors::channel(py, e))?;
-        match &mut tx {
-            AnySender::Host(s) => s.set_wait_policy(policy),
-            AnySender::Cuda(s, _) => s.set_wait_policy(policy),
-        }
-        let (slot_bytes, gpu) = match &tx {
-            AnySender::Host(s) => (s.slot_size(), None),
-            AnySender::Cuda(s, g) => (s.slot_size(), Some(g.clone())),
+        let slot_bytes = match &mut tx {
+            AnySender::Host(s) => {
+                s.set_wait_policy(policy);
+                s.slot_size()
+            }
+            AnySender::Cuda(s) => {
+                s.set_wait_policy(policy);
+                s.slot_size()
+            }
+        };
+        let gpu = match &ch {
+            AnyChannel::Host(_) => None,
+            AnyChannel::Cuda(_, g) => Some(g.clone()),
         };
         let shared = TxShared {
             tx: Mutex::new(tx),
@@ -213,13 +234,7 @@ impl PySender {
             Ok(gpu::dlpack_stream(raw))
         })?;
         let n = src.meta.nbytes();
-        if n > tx.slot_bytes {
-            return Err(raise(
-                py,
-                "TooLarge",
-                format!("tensor spans {n} bytes, a slot holds {}", tx.slot_bytes),
-            ));
-        }
+        tx.check_fits(py, n)?;
         let (meta, ptr) = (src.meta, src.ptr as u64);
         // The copy's stream: torch's current one on the tensor's device, or for a host
         // tensor into device slots, on the channel's device.
@@ -310,14 +325,7 @@ impl PySender {
         let until = Until::new(py, timeout)?;
         let tx = self.shared(py)?;
         let meta = dtypes::meta(shape, dtypes::from_py(dtype)?)?;
-        if meta.nbytes() > tx.slot_bytes {
-            let n = meta.nbytes();
-            return Err(raise(
-                py,
-                "TooLarge",
-                format!("tensor spans {n} bytes, a slot holds {}", tx.slot_bytes),
-            ));
-        }
+        tx.check_fits(py, meta.nbytes())?;
         let device = tx.gpu.as_ref().map(|g| g.ordinal);
         let raw = match device {
             Some(d) => gpu::stream_handle(py, stream, d)?,
@@ -362,7 +370,7 @@ impl PySender {
     fn free_slots(&self, py: Python<'_>) -> PyResult<usize> {
         Ok(match &*self.shared(py)?.lock() {
             AnySender::Host(s) => s.free_slots(),
-            AnySender::Cuda(s, _) => s.free_slots(),
+            AnySender::Cuda(s) => s.free_slots(),
         })
     }
 
@@ -382,8 +390,9 @@ impl PySender {
             None => "Sender(closed)".to_owned(),
             Some(tx) => match &*tx.lock() {
                 AnySender::Host(s) => format!("Sender(pool {:?}, host)", s.pool_name()),
-                AnySender::Cuda(s, g) => {
-                    format!("Sender(pool {:?}, cuda:{})", s.pool_name(), g.ordinal)
+                AnySender::Cuda(s) => {
+                    let d = tx.gpu.as_ref().map_or(-1, |g| g.ordinal);
+                    format!("Sender(pool {:?}, cuda:{d})", s.pool_name())
                 }
             },
         }
@@ -476,15 +485,7 @@ impl PyLease {
             foreign.push(s);
         }
         let versioned = dlpack::wants_versioned(max_version)?;
-        dlpack::export(
-            py,
-            self.ptr,
-            self.place,
-            &self.meta,
-            false,
-            versioned,
-            Box::new(self.tx.clone()),
-        )
+        dlpack::export(py, self.ptr, self.place, &self.meta, versioned, Box::new(self.tx.clone()))
     }
 
     fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {

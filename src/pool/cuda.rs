@@ -397,9 +397,8 @@ mod imp {
             if let Some(local) = local_pool(&mem_handle) {
                 return Self::local(local, stride, events.len(), uuid);
             }
-            let mut events_here = Events::new(ctx, events.len());
             let mut pool = Self {
-                events: Arc::new(Events::new(ctx, 0)),
+                events: Arc::new(Events::new(ctx, events.len())),
                 local: None,
                 base: 0,
                 stride,
@@ -415,7 +414,7 @@ mod imp {
                 sys::cuIpcOpenMemHandle_v2(&mut pool.base, handle, flags)
             })?;
             let mut ready_handles = Vec::with_capacity(events.len());
-            let opened = &mut events_here;
+            let opened = Arc::get_mut(&mut pool.events).expect("not shared yet");
             let done = events.iter().try_for_each(|slot| {
                 let mut r = [0u8; 64];
                 load_bytes(&slot.ready, &mut r);
@@ -427,8 +426,6 @@ mod imp {
                 Ok(())
             });
             pool.ready_handles = ready_handles.into_boxed_slice();
-            // Opened events are destroyed with `events_here` on error, with the pool if not.
-            pool.events = Arc::new(events_here);
             done.map(|()| pool)
         }
 
