@@ -368,6 +368,35 @@ pub(crate) fn block_on<W: Watch, R>(
             Err(TimedOut) => Err(Blocked::Timeout),
         };
     }
+    // The slow-path work of one tick: `Some` when it ended the wait.
+    let mut tick = |attempt: &mut dyn FnMut() -> Option<Result<R, Blocked>>| {
+        if let Some(c) = watch.damaged() {
+            return Some(Err(Blocked::Corrupted(c)));
+        }
+        match on_tick() {
+            Tick::Done(r) => return Some(done(r)),
+            Tick::Retry => match attempt() {
+                Some(Ok(r)) => return Some(done(r)),
+                Some(Err(Blocked::Corrupted(c))) => return Some(Err(Blocked::Corrupted(c))),
+                Some(Err(why)) => return Some(last(attempt, why)),
+                None => {}
+            },
+            Tick::Idle => {}
+            Tick::Stop(why) => return Some(last(attempt, why)),
+        }
+        refuted.set(false);
+        None
+    };
+    if deadline == Deadline::Tick {
+        // One tick, and the probe of the side waited for, then give up.
+        if let Some(end) = tick(&mut attempt) {
+            return end;
+        }
+        return match watch.gone(waits_for) {
+            Some(gone) => last(&mut attempt, gone.into()),
+            None => Err(Blocked::Timeout),
+        };
+    }
     loop {
         let chunk = deadline.or_within(LIVENESS_TICK);
         match wait_until(wait_on, policy, chunk, &mut attempt) {
@@ -375,21 +404,9 @@ pub(crate) fn block_on<W: Watch, R>(
             Ok(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
             Ok(Err(why)) => return last(&mut attempt, why),
             Err(TimedOut) => {
-                if let Some(c) = watch.damaged() {
-                    return Err(Blocked::Corrupted(c));
+                if let Some(end) = tick(&mut attempt) {
+                    return end;
                 }
-                match on_tick() {
-                    Tick::Done(r) => return done(r),
-                    Tick::Retry => match attempt() {
-                        Some(Ok(r)) => return done(r),
-                        Some(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
-                        Some(Err(why)) => return last(&mut attempt, why),
-                        None => {}
-                    },
-                    Tick::Idle => {}
-                    Tick::Stop(why) => return last(&mut attempt, why),
-                }
-                refuted.set(false);
                 if deadline.passed() {
                     // One last attempt: the tick's work may just have unblocked us.
                     return last(&mut attempt, Blocked::Timeout);

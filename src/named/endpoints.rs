@@ -12,6 +12,8 @@ use crate::descriptor::Descriptor;
 use crate::layout::{Corrupted, MpmcCell, SpscCell};
 use crate::ring::{PopError, PushError, ShmStorage, TryPopError, TryPushError, mpmc, spsc};
 use crate::wait::{WaitPolicy, blocking, receive_iter};
+#[cfg(feature = "async")]
+use crate::{liveness::Role, wait::reactor::Parked};
 
 /// What every end tells of its ring.
 macro_rules! end_ops {
@@ -58,6 +60,31 @@ macro_rules! producer_ops {
             /// [`PushError::Corrupted`].
             pub fn push, push_timeout, push_deadline(&$($mut)? self, value: T)
                 -> Result<(), PushError<T>> => inner.push_until;
+        }
+
+        /// Pushes `value`, waiting for room without blocking the thread (feature `async`):
+        /// the task parks on the same wait word as [`push`](Self::push), and this
+        /// process's waiter thread wakes it (docs/DESIGN.md, "Async waits"). Works under
+        /// any executor. Returns at once, with no syscall, when there is room.
+        ///
+        /// Cancel-safe: a future dropped before it completes has pushed nothing.
+        ///
+        /// # Errors
+        ///
+        /// As [`push`](Self::push).
+        #[cfg(feature = "async")]
+        pub async fn push_async(&$($mut)? self, value: T) -> Result<(), PushError<T>> {
+            let mut parked = Parked::default();
+            let mut end = &$($mut)? self.inner;
+            std::future::poll_fn(|cx| {
+                parked.poll(cx, &mut end, |e| e.storage().park(Role::Producer), |e, d| {
+                    match e.push_until(value, d) {
+                        Err(PushError::Timeout(_)) => None,
+                        done => Some(done),
+                    }
+                })
+            })
+            .await
         }
 
         /// Pushes as many of `values` as there is room for, from the front, publishing
@@ -130,6 +157,32 @@ macro_rules! consumer_ops {
             /// [`PopError::Corrupted`].
             pub fn pop, pop_timeout, pop_deadline(&$($mut)? self) -> Result<T, PopError>
                 => inner.pop_until;
+        }
+
+        /// Pops the oldest element, waiting for one without blocking the thread (feature
+        /// `async`): the task parks on the same wait word as [`pop`](Self::pop), and this
+        /// process's waiter thread wakes it. Works under any executor. Returns at once,
+        /// with no syscall, when an element is there.
+        ///
+        /// Cancel-safe: a future dropped before it completes has taken nothing (use it
+        /// in `select!` freely).
+        ///
+        /// # Errors
+        ///
+        /// As [`pop`](Self::pop).
+        #[cfg(feature = "async")]
+        pub async fn pop_async(&$($mut)? self) -> Result<T, PopError> {
+            let mut parked = Parked::default();
+            let mut end = &$($mut)? self.inner;
+            std::future::poll_fn(|cx| {
+                parked.poll(cx, &mut end, |e| e.storage().park(Role::Consumer), |e, d| {
+                    match e.pop_until(d) {
+                        Err(PopError::Timeout) => None,
+                        done => Some(done),
+                    }
+                })
+            })
+            .await
         }
 
         /// The elements as they arrive, until every producer has left and all they

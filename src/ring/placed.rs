@@ -59,6 +59,24 @@ unsafe impl<C> Storage for ShmStorage<C> {
     }
 }
 
+#[cfg(feature = "async")]
+impl<C> ShmStorage<C> {
+    /// Where an async wait of the endpoint playing `me` parks: the word its blocking form
+    /// sleeps on (producers on `not_full`, consumers on `not_empty`), kept mapped by the
+    /// ring's segment, whose closes tell of peers that may have died.
+    pub(crate) fn park(&self, me: Role) -> crate::wait::reactor::Park {
+        let c = self.ring.control();
+        let word = match me {
+            Role::Producer => &c.not_full,
+            Role::Consumer => &c.not_empty,
+        };
+        let closes = self.ring.segment.closes().clone();
+        // SAFETY: the word is inside the mapping of `self.ring`'s segment, which the
+        // `Arc<RingSegment>` keeps alive.
+        unsafe { crate::wait::reactor::Park::new(word, self.ring.clone(), Some(closes)) }
+    }
+}
+
 // SAFETY: the storage is a view of shared memory whose cells are accessed only under the
 // ring protocol, and `C` holds `Pod` values; nothing in it is tied to a thread.
 unsafe impl<C: Send> Send for ShmStorage<C> {}

@@ -389,6 +389,12 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
         self.pop_then_until(deadline, |v| v)
     }
 
+    /// The storage, for the layers above (async waits park on its wait word).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn storage(&self) -> &S {
+        &self.storage
+    }
+
     /// Sets how blocking pops wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
         self.policy = policy;

@@ -118,6 +118,9 @@ pub struct Segment {
     last_out: Option<LastOut>,
     /// The SIGBUS guard of the mapping (`None` when the guard table is full).
     guard: Option<crate::bus_guard::Guard>,
+    /// The inotify watch of the object's closes, made for the first async wait on it.
+    #[cfg(feature = "async")]
+    closes: std::sync::OnceLock<std::sync::Arc<crate::wait::reactor::Closes>>,
 }
 
 impl fmt::Debug for Segment {
@@ -235,6 +238,8 @@ impl Segment {
             len: size,
             fd,
             unlink_on_drop: true,
+            #[cfg(feature = "async")]
+            closes: std::sync::OnceLock::new(),
             last_out: None,
             guard,
         };
@@ -362,6 +367,8 @@ impl Segment {
             len,
             fd,
             unlink_on_drop: false,
+            #[cfg(feature = "async")]
+            closes: std::sync::OnceLock::new(),
             last_out: None,
             guard,
         };
@@ -428,6 +435,14 @@ impl Segment {
         let _ = unsafe {
             rustix::mm::madvise(self.base.as_ptr().cast(), self.len, Advice::LinuxPopulateWrite)
         };
+    }
+
+    /// The closes of the object, by any process (how async waits learn that a peer may
+    /// have died): watched from the first call on.
+    #[cfg(feature = "async")]
+    pub(crate) fn closes(&self) -> &std::sync::Arc<crate::wait::reactor::Closes> {
+        use std::os::fd::AsFd;
+        self.closes.get_or_init(|| crate::wait::reactor::Closes::watch(self.fd.as_fd()))
     }
 
     /// The object name, with its leading `/`.

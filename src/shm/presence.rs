@@ -133,8 +133,17 @@ impl Segment {
         let len = size as usize;
         let base = map(&fd, len, false)?;
         let guard = crate::bus_guard::register(base.as_ptr(), len);
-        let segment =
-            Segment { name: cname, base, len, fd, unlink_on_drop: false, last_out: None, guard };
+        let segment = Segment {
+            name: cname,
+            base,
+            len,
+            fd,
+            unlink_on_drop: false,
+            last_out: None,
+            guard,
+            #[cfg(feature = "async")]
+            closes: std::sync::OnceLock::new(),
+        };
         // Acquire: pairs with the Release store of the mark in `remove_locked`. A segment
         // already marked is one whose remover died before unlinking it.
         let marked = segment.header().removed.load(Ordering::Acquire) != 0;

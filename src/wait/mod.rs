@@ -41,6 +41,9 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{AtomicU32, Ordering, fence};
 
+#[cfg(all(feature = "async", not(loom)))]
+pub(crate) mod reactor;
+
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
 pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);
 
@@ -160,6 +163,12 @@ pub(crate) enum Deadline {
     Never,
     /// Give up at this instant.
     At(Instant),
+    /// One attempt, then the work of one liveness tick (probe the peers, repair, take back
+    /// what the dead held), then give up: how an async future looks again after its
+    /// peers may have changed (the forms that map `Now` to `Full` or `Empty` say `Timeout`
+    /// here).
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
+    Tick,
 }
 
 impl Deadline {
@@ -171,7 +180,7 @@ impl Deadline {
     /// Whether the deadline has passed (reads the clock for `At` only).
     pub(crate) fn passed(self) -> bool {
         match self {
-            Deadline::Now => true,
+            Deadline::Now | Deadline::Tick => true,
             Deadline::Never => false,
             Deadline::At(at) => Instant::now() >= at,
         }
@@ -180,7 +189,7 @@ impl Deadline {
     /// Time left: `None` for no deadline, `Some(ZERO)` once it has passed.
     pub(crate) fn remaining(self) -> Option<Duration> {
         match self {
-            Deadline::Now => Some(Duration::ZERO),
+            Deadline::Now | Deadline::Tick => Some(Duration::ZERO),
             Deadline::Never => None,
             Deadline::At(at) => Some(at.saturating_duration_since(Instant::now())),
         }
@@ -191,9 +200,9 @@ impl Deadline {
         let soon = Deadline::after(tick);
         match (self, soon) {
             (Deadline::At(a), Deadline::At(b)) => Deadline::At(a.min(b)),
-            (Deadline::Now, _) => Deadline::Now,
+            (Deadline::Now | Deadline::Tick, _) => self,
             (Deadline::Never, _) => soon,
-            (at, Deadline::Never | Deadline::Now) => at,
+            (at, Deadline::Never | Deadline::Now | Deadline::Tick) => at,
         }
     }
 }
@@ -420,7 +429,7 @@ pub(crate) fn wait_until<R>(
     deadline: Deadline,
     mut attempt: impl FnMut() -> Option<R>,
 ) -> Result<R, TimedOut> {
-    if deadline == Deadline::Now {
+    if matches!(deadline, Deadline::Now | Deadline::Tick) {
         return attempt().ok_or(TimedOut);
     }
     let mut spins = 0u32;

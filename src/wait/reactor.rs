@@ -1,0 +1,515 @@
+//! Async waits (feature `async`): futures that park on the same shared wait words as the
+//! blocking calls, woken by one waiter thread per 127 parked futures that sleeps on all of
+//! their words at once (`futex_waitv`, Linux ≥ 5.16), and told of peer deaths by one watcher
+//! thread reading inotify close events of the segments they wait on.
+//!
+//! **Parking.** A future whose operation cannot proceed does what a blocking sleeper does,
+//! in the same order — `sleepers += 1`, the heavy barrier, read the epoch, try once more —
+//! and then, instead of `futex_wait`, hands (word, epoch, waker) to a [`Shard`]. The shard's
+//! thread `futex_waitv`s on its control word and every parked word; when a word's epoch has
+//! moved (a publisher's `notify` saw the sleeper and woke the futex), it takes the entry
+//! out, gives the sleeper count back and wakes the task, which tries again. Whoever takes
+//! an entry out (the thread after a wake, or the future when it is polled again or dropped)
+//! gives its `sleepers` back, so the count is right even for a future that is leaked.
+//! Entries hold a reference on the mapping of their word (`KeepAlive`): the thread reads a
+//! word only while its entry is in the table, and the mapping cannot go before the entry.
+//!
+//! **Liveness.** A blocking call probes its peers every `LIVENESS_TICK`; a thousand parked
+//! futures doing that would burn a core. A peer that dies closes its descriptor of the
+//! segment (the kernel does it), and inotify reports the close: the watcher thread counts
+//! closes per segment and wakes the futures parked on it, which then probe once (the
+//! blocking form's tick, `Deadline::Tick`). A future also probes the first time it parks on
+//! a segment. An idle process with parked futures makes no syscall and uses no CPU. Where
+//! inotify is refused, futures fall back to probing every `LIVENESS_TICK`.
+//!
+//! The fast path (the operation succeeds at once) touches none of this.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32 as StdAtomicU32, AtomicU64, Ordering as StdOrdering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use rustix::thread::futex;
+
+use super::{DEGRADED_RECHECK, Deadline, WaitWord, heavy_barrier};
+use crate::sync::Ordering;
+
+/// A reference that keeps the mapping of a parked word alive (the endpoint's segment).
+pub(crate) type KeepAlive = Arc<dyn Send + Sync>;
+
+/// How long a future parked on a segment that inotify cannot watch goes between probes
+/// of its peers (the blocking calls' tick).
+const UNWATCHED_TICK: Duration = Duration::from_millis(30);
+
+/// Parked futures per waiter thread: `futex_waitv` takes at most 128 words, one of which
+/// is the thread's control word.
+const SHARD_SIZE: usize = 127;
+
+/// Locks `m`, carrying on past a poisoned lock: every critical section below leaves the
+/// table consistent at each step, so a panic in a waker cannot break it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+// ---------------------------------------------------------------------------------------
+// Closes: inotify close events per segment
+
+/// The closes of one segment this process watches (any process's descriptor of it, ours
+/// included): bumped by the watcher thread, compared by parked futures.
+#[derive(Debug)]
+pub(crate) struct Closes {
+    count: AtomicU64,
+    /// The inotify watch, or `None` when inotify refused it: then futures probe by time.
+    wd: Option<i32>,
+}
+
+impl Closes {
+    /// The closes of the segment open as `fd`: a watch of the watcher thread (one per
+    /// segment and process), or an unwatched one when inotify is unavailable.
+    pub(crate) fn watch(fd: BorrowedFd<'_>) -> Arc<Closes> {
+        watcher()
+            .map_or_else(|| Arc::new(Closes { count: AtomicU64::new(0), wd: None }), |w| w.add(fd))
+    }
+
+    /// Whether inotify watches this segment.
+    pub(crate) fn watched(&self) -> bool {
+        self.wd.is_some()
+    }
+}
+
+impl Drop for Closes {
+    fn drop(&mut self) {
+        if let (Some(wd), Some(w)) = (self.wd, watcher()) {
+            w.remove(wd);
+        }
+    }
+}
+
+/// The inotify instance of this process and the segments it watches.
+struct Watcher {
+    fd: OwnedFd,
+    /// Watch descriptor → its closes (one entry per watched inode: adding a watch for an
+    /// inode already watched returns the same descriptor).
+    watches: Mutex<HashMap<i32, Weak<Closes>>>,
+}
+
+fn watcher() -> Option<&'static Watcher> {
+    static WATCHER: OnceLock<Option<&'static Watcher>> = OnceLock::new();
+    *WATCHER.get_or_init(|| {
+        use rustix::fs::inotify;
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC).ok()?;
+        let w: &'static Watcher =
+            Box::leak(Box::new(Watcher { fd, watches: Mutex::new(HashMap::new()) }));
+        std::thread::Builder::new().name("gpuring-closes".into()).spawn(move || w.run()).ok()?;
+        Some(w)
+    })
+}
+
+impl Watcher {
+    fn add(&'static self, fd: BorrowedFd<'_>) -> Arc<Closes> {
+        use rustix::fs::inotify::{self, WatchFlags};
+        let unwatched = || Arc::new(Closes { count: AtomicU64::new(0), wd: None });
+        // The magic link names this very object, wherever it is mounted.
+        let path = format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&fd));
+        // Closes are how deaths show; a change of size or mode is worth a probe too.
+        let what = WatchFlags::CLOSE_WRITE
+            | WatchFlags::CLOSE_NOWRITE
+            | WatchFlags::MODIFY
+            | WatchFlags::ATTRIB;
+        let mut watches = lock(&self.watches);
+        let Ok(wd) = inotify::add_watch(&self.fd, path, what) else { return unwatched() };
+        if let Some(closes) = watches.get(&wd).and_then(Weak::upgrade) {
+            return closes;
+        }
+        let closes = Arc::new(Closes { count: AtomicU64::new(0), wd: Some(wd) });
+        watches.insert(wd, Arc::downgrade(&closes));
+        closes
+    }
+
+    fn remove(&self, wd: i32) {
+        let mut watches = lock(&self.watches);
+        // Another `Closes` for the same inode may have been made since this one's count
+        // reached zero; only a dead entry is removed.
+        if watches.get(&wd).is_some_and(|w| w.strong_count() == 0) {
+            watches.remove(&wd);
+            let _ = rustix::fs::inotify::remove_watch(&self.fd, wd);
+        }
+    }
+
+    fn run(&self) {
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut reader = rustix::fs::inotify::Reader::new(self.fd.as_fd(), &mut buf);
+        loop {
+            let wd = match reader.next() {
+                Ok(event) => event.wd(),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => {
+                    // Cannot happen on a descriptor we own with a page of buffer; if it
+                    // did, parked futures still wake on messages: do not spin on it.
+                    std::thread::sleep(UNWATCHED_TICK);
+                    continue;
+                }
+            };
+            let closes = lock(&self.watches).get(&wd).and_then(Weak::upgrade);
+            if let Some(closes) = closes {
+                // Release: a future that reads the new count (Acquire) probes after it.
+                closes.count.fetch_add(1, StdOrdering::Release);
+                // Cloned out, so that no waker runs under the registry's lock.
+                let shards: Vec<_> = lock(&REGISTRY).clone();
+                for shard in shards {
+                    shard
+                        .wake_where(|e| e.closes.as_ref().is_some_and(|c| Arc::ptr_eq(c, &closes)));
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shards: waiter threads
+
+/// A parked future.
+struct Entry {
+    /// The word's epoch, inside the mapping `_keep` keeps alive.
+    word: *const WaitWord,
+    expected: u32,
+    waker: Waker,
+    closes: Option<Arc<Closes>>,
+    /// Wake at this instant even if nothing moved (an unwatched segment's probe, or the
+    /// degraded barrier's re-check).
+    wake_at: Option<Instant>,
+    _keep: KeepAlive,
+    /// Which parking this is, so that a stale key cannot take out a later entry.
+    ticket: u64,
+}
+
+// SAFETY: `word` points into the mapping that `_keep` (Send + Sync) keeps alive, and is
+// only used for atomic operations; `Waker` is Send.
+unsafe impl Send for Entry {}
+
+impl Entry {
+    fn word(&self) -> &WaitWord {
+        // SAFETY: the mapping lives as long as `_keep`, which this entry holds.
+        unsafe { &*self.word }
+    }
+
+    /// Takes this entry out of the sleepers of its word.
+    fn unregister(&self) {
+        // Relaxed: as in `wait_until`, the count is a hint for wakers.
+        self.word().sleepers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One waiter thread and the futures parked with it.
+struct Shard {
+    entries: Mutex<Vec<Option<Entry>>>,
+    /// Bumped on every new entry; the first word of each `futex_waitv`, so that an entry
+    /// added while the thread sleeps wakes it to add the word.
+    control: StdAtomicU32,
+}
+
+/// The shards of this process, each with its thread. Shards are never removed: an idle
+/// one sleeps on its control word.
+static REGISTRY: Mutex<Vec<Arc<Shard>>> = Mutex::new(Vec::new());
+static TICKETS: AtomicU64 = AtomicU64::new(1);
+
+impl Shard {
+    /// Takes out and wakes the entries that `pred` selects.
+    fn wake_where(&self, mut pred: impl FnMut(&Entry) -> bool) {
+        let mut woken = Vec::new();
+        for e in lock(&self.entries).iter_mut() {
+            if e.as_ref().is_some_and(&mut pred) {
+                let e = e.take().expect("selected above");
+                e.unregister();
+                woken.push(e.waker);
+            }
+        }
+        woken.into_iter().for_each(Waker::wake);
+    }
+
+    fn run(&self) {
+        let mut waits = [futex::Wait::new(); SHARD_SIZE + 1];
+        loop {
+            let (n, wake_at) = {
+                let entries = lock(&self.entries);
+                // Acquire: pairs with the Release bump in `park`; read under the lock, so
+                // that every entry added before the bump is in the list below.
+                let control = self.control.load(StdOrdering::Acquire);
+                waits[0] = futex::Wait::new();
+                waits[0].uaddr = futex::WaitPtr::new(self.control.as_ptr().cast());
+                waits[0].val = control.into();
+                waits[0].flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+                let mut n = 1;
+                let mut wake_at: Option<Instant> = None;
+                for e in entries.iter().flatten() {
+                    waits[n] = futex::Wait::new();
+                    waits[n].uaddr = futex::WaitPtr::new(e.word().epoch.as_ptr().cast());
+                    waits[n].val = e.expected.into();
+                    // Shared: the word is in a mapping other processes wake.
+                    waits[n].flags = futex::WaitFlags::SIZE_U32;
+                    n += 1;
+                    wake_at = match (wake_at, e.wake_at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                (n, wake_at)
+            };
+            // The words are read by the kernel once, at the start: an entry taken out (and
+            // its mapping gone) while this sleeps is never read again by us, and the kernel
+            // fails the call rather than fault if a mapping went before it started.
+            let timeout = wake_at.map(|at| {
+                let left = at.saturating_duration_since(Instant::now());
+                let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+                let ns = now.tv_nsec as u128 + left.subsec_nanos() as u128;
+                futex::Timespec {
+                    tv_sec: now.tv_sec + left.as_secs() as i64 + (ns / 1_000_000_000) as i64,
+                    tv_nsec: (ns % 1_000_000_000) as _,
+                }
+            });
+            // Any outcome (a word moved, the timeout, EAGAIN, EINTR, EFAULT) leads to the
+            // same look at every entry.
+            let waited = futex::waitv(
+                &waits[..n],
+                futex::WaitvFlags::empty(),
+                timeout.as_ref(),
+                rustix::time::ClockId::Monotonic,
+            );
+            if waited == Err(rustix::io::Errno::NOSYS) {
+                // Before Linux 5.16: sleep on the control word alone and look at every
+                // word each `DEGRADED_RECHECK` (a new entry still wakes us at once).
+                let _ = futex::wait(
+                    &self.control,
+                    futex::Flags::PRIVATE,
+                    waits[0].val as u32,
+                    Some(&futex::Timespec { tv_sec: 0, tv_nsec: DEGRADED_RECHECK.as_nanos() as _ }),
+                );
+            }
+            let now = Instant::now();
+            self.wake_where(|e| {
+                // Acquire: pairs with the Release bump in `wake_all`.
+                e.word().epoch.load(Ordering::Acquire) != e.expected
+                    || e.wake_at.is_some_and(|at| at <= now)
+            });
+        }
+    }
+}
+
+/// Parks a future: adds an entry to a shard with room (making one, and its thread, if
+/// none has), and wakes that shard's thread so that it sleeps on the word too.
+fn park(entry: Entry) -> Result<Key, Entry> {
+    let ticket = entry.ticket;
+    let mut registry = lock(&REGISTRY);
+    let mut entry = Some(entry);
+    let mut found = None;
+    for s in registry.iter() {
+        let mut entries = lock(&s.entries);
+        let index = match entries.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if entries.len() < SHARD_SIZE => {
+                entries.push(None);
+                entries.len() - 1
+            }
+            None => continue,
+        };
+        entries[index] = entry.take();
+        found = Some((s.clone(), index));
+        break;
+    }
+    let (shard, index) = match found {
+        Some(found) => found,
+        None => {
+            let s = Arc::new(Shard {
+                entries: Mutex::new(vec![entry.take()]),
+                control: StdAtomicU32::new(0),
+            });
+            let thread = s.clone();
+            let spawned = std::thread::Builder::new()
+                .name("gpuring-waiter".into())
+                .spawn(move || thread.run());
+            if spawned.is_err() {
+                let back = lock(&s.entries)[0].take();
+                return Err(back.expect("put there above"));
+            }
+            registry.push(s.clone());
+            (s, 0)
+        }
+    };
+    drop(registry);
+    // Release: pairs with the Acquire load in `Shard::run`.
+    shard.control.fetch_add(1, StdOrdering::Release);
+    let _ = futex::wake(&shard.control, futex::Flags::PRIVATE, 1);
+    Ok(Key { shard, index, ticket })
+}
+
+/// Where a future is parked.
+struct Key {
+    shard: Arc<Shard>,
+    index: usize,
+    ticket: u64,
+}
+
+impl Key {
+    /// Takes the entry out if the thread has not (then gives its `sleepers` back).
+    fn unpark(self) {
+        let taken = {
+            let mut entries = lock(&self.shard.entries);
+            let slot = &mut entries[self.index];
+            if slot.as_ref().is_some_and(|e| e.ticket == self.ticket) { slot.take() } else { None }
+        };
+        if let Some(e) = taken {
+            e.unregister();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The future's side
+
+/// What an async operation's future keeps between polls: where it is parked, and when it
+/// last probed its peers.
+#[derive(Default)]
+pub(crate) struct Parked {
+    key: Option<Key>,
+    /// The close count of the segment at the last probe (`None`: never probed).
+    seen: Option<u64>,
+    /// An unwatched segment: when to probe next.
+    next_probe: Option<Instant>,
+}
+
+impl core::fmt::Debug for Parked {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Parked").field("parked", &self.key.is_some()).finish()
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            key.unpark();
+        }
+    }
+}
+
+/// What an async operation waits on: the word its blocking form sleeps on, what keeps its
+/// mapping alive, and the closes of the segment whose users it waits for (`None` for
+/// storage with no peers to watch).
+pub(crate) struct Park {
+    word: *const WaitWord,
+    keep: KeepAlive,
+    closes: Option<Arc<Closes>>,
+}
+
+impl Park {
+    /// # Safety
+    ///
+    /// `keep` keeps the memory of `word` alive (and at the same address) while it lives.
+    pub(crate) unsafe fn new(
+        word: &WaitWord,
+        keep: KeepAlive,
+        closes: Option<Arc<Closes>>,
+    ) -> Self {
+        Self { word, keep, closes }
+    }
+
+    fn word(&self) -> &WaitWord {
+        // SAFETY: `keep` keeps the word's memory alive (`new`'s contract).
+        unsafe { &*self.word }
+    }
+}
+
+impl Parked {
+    /// Whether the peers should be probed now: the segment saw a close since the last
+    /// probe (or there was none), or, unwatched, a tick has passed.
+    fn probe_due(&mut self, closes: Option<&Arc<Closes>>) -> bool {
+        let Some(closes) = closes else { return false };
+        if closes.watched() {
+            // Acquire: pairs with the Release bump of the watcher thread.
+            let count = closes.count.load(StdOrdering::Acquire);
+            let due = self.seen != Some(count);
+            self.seen = Some(count);
+            due
+        } else {
+            let now = Instant::now();
+            let due = self.next_probe.is_none_or(|at| at <= now);
+            if due {
+                self.next_probe = Some(now + UNWATCHED_TICK);
+            }
+            due
+        }
+    }
+
+    /// One poll of an operation on the endpoint `end`: `op(end, Deadline::Now)` tries it
+    /// (`Deadline::Tick`: tries it and does its blocking form's tick work: probes,
+    /// repairs, reclaims) and returns `None` when it would wait; `at(end)` says where to
+    /// park then.
+    pub(crate) fn poll<E: ?Sized, R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        end: &mut E,
+        at: impl FnOnce(&E) -> Park,
+        mut op: impl FnMut(&mut E, Deadline) -> Option<R>,
+    ) -> Poll<R> {
+        if let Some(key) = self.key.take() {
+            key.unpark();
+        }
+        if let Some(r) = op(end, Deadline::Now) {
+            return Poll::Ready(r);
+        }
+        let at = at(end);
+        if self.probe_due(at.closes.as_ref()) {
+            if let Some(r) = op(end, Deadline::Tick) {
+                return Poll::Ready(r);
+            }
+        }
+        // As a blocking sleeper: register, the heavy barrier, the epoch, one more look.
+        // SeqCst: partner `light_barrier` in `notify` (see `wait_until`).
+        at.word().sleepers.fetch_add(1, Ordering::SeqCst);
+        let bounded = heavy_barrier();
+        // Acquire: pairs with the Release bump in `wake_all`.
+        let expected = at.word().epoch.load(Ordering::Acquire);
+        if let Some(r) = op(end, Deadline::Now) {
+            // Relaxed: as in `wait_until`.
+            at.word().sleepers.fetch_sub(1, Ordering::Relaxed);
+            return Poll::Ready(r);
+        }
+        let recheck = bounded.then(|| Instant::now() + DEGRADED_RECHECK);
+        let unwatched = at.closes.as_ref().is_some_and(|c| !c.watched());
+        let wake_at = match (recheck, self.next_probe.filter(|_| unwatched)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let Park { word, keep, closes } = at;
+        let entry = Entry {
+            word,
+            expected,
+            waker: cx.waker().clone(),
+            closes,
+            wake_at,
+            _keep: keep,
+            ticket: TICKETS.fetch_add(1, StdOrdering::Relaxed),
+        };
+        match park(entry) {
+            Ok(key) => {
+                self.key = Some(key);
+                Poll::Pending
+            }
+            Err(entry) => {
+                // No waiter thread could be started: try again soon rather than never.
+                entry.unregister();
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// How many waiter threads this process runs (one per 127 parked futures at the most
+/// that were ever parked at once), and how many futures are parked now.
+pub fn waiter_threads() -> (usize, usize) {
+    let registry = lock(&REGISTRY);
+    let parked = registry.iter().map(|s| lock(&s.entries).iter().flatten().count()).sum();
+    (registry.len(), parked)
+}
