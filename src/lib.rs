@@ -147,6 +147,9 @@ pub use layout::{
 pub use liveness::{AttachError, LIVENESS_TICK, Role};
 pub use pool::{AcquireError, CudaError};
 pub use ring::{PopError, PushError, TryPopError, TryPushError};
+#[cfg(all(feature = "async", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub use wait::reactor::{WaiterStats, waiter_stats};
 pub use wait::{BarrierMode, WaitPolicy, WaitStats, barrier_mode, wait_stats};
 
 #[cfg(not(loom))]
@@ -157,6 +160,9 @@ pub use channel::{
 #[cfg(all(feature = "cuda", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use channel::{Cuda, DeviceView};
+#[cfg(all(feature = "async", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+pub use channel::{Messages, Selected, select, select_async, select_timeout};
 #[cfg(not(loom))]
 pub use named::{
     Mpmc, MpmcConsumer, MpmcProducer, MpmcRing, Ring, RingError, RingFlavor, RingOptions, Spsc,

@@ -1,16 +1,51 @@
 //! Async endpoints (feature `async`): futures parked on the shared wait words, woken by
-//! this process's waiter thread, under tokio and under a plain executor.
+//! this process's waiter thread, under tokio (a multi-thread runtime with 2 workers) and
+//! under a plain `futures` executor; across processes; cancelled; with dead peers; idle.
 #![cfg(all(feature = "async", not(loom)))]
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::unique_name;
-use gpuring::{Descriptor, MpmcRing, SpscRing};
+use common::{Peer, announce, die, now_ns, ring_name, role, unique_name};
+use gpuring::{
+    AcquireError, Channel, Descriptor, MpmcRing, PopError, RecvError, SpscRing, TensorMeta, select,
+    select_async, select_timeout, waiter_stats,
+};
 
 fn d(seq: u64) -> Descriptor {
     Descriptor { seq, ..Default::default() }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Waits until `cond`, failing after 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The futures are `Send` where their endpoints are, so that `tokio::spawn` takes them.
+#[test]
+fn the_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let name = unique_name("async-send");
+    let ch = Channel::builder(&name).slots(2, 64).create().unwrap();
+    let (mut tx, mut rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    send(&rx.recv_async());
+    send(&tx.acquire_async());
+    send(&rx.stream());
+    let mut both = [&mut rx];
+    send(&select_async(&mut both));
+    let ring = MpmcRing::<Descriptor>::create(&unique_name("async-send-ring"), 4).unwrap();
+    let (p, c) = (ring.producer().unwrap(), ring.consumer().unwrap());
+    send(&p.push_async(d(0)));
+    send(&c.pop_async());
 }
 
 #[test]
@@ -31,6 +66,8 @@ fn a_ring_pop_async_is_woken_by_a_push_from_another_thread() {
         for seq in 0..1000 {
             assert_eq!(rx.pop_async().await.unwrap().seq, seq);
         }
+        // The producer has gone and everything was taken.
+        assert_eq!(rx.pop_async().await, Err(PopError::Disconnected));
     });
     pusher.join().unwrap();
 }
@@ -41,9 +78,7 @@ fn an_mpmc_push_async_waits_for_room() {
     let ring = MpmcRing::<Descriptor>::create(&name, 4).unwrap();
     let tx = ring.producer().unwrap();
     let rx = ring.consumer().unwrap();
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async move {
+    runtime().block_on(async move {
         let pushing = tokio::spawn(async move {
             for seq in 0..10_000 {
                 tx.push_async(d(seq)).await.unwrap();
@@ -54,4 +89,376 @@ fn an_mpmc_push_async_waits_for_room() {
         }
         pushing.await.unwrap();
     });
+}
+
+/// Host channel, two tasks: every message's bytes checked; a pool of 2 slots makes the
+/// sender wait for slots, a ring of 2 for room.
+#[test]
+fn channel_send_async_and_recv_async_under_tokio() {
+    const N: u64 = 20_000;
+    let name = unique_name("async-ch");
+    let ch = Channel::builder(&name).capacity(2).slots(2, 64).create().unwrap();
+    let (mut tx, mut rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    runtime().block_on(async move {
+        let sending = tokio::spawn(async move {
+            for i in 0..N {
+                let mut lease = tx.acquire_async().await.unwrap();
+                lease[..8].copy_from_slice(&i.to_le_bytes());
+                tx.send_async(lease, TensorMeta::bytes(8)).await.unwrap();
+            }
+        });
+        for i in 0..N {
+            let msg = rx.recv_async().await.unwrap();
+            assert_eq!(msg.seq(), i);
+            assert_eq!(u64::from_le_bytes(msg[..8].try_into().unwrap()), i);
+        }
+        sending.await.unwrap();
+        // The sender has gone.
+        assert!(matches!(rx.recv_async().await, Err(RecvError::Disconnected)));
+    });
+}
+
+/// The stream of a receiver ends when every sender has left and all was received.
+#[test]
+fn a_receiver_stream_ends_once_the_senders_have_left() {
+    use futures::StreamExt;
+    let name = unique_name("async-stream");
+    let ch = Channel::builder(&name).capacity(4).slots(4, 64).create().unwrap();
+    let mut rx = ch.receiver().unwrap();
+    let tx = ch.sender().unwrap();
+    let sending = std::thread::spawn(move || {
+        for i in 0..500u64 {
+            let mut lease = tx.acquire().unwrap();
+            lease[..8].copy_from_slice(&i.to_le_bytes());
+            tx.send(lease, TensorMeta::bytes(8)).unwrap();
+        }
+    });
+    let got = futures::executor::block_on(async {
+        let mut got = Vec::new();
+        let mut messages = rx.stream();
+        while let Some(msg) = messages.next().await {
+            got.push(u64::from_le_bytes(msg.unwrap()[..8].try_into().unwrap()));
+        }
+        got
+    });
+    sending.join().unwrap();
+    assert_eq!(got, (0..500).collect::<Vec<_>>());
+}
+
+/// Cancel-safety: futures dropped while parked (a timeout, a losing `select!` branch) take
+/// nothing and leak nothing; the next receive gets the message, the next acquire the slot.
+#[test]
+fn a_future_dropped_mid_wait_loses_nothing() {
+    let name = unique_name("async-cancel");
+    let ch = Channel::builder(&name).capacity(4).slots(1, 64).create().unwrap();
+    let (mut tx, mut rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    runtime().block_on(async {
+        // Parked, then dropped by the timeout.
+        let r = tokio::time::timeout(Duration::from_millis(20), rx.recv_async()).await;
+        assert!(r.is_err(), "nothing was sent");
+        assert_eq!(waiting_receivers(&name), 0, "the dropped future left its parking");
+
+        let mut lease = tx.acquire_async().await.unwrap();
+        lease[0] = 42;
+        // The only slot is out: acquiring parks; dropped by the timeout.
+        let r = tokio::time::timeout(Duration::from_millis(20), tx.acquire_async()).await;
+        assert!(r.is_err(), "the only slot is leased");
+        tx.send_async(lease, TensorMeta::bytes(1)).await.unwrap();
+
+        // A losing branch of select! is dropped; the message is still there.
+        tokio::select! {
+            biased;
+            () = tokio::time::sleep(Duration::from_millis(1)) => {}
+            _ = tx.acquire_async() => panic!("no slot is free while the message is queued"),
+        }
+        let msg = rx.recv_async().await.unwrap();
+        assert_eq!(msg[0], 42);
+        drop(msg);
+        // The slot came back: the pool is whole.
+        let lease = tx.acquire_async().await.unwrap();
+        drop(lease);
+        assert_eq!(tx.free_slots(), 1);
+    });
+    assert_eq!(waiting_receivers(&name), 0);
+}
+
+/// Receivers registered as asleep on channel `name`'s ring.
+fn waiting_receivers(name: &str) -> u32 {
+    gpuring::inspect::inspect(name).unwrap().ring.unwrap().waiting_consumers
+}
+
+/// A sleeper count left by a parked future is given back when it is dropped, so that
+/// senders make no needless wake-up syscalls.
+#[test]
+fn a_dropped_future_leaves_no_sleeper_behind() {
+    let name = unique_name("async-sleepers");
+    let ch = Channel::builder(&name).capacity(4).slots(2, 64).create().unwrap();
+    let mut rx = ch.receiver().unwrap();
+    let tx = ch.sender().unwrap();
+    // Polls until the receive is parked (a close of the segment, e.g. by the sender's
+    // attach, wakes a parked future to probe, and it parks again at its next poll).
+    async fn parked(recv: &mut (impl std::future::Future + Unpin), name: &str) {
+        for _ in 0..1000 {
+            assert!(futures::poll!(&mut *recv).is_pending(), "nothing was sent");
+            if waiting_receivers(name) == 1 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("the receive never parked");
+    }
+    futures::executor::block_on(async {
+        let mut recv = Box::pin(rx.recv_async());
+        parked(&mut recv, &name).await;
+        drop(recv);
+    });
+    assert_eq!(waiting_receivers(&name), 0, "a sleeper was left");
+    // And a future forgotten while parked gives it back once its word moves.
+    futures::executor::block_on(async {
+        let mut recv = Box::pin(rx.recv_async());
+        parked(&mut recv, &name).await;
+        std::mem::forget(recv);
+    });
+    let lease = tx.acquire().unwrap();
+    tx.send(lease, TensorMeta::bytes(1)).unwrap();
+    eventually("the waiter thread gives the sleeper back", || waiting_receivers(&name) == 0);
+}
+
+#[test]
+fn select_takes_from_whichever_receiver_has_a_message() {
+    let names: Vec<_> = (0..4).map(|i| unique_name(&format!("async-sel{i}"))).collect();
+    let chans: Vec<_> = names
+        .iter()
+        .map(|n| Channel::builder(n).capacity(8).slots(8, 64).create().unwrap())
+        .collect();
+    let mut rxs: Vec<_> = chans.iter().map(|c| c.receiver().unwrap()).collect();
+    let txs: Vec<_> = chans.iter().map(|c| c.sender().unwrap()).collect();
+    {
+        let mut live: Vec<_> = rxs.iter_mut().collect();
+        assert!(select_timeout(&mut live, Duration::from_millis(10)).is_none(), "nothing sent");
+    }
+    let sending = std::thread::spawn(move || {
+        for round in 0..50u8 {
+            for (i, tx) in txs.iter().enumerate().rev() {
+                std::thread::sleep(Duration::from_micros(200));
+                let mut lease = tx.acquire().unwrap();
+                lease[0] = i as u8;
+                lease[1] = round;
+                tx.send(lease, TensorMeta::bytes(2)).unwrap();
+            }
+        }
+    });
+    let mut seen = [0u32; 4];
+    let mut live: Vec<_> = rxs.iter_mut().collect();
+    let mut ids: Vec<usize> = (0..4).collect();
+    while !live.is_empty() {
+        match select(&mut live) {
+            (i, Ok(msg)) => {
+                assert_eq!(msg[0] as usize, ids[i], "from the receiver it names");
+                assert_eq!(u32::from(msg[1]), seen[ids[i]], "in order");
+                seen[ids[i]] += 1;
+            }
+            (i, Err(RecvError::Disconnected)) => {
+                live.remove(i);
+                ids.remove(i);
+            }
+            (i, Err(e)) => panic!("receiver {i}: {e}"),
+        }
+    }
+    sending.join().unwrap();
+    assert_eq!(seen, [50; 4]);
+}
+
+/// 64 channels served by one runtime of 2 workers, their senders in another process:
+/// every message arrives exactly once, in order, bytes checked.
+#[test]
+fn sixty_four_channels_across_processes_under_one_runtime() {
+    const CHANNELS: usize = 64;
+    const PER: u64 = 2_000;
+    if role().as_deref() == Some("senders") {
+        let base = ring_name();
+        let chans: Vec<_> = (0..CHANNELS)
+            .map(|i| Channel::builder(format!("{base}-{i}")).open().unwrap())
+            .collect();
+        let txs: Vec<_> = chans.iter().map(|c| c.sender().unwrap()).collect();
+        announce("attached");
+        for i in 0..PER {
+            for (c, tx) in txs.iter().enumerate() {
+                let mut lease = tx.acquire_timeout(Duration::from_secs(30)).unwrap();
+                lease[..8].copy_from_slice(&i.to_le_bytes());
+                lease[8] = c as u8;
+                tx.send(lease, TensorMeta::bytes(9)).unwrap();
+            }
+            if i % 256 == 0 {
+                std::thread::sleep(Duration::from_millis(1)); // let the receivers sleep
+            }
+        }
+        return;
+    }
+    let base = unique_name("async-64");
+    let chans: Vec<_> = (0..CHANNELS)
+        .map(|i| {
+            Channel::builder(format!("{base}-{i}")).capacity(16).slots(16, 64).create().unwrap()
+        })
+        .collect();
+    let rxs: Vec<_> = chans.iter().map(|c| c.receiver().unwrap()).collect();
+    let mut peer =
+        Peer::spawn("sixty_four_channels_across_processes_under_one_runtime", "senders", &base);
+    peer.expect("attached");
+    let counts = runtime().block_on(async move {
+        let tasks: Vec<_> = rxs
+            .into_iter()
+            .enumerate()
+            .map(|(c, mut rx)| {
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    loop {
+                        match rx.recv_async().await {
+                            Ok(msg) => {
+                                assert_eq!(u64::from_le_bytes(msg[..8].try_into().unwrap()), n);
+                                assert_eq!(msg[8] as usize, c, "from its own channel");
+                                n += 1;
+                            }
+                            Err(RecvError::Disconnected) => return n,
+                            Err(e) => panic!("channel {c}: {e}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut counts = Vec::new();
+        for t in tasks {
+            counts.push(t.await.unwrap());
+        }
+        counts
+    });
+    assert_eq!(peer.child.wait().unwrap().code(), Some(0));
+    assert_eq!(counts, vec![PER; CHANNELS], "exactly once");
+}
+
+/// A sender killed while a task awaits its next message: the task gets what it sent, then
+/// `PeerDead`, told by the segment's close (no polling).
+#[test]
+fn peer_dead_arrives_through_recv_async() {
+    if role().as_deref() == Some("sender") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tx = ch.sender().unwrap();
+        for i in 0..3u8 {
+            let mut lease = tx.acquire().unwrap();
+            lease[0] = i;
+            tx.send(lease, TensorMeta::bytes(1)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100)); // the receiver parks
+        die();
+    }
+    let name = unique_name("async-dead");
+    let ch = Channel::builder(&name).capacity(8).slots(4, 64).create().unwrap();
+    let mut rx = ch.receiver().unwrap();
+    let mut peer = Peer::spawn("peer_dead_arrives_through_recv_async", "sender", &name);
+    let (got, noticed) = runtime().block_on(async move {
+        let mut got = Vec::new();
+        loop {
+            match rx.recv_async().await {
+                Ok(msg) => got.push(msg[0]),
+                Err(e) => return ((got, e), now_ns()),
+            }
+        }
+    });
+    let died = peer.died();
+    assert_eq!(got.0, [0, 1, 2], "what it sent first");
+    assert!(matches!(got.1, RecvError::PeerDead), "{:?}", got.1);
+    common::assert_noticed("recv_async", died, noticed);
+}
+
+/// A receiver killed holding every slot while the sender's task awaits a free one: the
+/// task gets its slots back (taken from the dead), or `PeerDead` when none can come.
+#[test]
+fn peer_dead_arrives_through_acquire_async() {
+    if role().as_deref() == Some("receiver") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let held: Vec<_> = (0..2).map(|_| rx.recv().unwrap()).collect();
+        announce("holding");
+        std::thread::sleep(Duration::from_millis(100));
+        let _ = held;
+        die();
+    }
+    let name = unique_name("async-dead-rx");
+    let ch = Channel::builder(&name).capacity(8).slots(2, 64).create().unwrap();
+    let mut tx = ch.sender().unwrap();
+    let mut peer = Peer::spawn("peer_dead_arrives_through_acquire_async", "receiver", &name);
+    for _ in 0..2 {
+        let lease = tx.acquire().unwrap();
+        tx.send(lease, TensorMeta::bytes(1)).unwrap();
+    }
+    peer.expect("holding");
+    let (r, noticed) = runtime().block_on(async move {
+        let r = tx.acquire_async().await.map(drop);
+        (r, now_ns())
+    });
+    let died = peer.died();
+    // Every receiver died: the slots it held come back to a sender that waits for one
+    // (the blocking form does the same at its tick).
+    match r {
+        Ok(()) | Err(AcquireError::PeerDead) => {}
+        Err(e) => panic!("{e}"),
+    }
+    common::assert_noticed("acquire_async", died, noticed);
+}
+
+/// 1,000 receivers parked in tasks cost no CPU: measured over a second, in a process of
+/// its own (the other tests of this binary run beside it).
+#[test]
+fn a_thousand_idle_receivers_cost_no_cpu() {
+    const N: usize = 1000;
+    if role().as_deref() != Some("idle") {
+        let mut peer = Peer::spawn("a_thousand_idle_receivers_cost_no_cpu", "idle", "-");
+        let used = peer.expect("cpu");
+        println!("1,000 idle receivers: {used} of CPU over 1 s");
+        assert_eq!(peer.child.wait().unwrap().code(), Some(0));
+        return;
+    }
+    let base = unique_name("async-idle");
+    let chans: Vec<_> = (0..N)
+        .map(|i| Channel::builder(format!("{base}-{i}")).capacity(2).slots(1, 64).create().unwrap())
+        .collect();
+    let rxs: Vec<_> = chans.iter().map(|c| c.receiver().unwrap()).collect();
+    let txs: Vec<_> = chans.iter().map(|c| c.sender().unwrap()).collect();
+    let rt = runtime();
+    let tasks: Vec<_> = rxs
+        .into_iter()
+        .map(|mut rx| rt.spawn(async move { rx.recv_async().await.map(|m| m[0]) }))
+        .collect();
+    eventually("every receive parked", || waiter_stats().parked == N);
+    let stats = waiter_stats();
+    assert!(stats.threads >= N.div_ceil(127), "{stats:?}");
+    assert_eq!(stats.watched_segments, N, "{stats:?}");
+    let before = cpu_time();
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_time() - before;
+    announce(&format!("cpu {used:?}"));
+    assert!(used < Duration::from_millis(10), "idle receivers used {used:?} of CPU in 1 s");
+    // And they all still work.
+    for (i, tx) in txs.iter().enumerate() {
+        let mut lease = tx.acquire().unwrap();
+        lease[0] = i as u8;
+        tx.send(lease, TensorMeta::bytes(1)).unwrap();
+    }
+    rt.block_on(async {
+        for (i, t) in tasks.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap().unwrap(), i as u8);
+        }
+    });
+}
+
+/// Process CPU time (user + system) so far.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes the struct it is given; zeroes are a valid rusage.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }

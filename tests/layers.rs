@@ -21,7 +21,8 @@ const LAYERS: &[&[&str]] = &[
 
 /// The files of `channel/`, in the order they may use each other (`mod.rs`, the facade
 /// that declares and re-exports them, is left out).
-const CHANNEL: &[&str] = &["error", "backend", "table", "builder", "sender", "receiver", "gpu"];
+const CHANNEL: &[&str] =
+    &["error", "backend", "table", "builder", "sender", "receiver", "gpu", "select"];
 
 fn layer(module: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&module))

@@ -187,6 +187,20 @@ impl Sender<Cuda> {
             => acquire_on_until;
     }
 
+    /// As [`acquire_on`](Self::acquire_on), waiting for a free slot without blocking the
+    /// thread (feature `async`; see [`Sender::acquire_async`]). Cancel-safe.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_on`](Self::acquire_on).
+    #[cfg(feature = "async")]
+    pub async fn acquire_on_async(
+        &mut self,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Lease<Cuda>, AcquireError> {
+        self.acquire_async_with(|s, d| s.acquire_on_until(stream, d)).await
+    }
+
     fn acquire_on_until(
         &self,
         stream: &Arc<CudaStream>,
@@ -253,6 +267,20 @@ impl Receiver<Cuda> {
             || self.try_recv_on(stream),
             |e| matches!(e, RecvError::Empty | RecvError::Disconnected),
         )
+    }
+
+    /// As [`recv_on`](Self::recv_on), waiting for a message without blocking the thread
+    /// (feature `async`; see [`Receiver::recv_async`]). Cancel-safe.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv_on`](Self::recv_on).
+    #[cfg(feature = "async")]
+    pub async fn recv_on_async(
+        &mut self,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Message<Cuda>, RecvError> {
+        self.recv_async_with(|r, d| r.recv_on_until(stream, d)).await
     }
 
     fn recv_on_until(

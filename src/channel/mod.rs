@@ -16,6 +16,7 @@
 //! | `sender.rs` | [`Sender`], [`Lease`] |
 //! | `receiver.rs` | [`Receiver`], [`Message`] |
 //! | `gpu.rs` | the `Cuda` backend: device leases and messages in stream order |
+//! | `select.rs` | waiting on several receivers at once, async and blocking (feature `async`) |
 //! | `error.rs` | [`ChannelError`], [`SendError`], [`RecvError`] |
 //!
 //! ## Lifetimes of names
@@ -35,6 +36,8 @@ mod error;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod receiver;
+#[cfg(feature = "async")]
+mod select;
 mod sender;
 mod table;
 
@@ -43,7 +46,11 @@ pub use builder::ChannelBuilder;
 pub use error::{ChannelError, RecvError, SendError};
 #[cfg(feature = "cuda")]
 pub use gpu::{Cuda, DeviceView};
+#[cfg(feature = "async")]
+pub use receiver::Messages;
 pub use receiver::{Message, Receiver};
+#[cfg(feature = "async")]
+pub use select::{Selected, select, select_async, select_timeout};
 pub use sender::{Lease, Sender};
 pub use table::{MAX_CHANNEL_NAME, PoolInfo, PoolState};
 pub(crate) use table::{channel_layout, remove_pools_of};

@@ -30,6 +30,11 @@ use crate::liveness::AttachError;
 use crate::pool::{PoolSegment, SlotRef};
 use crate::ring::{PopError, ShmStorage, mpmc, spsc};
 use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
+#[cfg(feature = "async")]
+use crate::{
+    liveness::Role,
+    wait::reactor::{Park, Parked, wait},
+};
 
 /// The consumer end of a channel's descriptor ring.
 enum Rx {
@@ -187,6 +192,57 @@ impl<B: Backend> Receiver<B> {
         Ok(pool)
     }
 
+    /// Where an async receive parks: the ring's `not_empty` word.
+    #[cfg(feature = "async")]
+    fn park(&self) -> Park {
+        match &self.rx {
+            Rx::Spsc(c) => c.borrow().storage().park(Role::Consumer),
+            Rx::Mpmc(c) => c.storage().park(Role::Consumer),
+        }
+    }
+
+    /// Waits without blocking the thread for `recv` (a receive form of this receiver, given
+    /// its deadline) to get a message or a final error.
+    #[cfg(feature = "async")]
+    pub(super) async fn recv_async_with<R>(
+        &mut self,
+        mut recv: impl FnMut(&Self, Deadline) -> Result<R, RecvError>,
+    ) -> Result<R, RecvError> {
+        wait(self, Self::park, |r, d| match recv(r, d) {
+            Err(RecvError::Empty | RecvError::Timeout) => None,
+            done => Some(done),
+        })
+        .await
+    }
+
+    /// Polls `recv` as a stream's next item: `None` once the stream has ended (after
+    /// `Disconnected`, quietly, or after yielding another error).
+    #[cfg(feature = "async")]
+    pub(super) fn poll_stream<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        state: &mut (Parked, bool),
+        mut recv: impl FnMut(&Self, Deadline) -> Result<R, RecvError>,
+    ) -> std::task::Poll<Option<Result<R, RecvError>>> {
+        use std::task::Poll;
+        let (parked, ended) = state;
+        if *ended {
+            return Poll::Ready(None);
+        }
+        let polled = parked.poll(cx, self, Self::park, |r, d| match recv(r, d) {
+            Err(RecvError::Empty | RecvError::Timeout) => None,
+            done => Some(done),
+        });
+        match polled {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(m)) => Poll::Ready(Some(Ok(m))),
+            Poll::Ready(Err(e)) => {
+                *ended = true;
+                Poll::Ready((!matches!(e, RecvError::Disconnected)).then_some(Err(e)))
+            }
+        }
+    }
+
     /// Sets how this receiver waits for a message.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
         match &mut self.rx {
@@ -239,12 +295,102 @@ impl Receiver<Host> {
         )
     }
 
+    /// Receives a message, waiting without blocking the thread (feature `async`): the
+    /// task parks on the same wait word as [`recv`](Self::recv), and this process's waiter
+    /// thread wakes it (docs/DESIGN.md, "Async waits"). Runtime-agnostic (tokio, a plain
+    /// `futures` executor, ...). Returns at once, with no syscall, when a message is there.
+    /// Takes `&mut self` so that the future is `Send` (a receiver is not `Sync`).
+    ///
+    /// Cancel-safe: a future dropped before it completes has taken nothing; the message
+    /// it would have received stays for the next receive.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use gpuring::Channel;
+    /// let ch = Channel::builder("frames").open()?;
+    /// let mut rx = ch.receiver()?;
+    /// let msg = rx.recv_async().await?;
+    /// println!("{} bytes", msg.len());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv).
+    #[cfg(feature = "async")]
+    pub async fn recv_async(&mut self) -> Result<Message, RecvError> {
+        self.recv_async_with(Self::recv_until).await
+    }
+
+    /// The messages as a [`Stream`](futures_core::Stream) (feature `async`): as
+    /// [`iter`](Self::iter), it ends quietly once every sender has left and everything was
+    /// received, and ends after yielding any other error. Each item is a
+    /// [`recv_async`](Self::recv_async), and as cancel-safe.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use futures::StreamExt;
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let mut rx = ch.receiver()?;
+    /// let mut messages = rx.stream();
+    /// while let Some(msg) = messages.next().await {
+    ///     println!("{} bytes", msg?.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "async")]
+    pub fn stream(&mut self) -> Messages<'_> {
+        Messages { rx: self, state: Default::default() }
+    }
+
+    /// One poll of an async receive parked in `parked` (for `select_async`).
+    #[cfg(feature = "async")]
+    pub(super) fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        parked: &mut Parked,
+    ) -> std::task::Poll<Result<Message, RecvError>> {
+        parked.poll(cx, self, Self::park, |r, d| match r.recv_until(d) {
+            Err(RecvError::Empty | RecvError::Timeout) => None,
+            done => Some(done),
+        })
+    }
+
     fn recv_until(&self, deadline: Deadline) -> Result<Message, RecvError> {
         let Taken { hold, desc, meta, .. } = self.take(deadline)?;
         // SAFETY: byte_offset + len <= slot_size (checked in `check_and_hold`), inside the
         // slot.
         let ptr = unsafe { hold.pool.slot_ptr(hold.held.slot).add(desc.byte_offset as usize) };
         Ok(Message::new(hold, desc, meta, HostSlot { ptr, len: desc.len as usize }))
+    }
+}
+
+/// The messages of a host [`Receiver`] as a [`Stream`](futures_core::Stream) (from
+/// [`Receiver::stream`]).
+#[cfg(feature = "async")]
+#[derive(Debug)]
+pub struct Messages<'a> {
+    rx: &'a mut Receiver<Host>,
+    state: (Parked, bool),
+}
+
+#[cfg(feature = "async")]
+impl futures_core::Stream for Messages<'_> {
+    type Item = Result<Message, RecvError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let me = self.get_mut();
+        me.rx.poll_stream(cx, &mut me.state, Receiver::recv_until)
+    }
+}
+
+#[cfg(feature = "async")]
+impl futures_core::FusedStream for Messages<'_> {
+    fn is_terminated(&self) -> bool {
+        self.state.1
     }
 }
 

@@ -26,6 +26,11 @@ use crate::liveness::{AttachError, Blocked, Watch};
 use crate::pool::{AcquireError, PoolSegment, SlotRef};
 use crate::ring::{PushError, ShmStorage, Storage, mpmc, spsc};
 use crate::wait::{Deadline, WaitPolicy, blocking};
+#[cfg(feature = "async")]
+use crate::{
+    liveness::Role,
+    wait::reactor::{Park, wait},
+};
 
 /// The producer end of a channel's descriptor ring.
 pub(super) enum Tx {
@@ -89,6 +94,15 @@ impl Tx {
             Tx::Mpmc(p) => p.storage().watch().id(),
         };
         id.expect("an endpoint of a ring in shared memory is registered")
+    }
+
+    /// Where an async send parks: the ring's `not_full` word.
+    #[cfg(feature = "async")]
+    fn park(&self) -> Park {
+        match self {
+            Tx::Spsc(p) => p.borrow().storage().park(Role::Producer),
+            Tx::Mpmc(p) => p.storage().park(Role::Producer),
+        }
     }
 
     fn set_wait_policy(&mut self, policy: WaitPolicy) {
@@ -222,6 +236,55 @@ impl<B: Backend> Sender<B> {
             -> Result<(), SendError<Lease<B>>> => send_until;
     }
 
+    /// Sends a leased slot, waiting for room in the ring without blocking the thread
+    /// (feature `async`): the task parks on the same wait word as [`send`](Self::send).
+    /// Returns at once, with no syscall, when there is room. Takes `&mut self` so that the
+    /// future is `Send` (a sender is not `Sync`).
+    ///
+    /// Cancel-safe in the sense of a channel send: a future dropped before it completes has
+    /// sent nothing, and its lease goes back to the pool with it.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send).
+    #[cfg(feature = "async")]
+    pub async fn send_async(
+        &mut self,
+        lease: Lease<B>,
+        meta: TensorMeta,
+    ) -> Result<(), SendError<Lease<B>>> {
+        let mut lease = Some(lease);
+        wait(
+            self,
+            |s| s.tx.park(),
+            |s, d| match s.send_until(lease.take().expect("given back below until sent"), meta, d) {
+                Err(SendError::Full(back) | SendError::Timeout(back)) => {
+                    lease = Some(back);
+                    None
+                }
+                done => Some(done),
+            },
+        )
+        .await
+    }
+
+    /// Waits without blocking the thread for `take` (a lease form of this sender, given
+    /// its deadline) to lease a slot or fail for good.
+    #[cfg(feature = "async")]
+    pub(super) async fn acquire_async_with<R>(
+        &mut self,
+        mut take: impl FnMut(&Self, Deadline) -> Result<R, AcquireError>,
+    ) -> Result<R, AcquireError> {
+        // Parks on the free ring; receivers, who return slots and may die holding them,
+        // are all users of the channel's segment.
+        let at = |s: &Self| s.free.storage().park(Role::Consumer).watching(s.tx.park());
+        wait(self, at, |s, d| match take(s, d) {
+            Err(AcquireError::Exhausted | AcquireError::Timeout) => None,
+            done => Some(done),
+        })
+        .await
+    }
+
     /// Fills a descriptor for `lease` (the backend adds its part), publishes it.
     fn send_until(
         &self,
@@ -325,6 +388,31 @@ impl Sender<Host> {
         /// impossible. (`try_acquire`: [`AcquireError::Exhausted`].)
         pub fn acquire, acquire_timeout, acquire_deadline, try try_acquire(&self)
             -> Result<Lease, AcquireError> => acquire_until;
+    }
+
+    /// Leases a free slot, waiting without blocking the thread (feature `async`): the task
+    /// parks on the same wait word as [`acquire`](Self::acquire), and this process's waiter
+    /// thread wakes it. Returns at once, with no syscall, when a slot is free.
+    ///
+    /// Cancel-safe: a future dropped before it completes has leased nothing.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use gpuring::{Channel, TensorMeta};
+    /// let ch = Channel::builder("frames").slots(8, 1 << 20).create()?;
+    /// let mut tx = ch.sender()?;
+    /// let mut lease = tx.acquire_async().await?;
+    /// lease[..5].copy_from_slice(b"hello");
+    /// tx.send_async(lease, TensorMeta::bytes(5)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    #[cfg(feature = "async")]
+    pub async fn acquire_async(&mut self) -> Result<Lease, AcquireError> {
+        self.acquire_async_with(Self::acquire_until).await
     }
 
     fn acquire_until(&self, deadline: Deadline) -> Result<Lease, AcquireError> {

@@ -328,10 +328,12 @@ impl Attachment {
         if how.counted {
             let header = attachment.header();
             let side = side(how.role.code());
-            // Relaxed: the counts are hints that the other side confirms with the locks;
-            // joining needs no ordering, and a reader that sees the count go up learns
-            // nothing from it (only a Release decrement, in `drop`, publishes anything).
-            header.joined[side].store(1, Ordering::Relaxed);
+            // Release: publishes this endpoint's registered entry (stored above, after its
+            // lock) to `gone`, which reads `joined` (Acquire) before it scans the entries.
+            header.joined[side].store(1, Ordering::Release);
+            // Relaxed: the count is a hint that the other side confirms with the locks;
+            // a reader that sees it go up learns nothing from it (only a Release
+            // decrement, in `drop`, publishes anything).
             header.attached[side].fetch_add(1, Ordering::Relaxed);
             attachment.in_count = true;
         }
@@ -407,6 +409,10 @@ impl Drop for Attachment {
 impl Watch for Attachment {
     const WATCHES: bool = true;
     fn gone(&self, role: Role) -> Option<Gone> {
+        // Read before the scan. Acquire: pairs with the Release store in `take`, so that
+        // an endpoint that has joined is in the scan below. (Read after it, an endpoint
+        // registering during the scan, missed by it, could be taken for one that left.)
+        let joined = self.header().joined[side(role.code())].load(Ordering::Acquire) != 0;
         // A probe that fails (it cannot, for an open descriptor) counts as "alive": waiting
         // on is the safe answer.
         let peers = self.table.peers(role).ok()?;
@@ -416,8 +422,6 @@ impl Watch for Attachment {
         if peers.dead > 0 {
             return Some(Gone::Died);
         }
-        // Relaxed: set once, before the count that `maybe_left` read with Acquire.
-        let joined = self.header().joined[side(role.code())].load(Ordering::Relaxed) != 0;
         (self.how.counted && joined).then_some(Gone::Left)
     }
     #[inline(always)]

@@ -13,7 +13,7 @@ use crate::layout::{Corrupted, MpmcCell, SpscCell};
 use crate::ring::{PopError, PushError, ShmStorage, TryPopError, TryPushError, mpmc, spsc};
 use crate::wait::{WaitPolicy, blocking, receive_iter};
 #[cfg(feature = "async")]
-use crate::{liveness::Role, wait::reactor::Parked};
+use crate::{liveness::Role, wait::reactor::wait};
 
 /// What every end tells of its ring.
 macro_rules! end_ops {
@@ -74,15 +74,10 @@ macro_rules! producer_ops {
         /// As [`push`](Self::push).
         #[cfg(feature = "async")]
         pub async fn push_async(&$($mut)? self, value: T) -> Result<(), PushError<T>> {
-            let mut parked = Parked::default();
             let mut end = &$($mut)? self.inner;
-            std::future::poll_fn(|cx| {
-                parked.poll(cx, &mut end, |e| e.storage().park(Role::Producer), |e, d| {
-                    match e.push_until(value, d) {
-                        Err(PushError::Timeout(_)) => None,
-                        done => Some(done),
-                    }
-                })
+            wait(&mut end, |e| e.storage().park(Role::Producer), |e, d| match e.push_until(value, d) {
+                Err(PushError::Timeout(_)) => None,
+                done => Some(done),
             })
             .await
         }
@@ -172,15 +167,10 @@ macro_rules! consumer_ops {
         /// As [`pop`](Self::pop).
         #[cfg(feature = "async")]
         pub async fn pop_async(&$($mut)? self) -> Result<T, PopError> {
-            let mut parked = Parked::default();
             let mut end = &$($mut)? self.inner;
-            std::future::poll_fn(|cx| {
-                parked.poll(cx, &mut end, |e| e.storage().park(Role::Consumer), |e, d| {
-                    match e.pop_until(d) {
-                        Err(PopError::Timeout) => None,
-                        done => Some(done),
-                    }
-                })
+            wait(&mut end, |e| e.storage().park(Role::Consumer), |e, d| match e.pop_until(d) {
+                Err(PopError::Timeout) => None,
+                done => Some(done),
             })
             .await
         }

@@ -390,7 +390,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
     }
 
     /// The storage, for the layers above (async waits park on its wait word).
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(any(loom, not(feature = "async")), allow(dead_code))]
     pub(crate) fn storage(&self) -> &S {
         &self.storage
     }

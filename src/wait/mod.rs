@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use crate::sync::{AtomicU32, Ordering, fence};
 
 #[cfg(all(feature = "async", not(loom)))]
-pub(crate) mod reactor;
+pub mod reactor;
 
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
 pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);

@@ -95,8 +95,9 @@ struct Watcher {
     watches: Mutex<HashMap<i32, Weak<Closes>>>,
 }
 
+static WATCHER: OnceLock<Option<&'static Watcher>> = OnceLock::new();
+
 fn watcher() -> Option<&'static Watcher> {
-    static WATCHER: OnceLock<Option<&'static Watcher>> = OnceLock::new();
     *WATCHER.get_or_init(|| {
         use rustix::fs::inotify;
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC).ok()?;
@@ -352,6 +353,21 @@ struct Key {
 }
 
 impl Key {
+    /// Whether the entry is still parked (nothing woke it yet); if so, it will wake the
+    /// task of `waker` from now on.
+    fn still_parked(&self, waker: &Waker) -> bool {
+        let mut entries = lock(&self.shard.entries);
+        match entries[self.index].as_mut() {
+            Some(e) if e.ticket == self.ticket => {
+                if !e.waker.will_wake(waker) {
+                    e.waker = waker.clone();
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Takes the entry out if the thread has not (then gives its `sleepers` back).
     fn unpark(self) {
         let taken = {
@@ -414,6 +430,12 @@ impl Park {
         Self { word, keep, closes }
     }
 
+    /// This park, with the closes of `other`'s segment instead of its own (a sender's
+    /// wait for a free slot watches the channel, where every receiver is, not the pool).
+    pub(crate) fn watching(self, other: Park) -> Self {
+        Self { closes: other.closes, ..self }
+    }
+
     fn word(&self) -> &WaitWord {
         // SAFETY: `keep` keeps the word's memory alive (`new`'s contract).
         unsafe { &*self.word }
@@ -452,8 +474,14 @@ impl Parked {
         at: impl FnOnce(&E) -> Park,
         mut op: impl FnMut(&mut E, Deadline) -> Option<R>,
     ) -> Poll<R> {
-        if let Some(key) = self.key.take() {
-            key.unpark();
+        if let Some(key) = &self.key {
+            // Polled again before its word moved (a `select` over several, or a spurious
+            // poll): nothing can have changed for it, and it stays parked.
+            if key.still_parked(cx.waker()) {
+                return Poll::Pending;
+            }
+            // Woken: whoever took the entry out gave its `sleepers` back.
+            self.key = None;
         }
         if let Some(r) = op(end, Deadline::Now) {
             return Poll::Ready(r);
@@ -506,10 +534,42 @@ impl Parked {
     }
 }
 
-/// How many waiter threads this process runs (one per 127 parked futures at the most
-/// that were ever parked at once), and how many futures are parked now.
-pub fn waiter_threads() -> (usize, usize) {
+/// Waits for `op` on the endpoint `end` without blocking the thread: polls it (see
+/// [`Parked::poll`]) until it is done. The future holds `end` as `&mut`, so that it is
+/// `Send` whenever the endpoint is.
+pub(crate) async fn wait<E: ?Sized, R>(
+    end: &mut E,
+    at: impl Fn(&E) -> Park,
+    mut op: impl FnMut(&mut E, Deadline) -> Option<R>,
+) -> R {
+    let mut parked = Parked::default();
+    std::future::poll_fn(|cx| parked.poll(cx, &mut *end, &at, &mut op)).await
+}
+
+/// The async waiting machinery of this process, as counts (feature `async`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WaiterStats {
+    /// Waiter threads started (one per 127 futures parked at once, at the most ever).
+    pub threads: usize,
+    /// Futures parked now (each wakes when its wait word moves, or its peers' segment
+    /// sees a close).
+    pub parked: usize,
+    /// Segments whose closes inotify watches for parked futures now.
+    pub watched_segments: usize,
+}
+
+/// How many waiter threads this process runs, and how many futures are parked on them.
+///
+/// ```
+/// let s = gpuring::waiter_stats();
+/// assert!(s.parked <= s.threads * 127);
+/// ```
+pub fn waiter_stats() -> WaiterStats {
     let registry = lock(&REGISTRY);
     let parked = registry.iter().map(|s| lock(&s.entries).iter().flatten().count()).sum();
-    (registry.len(), parked)
+    let watched_segments = WATCHER
+        .get()
+        .and_then(|w| w.map(|w| lock(&w.watches).values().filter(|c| c.strong_count() > 0).count()))
+        .unwrap_or(0);
+    WaiterStats { threads: registry.len(), parked, watched_segments }
 }
