@@ -262,6 +262,40 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
     }
 
     {
+        // The sleeping hop again, this side an async task: the push as above, the pop a
+        // `pop_async` on a current-thread tokio runtime (the task parks; this process's
+        // waiter thread wakes it). The peer sleeps as in `gpuring_spsc_sleep`.
+        let name = unique("lat-async");
+        let ping = SpscRing::<Descriptor>::create_with(
+            &RingOptions::new(format!("{name}-ping")).capacity(64),
+        )
+        .unwrap();
+        let pong = SpscRing::<Descriptor>::create_with(
+            &RingOptions::new(format!("{name}-pong")).capacity(64),
+        )
+        .unwrap();
+        let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
+        tx.set_wait_policy(WaitPolicy::SLEEP);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let p = peer("spsc-echo-sleep", &name, 0, false);
+        let mut seq = 0u64;
+        g.run("gpuring_spsc_async", DESC, |iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    seq += 1;
+                    tx.push(descriptor(seq)).unwrap();
+                    let back = rx.pop_async().await.unwrap();
+                    assert_eq!(back.seq, seq);
+                }
+                one_way(t.elapsed())
+            })
+        });
+        tx.push(descriptor(STOP)).unwrap();
+        p.finish();
+    }
+
+    {
         let name = format!("/{}", unique("futex"));
         let map = FloorMap::create(&name);
         let _p = peer("floor-futex", &name, 0, false);
@@ -322,6 +356,36 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
     }
 
     with_stream_peers("echo", |label, r, w| bench_stream_latency(&mut g, label, r, w));
+
+    {
+        // The async baseline: a Unix socket read by a tokio task (current-thread runtime,
+        // woken by its epoll driver), against the same blocking echo peer.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let path = std::env::temp_dir().join(unique("tsock"));
+        let listener = UnixListener::bind(&path).unwrap();
+        let _p = peer("unix-echo", path.to_str().unwrap(), 0, false);
+        let (s, _) = listener.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut s = rt.block_on(async { tokio::net::UnixStream::from_std(s) }).unwrap();
+        let mut seq = 0u64;
+        let mut buf = [0u8; DESC];
+        g.run("tokio_unix_socket", DESC, |iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    seq += 1;
+                    s.write_all(bytemuck::bytes_of(&descriptor(seq))).await.unwrap();
+                    s.read_exact(&mut buf).await.unwrap();
+                    let back: Descriptor = bytemuck::pod_read_unaligned(&buf);
+                    assert_eq!(back.seq, seq);
+                }
+                one_way(t.elapsed())
+            })
+        });
+        drop(s);
+        let _ = std::fs::remove_file(&path);
+    }
     g.g.finish();
 }
 
