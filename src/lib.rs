@@ -54,7 +54,7 @@
 //! | channels of slots | [`Channel`], [`ChannelBuilder`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`], [`Host`], `Cuda` |
 //! | rings of `Pod` values | [`Ring`]: [`SpscRing`], [`MpmcRing`]; [`RingOptions`], their producer and consumer ends |
 //! | what travels | [`Descriptor`], [`TensorMeta`], [`DType`] |
-//! | waiting | [`WaitPolicy`], [`LIVENESS_TICK`], [`wait_stats`], [`barrier_mode`] |
+//! | waiting | [`WaitPolicy`], [`LIVENESS_TICK`], [`wait_stats`], [`barrier_mode`]; async (feature `async`): `recv_async`, `send_async`, `push_async`, ..., `Messages`, `select_async`, `select`, `waiter_stats` |
 //! | errors | [`ChannelError`], [`AcquireError`], [`SendError`], [`RecvError`]; [`RingError`], [`AttachError`], [`PushError`], [`PopError`], ...; [`ShmError`], [`Corrupted`] |
 //! | tools | [`inspect`] (`inspect`, `list`, `clean`, `remove`), `cuda` (contexts, counters) |
 //!
@@ -63,7 +63,9 @@
 //! `x_deadline(.., Instant)`. A wait gives up with a `Disconnected` error once every peer
 //! it waits for has left (seen at once), or `PeerDead` once they have died (noticed within
 //! a [`LIVENESS_TICK`]); receivers and ring consumers have `iter()` / `try_iter()`, which
-//! end there.
+//! end there. With the `async` feature (on by default) each wait also has an `x_async`
+//! form for any executor: the task parks on the same shared wait word, and one waiter
+//! thread per process wakes it (docs/DESIGN.md, "Async waits").
 //!
 //! ## Modules, bottom to top
 //!
@@ -74,7 +76,7 @@
 //! | module | what lives there |
 //! |---|---|
 //! | `sync`, `fault` | the one import of atomics (loom's under `--cfg loom`); crash-test kill points |
-//! | `descriptor`, `wait` | [`Descriptor`], [`DType`], [`TensorMeta`]; spin → yield → shared futex, the one deadline type, the `blocking!` forms |
+//! | `descriptor`, `wait` | [`Descriptor`], [`DType`], [`TensorMeta`]; spin → yield → shared futex, the one deadline type, the `blocking!` forms; async waits (parked futures, waiter threads) |
 //! | `layout`, `bus_guard` | `#[repr(C)]` shared-memory structures, one file per segment kind, [`Corrupted`]; the SIGBUS guard for segments truncated under us |
 //! | `shm` | named segments: exclusive create (space checked and reserved), checked open, who has them open and removal by the last one out, byte locks; [`ShmError`] |
 //! | `liveness` | participants and their locks, SPSC roles, the process probe, the tick loop; [`AttachError`] |
