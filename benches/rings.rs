@@ -43,6 +43,18 @@ fn stream_rings<T: bytemuck::Pod + Send>(name: &str) -> (SpscProducer<T>, SpscCo
     (data.producer().unwrap(), ack.consumer().unwrap())
 }
 
+/// The bench's rings of a latency case: `{name}-ping` (it produces) and `{name}-pong` (it
+/// consumes), 64 cells each.
+fn ping_pong_rings(name: &str) -> (SpscRing<Descriptor>, SpscRing<Descriptor>) {
+    let ring = |side: &str| {
+        SpscRing::<Descriptor>::create_with(
+            &RingOptions::new(format!("{name}-{side}")).capacity(64),
+        )
+        .unwrap()
+    };
+    (ring("ping"), ring("pong"))
+}
+
 /// The peer's side of `{name}-ping` / `{name}-pong`: its consumer and its producer.
 fn peer_ends<T: bytemuck::Pod + Send>(name: &str) -> (SpscConsumer<T>, SpscProducer<T>) {
     let ping = SpscRing::<T>::open(&format!("{name}-ping")).unwrap();
@@ -233,14 +245,7 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         ("gpuring_spsc_sleep", "spsc-echo-sleep", WaitPolicy::SLEEP),
     ] {
         let name = unique("lat");
-        let ping = SpscRing::<Descriptor>::create_with(
-            &RingOptions::new(format!("{name}-ping")).capacity(64),
-        )
-        .unwrap();
-        let pong = SpscRing::<Descriptor>::create_with(
-            &RingOptions::new(format!("{name}-pong")).capacity(64),
-        )
-        .unwrap();
+        let (ping, pong) = ping_pong_rings(&name);
         let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
         tx.set_wait_policy(policy);
         rx.set_wait_policy(policy);
@@ -261,19 +266,13 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         p.finish();
     }
 
+    #[cfg(feature = "async")]
     {
         // The sleeping hop again, this side an async task: the push as above, the pop a
         // `pop_async` on a current-thread tokio runtime (the task parks; this process's
         // waiter thread wakes it). The peer sleeps as in `gpuring_spsc_sleep`.
         let name = unique("lat-async");
-        let ping = SpscRing::<Descriptor>::create_with(
-            &RingOptions::new(format!("{name}-ping")).capacity(64),
-        )
-        .unwrap();
-        let pong = SpscRing::<Descriptor>::create_with(
-            &RingOptions::new(format!("{name}-pong")).capacity(64),
-        )
-        .unwrap();
+        let (ping, pong) = ping_pong_rings(&name);
         let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
         tx.set_wait_policy(WaitPolicy::SLEEP);
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
