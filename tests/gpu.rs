@@ -141,6 +141,51 @@ fn gpu_receiver_in_the_senders_own_process() {
     assert_eq!(cuda::ipc_opens(), opens, "nothing opened for the process's own pool");
 }
 
+/// The async GPU forms across processes: the sender's task leases with `acquire_on_async`
+/// (2 slots, so it waits for returns) and sends with `send_async` under `futures`'
+/// executor; the receiver's task receives with `recv_on_async` under tokio; every
+/// message's words checked in stream order.
+#[test]
+#[cfg(feature = "async")]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_async_forms_between_processes() {
+    const N: u64 = 2_000;
+    if role().as_deref() == Some("receiver") {
+        let (ctx, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let mut rx = ch.receiver().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut words = [0u32; 2];
+            for seq in 0..N {
+                let msg = rx.recv_on_async(&stream).await.unwrap();
+                assert_eq!(msg.seq(), seq);
+                read_words(msg.device_ptr(), &mut words, &stream);
+                assert_eq!(words, [value(seq); 2], "message {seq}");
+            }
+            assert!(matches!(
+                rx.recv_on_async(&stream).await,
+                Err(gpuring::RecvError::Disconnected)
+            ));
+        });
+        return;
+    }
+    let (ctx, stream) = setup();
+    let name = unique_name("gpu-async");
+    let ch = Channel::builder(&name).capacity(4).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let mut tx = ch.sender().unwrap();
+    let mut peer = [spawn("gpu_async_forms_between_processes", "receiver", &name, &[])];
+    futures::executor::block_on(async {
+        for seq in 0..N {
+            let lease = tx.acquire_on_async(&stream).await.unwrap();
+            memset(lease.device_ptr(), value(seq), 1024, &stream);
+            tx.send_async(lease, TensorMeta::bytes(4096)).await.unwrap();
+        }
+    });
+    drop(tx);
+    wait_all(&mut peer, WATCHDOG);
+}
+
 /// 100,000 messages: the producer writes seq-dependent words into each slot with
 /// `cuMemsetD32Async` on its stream; the receiver copies the first and last word back
 /// after its wait and checks them. After warm-up: no IPC handle opened, no allocation.
