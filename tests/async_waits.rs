@@ -222,6 +222,8 @@ fn a_dropped_future_leaves_no_sleeper_behind() {
     let lease = tx.acquire().unwrap();
     tx.send(lease, TensorMeta::bytes(1)).unwrap();
     eventually("the waiter thread gives the sleeper back", || waiting_receivers(&name) == 0);
+    // Taken, so that the channel (a message waiting keeps it) goes with the handles.
+    drop(rx.recv().unwrap());
 }
 
 #[test]
