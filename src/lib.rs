@@ -165,6 +165,9 @@ pub use channel::{Cuda, DeviceView};
 #[cfg(all(feature = "async", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub use channel::{Messages, Selected, select, select_async, select_timeout};
+#[cfg(all(feature = "async", feature = "cuda", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "async", feature = "cuda"))))]
+pub use channel::{SelectedOn, select_on, select_on_async};
 #[cfg(not(loom))]
 pub use named::{
     Mpmc, MpmcConsumer, MpmcProducer, MpmcRing, Ring, RingError, RingFlavor, RingOptions, Spsc,

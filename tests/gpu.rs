@@ -186,6 +186,43 @@ fn gpu_async_forms_between_processes() {
     wait_all(&mut peer, WATCHDOG);
 }
 
+/// `select_on` over two GPU channels: takes each message from the receiver whose sender
+/// sent it, onto the given stream (words checked), then `Disconnected` per receiver.
+#[test]
+#[cfg(feature = "async")]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_select_on_two_channels() {
+    let (ctx, stream) = setup();
+    let names = [unique_name("gpu-sel-a"), unique_name("gpu-sel-b")];
+    let chans = names.map(|n| Channel::builder(n).slots(4, 4096).cuda(&ctx).create().unwrap());
+    let mut rxs = [chans[0].receiver().unwrap(), chans[1].receiver().unwrap()];
+    let txs = [chans[0].sender().unwrap(), chans[1].sender().unwrap()];
+    let mut live: Vec<_> = rxs.iter_mut().collect();
+    let mut ids = vec![0usize, 1];
+    let mut got = [0u64; 2];
+    for round in 0..20u64 {
+        let c = (round % 2) as usize;
+        let lease = txs[c].acquire_on(&stream).unwrap();
+        memset(lease.device_ptr(), value(round * 2 + c as u64), 1024, &stream);
+        txs[c].send(lease, TensorMeta::bytes(4096)).unwrap();
+        let (i, msg) = gpuring::select_on(&mut live, &stream);
+        let msg = msg.unwrap();
+        assert_eq!(ids[i], c, "taken from the channel it was sent on");
+        let mut words = [0u32; 2];
+        read_words(msg.device_ptr(), &mut words, &stream);
+        assert_eq!(words, [value(round * 2 + c as u64); 2]);
+        got[c] += 1;
+    }
+    drop(txs);
+    while !live.is_empty() {
+        let (i, r) = gpuring::select_on(&mut live, &stream);
+        assert!(matches!(r, Err(gpuring::RecvError::Disconnected)), "{r:?}");
+        live.remove(i);
+        ids.remove(i);
+    }
+    assert_eq!(got, [10, 10]);
+}
+
 /// 100,000 messages: the producer writes seq-dependent words into each slot with
 /// `cuMemsetD32Async` on its stream; the receiver copies the first and last word back
 /// after its wait and checks them. After warm-up: no IPC handle opened, no allocation.

@@ -283,7 +283,7 @@ impl Receiver<Cuda> {
         self.recv_async_with(|r, d| r.recv_on_until(stream, d)).await
     }
 
-    fn recv_on_until(
+    pub(super) fn recv_on_until(
         &self,
         stream: &Arc<CudaStream>,
         deadline: Deadline,

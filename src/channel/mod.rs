@@ -51,6 +51,8 @@ pub use receiver::Messages;
 pub use receiver::{Message, Receiver};
 #[cfg(feature = "async")]
 pub use select::{Selected, select, select_async, select_timeout};
+#[cfg(all(feature = "async", feature = "cuda"))]
+pub use select::{SelectedOn, select_on, select_on_async};
 pub use sender::{Lease, Sender};
 pub use table::{MAX_CHANNEL_NAME, PoolInfo, PoolState};
 pub(crate) use table::{channel_layout, remove_pools_of};

@@ -215,6 +215,21 @@ impl<B: Backend> Receiver<B> {
         .await
     }
 
+    /// One poll of an async receive by `recv` (a receive form of this receiver, given its
+    /// deadline) parked in `parked` (for `select_async`).
+    #[cfg(feature = "async")]
+    pub(super) fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        parked: &mut Parked,
+        mut recv: impl FnMut(&Self, Deadline) -> Result<Message<B>, RecvError>,
+    ) -> std::task::Poll<Result<Message<B>, RecvError>> {
+        parked.poll(cx, self, Self::park, |r, d| match recv(r, d) {
+            Err(RecvError::Empty | RecvError::Timeout) => None,
+            done => Some(done),
+        })
+    }
+
     /// Polls `recv` as a stream's next item: `None` once the stream has ended (after
     /// `Disconnected`, quietly, or after yielding another error).
     #[cfg(feature = "async")]
@@ -343,20 +358,7 @@ impl Receiver<Host> {
         Messages { rx: self, state: Default::default() }
     }
 
-    /// One poll of an async receive parked in `parked` (for `select_async`).
-    #[cfg(feature = "async")]
-    pub(super) fn poll_recv(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        parked: &mut Parked,
-    ) -> std::task::Poll<Result<Message, RecvError>> {
-        parked.poll(cx, self, Self::park, |r, d| match r.recv_until(d) {
-            Err(RecvError::Empty | RecvError::Timeout) => None,
-            done => Some(done),
-        })
-    }
-
-    fn recv_until(&self, deadline: Deadline) -> Result<Message, RecvError> {
+    pub(super) fn recv_until(&self, deadline: Deadline) -> Result<Message, RecvError> {
         let Taken { hold, desc, meta, .. } = self.take(deadline)?;
         // SAFETY: byte_offset + len <= slot_size (checked in `check_and_hold`), inside the
         // slot.

@@ -1,7 +1,7 @@
 //! Waiting on several receivers at once (feature `async`): [`select_async`] polls each
 //! receiver's async receive, parked on its own wait word, and returns the first that has a
 //! message (or a final error); [`select`] and [`select_timeout`] run it on the calling
-//! thread.
+//! thread. `select_on_async` and `select_on` do the same for GPU receivers.
 
 use std::future::Future;
 use std::pin::pin;
@@ -11,9 +11,14 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use super::backend::Host;
+use super::backend::sealed::Backend;
 use super::error::RecvError;
+#[cfg(feature = "cuda")]
+use super::gpu::Cuda;
 use super::receiver::{Message, Receiver};
-use crate::wait::reactor::Parked;
+#[cfg(feature = "cuda")]
+use crate::pool::cuda::CudaStream;
+use crate::wait::{Deadline, reactor::Parked};
 
 /// What a select returns: the index of the receiver it took from, and what it took.
 pub type Selected = (usize, Result<Message, RecvError>);
@@ -49,13 +54,39 @@ static START: AtomicUsize = AtomicUsize::new(0);
 ///
 /// If `receivers` is empty.
 pub async fn select_async(receivers: &mut [&mut Receiver<Host>]) -> Selected {
+    select_with(receivers, Receiver::recv_until).await
+}
+
+/// As [`select_async`], for the receivers of GPU channels: the message taken is received
+/// onto `stream` (as [`Receiver::recv_on`]).
+///
+/// # Panics
+///
+/// If `receivers` is empty.
+#[cfg(feature = "cuda")]
+pub async fn select_on_async(
+    receivers: &mut [&mut Receiver<Cuda>],
+    stream: &Arc<CudaStream>,
+) -> SelectedOn {
+    select_with(receivers, |r, d| r.recv_on_until(stream, d)).await
+}
+
+/// What a select over GPU receivers returns (see [`Selected`]).
+#[cfg(feature = "cuda")]
+pub type SelectedOn = (usize, Result<Message<Cuda>, RecvError>);
+
+/// The select of every backend: `recv` is the receive form, given its deadline.
+async fn select_with<B: Backend>(
+    receivers: &mut [&mut Receiver<B>],
+    recv: impl Fn(&Receiver<B>, Deadline) -> Result<Message<B>, RecvError>,
+) -> (usize, Result<Message<B>, RecvError>) {
     assert!(!receivers.is_empty(), "select over no receivers");
     let n = receivers.len();
     let start = START.fetch_add(1, Ordering::Relaxed) % n;
     // The fast path: one try each, no allocation, no syscall.
     for k in 0..n {
         let i = (start + k) % n;
-        match receivers[i].try_recv() {
+        match recv(receivers[i], Deadline::Now) {
             Err(RecvError::Empty) => {}
             done => return (i, done),
         }
@@ -64,8 +95,8 @@ pub async fn select_async(receivers: &mut [&mut Receiver<Host>]) -> Selected {
     std::future::poll_fn(|cx| {
         for k in 0..n {
             let i = (start + k) % n;
-            let rx: &mut Receiver = receivers[i];
-            if let Poll::Ready(done) = rx.poll_recv(cx, &mut parked[i]) {
+            let rx: &mut Receiver<B> = receivers[i];
+            if let Poll::Ready(done) = rx.poll_recv(cx, &mut parked[i], &recv) {
                 return Poll::Ready((i, done));
             }
         }
@@ -98,6 +129,16 @@ pub async fn select_async(receivers: &mut [&mut Receiver<Host>]) -> Selected {
 /// If `receivers` is empty.
 pub fn select(receivers: &mut [&mut Receiver<Host>]) -> Selected {
     block_on(select_async(receivers), None).expect("no deadline")
+}
+
+/// As [`select`], for the receivers of GPU channels, receiving onto `stream`.
+///
+/// # Panics
+///
+/// If `receivers` is empty.
+#[cfg(feature = "cuda")]
+pub fn select_on(receivers: &mut [&mut Receiver<Cuda>], stream: &Arc<CudaStream>) -> SelectedOn {
+    block_on(select_on_async(receivers, stream), None).expect("no deadline")
 }
 
 /// As [`select`], giving up after `timeout`: `None` when no receiver had a message (or a
