@@ -33,7 +33,7 @@ use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
 #[cfg(feature = "async")]
 use crate::{
     liveness::Role,
-    wait::reactor::{Park, Parked, wait},
+    wait::reactor::{Park, Parked},
 };
 
 /// The consumer end of a channel's descriptor ring.
@@ -201,6 +201,22 @@ impl<B: Backend> Receiver<B> {
         }
     }
 
+    /// One poll of an async receive by `recv` (a receive form of this receiver, given its
+    /// deadline) parked in `parked`: the one place an async receive is written (futures,
+    /// streams, `select_async`).
+    #[cfg(feature = "async")]
+    pub(super) fn poll_recv<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        parked: &mut Parked,
+        mut recv: impl FnMut(&Self, Deadline) -> Result<R, RecvError>,
+    ) -> std::task::Poll<Result<R, RecvError>> {
+        parked.poll(cx, self, Self::park, |r, d| match recv(r, d) {
+            Err(RecvError::Empty | RecvError::Timeout) => None,
+            done => Some(done),
+        })
+    }
+
     /// Waits without blocking the thread for `recv` (a receive form of this receiver, given
     /// its deadline) to get a message or a final error.
     #[cfg(feature = "async")]
@@ -208,54 +224,8 @@ impl<B: Backend> Receiver<B> {
         &mut self,
         mut recv: impl FnMut(&Self, Deadline) -> Result<R, RecvError>,
     ) -> Result<R, RecvError> {
-        wait(self, Self::park, |r, d| match recv(r, d) {
-            Err(RecvError::Empty | RecvError::Timeout) => None,
-            done => Some(done),
-        })
-        .await
-    }
-
-    /// One poll of an async receive by `recv` (a receive form of this receiver, given its
-    /// deadline) parked in `parked` (for `select_async`).
-    #[cfg(feature = "async")]
-    pub(super) fn poll_recv(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        parked: &mut Parked,
-        mut recv: impl FnMut(&Self, Deadline) -> Result<Message<B>, RecvError>,
-    ) -> std::task::Poll<Result<Message<B>, RecvError>> {
-        parked.poll(cx, self, Self::park, |r, d| match recv(r, d) {
-            Err(RecvError::Empty | RecvError::Timeout) => None,
-            done => Some(done),
-        })
-    }
-
-    /// Polls `recv` as a stream's next item: `None` once the stream has ended (after
-    /// `Disconnected`, quietly, or after yielding another error).
-    #[cfg(feature = "async")]
-    pub(super) fn poll_stream<R>(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        state: &mut (Parked, bool),
-        mut recv: impl FnMut(&Self, Deadline) -> Result<R, RecvError>,
-    ) -> std::task::Poll<Option<Result<R, RecvError>>> {
-        use std::task::Poll;
-        let (parked, ended) = state;
-        if *ended {
-            return Poll::Ready(None);
-        }
-        let polled = parked.poll(cx, self, Self::park, |r, d| match recv(r, d) {
-            Err(RecvError::Empty | RecvError::Timeout) => None,
-            done => Some(done),
-        });
-        match polled {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(m)) => Poll::Ready(Some(Ok(m))),
-            Poll::Ready(Err(e)) => {
-                *ended = true;
-                Poll::Ready((!matches!(e, RecvError::Disconnected)).then_some(Err(e)))
-            }
-        }
+        let mut parked = Parked::default();
+        std::future::poll_fn(|cx| self.poll_recv(cx, &mut parked, &mut recv)).await
     }
 
     /// Sets how this receiver waits for a message.
@@ -355,7 +325,7 @@ impl Receiver<Host> {
     /// ```
     #[cfg(feature = "async")]
     pub fn stream(&mut self) -> Messages<'_> {
-        Messages { rx: self, state: Default::default() }
+        Messages { rx: self, parked: Parked::default(), ended: false }
     }
 
     pub(super) fn recv_until(&self, deadline: Deadline) -> Result<Message, RecvError> {
@@ -373,7 +343,8 @@ impl Receiver<Host> {
 #[derive(Debug)]
 pub struct Messages<'a> {
     rx: &'a mut Receiver<Host>,
-    state: (Parked, bool),
+    parked: Parked,
+    ended: bool,
 }
 
 #[cfg(feature = "async")]
@@ -384,15 +355,27 @@ impl futures_core::Stream for Messages<'_> {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        let me = self.get_mut();
-        me.rx.poll_stream(cx, &mut me.state, Receiver::recv_until)
+        use std::task::Poll;
+        let Self { rx, parked, ended } = self.get_mut();
+        if *ended {
+            return Poll::Ready(None);
+        }
+        match rx.poll_recv(cx, parked, Receiver::recv_until) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(m)) => Poll::Ready(Some(Ok(m))),
+            Poll::Ready(Err(e)) => {
+                // As `iter`: `Disconnected` ends it quietly, any other error after it.
+                *ended = true;
+                Poll::Ready((!matches!(e, RecvError::Disconnected)).then_some(Err(e)))
+            }
+        }
     }
 }
 
 #[cfg(feature = "async")]
 impl futures_core::FusedStream for Messages<'_> {
     fn is_terminated(&self) -> bool {
-        self.state.1
+        self.ended
     }
 }
 

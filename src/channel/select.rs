@@ -166,10 +166,15 @@ impl Wake for Unpark {
     }
 }
 
+thread_local! {
+    /// This thread's waker, made once (not per select).
+    static WAKER: Waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+}
+
 /// Runs `fut` on this thread until it completes or `deadline` passes (then the future is
 /// dropped, which parks nothing and takes nothing).
 fn block_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let waker = WAKER.with(Waker::clone);
     let mut cx = Context::from_waker(&waker);
     let mut fut = pin!(fut);
     loop {

@@ -27,12 +27,23 @@ pub(crate) struct ShmStorage<C> {
     ring: Arc<RingSegment>,
     // Released when the last clone drops (SPSC endpoints are never cloned).
     attachment: Arc<Attachment>,
+    /// The close count of the segment at which this endpoint's async waits last probed
+    /// their peers and found nothing (`u64::MAX`: never); shared by clones, which play the
+    /// same role.
+    #[cfg(feature = "async")]
+    clear_at: Arc<std::sync::atomic::AtomicU64>,
     _cell: PhantomData<C>,
 }
 
 impl<C> Clone for ShmStorage<C> {
     fn clone(&self) -> Self {
-        Self { ring: self.ring.clone(), attachment: self.attachment.clone(), _cell: PhantomData }
+        Self {
+            ring: self.ring.clone(),
+            attachment: self.attachment.clone(),
+            #[cfg(feature = "async")]
+            clear_at: self.clear_at.clone(),
+            _cell: PhantomData,
+        }
     }
 }
 
@@ -71,9 +82,10 @@ impl<C> ShmStorage<C> {
             Role::Consumer => &c.not_empty,
         };
         let closes = self.ring.segment.closes().clone();
+        let clear_at = self.clear_at.clone();
         // SAFETY: the word is inside the mapping of `self.ring`'s segment, which the
         // `Arc<RingSegment>` keeps alive.
-        unsafe { crate::wait::reactor::Park::new(word, self.ring.clone(), Some(closes)) }
+        unsafe { crate::wait::reactor::Park::new(word, self.ring.clone(), closes, clear_at) }
     }
 }
 
@@ -256,7 +268,13 @@ impl RingSegment {
     fn storage<C>(self: &Arc<Self>, attachment: Attachment) -> ShmStorage<C> {
         // The layout was computed for one cell type; a view with another would mis-stride.
         assert_eq!(size_of::<C>(), self.layout.cell_size, "cell type does not match the layout");
-        ShmStorage { ring: self.clone(), attachment: Arc::new(attachment), _cell: PhantomData }
+        ShmStorage {
+            ring: self.clone(),
+            attachment: Arc::new(attachment),
+            #[cfg(feature = "async")]
+            clear_at: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
+            _cell: PhantomData,
+        }
     }
 
     /// Whether the ring at `layout` in `seg` holds no element: `tail == head`, each read

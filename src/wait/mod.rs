@@ -63,6 +63,26 @@ impl WaitWord {
         Self { epoch: AtomicU32::new(0), sleepers: AtomicU32::new(0) }
     }
 
+    /// The sleeper's half of the handshake, up to the re-check: registers as a sleeper,
+    /// runs the heavy barrier, and returns the epoch to sleep on and whether the sleep must
+    /// be bounded by [`DEGRADED_RECHECK`]. The caller re-checks, then sleeps (or parks) on
+    /// that epoch, and calls [`unregister`](Self::unregister) once it stops sleeping.
+    fn register(&self) -> (u32, bool) {
+        // SeqCst: the registration is ordered before the caller's re-check by the heavy
+        // barrier. Partner: `light_barrier` in `notify`.
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let bounded = heavy_barrier();
+        // Acquire: pairs with the Release bump in `wake_all`.
+        (self.epoch.load(Ordering::Acquire), bounded)
+    }
+
+    /// Takes a sleeper registered by [`register`](Self::register) off the count.
+    fn unregister(&self) {
+        // Relaxed: the count is only a hint to wakers, and a stale non-zero costs them one
+        // needless wake syscall, never a lost wake-up.
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// How many threads are registered as sleeping right now (a diagnostic: the value can
     /// change at once, and is untrusted when the word is in shared memory).
     pub fn sleepers(&self) -> u32 {
@@ -454,12 +474,7 @@ pub(crate) fn wait_until<R>(
         }
     }
     loop {
-        // SeqCst: the registration is ordered before the re-check below by the heavy
-        // barrier. Partner: `light_barrier` in `notify`.
-        word.sleepers.fetch_add(1, Ordering::SeqCst);
-        let bounded = heavy_barrier();
-        // Acquire: pairs with the Release bump in `wake_all`.
-        let epoch = word.epoch.load(Ordering::Acquire);
+        let (epoch, bounded) = word.register();
         let outcome = match attempt() {
             Some(r) => Some(Ok(r)),
             None => match deadline.remaining() {
@@ -475,9 +490,7 @@ pub(crate) fn wait_until<R>(
                 }
             },
         };
-        // Relaxed: the count is only a hint to wakers, and a stale non-zero costs them one
-        // needless wake syscall, never a lost wake-up.
-        word.sleepers.fetch_sub(1, Ordering::Relaxed);
+        word.unregister();
         if let Some(outcome) = outcome {
             return outcome;
         }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use rustix::thread::futex;
 
-use super::{DEGRADED_RECHECK, Deadline, WaitWord, heavy_barrier};
+use super::{DEGRADED_RECHECK, Deadline, WaitWord};
 use crate::sync::Ordering;
 
 /// A reference that keeps the mapping of a parked word alive (the endpoint's segment).
@@ -69,8 +69,12 @@ impl Closes {
     /// The closes of the segment open as `fd`: a watch of the watcher thread (one per
     /// segment and process), or an unwatched one when inotify is unavailable.
     pub(crate) fn watch(fd: BorrowedFd<'_>) -> Arc<Closes> {
-        watcher()
-            .map_or_else(|| Arc::new(Closes { count: AtomicU64::new(0), wd: None }), |w| w.add(fd))
+        watcher().map_or_else(Closes::unwatched, |w| w.add(fd))
+    }
+
+    /// Closes nobody watches: futures parked on such a segment probe by time.
+    fn unwatched() -> Arc<Closes> {
+        Arc::new(Closes { count: AtomicU64::new(0), wd: None })
     }
 
     /// Whether inotify watches this segment.
@@ -111,7 +115,6 @@ fn watcher() -> Option<&'static Watcher> {
 impl Watcher {
     fn add(&'static self, fd: BorrowedFd<'_>) -> Arc<Closes> {
         use rustix::fs::inotify::{self, WatchFlags};
-        let unwatched = || Arc::new(Closes { count: AtomicU64::new(0), wd: None });
         // The magic link names this very object, wherever it is mounted.
         let path = format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&fd));
         // Closes are how deaths show; a change of size or mode is worth a probe too.
@@ -120,7 +123,7 @@ impl Watcher {
             | WatchFlags::MODIFY
             | WatchFlags::ATTRIB;
         let mut watches = lock(&self.watches);
-        let Ok(wd) = inotify::add_watch(&self.fd, path, what) else { return unwatched() };
+        let Ok(wd) = inotify::add_watch(&self.fd, path, what) else { return Closes::unwatched() };
         if let Some(closes) = watches.get(&wd).and_then(Weak::upgrade) {
             return closes;
         }
@@ -160,8 +163,7 @@ impl Watcher {
                 // Cloned out, so that no waker runs under the registry's lock.
                 let shards: Vec<_> = lock(&REGISTRY).clone();
                 for shard in shards {
-                    shard
-                        .wake_where(|e| e.closes.as_ref().is_some_and(|c| Arc::ptr_eq(c, &closes)));
+                    shard.wake_where(|e| Arc::ptr_eq(&e.closes, &closes));
                 }
             }
         }
@@ -177,7 +179,7 @@ struct Entry {
     word: *const WaitWord,
     expected: u32,
     waker: Waker,
-    closes: Option<Arc<Closes>>,
+    closes: Arc<Closes>,
     /// Wake at this instant even if nothing moved (an unwatched segment's probe, or the
     /// degraded barrier's re-check).
     wake_at: Option<Instant>,
@@ -198,8 +200,7 @@ impl Entry {
 
     /// Takes this entry out of the sleepers of its word.
     fn unregister(&self) {
-        // Relaxed: as in `wait_until`, the count is a hint for wakers.
-        self.word().sleepers.fetch_sub(1, Ordering::Relaxed);
+        self.word().unregister();
     }
 }
 
@@ -384,14 +385,11 @@ impl Key {
 // ---------------------------------------------------------------------------------------
 // The future's side
 
-/// What an async operation's future keeps between polls: where it is parked, and when it
-/// last probed its peers.
+/// What an async operation's future keeps between polls: where it is parked, and (on a
+/// segment inotify cannot watch) when it probes its peers next.
 #[derive(Default)]
 pub(crate) struct Parked {
     key: Option<Key>,
-    /// The close count of the segment at the last probe (`None`: never probed).
-    seen: Option<u64>,
-    /// An unwatched segment: when to probe next.
     next_probe: Option<Instant>,
 }
 
@@ -410,12 +408,17 @@ impl Drop for Parked {
 }
 
 /// What an async operation waits on: the word its blocking form sleeps on, what keeps its
-/// mapping alive, and the closes of the segment whose users it waits for (`None` for
-/// storage with no peers to watch).
+/// mapping alive, the closes of the segment whose users it waits for, and the close count
+/// at which the endpoint last probed them and found nothing to do (`u64::MAX`: never).
+///
+/// The count is the endpoint's, not the future's: peers found alive at count `n` are
+/// alive while the count stays `n` (a death is a close), so the next future of the same
+/// endpoint (a `recv_async` per message) parks without probing again.
 pub(crate) struct Park {
     word: *const WaitWord,
     keep: KeepAlive,
-    closes: Option<Arc<Closes>>,
+    closes: Arc<Closes>,
+    clear_at: Arc<AtomicU64>,
 }
 
 impl Park {
@@ -425,9 +428,10 @@ impl Park {
     pub(crate) unsafe fn new(
         word: &WaitWord,
         keep: KeepAlive,
-        closes: Option<Arc<Closes>>,
+        closes: Arc<Closes>,
+        clear_at: Arc<AtomicU64>,
     ) -> Self {
-        Self { word, keep, closes }
+        Self { word, keep, closes, clear_at }
     }
 
     /// This park, with the closes of `other`'s segment instead of its own (a sender's
@@ -443,23 +447,22 @@ impl Park {
 }
 
 impl Parked {
-    /// Whether the peers should be probed now: the segment saw a close since the last
-    /// probe (or there was none), or, unwatched, a tick has passed.
-    fn probe_due(&mut self, closes: Option<&Arc<Closes>>) -> bool {
-        let Some(closes) = closes else { return false };
-        if closes.watched() {
+    /// Whether the peers should be probed now: the segment saw a close since the
+    /// endpoint's last probe that found nothing (`Some(Some(count))`: record `count` if
+    /// this one finds nothing either), or, unwatched, a tick has passed (`Some(None)`).
+    fn probe_due(&mut self, at: &Park) -> Option<Option<u64>> {
+        if at.closes.watched() {
             // Acquire: pairs with the Release bump of the watcher thread.
-            let count = closes.count.load(StdOrdering::Acquire);
-            let due = self.seen != Some(count);
-            self.seen = Some(count);
-            due
+            let count = at.closes.count.load(StdOrdering::Acquire);
+            // Relaxed: a cache of this endpoint's own probes; a stale value costs a probe.
+            (at.clear_at.load(StdOrdering::Relaxed) != count).then_some(Some(count))
         } else {
             let now = Instant::now();
             let due = self.next_probe.is_none_or(|at| at <= now);
             if due {
                 self.next_probe = Some(now + UNWATCHED_TICK);
             }
-            due
+            due.then_some(None)
         }
     }
 
@@ -487,29 +490,28 @@ impl Parked {
             return Poll::Ready(r);
         }
         let at = at(end);
-        if self.probe_due(at.closes.as_ref()) {
+        if let Some(clear) = self.probe_due(&at) {
             if let Some(r) = op(end, Deadline::Tick) {
                 return Poll::Ready(r);
             }
+            if let Some(count) = clear {
+                // Relaxed: see `probe_due`.
+                at.clear_at.store(count, StdOrdering::Relaxed);
+            }
         }
-        // As a blocking sleeper: register, the heavy barrier, the epoch, one more look.
-        // SeqCst: partner `light_barrier` in `notify` (see `wait_until`).
-        at.word().sleepers.fetch_add(1, Ordering::SeqCst);
-        let bounded = heavy_barrier();
-        // Acquire: pairs with the Release bump in `wake_all`.
-        let expected = at.word().epoch.load(Ordering::Acquire);
+        // As a blocking sleeper: register (the heavy barrier, the epoch), one more look.
+        let (expected, bounded) = at.word().register();
         if let Some(r) = op(end, Deadline::Now) {
-            // Relaxed: as in `wait_until`.
-            at.word().sleepers.fetch_sub(1, Ordering::Relaxed);
+            at.word().unregister();
             return Poll::Ready(r);
         }
         let recheck = bounded.then(|| Instant::now() + DEGRADED_RECHECK);
-        let unwatched = at.closes.as_ref().is_some_and(|c| !c.watched());
+        let unwatched = !at.closes.watched();
         let wake_at = match (recheck, self.next_probe.filter(|_| unwatched)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let Park { word, keep, closes } = at;
+        let Park { word, keep, closes, .. } = at;
         let entry = Entry {
             word,
             expected,
