@@ -19,8 +19,9 @@
 //! segment (the kernel does it), and inotify reports the close: the watcher thread counts
 //! closes per segment and wakes the futures parked on it, which then probe once (the
 //! blocking form's tick, `Deadline::Tick`). An endpoint also probes the first time it parks,
-//! and not again until the segment's close count moves (see `Park`). An idle process with parked futures makes no syscall and uses no CPU. Where
-//! inotify is refused, futures fall back to probing every `LIVENESS_TICK`.
+//! and not again until the segment's close count moves (see `Park`). An idle process with
+//! parked futures makes no syscall and uses no CPU. Where inotify is refused, futures fall
+//! back to probing every `LIVENESS_TICK`.
 //!
 //! The fast path (the operation succeeds at once) touches none of this.
 
