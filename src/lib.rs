@@ -194,6 +194,7 @@ pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};
 pub mod cuda {
     pub use crate::pool::CudaError;
     pub use crate::pool::cuda::{CudaContext, CudaStream, available, context, ipc_opens};
+    pub use crate::pool::pinned::{host_registered, host_registrations};
     pub use crate::pool::setup::{DeviceInfo, GpuPath, MPS_HINT, device_info};
 }
 

@@ -8,53 +8,17 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::counting::{allocations, assert_counting};
 use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
 use gpuring::{Channel, ChannelError, Cuda, CudaError, Message, TensorMeta};
 
-/// Counts the calling thread's allocations only: the other tests of this binary run on
-/// other threads at the same time.
-struct Counting;
-
-thread_local! {
-    // No destructor and a const initialiser: usable from inside the allocator.
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-}
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: common::counting::Counting = common::counting::Counting;
 
 const LIMIT: Duration = Duration::from_secs(20);
 const WATCHDOG: Duration = Duration::from_secs(120);
@@ -286,9 +250,7 @@ fn gpu_100k_messages_between_processes() {
     }
     let n = allocations() - allocs;
     assert_eq!(n, 0, "{n} heap allocations in the sender's steady state");
-    let before = allocations();
-    drop(std::hint::black_box(vec![1u8; 16]));
-    assert!(allocations() > before, "the counter counts this thread's allocations");
+    assert_counting();
     assert_eq!(cuda::ipc_opens(), 0, "the exporting process never opens its own handles");
     wait_all(&mut peer, WATCHDOG);
 }

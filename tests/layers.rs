@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
 /// The files of `channel/`, in the order they may use each other (`mod.rs`, the facade
 /// that declares and re-exports them, is left out).
 const CHANNEL: &[&str] =
-    &["error", "backend", "table", "builder", "sender", "receiver", "gpu", "select"];
+    &["error", "backend", "table", "builder", "sender", "receiver", "gpu", "staging", "select"];
 
 fn layer(module: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&module))

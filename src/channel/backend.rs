@@ -100,6 +100,14 @@ pub(crate) mod sealed {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Host;
 
+/// What a host channel handle carries: the CUDA context its pools are pinned with, when it
+/// was made with `pinned(&ctx)` (feature `cuda`). Not nameable outside the crate.
+#[derive(Debug, Clone, Default)]
+pub struct HostContext {
+    #[cfg(feature = "cuda")]
+    pub(crate) pinned: Option<std::sync::Arc<crate::pool::cuda::CudaContext>>,
+}
+
 /// A host slot's bytes, inside the pool's mapping (kept alive by the lease or message).
 #[derive(Debug)]
 pub struct HostSlot {
@@ -116,19 +124,30 @@ unsafe impl Sync for HostSlot {}
 impl sealed::Backend for Host {
     const CODE: u32 = BACKEND_HOST;
     const NAME: &'static str = "host";
-    type Context = ();
+    type Context = HostContext;
     type Exported = ();
-    type Imported = ();
+    // Why this process could not pin the pool (`pinned(&ctx)`), if it could not: the pool
+    // is read unpinned then (pinning is a matter of speed, and the message is there).
+    type Imported = Option<CudaError>;
     type LeaseSlot = HostSlot;
     type MessageSlot = HostSlot;
 
     fn create_pool(
-        _: &(),
+        ctx: &HostContext,
         name: &str,
         slot_count: u32,
         slot_size: u64,
     ) -> Result<(PoolSegment, ()), ChannelError> {
         let pool = PoolSegment::create(name, BACKEND_HOST, slot_count, slot_size, |_, _| {})?;
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &ctx.pinned {
+            if let Err(e) = pool.pin(cuda) {
+                pool.close(); // nothing was leased: this unlinks it
+                return Err(ChannelError::Cuda(e));
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = ctx;
         Ok((pool, ()))
     }
 
@@ -139,11 +158,16 @@ impl sealed::Backend for Host {
         true
     }
 
-    fn import(_: &(), _: &PoolSegment) -> Result<(), RecvError> {
-        Ok(())
+    fn import(ctx: &HostContext, seg: &PoolSegment) -> Result<Option<CudaError>, RecvError> {
+        #[cfg(feature = "cuda")]
+        if let Some(cuda) = &ctx.pinned {
+            return Ok(seg.pin(cuda).err());
+        }
+        let _ = (ctx, seg);
+        Ok(None)
     }
 
-    fn check(_: &(), d: &Descriptor) -> Result<(), Corrupted> {
+    fn check(_: &Option<CudaError>, d: &Descriptor) -> Result<(), Corrupted> {
         if d.device_ordinal != -1 {
             return Err(Corrupted { what: "descriptor names a device, the pool is host memory" });
         }

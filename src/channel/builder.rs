@@ -77,7 +77,7 @@ impl ChannelBuilder<Host> {
             slot_count: 8,
             slot_size: 1 << 20,
             max_senders: None,
-            ctx: (),
+            ctx: super::backend::HostContext::default(),
         }
     }
 }

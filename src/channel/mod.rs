@@ -16,6 +16,7 @@
 //! | `sender.rs` | [`Sender`], [`Lease`] |
 //! | `receiver.rs` | [`Receiver`], [`Message`] |
 //! | `gpu.rs` | the `Cuda` backend: device leases and messages in stream order |
+//! | `staging.rs` | host channels and the GPU: pinned pools, stream-ordered copies into and out of host slots |
 //! | `select.rs` | waiting on several receivers at once, async and blocking (feature `async`) |
 //! | `error.rs` | [`ChannelError`], [`SendError`], [`RecvError`] |
 //!
@@ -39,6 +40,8 @@ mod receiver;
 #[cfg(feature = "async")]
 mod select;
 mod sender;
+#[cfg(feature = "cuda")]
+mod staging;
 mod table;
 
 pub use backend::{Backend, Host};

@@ -386,6 +386,16 @@ pub(super) struct SlotHold {
     pub(super) held: SlotRef,
 }
 
+impl SlotHold {
+    /// The pool and the slot, without returning it: the caller does.
+    #[cfg(feature = "cuda")]
+    pub(super) fn into_parts(self) -> (Arc<PoolSegment>, SlotRef) {
+        let hold = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `hold` is never used or dropped again; its pool is moved out once.
+        (unsafe { std::ptr::read(&hold.pool) }, hold.held)
+    }
+}
+
 impl Drop for SlotHold {
     fn drop(&mut self) {
         if self.pool.core.release(self.held) {
@@ -476,6 +486,34 @@ impl<B: Backend> Message<B> {
     /// The descriptor as it arrived (already validated).
     pub fn descriptor(&self) -> &Descriptor {
         &self.desc
+    }
+}
+
+impl Message<Host> {
+    /// The pool mapping this message's slot lives in.
+    #[cfg(feature = "cuda")]
+    pub(super) fn pool(&self) -> &Arc<PoolSegment> {
+        &self.hold.pool
+    }
+
+    /// The payload's bytes in the slot.
+    #[cfg(feature = "cuda")]
+    pub(super) fn host_view(&self) -> &HostSlot {
+        &self.slot
+    }
+
+    /// The slot's pool and reference, for a return the caller makes.
+    #[cfg(feature = "cuda")]
+    pub(super) fn into_held(self) -> (Arc<PoolSegment>, SlotRef) {
+        self.hold.into_parts()
+    }
+}
+
+impl Receiver<Host> {
+    /// What importing each pool mapped so far left (why it could not be pinned, if so).
+    #[cfg(feature = "cuda")]
+    pub(super) fn pool_imports(&self) -> Vec<Option<crate::pool::CudaError>> {
+        self.pools.borrow().iter().flatten().map(|p| p.imported).collect()
     }
 }
 

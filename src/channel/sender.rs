@@ -11,9 +11,12 @@
 //! `closed`. Of the departing sender and the last returner at least one sees "closed and
 //! drained", and unlinks (a second unlink finds nothing).
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+#[cfg(feature = "cuda")]
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::backend::sealed::Backend;
 use super::backend::{Host, HostSlot};
@@ -33,43 +36,119 @@ use crate::{
 };
 
 /// The producer end of a channel's descriptor ring.
-pub(super) enum Tx {
-    // The SPSC producer caches positions (`&mut self`); `Sender` is not `Sync`, and no
-    // method re-enters, so a `RefCell` borrow never fails.
-    Spsc(RefCell<spsc::Producer<Descriptor, ShmStorage<SpscCell<Descriptor>>>>),
+pub(super) enum Ring {
+    Spsc(spsc::Producer<Descriptor, ShmStorage<SpscCell<Descriptor>>>),
     Mpmc(mpmc::Producer<Descriptor, ShmStorage<MpmcCell<Descriptor>>>),
 }
+
+/// The producer end of a channel's ring, shared by its [`Sender`] and the host functions of
+/// the sender's stream-ordered sends (feature `cuda`, `channel/staging.rs`), which publish
+/// on a driver thread.
+///
+/// **Who touches the ring.** The sender's thread (`owner`) and host functions (`locked`).
+/// While no stream-ordered send is pending (`staged` is 0) only the sender can: it uses the
+/// ring with no lock, as before there were host functions (one load on the hot path).
+/// While one is pending, both sides take `lock`. Only the sender raises `staged` (before
+/// it enqueues a host function); a host function lowers it, under the lock, after its last
+/// touch of the ring.
+pub(super) struct Tx {
+    ring: UnsafeCell<Ring>,
+    staged: AtomicU32,
+    lock: Mutex<()>,
+    /// Stream-ordered sends whose descriptor could not be published (every receiver gone,
+    /// or the ring corrupt): their slots went back to the pool.
+    #[cfg(feature = "cuda")]
+    pub(super) lost: AtomicU64,
+    /// One entry per slot for stream-ordered sends, made on the first.
+    #[cfg(feature = "cuda")]
+    pub(super) staging: std::sync::OnceLock<Box<[Staged]>>,
+}
+
+/// A stream-ordered send waiting for its copy: the lease and its descriptor, handed to the
+/// host function that publishes them (`channel/staging.rs`).
+#[cfg(feature = "cuda")]
+pub(super) type Staged = crate::pool::pinned::Handoff<(Lease<Host>, Descriptor), Tx>;
+
+// SAFETY: the ring's producer is used by one thread at a time (see the type's docs:
+// `owner` runs only on the sender's thread, a `Sender` not being `Sync`; `locked` and
+// `owner` while `staged` > 0 hold `lock`); the producers themselves are `Send`.
+unsafe impl Send for Tx {}
+// SAFETY: as above.
+unsafe impl Sync for Tx {}
 
 impl Tx {
     /// The producer end of `channel`'s ring (SPSC: claiming the producer role).
     fn attach<B: Backend>(channel: &ChannelSegment<B>) -> Result<Self, AttachError> {
-        Ok(match channel.flavor {
-            Flavor::Spsc => Tx::Spsc(RefCell::new(channel.ring.spsc_producer()?)),
-            Flavor::Mpmc => Tx::Mpmc(channel.ring.mpmc_producer()?),
+        let ring = match channel.flavor {
+            Flavor::Spsc => Ring::Spsc(channel.ring.spsc_producer()?),
+            Flavor::Mpmc => Ring::Mpmc(channel.ring.mpmc_producer()?),
+        };
+        Ok(Tx {
+            ring: UnsafeCell::new(ring),
+            staged: AtomicU32::new(0),
+            lock: Mutex::new(()),
+            #[cfg(feature = "cuda")]
+            lost: AtomicU64::new(0),
+            #[cfg(feature = "cuda")]
+            staging: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Runs `f` on the ring, from the sender's thread (never from a host function, and
+    /// never nested: no `f` calls back into `Tx`).
+    fn owner<R>(&self, f: impl FnOnce(&mut Ring) -> R) -> R {
+        // Acquire: pairs with the Release decrement in `staged_done`: once a host function
+        // has lowered it to 0, its touches of the ring happened before ours.
+        if self.staged.load(Ordering::Acquire) == 0 {
+            // SAFETY: no host function is pending or running (only this thread enqueues
+            // them, after raising `staged`), and this thread is the sender's only user.
+            return f(unsafe { &mut *self.ring.get() });
+        }
+        self.locked(f)
+    }
+
+    /// Runs `f` on the ring under the lock: host functions, and the sender while some are
+    /// pending.
+    pub(super) fn locked<R>(&self, f: impl FnOnce(&mut Ring) -> R) -> R {
+        let _held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: every user of the ring while `staged` > 0 holds the lock; the owner's
+        // lock-free use happens only at 0, which no host function is around to see.
+        f(unsafe { &mut *self.ring.get() })
+    }
+
+    /// Stream-ordered sends enqueued and not yet published.
+    pub(super) fn staged(&self) -> u32 {
+        self.staged.load(Ordering::Relaxed)
+    }
+
+    /// A stream-ordered send is about to be enqueued (the sender's thread).
+    #[cfg(feature = "cuda")]
+    pub(super) fn stage(&self) {
+        // Relaxed: only this thread raises it; the host function is enqueued after, and
+        // the driver orders its start after the enqueue.
+        self.staged.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A stream-ordered send is done with the ring (a host function, holding the lock; or
+    /// the sender, when its enqueue failed).
+    #[cfg(feature = "cuda")]
+    pub(super) fn staged_done(&self) {
+        // Release: pairs with the Acquire load in `owner`.
+        self.staged.fetch_sub(1, Ordering::Release);
     }
 
     /// Pushes `d`, waiting until `deadline`; an error does not carry the descriptor back
     /// (the lease it describes is what the caller gives back).
     fn push_until(&self, d: Descriptor, deadline: Deadline) -> Result<(), PushError<()>> {
-        let pushed = match self {
-            Tx::Spsc(p) => p.borrow_mut().push_until(d, deadline),
-            Tx::Mpmc(p) => p.push_until(d, deadline),
-        };
-        pushed.map_err(|e| match e {
-            PushError::Timeout(_) => PushError::Timeout(()),
-            PushError::Disconnected(_) => PushError::Disconnected(()),
-            PushError::PeerDead(_) => PushError::PeerDead(()),
-            PushError::Corrupted(c) => PushError::Corrupted(c),
-        })
+        self.owner(|ring| ring.push_until(d, deadline))
     }
 
     /// Whether every receiver of the channel is gone (see `ring::peers_gone`).
-    fn receivers_gone(&self, probe: bool) -> Option<Blocked> {
-        match self {
-            Tx::Spsc(p) => p.borrow().consumers_gone(probe),
-            Tx::Mpmc(p) => p.consumers_gone(probe),
-        }
+    pub(super) fn receivers_gone(&self, probe: bool) -> Option<Blocked> {
+        self.owner(|ring| match ring {
+            Ring::Spsc(p) => p.consumers_gone(probe),
+            Ring::Mpmc(p) => p.consumers_gone(probe),
+        })
     }
 
     /// Whether a descriptor naming slot `slot` of pool `pool_id` at `generation` is still
@@ -81,35 +160,55 @@ impl Tx {
         let names = |d: &Descriptor| {
             d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
         };
-        match self {
-            Tx::Spsc(p) => p.borrow().any_queued(names),
-            Tx::Mpmc(p) => p.any_unfreed(names),
-        }
+        self.owner(|ring| match ring {
+            Ring::Spsc(p) => p.any_queued(names),
+            Ring::Mpmc(p) => p.any_unfreed(names),
+        })
     }
 
     /// This endpoint's identity in the channel's ring.
     fn id(&self) -> ParticipantId {
-        let id = match self {
-            Tx::Spsc(p) => p.borrow().storage().watch().id(),
-            Tx::Mpmc(p) => p.storage().watch().id(),
-        };
+        let id = self.owner(|ring| match ring {
+            Ring::Spsc(p) => p.storage().watch().id(),
+            Ring::Mpmc(p) => p.storage().watch().id(),
+        });
         id.expect("an endpoint of a ring in shared memory is registered")
     }
 
     /// Where an async send parks: the ring's `not_full` word.
     #[cfg(feature = "async")]
     fn park(&self) -> Park {
-        match self {
-            Tx::Spsc(p) => p.borrow().storage().park(Role::Producer),
-            Tx::Mpmc(p) => p.storage().park(Role::Producer),
-        }
+        self.owner(|ring| match ring {
+            Ring::Spsc(p) => p.storage().park(Role::Producer),
+            Ring::Mpmc(p) => p.storage().park(Role::Producer),
+        })
     }
 
-    fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        match self {
-            Tx::Spsc(p) => p.get_mut().set_wait_policy(policy),
-            Tx::Mpmc(p) => p.set_wait_policy(policy),
-        }
+    fn set_wait_policy(&self, policy: WaitPolicy) {
+        self.owner(|ring| match ring {
+            Ring::Spsc(p) => p.set_wait_policy(policy),
+            Ring::Mpmc(p) => p.set_wait_policy(policy),
+        });
+    }
+}
+
+impl Ring {
+    /// Pushes `d`, waiting until `deadline`, without the descriptor in the error.
+    pub(super) fn push_until(
+        &mut self,
+        d: Descriptor,
+        deadline: Deadline,
+    ) -> Result<(), PushError<()>> {
+        let pushed = match self {
+            Ring::Spsc(p) => p.push_until(d, deadline),
+            Ring::Mpmc(p) => p.push_until(d, deadline),
+        };
+        pushed.map_err(|e| match e {
+            PushError::Timeout(_) => PushError::Timeout(()),
+            PushError::Disconnected(_) => PushError::Disconnected(()),
+            PushError::PeerDead(_) => PushError::PeerDead(()),
+            PushError::Corrupted(c) => PushError::Corrupted(c),
+        })
     }
 }
 
@@ -146,8 +245,8 @@ pub struct Sender<B: Backend = Host> {
     index: u32,
     pool_id: u32,
     free: mpmc::Consumer<u32, ShmStorage<MpmcCell<u32>>>,
-    tx: Tx,
-    seq: Cell<u64>,
+    pub(super) tx: Arc<Tx>,
+    pub(super) seq: Cell<u64>,
 }
 
 impl<B: Backend> core::fmt::Debug for Sender<B> {
@@ -180,7 +279,7 @@ impl<B: Backend> Channel<B> {
             exported: Some(registered.exported),
             index: registered.index,
             pool_id: (registered.instance << 16) | registered.index,
-            tx,
+            tx: Arc::new(tx),
             seq: Cell::new(0),
         })
     }
@@ -295,7 +394,7 @@ impl<B: Backend> Sender<B> {
         let pool = lease.hold.pool.as_ref().expect("a live lease has its pool");
         assert!(Arc::ptr_eq(pool, &self.pool), "a lease must be sent by the sender it came from");
         let capacity = lease.capacity() as u64;
-        let (slot, tag) = (lease.hold.slot, lease.hold.tag);
+        let slot = lease.hold.slot;
         if meta.nbytes() > capacity {
             return Err(SendError::TooLarge { lease, len: meta.nbytes(), capacity });
         }
@@ -305,19 +404,14 @@ impl<B: Backend> Sender<B> {
             Some(_) => return Err(SendError::Disconnected(lease)),
             None => {}
         }
-        let seq = self.seq.get();
-        let mut d = Descriptor::new(seq, &meta);
-        d.tag = tag;
-        d.pool_id = self.pool_id;
-        d.slot = slot.slot;
-        d.generation = u64::from(slot.generation);
+        let mut d = self.descriptor(&lease, &meta);
         B::fill(&lease.slot, slot.slot, &mut d).map_err(SendError::Cuda)?;
         self.pool.core.mark_sent(slot);
         match self.tx.push_until(d, deadline) {
             Ok(()) => {
                 // Sent: the receiver owns the slot now, so the lease must not cancel it.
                 lease.hold.pool = None;
-                self.seq.set(seq.wrapping_add(1));
+                self.seq.set(self.seq.get().wrapping_add(1));
                 Ok(())
             }
             Err(e) => {
@@ -331,6 +425,17 @@ impl<B: Backend> Sender<B> {
                 })
             }
         }
+    }
+
+    /// The descriptor of a send of `lease` as `meta`, with the next sequence number (the
+    /// backend's fields left for `B::fill`).
+    pub(super) fn descriptor(&self, lease: &Lease<B>, meta: &TensorMeta) -> Descriptor {
+        let mut d = Descriptor::new(self.seq.get(), meta);
+        d.tag = lease.hold.tag;
+        d.pool_id = self.pool_id;
+        d.slot = lease.hold.slot.slot;
+        d.generation = u64::from(lease.hold.slot.generation);
+        d
     }
 
     /// Slots in this sender's pool.
@@ -424,6 +529,13 @@ impl Sender<Host> {
 
 impl<B: Backend> Drop for Sender<B> {
     fn drop(&mut self) {
+        // Stream-ordered sends still waiting for their copy publish first (up to 5 s; after
+        // that they still do when their stream gets there: their host functions hold the
+        // ring and their leases the pool).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while self.tx.staged() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
         self.pool.close();
         if let Some(exported) = self.exported.take() {
             B::retire(exported, &self.pool);

@@ -6,6 +6,7 @@
 //! | `lease.rs` | the lease protocol ([`PoolCore`]): slot records and free ring over any storage; [`AcquireError`] |
 //! | `segment.rs` | a pool in shared memory ([`PoolSegment`]): records, free ring, host slots |
 //! | `cuda.rs` | device pools (feature `cuda`): the allocation, the slots' IPC events, export and import; [`CudaError`] |
+//! | `pinned.rs` | pinned host pools (feature `cuda`): registration with CUDA, host functions that return slots in stream order |
 //! | `setup.rs` | where two processes' GPU work meets (feature `cuda`): a device's MPS state, `GpuPath` |
 //!
 //! A pool belongs to one sender; any receiver of its channel maps it on first sight and
@@ -13,6 +14,8 @@
 
 pub(crate) mod cuda;
 mod lease;
+#[cfg(all(feature = "cuda", not(loom)))]
+pub(crate) mod pinned;
 #[cfg(not(loom))]
 mod segment;
 #[cfg(all(feature = "cuda", not(loom)))]

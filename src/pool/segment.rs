@@ -55,6 +55,13 @@ unsafe impl Sync for ShmRecords {}
 /// itself, or the receiver returning the last slot in flight) unlinks it.
 #[derive(Debug)]
 pub struct PoolSegment {
+    /// Host pools made with `pinned`: this mapping's registration with CUDA. First, so
+    /// that it goes before the mapping does.
+    #[cfg(feature = "cuda")]
+    pub(super) pinned: std::sync::OnceLock<super::pinned::Pinned>,
+    /// Slots whose return waits for a stream (`release_after`), made on first use.
+    #[cfg(feature = "cuda")]
+    pub(super) deferred: std::sync::OnceLock<Box<[super::pinned::Deferred]>>,
     pub(crate) core: PoolCore<ShmRecords, ShmStorage<MpmcCell<u32>>>,
     pub(super) segment: Arc<Segment>,
     pub(super) layout: PoolLayout,
@@ -208,7 +215,17 @@ impl PoolSegment {
             ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
         let ring = RingSegment::view(segment.clone(), layout.free_ring, true);
         let core = PoolCore::new(records, ring.attached_storage::<MpmcCell<u32>>(role)?)?;
-        Ok(Self { core, segment, layout, backend, data })
+        Ok(Self {
+            #[cfg(feature = "cuda")]
+            pinned: std::sync::OnceLock::new(),
+            #[cfg(feature = "cuda")]
+            deferred: std::sync::OnceLock::new(),
+            core,
+            segment,
+            layout,
+            backend,
+            data,
+        })
     }
 
     /// The bytes of slot `slot` (`slot < slot_count`, checked by the caller's lease).
@@ -221,6 +238,34 @@ impl PoolSegment {
         let data = self.data.expect("host slots live in host pools only");
         // SAFETY: slot < slot_count, so the slot lies inside the mapping.
         unsafe { data.add(self.layout.slot_offset(slot as usize) - self.layout.data) }
+    }
+
+    /// Registers this mapping's slots with CUDA in `ctx`'s driver (a host pool; once per
+    /// mapping: a second call does nothing).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn pin(
+        &self,
+        ctx: &std::sync::Arc<super::cuda::CudaContext>,
+    ) -> Result<(), super::CudaError> {
+        if self.pinned.get().is_some() {
+            return Ok(());
+        }
+        let data = self.data.expect("only host pools are pinned");
+        // The whole pages from slot 0 to the end of the mapping: the segment's last page
+        // is mapped whole.
+        let page = rustix::param::page_size();
+        let len = (self.segment.len() - self.layout.data).next_multiple_of(page);
+        let pinned = super::pinned::Pinned::register(ctx, data.as_ptr(), len)?;
+        // Called on a mapping nobody shares yet (a sender's new pool, a receiver's first
+        // sight of one), so nobody else has set it meanwhile.
+        let _ = self.pinned.set(pinned);
+        Ok(())
+    }
+
+    /// Whether this mapping's slots are registered with CUDA in this process.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn is_pinned(&self) -> bool {
+        self.pinned.get().is_some()
     }
 
     /// Usable bytes per slot.

@@ -2,6 +2,8 @@
 //! running one test with a role taken from the environment.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod counting;
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};

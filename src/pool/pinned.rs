@@ -1,0 +1,237 @@
+//! Pinned host pools (feature `cuda`): a host pool's slots registered with CUDA in this
+//! process, and the host functions that make stream-ordered copies into and out of them
+//! safe without blocking a thread.
+//!
+//! `cuMemHostRegister(PORTABLE | DEVICEMAP)` pins one process's mapping only, so each
+//! process registers its own mapping of a pool: the sender on create, a receiver on first
+//! sight (once per mapping; [`host_registrations`] counts them). The registration lives in
+//! the [`PoolSegment`] that owns the mapping and goes (`cuMemHostUnregister`) just before
+//! it is unmapped, when the last holder lets the mapping go: a stream-ordered copy still
+//! pending holds it (its lease, or its deferred return, keeps the segment).
+//!
+//! A copy into or out of pinned memory is truly asynchronous, so the hand-off must follow
+//! the stream, not the call: a host function (`cuLaunchHostFunc`) enqueued after the copy
+//! publishes the descriptor (a send, `channel/staging.rs`) or returns the slot (a receive,
+//! [`PoolSegment::release_after`]) when the copy has completed. Host functions run on a
+//! driver thread and must not call CUDA; they touch only shared-memory atomics, a
+//! process-local lock, and (to wake a sleeper) a futex.
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering as StdOrdering};
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
+
+use super::cuda::driver;
+use super::{CudaError, PoolSegment, SlotRef};
+
+static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
+static REGISTERED: AtomicU64 = AtomicU64::new(0);
+
+/// Host pool mappings this process has registered with CUDA (`cuMemHostRegister`) since it
+/// started: a pinned sender's pool once, and once per pool a pinned receiver maps. The count
+/// does not move per message.
+pub fn host_registrations() -> u64 {
+    REGISTRATIONS.load(StdOrdering::Relaxed)
+}
+
+/// Host pool mappings registered with CUDA in this process now (registered, not yet
+/// unregistered).
+pub fn host_registered() -> u64 {
+    REGISTERED.load(StdOrdering::Relaxed)
+}
+
+/// One mapping's slots, registered with CUDA in this process; unregistered on drop.
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    ctx: Arc<CudaContext>,
+    ptr: *mut c_void,
+}
+
+// SAFETY: the registration is a driver-side property of an address range; the pointer is
+// only passed back to the driver (unregister), from any thread with the context bound.
+unsafe impl Send for Pinned {}
+// SAFETY: as above; no method reads through the pointer.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    /// Registers `len` bytes from `ptr` (the slots of a mapping that outlives the result)
+    /// with `ctx`'s driver, portable to every context and mapped for the device.
+    pub(crate) fn register(
+        ctx: &Arc<CudaContext>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: `ptr..ptr + len` is a live, page-aligned, read-write shared mapping (the
+        // caller's pool), which stays mapped until this registration drops.
+        let r = unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags) };
+        r.result().map_err(driver("cuMemHostRegister"))?;
+        REGISTRATIONS.fetch_add(1, StdOrdering::Relaxed);
+        REGISTERED.fetch_add(1, StdOrdering::Relaxed);
+        Ok(Self { ctx: ctx.clone(), ptr: ptr.cast() })
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: our registration of a range still mapped (the owning `PoolSegment` drops
+        // this before its mapping); no copy is pending on it (each holds the segment).
+        let _ = unsafe { sys::cuMemHostUnregister(self.ptr) };
+        REGISTERED.fetch_sub(1, StdOrdering::Relaxed);
+    }
+}
+
+/// Enqueues `f(user)` on `stream`, after the work queued there.
+///
+/// # Safety
+///
+/// `f` must not call CUDA nor unwind, and `user` must stay valid until `f` has run.
+pub(crate) unsafe fn launch_host_fn(
+    stream: &CudaStream,
+    f: unsafe extern "C" fn(*mut c_void),
+    user: *mut c_void,
+) -> Result<(), CudaError> {
+    stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+    // SAFETY: a live stream of a bound context; `f` and `user` as the caller promises.
+    let r = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(f), user) };
+    r.result().map_err(driver("cuLaunchHostFunc"))
+}
+
+/// Runs `f` on a driver thread: a panic must not unwind into the driver, so it aborts.
+pub(crate) fn in_host_fn(f: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        std::process::abort();
+    }
+}
+
+const EMPTY: u32 = 0;
+const FULL: u32 = 1;
+
+/// A value handed from the thread that enqueues a host function to that function: `T`,
+/// and a reference to `H` (what keeps the entry's memory alive until the function ran).
+/// Entries are preallocated, one per slot (a slot has one holder at a time, and the
+/// function empties its entry before the slot can be held again), so a hand-off allocates
+/// nothing.
+pub(crate) struct Handoff<T, H> {
+    state: AtomicU32,
+    value: UnsafeCell<MaybeUninit<T>>,
+    // From `Arc::into_raw`; given back by `take`.
+    home: UnsafeCell<*const H>,
+}
+
+// SAFETY: the fields are written by one thread before it enqueues the host function, and
+// read once by that function after (ordered by `state`); `T` and `Arc<H>` move between
+// threads, so they must be `Send` (and `H: Sync` for the `Arc`).
+unsafe impl<T: Send, H: Send + Sync> Send for Handoff<T, H> {}
+// SAFETY: as above.
+unsafe impl<T: Send, H: Send + Sync> Sync for Handoff<T, H> {}
+
+impl<T, H> Handoff<T, H> {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: AtomicU32::new(EMPTY),
+            value: UnsafeCell::new(MaybeUninit::uninit()),
+            home: UnsafeCell::new(std::ptr::null()),
+        }
+    }
+
+    /// `count` empty entries.
+    pub(crate) fn entries(count: usize) -> Box<[Self]> {
+        (0..count).map(|_| Self::new()).collect()
+    }
+
+    /// Fills the entry; its pointer then goes to the host function as `user`.
+    ///
+    /// # Safety
+    ///
+    /// The entry is empty, and the caller holds the slot it belongs to (nobody else fills
+    /// it).
+    pub(crate) unsafe fn fill(&self, value: T, home: Arc<H>) -> *mut c_void {
+        // SAFETY: empty and ours, as the caller promises.
+        unsafe {
+            (*self.value.get()).write(value);
+            *self.home.get() = Arc::into_raw(home);
+        }
+        // Release: pairs with the Acquire swap in `take`: the fields are written before
+        // the host function reads them.
+        self.state.store(FULL, StdOrdering::Release);
+        std::ptr::from_ref(self).cast_mut().cast()
+    }
+
+    /// Empties the entry: its value and the reference to its home.
+    ///
+    /// # Safety
+    ///
+    /// `user` came from `fill` on a live entry (its home's reference keeps it), and this
+    /// is its one `take` (the host function, or the filler when the enqueue failed).
+    pub(crate) unsafe fn take(user: *mut c_void) -> (T, Arc<H>) {
+        // SAFETY: a live entry, as the caller promises.
+        let entry = unsafe { &*user.cast::<Self>() };
+        // Acquire: pairs with the Release store in `fill`.
+        let was = entry.state.swap(EMPTY, StdOrdering::Acquire);
+        assert_eq!(was, FULL, "a hand-off is taken once per fill");
+        // SAFETY: written before the Release store that the swap synchronised with; read
+        // once (the entry is empty now, and filled again only after the slot came back,
+        // which the caller's use of the value below makes happen).
+        unsafe { ((*entry.value.get()).assume_init_read(), Arc::from_raw(*entry.home.get())) }
+    }
+}
+
+impl<T, H> core::fmt::Debug for Handoff<T, H> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Handoff").field("state", &self.state).finish_non_exhaustive()
+    }
+}
+
+/// A receiver's slot whose return waits for a stream.
+pub(crate) type Deferred = Handoff<SlotRef, PoolSegment>;
+
+impl PoolSegment {
+    /// Returns `held` (a slot this process holds as a receiver) once the work queued on
+    /// `stream` so far has completed, without blocking: a host function does it. When the
+    /// driver refuses the host function, waits for the stream instead, returns the slot,
+    /// and says why.
+    pub(crate) fn release_after(
+        self: &Arc<Self>,
+        held: SlotRef,
+        stream: &CudaStream,
+    ) -> Result<(), CudaError> {
+        let entries = self.deferred.get_or_init(|| Deferred::entries(self.layout.slot_count));
+        // SAFETY: the entry of a slot we hold: empty (its last host function emptied it
+        // before that slot came back to be held again), and nobody else fills it.
+        let user = unsafe { entries[held.slot as usize].fill(held, self.clone()) };
+        // SAFETY: `release_deferred` calls no CUDA and does not unwind (`in_host_fn`); the
+        // entry lives in this pool, which the reference in it keeps until it has run.
+        match unsafe { launch_host_fn(stream, release_deferred, user) } {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Not enqueued: wait for the reads, then return the slot here.
+                let _ = stream.synchronize();
+                // SAFETY: the function never ran, so the entry is still full and ours.
+                unsafe { release_deferred(user) };
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The host function of [`PoolSegment::release_after`]: empties the entry, then returns
+/// the slot (and unlinks the pool if its sender left and this was the last slot out).
+///
+/// # Safety
+///
+/// `user` is a full [`Deferred`] entry, filled by `release_after`.
+unsafe extern "C" fn release_deferred(user: *mut c_void) {
+    in_host_fn(|| {
+        // SAFETY: a full entry from `release_after`, taken once here.
+        let (held, pool) = unsafe { Deferred::take(user) };
+        if pool.core.release(held) {
+            pool.unlink_if_drained();
+        }
+    });
+}
