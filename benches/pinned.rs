@@ -1,0 +1,271 @@
+//! Pinned host slots, in one run (`cargo bench --features cuda --bench pinned`; needs a CUDA
+//! device):
+//!
+//! - `launch_call`: the PyTorch report's symptom. Thread B launches an empty kernel and
+//!   times each `cuLaunchKernel` call (the CPU side); meanwhile thread A is idle, or copies
+//!   54 MB device → host in a loop into a pageable buffer, or into a pinned gpuring slot.
+//!   A pageable copy holds the driver while it stages the bytes, and B's launches wait.
+//!   Criterion's median per launch, then p50/p99 of single launches.
+//! - `dtoh_handoff_54MB`: 54 MB device buffers handed from this (GPU) process to a CPU
+//!   process, which touches the first and last word of each and drops it:
+//!   `send_from_device_on` into a pinned pool, the same into a plain (pageable) pool, and
+//!   the floor, raw `cuMemcpyDtoHAsync` into `cuMemHostAlloc` memory with no hand-off
+//!   (copies back to back, one synchronize per batch). Criterion's throughput gives GB/s;
+//!   items/s is its inverse time. (torch's `t.cpu()` + `multiprocessing.Queue` row comes
+//!   from `scripts/pinned-torch.py`, run in the same device call by `scripts/pinned-bench.sh`.)
+
+mod common;
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Group, NAME, PEER, Samples, cpus, peer, pin, unique};
+use criterion::{Criterion, Throughput};
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
+use gpuring::{Channel, DType, TensorMeta, WaitPolicy, cuda};
+
+const BYTES: usize = 54 << 20;
+const SLOTS: u32 = 4;
+const STOP: u64 = u64::MAX;
+
+/// An empty kernel, as PTX (the driver compiles it for the device at load).
+const NOOP_PTX: &str = "
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry noop()
+{
+    ret;
+}
+";
+
+fn ok(r: sys::CUresult) {
+    r.result().unwrap();
+}
+
+fn setup() -> (Arc<CudaContext>, Arc<CudaStream>) {
+    let ctx = cuda::context(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    (ctx, stream)
+}
+
+fn device_buffer(bytes: usize, stream: &CudaStream) -> sys::CUdeviceptr {
+    // SAFETY: a plain allocation, kept for the whole run.
+    let ptr = unsafe { result::malloc_sync(bytes) }.unwrap();
+    // SAFETY: the allocation above, in stream order.
+    ok(unsafe { sys::cuMemsetD32Async(ptr, 0x5EED, bytes / 4, stream.cu_stream()) });
+    stream.synchronize().unwrap();
+    ptr
+}
+
+/// The CPU process: touches the first and last word of each message, drops it.
+fn sink() {
+    pin(cpus().get(1).copied());
+    let name = std::env::var(NAME).unwrap();
+    let ch = Channel::builder(&name).open().unwrap();
+    let mut rx = ch.receiver().unwrap();
+    rx.set_wait_policy(WaitPolicy::spin_then_sleep(u32::MAX, 0));
+    let mut acc = 0u8;
+    loop {
+        let m = rx.recv().unwrap();
+        if m.tag() == STOP {
+            std::hint::black_box(acc);
+            return;
+        }
+        acc ^= m[0] ^ m[m.len() - 1];
+    }
+}
+
+/// Thread A of `launch_call`: copies 54 MB device → host into `dst` until told to stop.
+struct Copier {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Copier {
+    fn start(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, dst: *mut u8) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, ctx, dst) = (stop.clone(), ctx.clone(), dst as usize);
+        let thread = std::thread::spawn(move || {
+            ctx.bind_to_thread().unwrap();
+            let stream = ctx.new_stream().unwrap();
+            let mut copies = 0;
+            // Relaxed: a stop flag; the join below is the synchronisation.
+            while !flag.load(Ordering::Relaxed) {
+                // SAFETY: `dst` holds BYTES until this thread is joined; `src` is live.
+                ok(unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, BYTES, stream.cu_stream())
+                });
+                stream.synchronize().unwrap();
+                copies += 1;
+            }
+            copies
+        });
+        Self { stop, thread: Some(thread) }
+    }
+
+    fn stop(mut self) -> u64 {
+        // Relaxed: see `start`.
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+/// Thread B: launches of the empty kernel, each timed on its own.
+struct Launcher {
+    func: sys::CUfunction,
+    stream: Arc<CudaStream>,
+    launched: u64,
+}
+
+impl Launcher {
+    fn new(ctx: &Arc<CudaContext>) -> Self {
+        ctx.bind_to_thread().unwrap();
+        let src = std::ffi::CString::new(NOOP_PTX).unwrap();
+        let mut module = std::ptr::null_mut();
+        // SAFETY: out-pointer valid; a NUL-terminated PTX image.
+        ok(unsafe { sys::cuModuleLoadData(&mut module, src.as_ptr().cast()) });
+        let mut func = std::ptr::null_mut();
+        // SAFETY: out-pointer valid; the module above defines `noop`.
+        ok(unsafe { sys::cuModuleGetFunction(&mut func, module, c"noop".as_ptr()) });
+        Self { func, stream: ctx.new_stream().unwrap(), launched: 0 }
+    }
+
+    /// Times `n` launch calls (the queue is drained every 256, outside the timing).
+    fn launches(&mut self, n: u64) -> Duration {
+        let mut spent = Duration::ZERO;
+        for _ in 0..n {
+            let t = Instant::now();
+            // SAFETY: a kernel of no parameters, on a live stream of the bound context.
+            ok(unsafe {
+                sys::cuLaunchKernel(
+                    self.func,
+                    1,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    self.stream.cu_stream(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            });
+            spent += t.elapsed();
+            self.launched += 1;
+            if self.launched % 256 == 0 {
+                self.stream.synchronize().unwrap();
+            }
+        }
+        spent
+    }
+}
+
+fn launch_call(c: &mut Criterion, samples: &mut Samples, ctx: &Arc<CudaContext>) {
+    let stream = ctx.new_stream().unwrap();
+    let src = device_buffer(BYTES, &stream);
+    let mut pageable = vec![1u8; BYTES];
+    let ch = Channel::builder(unique("launch")).slots(1, BYTES as u64).pinned(ctx).create();
+    let ch = ch.unwrap();
+    let tx = ch.sender().unwrap();
+    assert!(tx.is_pinned());
+    let mut slot = tx.acquire().unwrap();
+    let mut launcher = Launcher::new(ctx);
+    let mut g = Group::new(c, samples, "launch_call");
+    let cases: [(&str, Option<*mut u8>); 3] = [
+        ("idle", None),
+        ("pageable_dtoh", Some(pageable.as_mut_ptr())),
+        ("pinned_slot_dtoh", Some(slot.as_mut_ptr())),
+    ];
+    for (label, dst) in cases {
+        let copier = dst.map(|d| Copier::start(ctx, src, d));
+        g.run(label, 0, |n| launcher.launches(n));
+        if let Some(copier) = copier {
+            let copies = copier.stop();
+            println!("launch_call/{label}: thread A made {copies} copies of 54 MB meanwhile");
+        }
+    }
+    g.g.finish();
+    drop(slot);
+}
+
+fn dtoh_handoff(c: &mut Criterion, ctx: &Arc<CudaContext>) {
+    let stream = ctx.new_stream().unwrap();
+    let src = device_buffer(BYTES, &stream);
+    let mut g = c.benchmark_group("dtoh_handoff_54MB");
+    g.throughput(Throughput::Bytes(BYTES as u64));
+    // The floor: raw copies into page-locked memory, no hand-off.
+    let mut host = std::ptr::null_mut();
+    // SAFETY: out-pointer valid; context bound by `setup`.
+    ok(unsafe { sys::cuMemHostAlloc(&mut host, BYTES, 0) });
+    g.bench_function("raw_dtoh_pinned", |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                // SAFETY: `host` holds BYTES (freed after the group); `src` is live.
+                ok(unsafe { sys::cuMemcpyDtoHAsync_v2(host, src, BYTES, stream.cu_stream()) });
+            }
+            stream.synchronize().unwrap();
+            t.elapsed()
+        })
+    });
+    for pinned in [true, false] {
+        let name = unique("dtoh");
+        let builder = Channel::builder(&name).capacity(16).slots(SLOTS, BYTES as u64);
+        let ch = if pinned { builder.pinned(ctx) } else { builder }.create().unwrap();
+        let mut tx = ch.sender().unwrap();
+        tx.set_wait_policy(WaitPolicy::spin_then_sleep(u32::MAX, 0));
+        assert_eq!(tx.is_pinned(), pinned);
+        let sink = peer("sink", &name, 0, false);
+        let meta = TensorMeta::contiguous(DType::U8, &[BYTES as u64]).unwrap();
+        let label = if pinned { "gpuring_pinned_slot" } else { "gpuring_pageable_slot" };
+        g.bench_function(label, |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let lease = tx.acquire().unwrap();
+                    // SAFETY: `src` holds BYTES for the whole run.
+                    unsafe { tx.send_from_device_on(lease, src, meta, &stream) }.unwrap();
+                }
+                // Delivered: every slot back from the CPU process.
+                while tx.free_slots() < SLOTS as usize {
+                    std::hint::spin_loop();
+                }
+                t.elapsed()
+            })
+        });
+        assert_eq!(tx.stream_sends_lost(), 0);
+        let mut lease = tx.acquire().unwrap();
+        lease.set_tag(STOP);
+        tx.send(lease, TensorMeta::bytes(1)).unwrap();
+        sink.finish();
+    }
+    g.finish();
+    // SAFETY: the allocation above; no copy into it is pending (synchronized per batch).
+    ok(unsafe { sys::cuMemFreeHost(host) });
+}
+
+fn main() {
+    if std::env::var(PEER).is_ok() {
+        sink();
+        return;
+    }
+    if !cuda::available() {
+        eprintln!("pinned bench: no CUDA driver here, nothing to measure (skipped)");
+        return;
+    }
+    // Not pinned: threads A and B of `launch_call` need CPUs of their own.
+    let (ctx, _stream) = setup();
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    let mut samples = Samples::new("pinned", "launch_call");
+    launch_call(&mut c, &mut samples, &ctx);
+    dtoh_handoff(&mut c, &ctx);
+    samples.finish();
+    c.final_summary();
+}
