@@ -36,12 +36,21 @@ class Channel:
         mpmc: bool = False,
         max_senders: Optional[int] = None,
         replace_stale: bool = False,
+        pinned: bool = False,
     ) -> "Channel":
-        """Creates channel ``name`` (exclusively). ``device=None``: host slots."""
+        """Creates channel ``name`` (exclusively). ``device=None``: host slots.
+        ``pinned``: host channels; this process's pools are registered with CUDA, so that
+        copies between CUDA tensors and slots are asynchronous DMA."""
 
     @staticmethod
-    def open(name: str, device: Optional[int] = None, timeout: Optional[float] = None) -> "Channel":
-        """Opens channel ``name``, waiting up to ``timeout`` s for it (None: as long as it takes)."""
+    def open(
+        name: str,
+        device: Optional[int] = None,
+        timeout: Optional[float] = None,
+        pinned: bool = False,
+    ) -> "Channel":
+        """Opens channel ``name``, waiting up to ``timeout`` s for it (None: as long as it
+        takes). ``pinned``: as for :meth:`create`, for this process."""
 
     def sender(self, spins: Optional[int] = None, yields: Optional[int] = None) -> "Sender":
         """A new sender, with its own slot pool (``spins`` / ``yields``: how it waits)."""

@@ -19,7 +19,9 @@ type Reduced<'py> = (Bound<'py, PyAny>, (String, Option<i32>));
 /// A channel of either kind.
 #[derive(Clone)]
 pub(crate) enum AnyChannel {
-    Host(Channel<Host>),
+    /// A host channel, and the GPU whose driver pins its pools in this process
+    /// (``pinned=True``).
+    Host(Channel<Host>, Option<Arc<Gpu>>),
     Cuda(Channel<Cuda>, Arc<Gpu>),
 }
 
@@ -45,7 +47,7 @@ pub(crate) struct PyChannel {
 impl PyChannel {
     fn new(ch: AnyChannel) -> Self {
         let (name, device, flavor, capacity, (slots, slot_bytes), max_senders) = match &ch {
-            AnyChannel::Host(c) => {
+            AnyChannel::Host(c, _) => {
                 (c.name().to_owned(), None, c.flavor(), c.capacity(), c.slots(), c.max_senders())
             }
             AnyChannel::Cuda(c, g) => (
@@ -86,6 +88,31 @@ fn gpu(py: Python<'_>, device: Option<i32>) -> PyResult<Option<Arc<Gpu>>> {
     device.map(|d| Gpu::new(d).map_err(|e| errors::cuda(py, e))).transpose()
 }
 
+/// The GPU whose driver pins a host channel's pools (`pinned=True`: device 0; pinning is
+/// portable to every device), or `None`.
+fn pinning(py: Python<'_>, pinned: bool, device: Option<i32>) -> PyResult<Option<Arc<Gpu>>> {
+    match (pinned, device) {
+        (false, _) => Ok(None),
+        (true, None) => gpu(py, Some(0)),
+        (true, Some(_)) => Err(pyo3::exceptions::PyValueError::new_err(
+            "pinned=True is for host channels (device=None): device slots need no pinning",
+        )),
+    }
+}
+
+/// A host channel from `b`, its pools pinned with `pin`'s driver if given.
+fn host(
+    b: ChannelBuilder<Host>,
+    pin: &Option<Arc<Gpu>>,
+    make: impl FnOnce(ChannelBuilder<Host>) -> Result<Channel<Host>, ChannelError>,
+) -> Result<AnyChannel, ChannelError> {
+    let b = match pin {
+        Some(g) => b.pinned(&g.ctx),
+        None => b,
+    };
+    make(b).map(|c| AnyChannel::Host(c, pin.clone()))
+}
+
 #[pymethods]
 impl PyChannel {
     /// Creates channel ``name`` (exclusively, mode 0600) and returns it.
@@ -95,11 +122,14 @@ impl PyChannel {
     /// channels (``device=None``) or allocated on GPU ``device``. ``mpmc``: any number of
     /// senders and receivers (else one of each). ``max_senders``: pool table entries
     /// (default 4, or 16 for MPMC). ``replace_stale``: replace a channel of this name
-    /// that no process has open (left by a crash).
+    /// that no process has open (left by a crash). ``pinned``: host channels only; this
+    /// process's pools are registered with CUDA (page-locked), so that copies between
+    /// CUDA tensors and slots are asynchronous DMA (see :meth:`Sender.send` and
+    /// :meth:`Message.release`). Each process chooses it for itself (``open`` too).
     ///
     /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError``, ``CudaError``.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=64, slots=8, slot_bytes=64 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false))]
+    #[pyo3(signature = (name, capacity=64, slots=8, slot_bytes=64 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false, pinned=false))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -111,7 +141,9 @@ impl PyChannel {
         mpmc: bool,
         max_senders: Option<u32>,
         replace_stale: bool,
+        pinned: bool,
     ) -> PyResult<Self> {
+        let pin = pinning(py, pinned, device)?;
         let gpu = gpu(py, device)?;
         let mut b = Channel::builder(name)
             .capacity(capacity)
@@ -124,7 +156,7 @@ impl PyChannel {
             b = b.max_senders(n);
         }
         let made = py.detach(|| match &gpu {
-            None => b.create().map(AnyChannel::Host),
+            None => host(b, &pin, |b| b.create()),
             Some(g) => b.cuda(&g.ctx).create().map(|c| AnyChannel::Cuda(c, g.clone())),
         });
         made.map(PyChannel::new).map_err(|e| errors::channel(py, e))
@@ -132,25 +164,28 @@ impl PyChannel {
 
     /// Opens channel ``name``, waiting up to ``timeout`` seconds for it to exist (``None``:
     /// as long as it takes, interruptible; ``0``: not at all). ``device``: the GPU this
-    /// process uses for a GPU channel's slots (``None`` for a host channel).
+    /// process uses for a GPU channel's slots (``None`` for a host channel). ``pinned``:
+    /// as for :meth:`create`, for this process's pools and mappings.
     ///
     /// Raises ``NotFound`` (also a ``FileNotFoundError``), ``WrongBackend``,
     /// ``ShmError`` (not a gpuring channel, another layout version, ...), ``CudaError``.
     #[staticmethod]
-    #[pyo3(signature = (name, device=None, timeout=None))]
+    #[pyo3(signature = (name, device=None, timeout=None, pinned=false))]
     fn open(
         py: Python<'_>,
         name: String,
         device: Option<i32>,
         timeout: Option<f64>,
+        pinned: bool,
     ) -> PyResult<Self> {
         let until = Until::new(py, timeout)?;
+        let pin = pinning(py, pinned, device)?;
         let gpu = gpu(py, device)?;
         let builder = Channel::builder(name);
         let step = |_: Option<ChannelError>, slice: Duration| {
             let b: ChannelBuilder<Host> = builder.clone().open_timeout(slice);
             let r = match &gpu {
-                None => b.open().map(AnyChannel::Host),
+                None => host(b, &pin, |b| b.open()),
                 Some(g) => b.cuda(&g.ctx).open().map(|c| AnyChannel::Cuda(c, g.clone())),
             };
             match r {

@@ -16,7 +16,6 @@ use pyo3::types::PyDict;
 pub(crate) enum Dir {
     DeviceToDevice,
     HostToDevice,
-    DeviceToHost,
 }
 
 /// A device's primary context, and the last foreign stream wrapped for it.
@@ -91,9 +90,6 @@ impl Gpu {
                 Dir::DeviceToDevice => sys::cuMemcpyDtoDAsync_v2(dst, src, n, s),
                 Dir::HostToDevice => {
                     sys::cuMemcpyHtoDAsync_v2(dst, src as *const std::ffi::c_void, n, s)
-                }
-                Dir::DeviceToHost => {
-                    sys::cuMemcpyDtoHAsync_v2(dst as *mut std::ffi::c_void, src, n, s)
                 }
             }
         };

@@ -25,8 +25,33 @@ enum AnyReceiver {
 
 /// A received message of either kind.
 enum AnyMessage {
-    Host(Message<Host>),
+    Host(HostMessage),
     Cuda(Message<Cuda>, Arc<Gpu>),
+}
+
+/// A host message. Received by a pinned receiver, its slot goes back in the order of the
+/// CUDA stream current when it was received (torch's, if torch is imported; else the
+/// legacy default stream, which follows every blocking stream): a copy out of the slot
+/// queued there (`torch.from_dlpack(msg).to("cuda", non_blocking=True)`) completes before
+/// the sender can overwrite it.
+struct HostMessage {
+    msg: Option<Message<Host>>,
+    after: Option<Arc<CudaStream>>,
+}
+
+impl HostMessage {
+    fn get(&self) -> &Message<Host> {
+        self.msg.as_ref().expect("taken only by drop")
+    }
+}
+
+impl Drop for HostMessage {
+    fn drop(&mut self) {
+        if let (Some(m), Some(s)) = (self.msg.take(), &self.after) {
+            // On a failed enqueue this waits for the stream, then returns the slot.
+            let _ = m.release_on(s);
+        }
+    }
 }
 
 /// The receiving end of a channel. Safe to share between threads; iterating over it
@@ -37,12 +62,14 @@ pub(crate) struct PyReceiver {
     /// GPU channels: the channel's device (`Some` exactly for `AnyReceiver::Cuda`; read
     /// without the receiver's lock).
     gpu: Option<Arc<Gpu>>,
+    /// Pinned host channels: the device whose streams order the slots' return.
+    pinned: Option<Arc<Gpu>>,
 }
 
 impl PyReceiver {
     pub(crate) fn new(py: Python<'_>, ch: AnyChannel, policy: WaitPolicy) -> PyResult<Self> {
         let made = py.detach(|| match &ch {
-            AnyChannel::Host(c) => c.receiver().map(AnyReceiver::Host),
+            AnyChannel::Host(c, _) => c.receiver().map(AnyReceiver::Host),
             AnyChannel::Cuda(c, _) => c.receiver().map(AnyReceiver::Cuda),
         });
         let mut rx = made.map_err(|e| errors::channel(py, e))?;
@@ -50,11 +77,11 @@ impl PyReceiver {
             AnyReceiver::Host(r) => r.set_wait_policy(policy),
             AnyReceiver::Cuda(r) => r.set_wait_policy(policy),
         }
-        let gpu = match &ch {
-            AnyChannel::Host(_) => None,
-            AnyChannel::Cuda(_, g) => Some(g.clone()),
+        let (gpu, pinned) = match &ch {
+            AnyChannel::Host(_, p) => (None, p.clone()),
+            AnyChannel::Cuda(_, g) => (Some(g.clone()), None),
         };
-        Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))), gpu })
+        Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))), gpu, pinned })
     }
 
     fn get(&self, py: Python<'_>) -> PyResult<Arc<Mutex<AnyReceiver>>> {
@@ -72,6 +99,11 @@ impl PyReceiver {
         let until = Until::new(py, timeout)?;
         let rx = self.get(py)?;
         // The stream the message is received on, wrapped once for the whole wait.
+        // Pinned host channels: the stream the slot's return follows.
+        let after = match &self.pinned {
+            None => None,
+            Some(g) => Some(g.stream(gpu::stream_handle(py, stream, g.ordinal)?)),
+        };
         let stream = match &self.gpu {
             None => None,
             Some(g) => Some((g, g.stream(gpu::stream_handle(py, stream, g.ordinal)?))),
@@ -79,7 +111,10 @@ impl PyReceiver {
         let step = |(), slice: Duration| {
             let Some(guard) = lock_for(&rx, slice) else { return Step::Again(()) };
             let r = match (&*guard, &stream) {
-                (AnyReceiver::Host(r), _) => r.recv_timeout(slice).map(AnyMessage::Host),
+                (AnyReceiver::Host(r), _) => r.recv_timeout(slice).map(|m| {
+                    let after = after.clone().filter(|_| m.is_pinned());
+                    AnyMessage::Host(HostMessage { msg: Some(m), after })
+                }),
                 (AnyReceiver::Cuda(r), Some((g, s))) => {
                     r.recv_on_timeout(s, slice).map(|m| AnyMessage::Cuda(m, Arc::clone(g)))
                 }
@@ -107,6 +142,10 @@ impl PyReceiver {
     /// ``with`` block lets go at once). GPU channels: ``stream`` (``None``: torch's
     /// current stream if torch is imported, else the legacy default stream; an int or a
     /// ``torch.cuda.Stream``) waits on the GPU for the sender's writes; the CPU does not.
+    /// Host channels opened with ``pinned=True``: the slot is pinned memory (a
+    /// ``non_blocking`` copy to the GPU is asynchronous DMA), and it goes back only after
+    /// the work queued on ``stream`` (chosen as above) by the time the message is released,
+    /// so that such a copy completes first.
     ///
     /// Raises ``Timeout``, ``Disconnected`` (every sender left and everything was
     /// received), ``PeerDead``, ``SenderGone`` (GPU: the sender left with the memory),
@@ -208,7 +247,8 @@ pub(crate) struct PyMessage {
 impl PyMessage {
     fn new(m: AnyMessage) -> Self {
         let (meta, seq, tag, place, ptr) = match &m {
-            AnyMessage::Host(m) => {
+            AnyMessage::Host(h) => {
+                let m = h.get();
                 (*m.meta(), m.seq(), m.tag(), (DEVICE_CPU, 0), m.as_ptr() as usize)
             }
             AnyMessage::Cuda(m, g) => {

@@ -164,7 +164,7 @@ pub(crate) struct PySender {
 impl PySender {
     pub(crate) fn new(py: Python<'_>, ch: AnyChannel, policy: WaitPolicy) -> PyResult<Self> {
         let made = py.detach(|| match &ch {
-            AnyChannel::Host(c) => c.sender().map(AnySender::Host),
+            AnyChannel::Host(c, _) => c.sender().map(AnySender::Host),
             AnyChannel::Cuda(c, _) => c.sender().map(AnySender::Cuda),
         });
         let mut tx = made.map_err(|e| errors::channel(py, e))?;
@@ -179,7 +179,7 @@ impl PySender {
             }
         };
         let gpu = match &ch {
-            AnyChannel::Host(_) => None,
+            AnyChannel::Host(..) => None,
             AnyChannel::Cuda(_, g) => Some(g.clone()),
         };
         let shared = TxShared {
@@ -210,7 +210,11 @@ impl PySender {
     /// GPU channels: the copy is device to device, queued on torch's current stream (the
     /// receiver's stream waits for it on the GPU; this call does not wait for the GPU).
     /// The tensor may be freed or reused at once in torch's stream order. A host tensor
-    /// into a GPU channel, or a CUDA tensor into a host channel, is copied across.
+    /// into a GPU channel is copied across. A CUDA tensor into a host channel: one
+    /// device-to-host copy into the slot queued on torch's current stream, and the
+    /// message is published when that copy is done (this call does not wait for the GPU;
+    /// into a channel opened with ``pinned=True`` the copy is asynchronous DMA, into a
+    /// plain one the driver makes it synchronous).
     ///
     /// Raises ``Timeout``, ``TooLarge``, ``DTypeError``, ``Disconnected`` (every receiver
     /// left), ``PeerDead``, ``Corrupted``, ``CudaError``, ``Closed``.
@@ -272,15 +276,30 @@ impl PySender {
                     )
                 });
             }
-            (AnyLease::Host(l), Place::Cuda(d)) => {
+            (AnyLease::Host(_), Place::Cuda(d)) => {
+                // One asynchronous copy into the slot on torch's stream, published by a
+                // host function when it is done: no host wait (into a pinned pool, DMA;
+                // into a plain one the driver makes the copy synchronous).
                 let g = tx.source_gpu(py, d)?;
                 let s = g.stream(raw_stream);
-                let dst = l.as_mut_ptr() as u64;
-                let dir = Dir::DeviceToHost;
-                py.detach(|| {
-                    g.copy(dir, dst, ptr, n as usize, &s).and_then(|()| g.synchronize(&s))
-                })
-                .map_err(|e| errors::cuda(py, e))?;
+                let AnyLease::Host(mut l) = lease else { unreachable!("matched above") };
+                l.set_tag(tag);
+                let tx_ref: &TxShared = &tx;
+                let sent = py.detach(move || {
+                    let guard = tx_ref.lock();
+                    let AnySender::Host(sender) = &*guard else {
+                        unreachable!("a host lease comes from a host sender")
+                    };
+                    // SAFETY: `n` bytes at `ptr` belong to the CUDA tensor, read in the
+                    // order of torch's current stream `s`, after which torch may reuse its
+                    // memory (the copy is queued there first).
+                    unsafe { sender.send_from_device_on(l, ptr, meta, &s) }
+                });
+                drop(src);
+                return sent.map_err(|e| {
+                    let (class, msg) = errors::send_parts(&e);
+                    raise(py, class, msg)
+                });
             }
             (AnyLease::Cuda(l, _), place) => {
                 let g = channel_gpu.as_ref().expect("a GPU lease comes from a GPU channel");

@@ -58,3 +58,33 @@ def put_tensors(q, count):
     for i in range(count):
         q.put(expected(i))
     torch.cuda.synchronize()
+
+
+def send_pinned_after_slow_kernel(name, count, took):
+    """Into a pinned host channel: each 54 MB CUDA tensor is written after a slow kernel,
+    and `send` queues one asynchronous copy into the slot and returns (the descriptor is
+    published when the copy is done). `took` gets how long each send call took."""
+    import time
+
+    ch = gpuring.Channel.open(name, timeout=30, pinned=True)
+    tx = ch.sender()
+    for k in range(1, count + 1):
+        x = torch.empty((54 << 20) // 4, dtype=torch.int32, device="cuda")
+        torch.cuda._sleep(SLOW_CYCLES)
+        x.fill_(k)
+        t0 = time.perf_counter()
+        tx.send(x, timeout=60)
+        took.put(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    tx.close()
+
+
+def send_filled_arrays(name, count):
+    """A CPU process: 54 MB numpy arrays of k, each into the one slot once it is free."""
+    import numpy as np
+
+    ch = gpuring.Channel.open(name, timeout=30)
+    tx = ch.sender()
+    for k in range(1, count + 1):
+        tx.send(np.full((54 << 20) // 4, k, dtype=np.int32), timeout=60)
+    tx.close()

@@ -162,3 +162,46 @@ def test_host_and_device_tensors_cross_into_the_other_kind_of_channel(name):
         torch.from_dlpack(buf).fill_(2.5)
     with rx.recv(timeout=5) as msg:
         assert torch.from_dlpack(msg).sum().item() == 10.0
+
+
+def test_pinned_host_channel_gpu_to_cpu_process(name):
+    """GPU process -> this (CPU-side) reader through a host channel pinned by the sender:
+    each 54 MB tensor is written after a ~0.3 s kernel, and `send` returns after queueing
+    one asynchronous copy (well before the kernel ends: no host wait). The descriptor is
+    published only when the copy is done, so every byte read at once is final."""
+    count = 6
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=54 << 20)
+    rx = ch.receiver()
+    took = spawn.Queue()
+    p = run(gpu_peers.send_pinned_after_slow_kernel, name, count, took)
+    for k in range(1, count + 1):
+        with rx.recv(timeout=60) as msg:
+            a = np.from_dlpack(msg)
+            assert a.nbytes == 54 << 20 and (a == k).all(), "message %d" % k
+            del a
+    done(p)
+    calls = [took.get(timeout=5) for _ in range(count)]
+    # The first send waits for nothing; later ones may wait for a free slot.
+    assert calls[0] < 0.1, "send waited for the GPU: %.3f s" % calls[0]
+
+
+def test_pinned_receiver_copies_to_the_gpu_non_blocking(name):
+    """CPU process -> GPU through one slot, this receiver pinned: torch sees the slot as
+    pinned memory, `.to("cuda", non_blocking=True)` queues a DMA copy behind a ~0.3 s
+    kernel, and the message is released at once; the slot goes back only when the copy
+    is done (a host function on torch's stream), so the sender, waiting to overwrite it,
+    never changes what the copy reads."""
+    count = 6
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=54 << 20)
+    rx = gpuring.Channel.open(name, pinned=True).receiver()
+    p = run(gpu_peers.send_filled_arrays, name, count)
+    for k in range(1, count + 1):
+        msg = rx.recv(timeout=60)
+        view = torch.from_dlpack(msg)
+        assert view.is_pinned(), "torch does not see the slot as pinned memory"
+        torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
+        t = view.to("cuda", non_blocking=True)
+        del view
+        msg.release()
+        assert t.sum(dtype=torch.int64).item() == k * ((54 << 20) // 4), "message %d" % k
+    done(p)
