@@ -70,7 +70,7 @@ fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
 #[ignore = "needs an NVIDIA GPU (run by .gpu/run.sh on the GPU machine)"]
 fn pinned_gpu_to_cpu_process_in_stream_order() {
     const MESSAGES: u64 = 24;
-    const PASSES: u32 = 64;
+    const PASSES: u32 = 2048;
     match role().as_deref() {
         Some("receiver") => {
             let ch = Channel::builder(ring_name()).open().unwrap();

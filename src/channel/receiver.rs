@@ -99,6 +99,17 @@ impl<B: Backend> core::fmt::Debug for Receiver<B> {
     }
 }
 
+impl<B: Backend> Drop for Receiver<B> {
+    fn drop(&mut self) {
+        // Slot returns queued on streams (`Message::release_on`) run first (up to 5 s), so
+        // that their host functions do not hold the last reference to a pool mapping.
+        #[cfg(feature = "cuda")]
+        for pool in self.pools.get_mut().iter().flatten() {
+            pool.seg.settle(std::time::Duration::from_secs(5));
+        }
+    }
+}
+
 /// A descriptor that passed the checks, its slot taken.
 pub(super) struct Taken<B: Backend> {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // GPU receives use its import

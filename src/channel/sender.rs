@@ -62,6 +62,9 @@ pub(super) struct Tx {
     /// One entry per slot for stream-ordered sends, made on the first.
     #[cfg(feature = "cuda")]
     pub(super) staging: std::sync::OnceLock<Box<[Staged]>>,
+    /// Where their host functions run, made on the first.
+    #[cfg(feature = "cuda")]
+    pub(super) lane: std::sync::OnceLock<crate::pool::pinned::Lane>,
 }
 
 /// A stream-ordered send waiting for its copy: the lease and its descriptor, handed to the
@@ -91,6 +94,8 @@ impl Tx {
             lost: AtomicU64::new(0),
             #[cfg(feature = "cuda")]
             staging: std::sync::OnceLock::new(),
+            #[cfg(feature = "cuda")]
+            lane: std::sync::OnceLock::new(),
         })
     }
 
@@ -117,6 +122,7 @@ impl Tx {
     }
 
     /// Stream-ordered sends enqueued and not yet published.
+    #[cfg(feature = "cuda")]
     pub(super) fn staged(&self) -> u32 {
         self.staged.load(Ordering::Relaxed)
     }
@@ -531,10 +537,10 @@ impl<B: Backend> Drop for Sender<B> {
     fn drop(&mut self) {
         // Stream-ordered sends still waiting for their copy publish first (up to 5 s; after
         // that they still do when their stream gets there: their host functions hold the
-        // ring and their leases the pool).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while self.tx.staged() > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_micros(100));
+        // ring and the pool, and leak them rather than drop the last reference).
+        #[cfg(feature = "cuda")]
+        if let Some(lane) = self.tx.lane.get() {
+            lane.settle(std::time::Duration::from_secs(5));
         }
         self.pool.close();
         if let Some(exported) = self.exported.take() {

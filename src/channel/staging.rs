@@ -31,7 +31,7 @@ use crate::descriptor::TensorMeta;
 use crate::liveness::Blocked;
 use crate::pool::CudaError;
 use crate::pool::cuda::{CudaContext, CudaStream, driver};
-use crate::pool::pinned::{in_host_fn, launch_host_fn};
+use crate::pool::pinned::{Lane, drop_outside_cuda, in_host_fn};
 use crate::wait::Deadline;
 
 impl ChannelBuilder<Host> {
@@ -149,13 +149,27 @@ impl Sender<Host> {
         let slot = lease.hold.slot.slot as usize;
         let slots = self.pool.core.slot_count() as usize;
         let entries = self.tx.staging.get_or_init(|| Staged::entries(slots));
+        let lane = match self.tx.lane.get() {
+            Some(lane) => lane,
+            None => match Lane::new(stream.context(), slots) {
+                Ok(lane) => {
+                    let _ = self.tx.lane.set(lane);
+                    self.tx.lane.get().expect("set just above")
+                }
+                Err(e) => {
+                    // The copy is enqueued: the slot goes back once it is done.
+                    let _ = stream.synchronize();
+                    return Err(SendError::Cuda(e));
+                }
+            },
+        };
         self.tx.stage();
         // SAFETY: the entry of the slot this lease owns: empty (its last host function
         // emptied it before the slot could be leased again), and nobody else fills it.
         let user = unsafe { entries[slot].fill((lease, d), self.tx.clone()) };
         // SAFETY: `publish_staged` calls no CUDA and does not unwind (`in_host_fn`); the
         // entry lives in the `Tx` that the reference in it keeps until it has run.
-        match unsafe { launch_host_fn(stream, publish_staged, user) } {
+        match unsafe { lane.launch_after(stream, slot, publish_staged, user) } {
             Ok(()) => {
                 self.seq.set(self.seq.get().wrapping_add(1));
                 Ok(())
@@ -195,22 +209,25 @@ unsafe extern "C" fn publish_staged(user: *mut c_void) {
     in_host_fn(|| {
         // SAFETY: a full entry from `send_from_device_on`, taken once here.
         let ((mut lease, d), tx) = unsafe { Staged::take(user) };
-        let pool = lease.hold.pool.clone().expect("a staged lease has its pool");
+        // The pool reference leaves the lease here, so that it is let go of outside CUDA.
+        let pool = lease.hold.pool.take().expect("a staged lease has its pool");
         let slot = lease.hold.slot;
+        drop(lease); // holds no pool now: does nothing
         pool.core.mark_sent(slot);
         tx.locked(|ring| {
-            match ring.push_until(d, Deadline::Never) {
-                // Sent: the receiver owns the slot now.
-                Ok(()) => lease.hold.pool = None,
-                Err(_) => {
-                    pool.core.unmark_sent(slot);
-                    tx.lost.fetch_add(1, Ordering::Relaxed);
+            if ring.push_until(d, Deadline::Never).is_err() {
+                // Not published: the slot goes back (the sender may have left meanwhile).
+                pool.core.unmark_sent(slot);
+                if pool.core.cancel(slot) {
+                    pool.unlink_if_drained();
                 }
+                tx.lost.fetch_add(1, Ordering::Relaxed);
             }
             // Done with the ring (under the lock; see `Tx`).
             tx.staged_done();
         });
-        drop(lease); // unsent: the slot goes back
+        drop_outside_cuda(pool);
+        drop_outside_cuda(tx);
     });
 }
 

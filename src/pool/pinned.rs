@@ -102,6 +102,129 @@ pub(crate) unsafe fn launch_host_fn(
     r.result().map_err(driver("cuLaunchHostFunc"))
 }
 
+/// Where host functions run: a stream of their own that waits on an event recorded after
+/// the work they follow. A host function enqueued on the work's stream itself would hold
+/// that stream's later work until it has run (a driver thread must wake for it: ~0.2 ms
+/// per 54 MB copy on the H100, 0.84x of the raw copy rate); on the lane, the work's stream
+/// goes on at once. Host functions on one lane run in the order they were enqueued.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    ctx: Arc<CudaContext>,
+    stream: sys::CUstream,
+    // One per slot: recorded on the work's stream, waited on by the lane. A slot's event is
+    // recorded again only after its last host function ran (the slot came back), and a
+    // wait takes the record as it is when enqueued.
+    events: Box<[sys::CUevent]>,
+}
+
+// SAFETY: driver handles, used from any thread with the context bound (every method binds
+// it); the driver serialises calls on one handle.
+unsafe impl Send for Lane {}
+// SAFETY: as above.
+unsafe impl Sync for Lane {}
+
+impl Lane {
+    /// A lane in `ctx`, with an event for each of `slots` slots.
+    pub(crate) fn new(ctx: &Arc<CudaContext>, slots: usize) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut stream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: out-pointer valid; context bound above.
+        let r = unsafe { sys::cuStreamCreate(&mut stream, flags) };
+        r.result().map_err(driver("cuStreamCreate"))?;
+        let mut lane = Self { ctx: ctx.clone(), stream, events: Box::new([]) };
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let mut events = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            let mut e = std::ptr::null_mut();
+            // SAFETY: out-pointer valid; context bound above.
+            let r = unsafe { sys::cuEventCreate(&mut e, flags) };
+            if let Err(e) = r.result() {
+                lane.events = events.into_boxed_slice(); // dropped with the lane
+                return Err(driver("cuEventCreate")(e));
+            }
+            events.push(e);
+        }
+        lane.events = events.into_boxed_slice();
+        Ok(lane)
+    }
+
+    /// Enqueues `f(user)` after the work queued on `stream` so far, on this lane (marked by
+    /// slot `slot`'s event); on `stream` itself when it belongs to another context.
+    ///
+    /// # Safety
+    ///
+    /// As [`launch_host_fn`]; `slot` is one the caller holds.
+    pub(crate) unsafe fn launch_after(
+        &self,
+        stream: &CudaStream,
+        slot: usize,
+        f: unsafe extern "C" fn(*mut c_void),
+        user: *mut c_void,
+    ) -> Result<(), CudaError> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            // SAFETY: as the caller promises.
+            return unsafe { launch_host_fn(stream, f, user) };
+        }
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let event = self.events[slot];
+        // SAFETY: our live event and lane, the caller's live stream, one context.
+        unsafe {
+            let r = sys::cuEventRecord(event, stream.cu_stream());
+            r.result().map_err(driver("cuEventRecord"))?;
+            let r = sys::cuStreamWaitEvent(self.stream, event, 0);
+            r.result().map_err(driver("cuStreamWaitEvent"))?;
+            let r = sys::cuLaunchHostFunc(self.stream, Some(f), user);
+            r.result().map_err(driver("cuLaunchHostFunc"))
+        }
+    }
+
+    /// Waits, up to `limit`, until every host function enqueued on this lane has run.
+    /// Whether they all have.
+    pub(crate) fn settle(&self, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        if self.ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        loop {
+            // SAFETY: our live lane.
+            match unsafe { sys::cuStreamQuery(self.stream) } {
+                sys::CUresult::CUDA_SUCCESS => return true,
+                sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+                _ => return false,
+            }
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        // Never from a host function: they hold what owns the lane and give it up through
+        // `drop_outside_cuda`.
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: our handles, destroyed once; a stream destroyed with work pending lets
+        // the work finish first.
+        unsafe {
+            for &e in self.events.iter() {
+                let _ = sys::cuEventDestroy_v2(e);
+            }
+            let _ = sys::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}
+
+/// Lets a host function's reference go. A host function must not call CUDA, and the last
+/// reference to what owns a registration or a lane would (its drop): that one is leaked
+/// instead (until the process exits). The owners wait for their host functions before they
+/// let go (`Lane::settle`), so this happens only past that wait.
+pub(crate) fn drop_outside_cuda<T>(last: Arc<T>) {
+    if let Some(inner) = Arc::into_inner(last) {
+        std::mem::forget(inner);
+    }
+}
+
 /// Runs `f` on a driver thread: a panic must not unwind into the driver, so it aborts.
 pub(crate) fn in_host_fn(f: impl FnOnce()) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
@@ -201,13 +324,22 @@ impl PoolSegment {
         held: SlotRef,
         stream: &CudaStream,
     ) -> Result<(), CudaError> {
-        let entries = self.deferred.get_or_init(|| Deferred::entries(self.layout.slot_count));
+        let slots = self.layout.slot_count;
+        let entries = self.deferred.get_or_init(|| Deferred::entries(slots));
+        let lane = match self.lane.get() {
+            Some(lane) => lane,
+            None => {
+                let _ = self.lane.set(Lane::new(stream.context(), slots)?);
+                self.lane.get().expect("set just above")
+            }
+        };
+        let slot = held.slot as usize;
         // SAFETY: the entry of a slot we hold: empty (its last host function emptied it
         // before that slot came back to be held again), and nobody else fills it.
-        let user = unsafe { entries[held.slot as usize].fill(held, self.clone()) };
+        let user = unsafe { entries[slot].fill(held, self.clone()) };
         // SAFETY: `release_deferred` calls no CUDA and does not unwind (`in_host_fn`); the
         // entry lives in this pool, which the reference in it keeps until it has run.
-        match unsafe { launch_host_fn(stream, release_deferred, user) } {
+        match unsafe { lane.launch_after(stream, slot, release_deferred, user) } {
             Ok(()) => Ok(()),
             Err(e) => {
                 // Not enqueued: wait for the reads, then return the slot here.
@@ -217,6 +349,11 @@ impl PoolSegment {
                 Err(e)
             }
         }
+    }
+
+    /// Waits, up to `limit`, for the slot returns enqueued on streams (a receiver's drop).
+    pub(crate) fn settle(&self, limit: std::time::Duration) -> bool {
+        self.lane.get().is_none_or(|lane| lane.settle(limit))
     }
 }
 
@@ -233,5 +370,6 @@ unsafe extern "C" fn release_deferred(user: *mut c_void) {
         if pool.core.release(held) {
             pool.unlink_if_drained();
         }
+        drop_outside_cuda(pool);
     });
 }

@@ -62,6 +62,9 @@ pub struct PoolSegment {
     /// Slots whose return waits for a stream (`release_after`), made on first use.
     #[cfg(feature = "cuda")]
     pub(super) deferred: std::sync::OnceLock<Box<[super::pinned::Deferred]>>,
+    /// Where those returns' host functions run, made on first use.
+    #[cfg(feature = "cuda")]
+    pub(super) lane: std::sync::OnceLock<super::pinned::Lane>,
     pub(crate) core: PoolCore<ShmRecords, ShmStorage<MpmcCell<u32>>>,
     pub(super) segment: Arc<Segment>,
     pub(super) layout: PoolLayout,
@@ -220,6 +223,8 @@ impl PoolSegment {
             pinned: std::sync::OnceLock::new(),
             #[cfg(feature = "cuda")]
             deferred: std::sync::OnceLock::new(),
+            #[cfg(feature = "cuda")]
+            lane: std::sync::OnceLock::new(),
             core,
             segment,
             layout,
