@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::cuda::{ok, setup};
 use common::{NAME, PEER, SharedPage, cpus, peer, peer_index, pin, unique};
 use criterion::{Criterion, Throughput};
-use cudarc::driver::{CudaContext, CudaStream, result, sys};
+use cudarc::driver::{CudaStream, result, sys};
 use gpuring::{Channel, Cuda, Sender, TensorMeta, WaitPolicy, cuda};
 
 const STOP: u64 = u64::MAX;
@@ -39,16 +40,6 @@ fn bytes_of(words: &[AtomicU64; 8]) -> [u8; 64] {
     let mut out = [0u8; 64];
     gpuring::internal::load_bytes(words, &mut out);
     out
-}
-
-fn ok(r: sys::CUresult) {
-    r.result().unwrap();
-}
-
-fn setup() -> (Arc<CudaContext>, Arc<CudaStream>) {
-    let ctx = cuda::context(0).unwrap();
-    let stream = ctx.new_stream().unwrap();
-    (ctx, stream)
 }
 
 fn ipc_event() -> sys::CUevent {

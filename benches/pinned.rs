@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::cuda::{ok, setup};
 use common::{Group, NAME, PEER, Samples, cpus, peer, pin, unique};
 use criterion::{Criterion, Throughput};
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
@@ -40,16 +41,6 @@ const NOOP_PTX: &str = "
     ret;
 }
 ";
-
-fn ok(r: sys::CUresult) {
-    r.result().unwrap();
-}
-
-fn setup() -> (Arc<CudaContext>, Arc<CudaStream>) {
-    let ctx = cuda::context(0).unwrap();
-    let stream = ctx.new_stream().unwrap();
-    (ctx, stream)
-}
 
 fn device_buffer(bytes: usize, stream: &CudaStream) -> sys::CUdeviceptr {
     // SAFETY: a plain allocation, kept for the whole run.

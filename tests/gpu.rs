@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::counting::{allocations, assert_counting};
+use common::gpu::{memset, setup, value};
 use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
@@ -23,26 +24,11 @@ static GLOBAL: common::counting::Counting = common::counting::Counting;
 const LIMIT: Duration = Duration::from_secs(20);
 const WATCHDOG: Duration = Duration::from_secs(120);
 
-fn value(seq: u64) -> u32 {
-    (seq as u32).wrapping_mul(2_654_435_761) | 1
-}
-
-fn memset(ptr: sys::CUdeviceptr, v: u32, words: usize, stream: &CudaStream) {
-    // SAFETY: `ptr` is a slot (or buffer) of at least `words` words, used in stream order.
-    unsafe { sys::cuMemsetD32Async(ptr, v, words, stream.cu_stream()) }.result().unwrap();
-}
-
 fn read_words(ptr: sys::CUdeviceptr, out: &mut [u32], stream: &CudaStream) {
     // SAFETY: `ptr` is valid for `out.len()` words in `stream`'s order; `out` lives until
     // the synchronize below.
     unsafe { result::memcpy_dtoh_async(out, ptr, stream.cu_stream()) }.unwrap();
     stream.synchronize().unwrap();
-}
-
-fn setup() -> (Arc<cudarc::driver::CudaContext>, Arc<CudaStream>) {
-    let ctx = cuda::context(0).expect("a CUDA device");
-    let stream = ctx.new_stream().unwrap();
-    (ctx, stream)
 }
 
 #[test]

@@ -10,12 +10,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::counting::{allocations, assert_counting};
+use common::gpu::{memset, setup, value};
 use common::{ring_name, role, spawn, unique_name, wait_all};
-use cudarc::driver::{CudaContext, result, sys};
+use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
 use gpuring::{Channel, DType, TensorMeta};
 
@@ -28,19 +28,14 @@ const WATCHDOG: Duration = Duration::from_secs(240);
 const BYTES: usize = 54 << 20;
 const WORDS: usize = BYTES / 4;
 
-fn value(seq: u64) -> u32 {
-    (seq as u32).wrapping_mul(2_654_435_761) | 1
-}
-
-fn setup() -> (Arc<CudaContext>, Arc<CudaStream>) {
-    let ctx = cuda::context(0).expect("a CUDA device");
-    let stream = ctx.new_stream().unwrap();
-    (ctx, stream)
-}
-
-fn memset(ptr: sys::CUdeviceptr, v: u32, words: usize, stream: &CudaStream) {
-    // SAFETY: `ptr` is a device buffer of at least `words` words, used in stream order.
-    unsafe { sys::cuMemsetD32Async(ptr, v, words, stream.cu_stream()) }.result().unwrap();
+/// The parent of a two-process test: creates host channel `tag` with `slots` slots of
+/// BYTES (unpinned: each child chooses), runs `test`'s receiver and sender, waits for both.
+fn run_pair(test: &str, tag: &str, slots: u32) {
+    let name = unique_name(tag);
+    let ch = Channel::builder(&name).slots(slots, BYTES as u64).create().unwrap();
+    let mut peers = [spawn(test, "receiver", &name, &[]), spawn(test, "sender", &name, &[])];
+    wait_all(&mut peers, WATCHDOG);
+    drop(ch);
 }
 
 fn device_buffer(bytes: usize) -> sys::CUdeviceptr {
@@ -132,15 +127,7 @@ fn pinned_gpu_to_cpu_process_in_stream_order() {
             assert_eq!(cuda::host_registered(), 0, "the pool's registration goes with it");
             assert_eq!(cuda::host_registrations(), 1, "registered once");
         }
-        _ => {
-            let name = unique_name("pinned-g2c");
-            let ch = Channel::builder(&name).slots(2, BYTES as u64).create().unwrap();
-            let test = "pinned_gpu_to_cpu_process_in_stream_order";
-            let mut peers =
-                [spawn(test, "receiver", &name, &[]), spawn(test, "sender", &name, &[])];
-            wait_all(&mut peers, WATCHDOG);
-            drop(ch);
-        }
+        _ => run_pair("pinned_gpu_to_cpu_process_in_stream_order", "pinned-g2c", 2),
     }
 }
 
@@ -225,15 +212,7 @@ fn pinned_cpu_to_gpu_process_slot_waits_for_the_copy() {
             }
             assert_eq!(cuda::host_registrations(), 0, "a CPU-only sender touches no CUDA");
         }
-        _ => {
-            let name = unique_name("pinned-c2g");
-            let ch = Channel::builder(&name).slots(1, BYTES as u64).create().unwrap();
-            let test = "pinned_cpu_to_gpu_process_slot_waits_for_the_copy";
-            let mut peers =
-                [spawn(test, "receiver", &name, &[]), spawn(test, "sender", &name, &[])];
-            wait_all(&mut peers, WATCHDOG);
-            drop(ch);
-        }
+        _ => run_pair("pinned_cpu_to_gpu_process_slot_waits_for_the_copy", "pinned-c2g", 1),
     }
 }
 

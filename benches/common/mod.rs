@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod baselines;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod floor;
 pub mod ice;
 

@@ -521,10 +521,10 @@ impl Message<Host> {
 }
 
 impl Receiver<Host> {
-    /// What importing each pool mapped so far left (why it could not be pinned, if so).
+    /// The first pool mapped so far that could not be pinned: why.
     #[cfg(feature = "cuda")]
-    pub(super) fn pool_imports(&self) -> Vec<Option<crate::pool::CudaError>> {
-        self.pools.borrow().iter().flatten().map(|p| p.imported).collect()
+    pub(super) fn first_import_error(&self) -> Option<crate::pool::CudaError> {
+        self.pools.borrow().iter().flatten().find_map(|p| p.imported)
     }
 }
 

@@ -393,23 +393,12 @@ impl<B: Backend> Sender<B> {
     /// Fills a descriptor for `lease` (the backend adds its part), publishes it.
     fn send_until(
         &self,
-        mut lease: Lease<B>,
+        lease: Lease<B>,
         meta: TensorMeta,
         deadline: Deadline,
     ) -> Result<(), SendError<Lease<B>>> {
-        let pool = lease.hold.pool.as_ref().expect("a live lease has its pool");
-        assert!(Arc::ptr_eq(pool, &self.pool), "a lease must be sent by the sender it came from");
-        let capacity = lease.capacity() as u64;
+        let mut lease = self.sendable(lease, &meta)?;
         let slot = lease.hold.slot;
-        if meta.nbytes() > capacity {
-            return Err(SendError::TooLarge { lease, len: meta.nbytes(), capacity });
-        }
-        // Nobody would read it (one load while receivers are there).
-        match self.tx.receivers_gone(false) {
-            Some(Blocked::PeerDead) => return Err(SendError::PeerDead(lease)),
-            Some(_) => return Err(SendError::Disconnected(lease)),
-            None => {}
-        }
         let mut d = self.descriptor(&lease, &meta);
         B::fill(&lease.slot, slot.slot, &mut d).map_err(SendError::Cuda)?;
         self.pool.core.mark_sent(slot);
@@ -430,6 +419,27 @@ impl<B: Backend> Sender<B> {
                     PushError::Corrupted(c) => SendError::Corrupted(c),
                 })
             }
+        }
+    }
+
+    /// The checks before any send of `lease` as `meta`: the lease is this sender's (else a
+    /// panic), `meta` fits in its slot, and some receiver would read it (one load while
+    /// receivers are there). The lease back on success, and in the error.
+    pub(super) fn sendable(
+        &self,
+        lease: Lease<B>,
+        meta: &TensorMeta,
+    ) -> Result<Lease<B>, SendError<Lease<B>>> {
+        let pool = lease.hold.pool.as_ref().expect("a live lease has its pool");
+        assert!(Arc::ptr_eq(pool, &self.pool), "a lease must be sent by the sender it came from");
+        let capacity = lease.capacity() as u64;
+        if meta.nbytes() > capacity {
+            return Err(SendError::TooLarge { lease, len: meta.nbytes(), capacity });
+        }
+        match self.tx.receivers_gone(false) {
+            Some(Blocked::PeerDead) => Err(SendError::PeerDead(lease)),
+            Some(_) => Err(SendError::Disconnected(lease)),
+            None => Ok(lease),
         }
     }
 

@@ -28,7 +28,6 @@ use super::error::SendError;
 use super::sender::Staged;
 use super::{ChannelBuilder, Host, Lease, Message, Receiver, Sender};
 use crate::descriptor::TensorMeta;
-use crate::liveness::Blocked;
 use crate::pool::CudaError;
 use crate::pool::cuda::{CudaContext, CudaStream, driver};
 use crate::pool::pinned::{Lane, drop_outside_cuda, in_host_fn};
@@ -121,21 +120,9 @@ impl Sender<Host> {
         meta: TensorMeta,
         stream: &Arc<CudaStream>,
     ) -> Result<(), SendError<Lease>> {
-        let pool = lease.hold.pool.as_ref().expect("a live lease has its pool");
-        assert!(Arc::ptr_eq(pool, &self.pool), "a lease must be sent by the sender it came from");
-        let capacity = lease.capacity() as u64;
-        if meta.nbytes() > capacity {
-            return Err(SendError::TooLarge { lease, len: meta.nbytes(), capacity });
-        }
-        match self.tx.receivers_gone(false) {
-            Some(Blocked::PeerDead) => return Err(SendError::PeerDead(lease)),
-            Some(_) => return Err(SendError::Disconnected(lease)),
-            None => {}
-        }
+        let lease = self.sendable(lease, &meta)?;
         let bind = stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"));
-        if let Err(e) = bind {
-            return Err(SendError::Cuda(e));
-        }
+        bind.map_err(SendError::Cuda)?; // the lease goes back with the error
         let len = meta.nbytes() as usize;
         // SAFETY: `len` <= the slot's bytes (checked above), which this lease owns until the
         // host function publishes them; `src` as the caller promises.
@@ -149,20 +136,11 @@ impl Sender<Host> {
         let slot = lease.hold.slot.slot as usize;
         let slots = self.pool.core.slot_count() as usize;
         let entries = self.tx.staging.get_or_init(|| Staged::entries(slots));
-        let lane = match self.tx.lane.get() {
-            Some(lane) => lane,
-            None => match Lane::new(stream.context(), slots) {
-                Ok(lane) => {
-                    let _ = self.tx.lane.set(lane);
-                    self.tx.lane.get().expect("set just above")
-                }
-                Err(e) => {
-                    // The copy is enqueued: the slot goes back once it is done.
-                    let _ = stream.synchronize();
-                    return Err(SendError::Cuda(e));
-                }
-            },
-        };
+        let lane = Lane::in_cell(&self.tx.lane, stream, slots).map_err(|e| {
+            // The copy is enqueued: the slot goes back (with the lease) once it is done.
+            let _ = stream.synchronize();
+            SendError::Cuda(e)
+        })?;
         self.tx.stage();
         // SAFETY: the entry of the slot this lease owns: empty (its last host function
         // emptied it before the slot could be leased again), and nobody else fills it.
@@ -236,7 +214,7 @@ impl Receiver<Host> {
     /// it could not: the first such error. Its messages are received all the same, from
     /// unpinned memory.
     pub fn pin_error(&self) -> Option<CudaError> {
-        self.pool_imports().into_iter().flatten().next()
+        self.first_import_error()
     }
 }
 

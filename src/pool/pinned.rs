@@ -149,6 +149,20 @@ impl Lane {
         Ok(lane)
     }
 
+    /// The lane in `cell`, made now (in `stream`'s context, with `slots` events) if there is
+    /// none yet. Called by the one thread that owns `cell`'s holder.
+    pub(crate) fn in_cell<'a>(
+        cell: &'a std::sync::OnceLock<Lane>,
+        stream: &CudaStream,
+        slots: usize,
+    ) -> Result<&'a Lane, CudaError> {
+        if let Some(lane) = cell.get() {
+            return Ok(lane);
+        }
+        let _ = cell.set(Lane::new(stream.context(), slots)?);
+        Ok(cell.get().expect("set just above"))
+    }
+
     /// Enqueues `f(user)` after the work queued on `stream` so far, on this lane (marked by
     /// slot `slot`'s event); on `stream` itself when it belongs to another context.
     ///
@@ -326,13 +340,7 @@ impl PoolSegment {
     ) -> Result<(), CudaError> {
         let slots = self.layout.slot_count;
         let entries = self.deferred.get_or_init(|| Deferred::entries(slots));
-        let lane = match self.lane.get() {
-            Some(lane) => lane,
-            None => {
-                let _ = self.lane.set(Lane::new(stream.context(), slots)?);
-                self.lane.get().expect("set just above")
-            }
-        };
+        let lane = Lane::in_cell(&self.lane, stream, slots)?;
         let slot = held.slot as usize;
         // SAFETY: the entry of a slot we hold: empty (its last host function emptied it
         // before that slot came back to be held again), and nobody else fills it.

@@ -3,6 +3,8 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod counting;
+#[cfg(all(feature = "cuda", not(loom)))]
+pub mod gpu;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
