@@ -8,7 +8,22 @@
 //! A's stream waits, copies the word to the host, and A synchronises its stream and checks
 //! the word. The time reported is half the round trip. Throughput streams device slots one
 //! way (A writes one word into each) and times until B has returned them all.
-//! `GPURING_BENCH_CPUS=a,b` pins as in `rings`.
+//! `GPURING_BENCH_CPUS=a,b` pins as in `rings`; `GPURING_BENCH_PEER_DEVICE=1` puts the peer
+//! process (B) on device 1 (producer and consumer on two GPUs).
+//!
+//! Groups:
+//! - `gpu_handoff_one_way`: the raw floor (IPC events, handles opened once, a spinning
+//!   shared word) and gpuring SPSC, ping-pong.
+//! - `gpu_stream`: the raw event stream (the same protocol as a gpuring channel with
+//!   nothing else: 64 slots, a ready and a release IPC event per slot, a shared head and
+//!   acknowledgement word) and gpuring SPSC, one way.
+//! - `gpu_driver_calls`: what each driver call on the hot path costs the calling thread
+//!   (64 calls, then a synchronize outside the timing), in this process's own context.
+//! - `gpu_stream_values`: the experiment of issue 17 part 3, ordering the consumer's stream
+//!   on the producer's with stream memory operations (`cuStreamWriteValue64` /
+//!   `cuStreamWaitValue64` on words in the producer's device memory) instead of
+//!   interprocess events; ping-pong and stream, as the two raw event rows. Last, and
+//!   skipped where the device lacks 64-bit stream memory operations.
 
 mod common;
 
@@ -16,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cuda::{ok, setup};
+use common::cuda::{ok, peer_device, setup, setup_on};
 use common::{NAME, PEER, SharedPage, cpus, peer, peer_index, pin, unique};
 use criterion::{Criterion, Throughput};
 use cudarc::driver::{CudaStream, result, sys};
@@ -36,6 +51,28 @@ struct FloorPage {
     handles: [[AtomicU64; 8]; 4],
 }
 
+/// Slots of the raw streams (as the gpuring stream's pool).
+const STREAM_SLOTS: usize = 64;
+/// Where the stream-value words lie in the producer's buffer (past the slots): the ready
+/// word, then (another cache line) the release word.
+const FLAGS: u64 = 1 << 20;
+const READY: u64 = FLAGS;
+const RELEASE: u64 = FLAGS + 256;
+
+/// The raw streams' shared page: the producer's head (last sequence published), the
+/// consumer's acknowledgement (last sequence released), then the handles B opens: the
+/// buffer, and per slot the ready and release events.
+#[repr(C, align(128))]
+struct StreamPage {
+    head: AtomicU64,
+    _pad0: [u64; 15],
+    acked: AtomicU64,
+    _pad1: [u64; 15],
+    mem: [AtomicU64; 8],
+    ready: [[AtomicU64; 8]; STREAM_SLOTS],
+    release: [[AtomicU64; 8]; STREAM_SLOTS],
+}
+
 fn bytes_of(words: &[AtomicU64; 8]) -> [u8; 64] {
     let mut out = [0u8; 64];
     gpuring::internal::load_bytes(words, &mut out);
@@ -49,6 +86,82 @@ fn ipc_event() -> sys::CUevent {
     // SAFETY: out-pointer valid; context bound by `setup`.
     ok(unsafe { sys::cuEventCreate(&mut e, flags) });
     e
+}
+
+/// Writes the IPC handle of our allocation `ptr` into `words`.
+fn export_mem(ptr: sys::CUdeviceptr, words: &[AtomicU64; 8]) {
+    let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: out-pointer valid; our allocation.
+    ok(unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) });
+    gpuring::internal::store_bytes(words, &h.reserved.map(|b| b as u8));
+}
+
+/// Writes the IPC handle of our interprocess event `e` into `words`.
+fn export_event(e: sys::CUevent, words: &[AtomicU64; 8]) {
+    let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
+    // SAFETY: out-pointer valid; our interprocess event.
+    ok(unsafe { sys::cuIpcGetEventHandle(&mut h, e) });
+    gpuring::internal::store_bytes(words, &h.reserved.map(|b| b as u8));
+}
+
+/// Opens the allocation whose handle `words` holds (peer access on first use when it is on
+/// another device).
+fn open_mem(words: &[AtomicU64; 8]) -> sys::CUdeviceptr {
+    let h = sys::CUipcMemHandle { reserved: bytes_of(words).map(|b| b as _) };
+    let mut ptr = 0;
+    let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+    // SAFETY: a handle the producer exported; out-pointer valid.
+    ok(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, lazy) });
+    ptr
+}
+
+/// Opens the interprocess event whose handle `words` holds.
+fn open_event(words: &[AtomicU64; 8]) -> sys::CUevent {
+    let h = sys::CUipcEventHandle { reserved: bytes_of(words).map(|b| b as _) };
+    let mut e = std::ptr::null_mut();
+    // SAFETY: a handle the producer exported; out-pointer valid.
+    ok(unsafe { sys::cuIpcOpenEventHandle(&mut e, h) });
+    e
+}
+
+fn record(e: sys::CUevent, s: &CudaStream) {
+    // SAFETY: a live event and stream.
+    ok(unsafe { sys::cuEventRecord(e, s.cu_stream()) });
+}
+
+fn wait_event(e: sys::CUevent, s: &CudaStream) {
+    // SAFETY: a live event and stream.
+    ok(unsafe { sys::cuStreamWaitEvent(s.cu_stream(), e, 0) });
+}
+
+/// Enqueues on `s` a write of `v` to the device word at `at`, after the work before it
+/// (the default flags fence the stream's earlier writes before this one).
+fn write_value(at: sys::CUdeviceptr, v: u64, s: &CudaStream) {
+    // SAFETY: `at` is a live, 8-byte aligned device word (ours or opened).
+    ok(unsafe { sys::cuStreamWriteValue64_v2(s.cu_stream(), at, v, 0) });
+}
+
+/// Enqueues on `s` a wait until the device word at `at` is at least `v`.
+fn wait_value(at: sys::CUdeviceptr, v: u64, s: &CudaStream) {
+    let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+    // SAFETY: as in `write_value`.
+    ok(unsafe { sys::cuStreamWaitValue64_v2(s.cu_stream(), at, v, geq) });
+}
+
+/// Whether this context's device has 64-bit stream memory operations (part 3's rows).
+fn stream_values_supported(ctx: &cudarc::driver::CudaContext) -> bool {
+    let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS;
+    ctx.attribute(attr).is_ok_and(|v| v != 0)
+}
+
+/// A device buffer of 2 MiB whose stream-value words start at zero.
+fn alloc_buffer(s: &CudaStream) -> sys::CUdeviceptr {
+    // SAFETY: a plain allocation, zeroed in stream order and synchronised before use.
+    let ptr = unsafe { result::malloc_sync(2 << 20) }.unwrap();
+    // SAFETY: the 512 bytes at FLAGS lie inside the allocation.
+    ok(unsafe { sys::cuMemsetD8Async(ptr + FLAGS, 0, 512, s.cu_stream()) });
+    s.synchronize().unwrap();
+    ptr
 }
 
 fn memset(ptr: sys::CUdeviceptr, v: u32, s: &CudaStream) {
@@ -69,31 +182,45 @@ fn read_word(src: sys::CUdeviceptr, s: &CudaStream) -> u32 {
     w[0]
 }
 
+/// Spins until `done`. Fails, naming `what`, if the peer process has exited meanwhile (a
+/// driver call it made failed) or nothing changed for [`STALL`], rather than spinning for
+/// ever.
+fn spin_until(peer: &mut common::Peer, what: &str, done: impl Fn() -> bool) -> Result<(), String> {
+    let start = Instant::now();
+    let mut n = 0u32;
+    while !done() {
+        std::hint::spin_loop();
+        n = n.wrapping_add(1);
+        if n % (1 << 16) == 0 {
+            if matches!(peer.0.try_wait(), Ok(Some(_))) {
+                return Err(format!("{what}: the peer process exited"));
+            }
+            if start.elapsed() > STALL {
+                return Err(format!("{what}: no progress for {STALL:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How long a raw floor may make no progress before the bench says it stalled.
+const STALL: Duration = Duration::from_secs(10);
+
 fn run_peer(role: &str) {
     pin(cpus().get(1 + peer_index()).copied());
     let name = std::env::var(NAME).unwrap();
-    let (ctx, s) = setup();
+    let (ctx, s) = setup_on(peer_device());
     match role {
-        "floor" => {
+        "floor" | "floor-values" => {
             let page = SharedPage::<FloorPage>::open(&name);
             let p = page.get();
-            let open_mem = |i: usize| {
-                let h = sys::CUipcMemHandle { reserved: bytes_of(&p.handles[i]).map(|b| b as _) };
-                let mut ptr = 0;
-                let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-                // SAFETY: a handle A exported; out-pointer valid.
-                ok(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, lazy) });
-                ptr
+            let (a_buf, b_buf) = (open_mem(&p.handles[0]), open_mem(&p.handles[1]));
+            let events = role == "floor";
+            let (a_to_b, b_to_a) = if events {
+                (open_event(&p.handles[2]), open_event(&p.handles[3]))
+            } else {
+                (std::ptr::null_mut(), std::ptr::null_mut())
             };
-            let open_event = |i: usize| {
-                let h = sys::CUipcEventHandle { reserved: bytes_of(&p.handles[i]).map(|b| b as _) };
-                let mut e = std::ptr::null_mut();
-                // SAFETY: a handle A exported; out-pointer valid.
-                ok(unsafe { sys::cuIpcOpenEventHandle(&mut e, h) });
-                e
-            };
-            let (a_buf, b_buf, a_to_b, b_to_a) =
-                (open_mem(0), open_mem(1), open_event(2), open_event(3));
             let mut last = 0;
             loop {
                 // Acquire/Release: the signal itself is what is measured.
@@ -106,12 +233,54 @@ fn run_peer(role: &str) {
                     return;
                 }
                 last = v;
-                // SAFETY: live event and stream.
-                ok(unsafe { sys::cuStreamWaitEvent(s.cu_stream(), a_to_b, 0) });
+                if events {
+                    wait_event(a_to_b, &s);
+                } else {
+                    wait_value(a_buf + READY, v, &s);
+                }
                 copy_word(b_buf, a_buf, &s);
-                // SAFETY: as above.
-                ok(unsafe { sys::cuEventRecord(b_to_a, s.cu_stream()) });
+                if events {
+                    record(b_to_a, &s);
+                } else {
+                    write_value(a_buf + RELEASE, v, &s);
+                }
                 p.pong.store(v, Ordering::Release);
+            }
+        }
+        "stream-events" | "stream-values" => {
+            let page = SharedPage::<StreamPage>::open(&name);
+            let p = page.get();
+            let buf = open_mem(&p.mem);
+            let events = role == "stream-events";
+            let (ready, release): (Vec<_>, Vec<_>) = if events {
+                p.ready.iter().zip(&p.release).map(|(r, l)| (open_event(r), open_event(l))).unzip()
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            let mut next = 1u64;
+            loop {
+                // Acquire: pairs with the producer's Release store of `head`.
+                let head = p.head.load(Ordering::Acquire);
+                if head == STOP {
+                    return;
+                }
+                if next > head {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                while next <= head {
+                    let i = next as usize % STREAM_SLOTS;
+                    if events {
+                        wait_event(ready[i], &s);
+                        record(release[i], &s);
+                    } else {
+                        wait_value(buf + READY, next, &s);
+                        write_value(buf + RELEASE, next, &s);
+                    }
+                    // Release: pairs with the producer's Acquire load before reuse.
+                    p.acked.store(next, Ordering::Release);
+                    next += 1;
+                }
             }
         }
         "echo" => {
@@ -128,8 +297,10 @@ fn run_peer(role: &str) {
                 }
                 let lease = tx.acquire_on(&s).unwrap();
                 copy_word(lease.device_ptr(), m.device_ptr(), &s);
-                drop(m);
+                // The reply first, then the message goes (its release record is then off
+                // the reply's path; the copy that reads it is queued before either).
                 tx.send(lease, TensorMeta::bytes(4)).unwrap();
+                drop(m);
             }
         }
         "sink" => {
@@ -161,43 +332,44 @@ fn stop(tx: &Sender<Cuda>, s: &Arc<CudaStream>, peer: common::Peer) {
     peer.finish();
 }
 
-fn floor(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+type Group<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
+
+/// The raw ping-pong: A's word goes to B's stream and back, ordered by IPC events
+/// (`events`) or by stream-value words in A's buffer, signalled through a spinning shared
+/// word, every handle opened once up front.
+fn floor(g: &mut Group<'_>, events: bool) {
     let (_ctx, s) = setup();
     let name = format!("/{}", unique("gpufloor"));
     let page = SharedPage::<FloorPage>::create(&name);
     let p = page.get();
-    // SAFETY: plain allocations for the floor's two words (2 MiB each, like slots).
-    let (a_buf, b_buf) = unsafe { (result::malloc_sync(2 << 20), result::malloc_sync(2 << 20)) };
-    let (a_buf, b_buf) = (a_buf.unwrap(), b_buf.unwrap());
+    let (a_buf, b_buf) = (alloc_buffer(&s), alloc_buffer(&s));
     let (a_to_b, b_to_a) = (ipc_event(), ipc_event());
-    for (i, ptr) in [a_buf, b_buf].into_iter().enumerate() {
-        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
-        // SAFETY: out-pointer valid; our allocation.
-        ok(unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) });
-        gpuring::internal::store_bytes(&p.handles[i], &h.reserved.map(|b| b as u8));
-    }
-    for (i, e) in [(2, a_to_b), (3, b_to_a)] {
-        let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
-        // SAFETY: out-pointer valid; our interprocess event.
-        ok(unsafe { sys::cuIpcGetEventHandle(&mut h, e) });
-        gpuring::internal::store_bytes(&p.handles[i], &h.reserved.map(|b| b as u8));
-    }
-    let _peer = peer("floor", &name, 0, false);
+    export_mem(a_buf, &p.handles[0]);
+    export_mem(b_buf, &p.handles[1]);
+    export_event(a_to_b, &p.handles[2]);
+    export_event(b_to_a, &p.handles[3]);
+    let mut peer = peer(if events { "floor" } else { "floor-values" }, &name, 0, false);
     let mut seq = 0u64;
-    g.bench_function("floor_ipc_events_spin", |b| {
+    let id = if events { "floor_ipc_events_spin" } else { "floor_stream_values_spin" };
+    g.bench_function(id, |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
                 seq += 1;
                 memset(a_buf, seq as u32, &s);
-                // SAFETY: live event and stream.
-                ok(unsafe { sys::cuEventRecord(a_to_b, s.cu_stream()) });
-                p.ping.store(seq, Ordering::Release);
-                while p.pong.load(Ordering::Acquire) != seq {
-                    std::hint::spin_loop();
+                if events {
+                    record(a_to_b, &s);
+                } else {
+                    write_value(a_buf + READY, seq, &s);
                 }
-                // SAFETY: as above.
-                ok(unsafe { sys::cuStreamWaitEvent(s.cu_stream(), b_to_a, 0) });
+                p.ping.store(seq, Ordering::Release);
+                // Acquire: pairs with the peer's Release store of `pong`.
+                spin_until(&mut peer, id, || p.pong.load(Ordering::Acquire) == seq).unwrap();
+                if events {
+                    wait_event(b_to_a, &s);
+                } else {
+                    wait_value(a_buf + RELEASE, seq, &s);
+                }
                 assert_eq!(read_word(b_buf, &s), seq as u32);
             }
             t.elapsed() / 2
@@ -207,7 +379,7 @@ fn floor(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>
     std::thread::sleep(Duration::from_millis(50));
 }
 
-fn gpuring_ping_pong(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+fn gpuring_ping_pong(g: &mut Group<'_>) {
     let (ctx, s) = setup();
     let name = unique("gpupp");
     let make = |suffix: &str| {
@@ -235,9 +407,127 @@ fn gpuring_ping_pong(g: &mut criterion::BenchmarkGroup<'_, criterion::measuremen
     stop(&tx, &s, echo);
 }
 
-fn stream(c: &mut Criterion) {
-    let mut g = c.benchmark_group("gpu_stream");
-    g.throughput(Throughput::Elements(1));
+/// The raw stream: 64 slots of one buffer, A writes a word into each and publishes it
+/// (`head`), B's stream waits for it and releases it (`acked`); A reuses a slot once B
+/// released it, its stream waiting for B's. Ordered by a ready and a release IPC event per
+/// slot (`events`, the protocol of a gpuring channel with nothing else), or by the two
+/// stream-value words.
+///
+/// A probe runs first: 20,000 items, then A's stream waits for the last release and A
+/// synchronises, so its figure includes all the GPU work (criterion's rows, like gpuring's
+/// stream row, time until B has released every item, which the GPU bounds only through
+/// the depth of the driver's queues). A watchdog ends the whole run, peer included, when
+/// the probe stalls, even inside a driver call that never returns; the row is then
+/// reported as stalled and not measured.
+fn raw_stream(g: &mut Group<'_>, events: bool) {
+    let (_ctx, s) = setup();
+    let name = format!("/{}", unique("gpurawstream"));
+    let page = SharedPage::<StreamPage>::create(&name);
+    let p = page.get();
+    let buf = alloc_buffer(&s);
+    export_mem(buf, &p.mem);
+    let (mut ready, mut release) = (Vec::new(), Vec::new());
+    if events {
+        for i in 0..STREAM_SLOTS {
+            let (r, l) = (ipc_event(), ipc_event());
+            export_event(r, &p.ready[i]);
+            export_event(l, &p.release[i]);
+            ready.push(r);
+            release.push(l);
+        }
+    }
+    let role = if events { "stream-events" } else { "stream-values" };
+    let mut peer = peer(role, &name, 0, false);
+    let id = if events { "floor_ipc_events_stream" } else { "floor_stream_values_stream" };
+    let mut seq = 0u64;
+    // Publishes item `seq + 1`.
+    let send = |seq: &mut u64, peer: &mut common::Peer| -> Result<(), String> {
+        *seq += 1;
+        let i = *seq as usize % STREAM_SLOTS;
+        if *seq > STREAM_SLOTS as u64 {
+            let reuse = *seq - STREAM_SLOTS as u64;
+            // Acquire: pairs with the peer's Release store of `acked`.
+            spin_until(peer, id, || p.acked.load(Ordering::Acquire) >= reuse)?;
+            if events {
+                wait_event(release[i], &s);
+            } else {
+                wait_value(buf + RELEASE, reuse, &s);
+            }
+        }
+        memset(buf + (i as u64) * 4096, *seq as u32, &s);
+        if events {
+            record(ready[i], &s);
+        } else {
+            write_value(buf + READY, *seq, &s);
+        }
+        // Release: pairs with the peer's Acquire load of `head`.
+        p.head.store(*seq, Ordering::Release);
+        Ok(())
+    };
+    const PROBE: u64 = 20_000;
+    let watchdog = Watchdog::start(peer.0.id(), &name, id, Duration::from_secs(30));
+    let t = Instant::now();
+    let probe = (0..PROBE).try_for_each(|_| send(&mut seq, &mut peer)).and_then(|()| {
+        spin_until(&mut peer, id, || p.acked.load(Ordering::Acquire) == seq)?;
+        if events {
+            wait_event(release[seq as usize % STREAM_SLOTS], &s);
+        } else {
+            wait_value(buf + RELEASE, seq, &s);
+        }
+        s.synchronize().map_err(|e| format!("{id}: synchronize: {e:?}"))
+    });
+    let spent = t.elapsed();
+    watchdog.stop();
+    match probe {
+        Ok(()) => println!(
+            "{id}: probe: {PROBE} items in {:.1} ms with the GPU work done: {:.1} k items/s",
+            spent.as_secs_f64() * 1e3,
+            PROBE as f64 / spent.as_secs_f64() / 1e3
+        ),
+        Err(e) => {
+            println!("{id}: probe STALLED after {seq} items: {e}; row not measured");
+            return;
+        }
+    }
+    g.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                send(&mut seq, &mut peer).unwrap();
+            }
+            spin_until(&mut peer, id, || p.acked.load(Ordering::Acquire) == seq).unwrap();
+            t.elapsed()
+        })
+    });
+    p.head.store(STOP, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(50));
+}
+
+/// Ends the process (killing `peer`, unlinking the page `page`) when not stopped within
+/// `limit`: for a probe that may stall inside a driver call.
+struct Watchdog(std::sync::mpsc::Sender<()>);
+
+impl Watchdog {
+    fn start(peer: u32, page: &str, what: &'static str, limit: Duration) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let page = page.to_owned();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                println!("{what}: probe STALLED for {limit:?} (a driver call does not return)");
+                let _ = std::process::Command::new("kill").args(["-9", &peer.to_string()]).status();
+                let _ = rustix::shm::unlink(page.as_str());
+                std::process::exit(3);
+            }
+        });
+        Self(tx)
+    }
+
+    fn stop(self) {
+        let _ = self.0.send(());
+    }
+}
+
+fn gpuring_stream(g: &mut Group<'_>) {
     let (ctx, s) = setup();
     let name = unique("gpustream");
     let ch = Channel::builder(&name).capacity(256).slots(64, 4096).cuda(&ctx).create().unwrap();
@@ -259,6 +549,56 @@ fn stream(c: &mut Criterion) {
         })
     });
     stop(&tx, &s, sink);
+}
+
+/// The calling thread's time per driver call of the hot path, in this process's context:
+/// 64 calls timed, then a synchronize untimed (so the queue never fills), repeated.
+fn driver_calls(c: &mut Criterion, values: bool) {
+    let mut g = c.benchmark_group("gpu_driver_calls");
+    g.measurement_time(Duration::from_secs(1));
+    let (_ctx, s) = setup();
+    let buf = alloc_buffer(&s);
+    let (event, plain) = (ipc_event(), {
+        let mut e = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: out-pointer valid; context bound by `setup`.
+        ok(unsafe { sys::cuEventCreate(&mut e, flags) });
+        e
+    });
+    record(event, &s);
+    record(plain, &s);
+    s.synchronize().unwrap();
+    let mut case = |id: &str, call: &dyn Fn()| {
+        g.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let n = left.min(64);
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        call();
+                    }
+                    spent += t.elapsed();
+                    s.synchronize().unwrap();
+                    left -= n;
+                }
+                spent
+            })
+        });
+    };
+    case("cuEventRecord_ipc_event", &|| record(event, &s));
+    case("cuEventRecord_plain_event", &|| record(plain, &s));
+    case("cuStreamWaitEvent_ipc_event_done", &|| wait_event(event, &s));
+    // SAFETY: a live event; its record completed (the synchronize in each round).
+    case("cuEventQuery_ipc_event_done", &|| ok(unsafe { sys::cuEventQuery(event) }));
+    case("cuMemsetD32Async_one_word", &|| memset(buf, 1, &s));
+    // SAFETY: a live stream (idle: the synchronize in each round, and nothing queued).
+    case("cuStreamQuery_idle", &|| ok(unsafe { sys::cuStreamQuery(s.cu_stream()) }));
+    if values {
+        case("cuStreamWriteValue64", &|| write_value(buf + READY, 1, &s));
+        case("cuStreamWaitValue64_met", &|| wait_value(buf + READY, 1, &s));
+    }
     g.finish();
 }
 
@@ -272,16 +612,39 @@ fn main() {
         return;
     }
     pin(cpus().first().copied());
+    let (ctx, _) = setup();
+    let (here, there) = (cuda::device_info(&ctx).unwrap(), peer_device());
+    println!(
+        "gpu bench: producer on GPU {} ({}, MPS: {:?}), consumer on GPU {there}",
+        here.ordinal, here.name, here.mps
+    );
+    let values = stream_values_supported(&ctx) && stream_values_supported(&setup_on(there).0);
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
     {
         let mut g = c.benchmark_group("gpu_handoff_one_way");
-        floor(&mut g);
+        floor(&mut g, true);
         gpuring_ping_pong(&mut g);
         g.finish();
     }
-    stream(&mut c);
+    {
+        let mut g = c.benchmark_group("gpu_stream");
+        g.throughput(Throughput::Elements(1));
+        raw_stream(&mut g, true);
+        gpuring_stream(&mut g);
+        g.finish();
+    }
+    driver_calls(&mut c, values);
+    if values {
+        let mut g = c.benchmark_group("gpu_stream_values");
+        floor(&mut g, false);
+        g.throughput(Throughput::Elements(1));
+        raw_stream(&mut g, false);
+        g.finish();
+    } else {
+        println!("gpu_stream_values: skipped (no 64-bit stream memory operations here)");
+    }
     c.final_summary();
 }

@@ -76,8 +76,8 @@ pub fn peer_index() -> usize {
     std::env::var("GPURING_BENCH_PEER_INDEX").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
-/// A 4096-byte page of named shared memory holding a `T` made only of atomics (zeroed is
-/// a valid `T`): the raw floors' shared words. The creator unlinks it on drop.
+/// Named shared memory (whole 4096-byte pages) holding a `T` made only of atomics (zeroed
+/// is a valid `T`): the raw floors' shared words. The creator unlinks it on drop.
 pub struct SharedPage<T> {
     ptr: *mut T,
     name: Option<String>,
@@ -86,31 +86,32 @@ pub struct SharedPage<T> {
 impl<T> SharedPage<T> {
     /// Creates page `name` (exclusively).
     pub fn create(name: &str) -> Self {
-        assert!(size_of::<T>() <= 4096);
         let fd = rustix::shm::open(
             name,
             rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
             rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
         )
         .unwrap();
-        rustix::fs::ftruncate(&fd, 4096).unwrap();
+        rustix::fs::ftruncate(&fd, Self::LEN as u64).unwrap();
         Self { ptr: Self::map(&fd), name: Some(name.to_owned()) }
     }
 
     /// Opens page `name`.
     pub fn open(name: &str) -> Self {
-        assert!(size_of::<T>() <= 4096);
         let fd =
             rustix::shm::open(name, rustix::shm::OFlags::RDWR, rustix::fs::Mode::empty()).unwrap();
         Self { ptr: Self::map(&fd), name: None }
     }
 
+    /// The mapping's length: `T`'s size in whole pages.
+    const LEN: usize = size_of::<T>().next_multiple_of(4096);
+
     fn map(fd: &std::os::fd::OwnedFd) -> *mut T {
-        // SAFETY: a fresh 4096-byte shared mapping; T fits (asserted by the callers).
+        // SAFETY: a fresh shared mapping of LEN bytes, which T fits.
         unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
-                4096,
+                Self::LEN,
                 rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
                 rustix::mm::MapFlags::SHARED,
                 fd,

@@ -2,12 +2,13 @@
 //! slots, handed off in stream order.
 //!
 //! ```text
-//! sender:   acquire_on(&s1)  -> s1 waits on the slot's release event
+//! sender:   acquire_on(&s1)  -> s1 waits on the slot's release event (unless done)
 //!           (kernels on s1 write the slot)
 //!           send(lease)      -> ready event recorded on s1; descriptor pushed
 //! receiver: recv_on(&s2)     -> descriptor checked; s2 waits on the ready event
 //!           (kernels on s2 read the slot)
-//!           drop(message)    -> release event recorded on s2; slot back in the pool
+//!           drop(message)    -> release event recorded on s2 (unless s2 is idle);
+//!                               slot back in the pool
 //! ```
 //!
 //! Nothing here synchronises a stream or a context: every wait is enqueued on a stream, so
@@ -67,7 +68,8 @@ pub struct DeviceRead {
 
 impl Drop for DeviceRead {
     fn drop(&mut self) {
-        // The next lease's stream waits on this record, so it writes only after our reads.
+        // The next lease's stream waits on this record, so it writes only after our reads
+        // (when the stream is idle, the reads are done and nothing is recorded).
         if self.device.record_release(self.slot, &self.stream).is_err() {
             // Without the record the slot would be handed back under pending reads: wait
             // for them instead (a failed driver call; never the normal path).

@@ -9,7 +9,9 @@
 //! handles are taken once, when the pool is made, and written into the pool segment; each
 //! receiver opens them once per pool, on first sight, and never in the exporting process.
 //! Imported memory is closed with `cuIpcCloseMemHandle`, never freed. No stream or context
-//! is synchronised on the hot path: every wait is enqueued on a stream.
+//! is synchronised on the hot path: every wait is enqueued on a stream. Two calls are
+//! skipped when a cheap query (no GPU work, no syscall) shows them moot: the wait for a
+//! release that has completed, and the record of a release on a stream that is idle.
 //!
 //! A sender makes a [`DevicePool`] and writes its handles into the pool segment
 //! ([`DevicePool::export_into`], `layout::CudaPoolInfo` and `layout::SlotEvents`); a
@@ -120,6 +122,15 @@ mod imp {
         r.result().map_err(driver(op))
     }
 
+    /// The answer of a query (`cuEventQuery`, `cuStreamQuery`): whether the work it asks
+    /// about has completed.
+    fn completed(op: &'static str, r: sys::CUresult) -> Result<bool, CudaError> {
+        match r {
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check(op, r).map(|()| true),
+        }
+    }
+
     /// The UUID of `ctx`'s device.
     pub(crate) fn device_uuid(ctx: &CudaContext) -> Result<[u8; 16], CudaError> {
         let uuid = result::device::get_uuid(ctx.cu_device()).map_err(driver("cuDeviceGetUuid"))?;
@@ -174,9 +185,49 @@ mod imp {
             })
         }
 
+        /// As [`wait`](Self::wait), enqueuing nothing when `event` has already completed
+        /// (a query reads the event's state; no wait, no GPU work, is then needed).
+        fn wait_pending(&self, event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
+            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            // SAFETY: a live event.
+            if completed("cuEventQuery", unsafe { sys::cuEventQuery(event) })? {
+                return Ok(());
+            }
+            // SAFETY: a live event and the caller's live stream.
+            check("cuStreamWaitEvent", unsafe {
+                sys::cuStreamWaitEvent(stream.cu_stream(), event, 0)
+            })
+        }
+
         /// Records `event` on `stream`, after the work queued there.
         fn record(&self, event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
             self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            // SAFETY: a live event and the caller's live stream.
+            check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream.cu_stream()) })
+        }
+
+        /// As [`record`](Self::record), recording nothing when every piece of work queued
+        /// on `stream` has already completed: a record would then only say "done", which
+        /// the event's earlier record says too once it completes (a waiter waits on that
+        /// one, at worst longer than needed). `after` is an event `stream` was made to wait
+        /// on (the slot's ready event): while it is pending, so is the stream, and the
+        /// costlier stream query (~1.3 µs against ~20 ns for an event's) is not asked.
+        /// A record of an interprocess event costs the thread ~0.7–1.4 µs and the GPU a
+        /// semaphore release.
+        fn record_unless_idle(
+            &self,
+            event: sys::CUevent,
+            stream: &CudaStream,
+            after: sys::CUevent,
+        ) -> Result<(), CudaError> {
+            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            // SAFETY: a live event.
+            let idle = completed("cuEventQuery", unsafe { sys::cuEventQuery(after) })?
+                // SAFETY: the caller's live stream.
+                && completed("cuStreamQuery", unsafe { sys::cuStreamQuery(stream.cu_stream()) })?;
+            if idle {
+                return Ok(());
+            }
             // SAFETY: a live event and the caller's live stream.
             check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream.cu_stream()) })
         }
@@ -331,9 +382,11 @@ mod imp {
             (self.uuid, self.events.ctx.ordinal() as i32)
         }
 
-        /// Enqueues on `stream` a wait for the last release of `slot`.
+        /// Enqueues on `stream` a wait for the last release of `slot` (nothing when it has
+        /// completed: in a steady stream the reader released the slot long before it comes
+        /// round again, and the wait would cost ~1 µs of this thread and a GPU semaphore).
         pub(crate) fn wait_release(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
-            self.events.wait(self.events.release[slot as usize], stream)
+            self.events.wait_pending(self.events.release[slot as usize], stream)
         }
 
         /// Records `slot`'s ready event on `stream`.
@@ -472,13 +525,19 @@ mod imp {
             self.events.wait(self.events.ready[slot as usize], stream)
         }
 
-        /// Records `slot`'s release event on `stream`.
+        /// Records `slot`'s release event on `stream` (nothing when `stream` is idle: the
+        /// reads queued there are done, see `Events::record_unless_idle`).
         pub(crate) fn record_release(
             &self,
             slot: u32,
             stream: &CudaStream,
         ) -> Result<(), CudaError> {
-            self.events.record(self.events.release[slot as usize], stream)
+            let slot = slot as usize;
+            self.events.record_unless_idle(
+                self.events.release[slot],
+                stream,
+                self.events.ready[slot],
+            )
         }
     }
 

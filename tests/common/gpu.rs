@@ -5,9 +5,19 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 
-/// The primary context of device 0, and a new stream on it.
+/// The primary context of this process's device, and a new stream on it: device 0 for a
+/// test's own process; for the processes a test starts (its peers),
+/// `GPURING_TEST_PEER_DEVICE` (default 0). On a machine with two GPUs,
+/// `GPURING_TEST_PEER_DEVICE=1` runs every cross-process GPU test with its two ends on two
+/// GPUs.
 pub fn setup() -> (Arc<CudaContext>, Arc<CudaStream>) {
-    let ctx = gpuring::cuda::context(0).expect("a CUDA device");
+    let ordinal = match super::role() {
+        Some(_) => std::env::var("GPURING_TEST_PEER_DEVICE")
+            .map(|v| v.parse().expect("GPURING_TEST_PEER_DEVICE: a device ordinal"))
+            .unwrap_or(0),
+        None => 0,
+    };
+    let ctx = gpuring::cuda::context(ordinal).expect("a CUDA device");
     let stream = ctx.new_stream().unwrap();
     (ctx, stream)
 }
