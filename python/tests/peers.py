@@ -81,6 +81,13 @@ def put_queue(q, count):
 
 def blocked_recv_main(name):
     """Run as a script: blocks in recv() until interrupted; exits 3 on KeyboardInterrupt."""
+    import signal
+
+    # Python raises KeyboardInterrupt on SIGINT only if SIGINT was not ignored when it
+    # started, and a job started in the background by a non-interactive shell (`cmd &`, as
+    # a CI runner may do) inherits SIGINT ignored: the test would then hang for want of a
+    # signal, not for anything of ours. Ctrl-C in a terminal is the default handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ch = gpuring.Channel.open(name, timeout=10)
     rx = ch.receiver()
     print("blocking", flush=True)
