@@ -3,9 +3,12 @@
 //!
 //! - `launch_call`: the PyTorch report's symptom. Thread B launches an empty kernel and
 //!   times each `cuLaunchKernel` call (the CPU side); meanwhile thread A is idle, or copies
-//!   54 MB device → host in a loop into a pageable buffer, or into a pinned gpuring slot.
-//!   A pageable copy holds the driver while it stages the bytes, and B's launches wait.
-//!   Criterion's median per launch, then p50/p99 of single launches.
+//!   54 MB device → host in a loop: `cuMemcpyDtoHAsync` then a stream synchronize, into a
+//!   pageable buffer or into a pinned gpuring slot; or, gpuring's way, stream-ordered
+//!   (`send_from_device_on` into a pinned pool of two slots, a thread of this process
+//!   receiving and dropping each): A then waits for a free slot in gpuring, not in the
+//!   driver. A pageable copy holds the driver while it stages the bytes, and B's launches
+//!   wait. Criterion's median per launch, then p50/p99 of single launches.
 //! - `dtoh_handoff_54MB`: 54 MB device buffers handed from this (GPU) process to a CPU
 //!   process, which touches the first and last word of each and drops it:
 //!   `send_from_device_on` into a pinned pool, the same into a plain (pageable) pool, and
@@ -104,6 +107,64 @@ impl Copier {
     }
 }
 
+/// Thread A of `launch_call`, gpuring's way: stream-ordered sends of the 54 MB device buffer
+/// into a pinned pool (`send_from_device_on`), waiting for free slots in gpuring (spin,
+/// then sleep) rather than in a stream synchronize; thread C receives and drops each.
+struct StagedCopier {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+    sink: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl StagedCopier {
+    fn start(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr) -> Self {
+        let ch = Channel::builder(unique("launch-staged")).capacity(4).slots(2, BYTES as u64);
+        let ch = ch.pinned(ctx).create().unwrap();
+        let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+        assert!(tx.is_pinned());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, ctx) = (stop.clone(), ctx.clone());
+        let thread = std::thread::spawn(move || {
+            ctx.bind_to_thread().unwrap();
+            let stream = ctx.new_stream().unwrap();
+            let mut copies = 0;
+            // Relaxed: a stop flag; the join below is the synchronisation.
+            while !flag.load(Ordering::Relaxed) {
+                let lease = tx.acquire().unwrap();
+                // SAFETY: `src` holds BYTES on this context's device, live until the bench
+                // ends; nothing writes it meanwhile.
+                unsafe {
+                    tx.send_from_device_on(lease, src, TensorMeta::bytes(BYTES as u64), &stream)
+                }
+                .unwrap();
+                copies += 1;
+            }
+            stream.synchronize().unwrap();
+            drop(tx);
+            copies
+        });
+        let sink = std::thread::spawn(move || {
+            let mut got = 0;
+            // Until the sender has gone and everything it sent was received.
+            while rx.recv().is_ok() {
+                got += 1;
+            }
+            got
+        });
+        drop(ch);
+        Self { stop, thread: Some(thread), sink: Some(sink) }
+    }
+
+    fn stop(mut self) -> u64 {
+        // Relaxed: see `start`.
+        self.stop.store(true, Ordering::Relaxed);
+        let copies = self.thread.take().unwrap().join().unwrap();
+        let got = self.sink.take().unwrap().join().unwrap();
+        assert_eq!(got, copies, "every stream-ordered send was received");
+        copies
+    }
+}
+
 /// Thread B: launches of the empty kernel, each timed on its own.
 struct Launcher {
     func: sys::CUfunction,
@@ -171,14 +232,19 @@ fn launch_call(c: &mut Criterion, samples: &mut Samples, ctx: &Arc<CudaContext>)
         ("pageable_dtoh", Some(pageable.as_mut_ptr())),
         ("pinned_slot_dtoh", Some(slot.as_mut_ptr())),
     ];
+    let said = |label: &str, copies: u64| {
+        println!("launch_call/{label}: thread A made {copies} copies of 54 MB meanwhile");
+    };
     for (label, dst) in cases {
         let copier = dst.map(|d| Copier::start(ctx, src, d));
         g.run(label, 0, |n| launcher.launches(n));
         if let Some(copier) = copier {
-            let copies = copier.stop();
-            println!("launch_call/{label}: thread A made {copies} copies of 54 MB meanwhile");
+            said(label, copier.stop());
         }
     }
+    let copier = StagedCopier::start(ctx, src);
+    g.run("pinned_stream_ordered", 0, |n| launcher.launches(n));
+    said("pinned_stream_ordered", copier.stop());
     g.g.finish();
     drop(slot);
 }
