@@ -80,8 +80,12 @@ fn bytes_of(words: &[AtomicU64; 8]) -> [u8; 64] {
 }
 
 fn ipc_event() -> sys::CUevent {
-    let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
-        | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    event(sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32)
+}
+
+/// A new event without timing, with `flags` besides.
+fn event(flags: u32) -> sys::CUevent {
+    let flags = flags | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
     let mut e = std::ptr::null_mut();
     // SAFETY: out-pointer valid; context bound by `setup`.
     ok(unsafe { sys::cuEventCreate(&mut e, flags) });
@@ -558,14 +562,8 @@ fn driver_calls(c: &mut Criterion, values: bool) {
     g.measurement_time(Duration::from_secs(1));
     let (_ctx, s) = setup();
     let buf = alloc_buffer(&s);
-    let (event, plain) = (ipc_event(), {
-        let mut e = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: out-pointer valid; context bound by `setup`.
-        ok(unsafe { sys::cuEventCreate(&mut e, flags) });
-        e
-    });
-    record(event, &s);
+    let (ipc, plain) = (ipc_event(), event(0));
+    record(ipc, &s);
     record(plain, &s);
     s.synchronize().unwrap();
     let mut case = |id: &str, call: &dyn Fn()| {
@@ -587,11 +585,11 @@ fn driver_calls(c: &mut Criterion, values: bool) {
             })
         });
     };
-    case("cuEventRecord_ipc_event", &|| record(event, &s));
+    case("cuEventRecord_ipc_event", &|| record(ipc, &s));
     case("cuEventRecord_plain_event", &|| record(plain, &s));
-    case("cuStreamWaitEvent_ipc_event_done", &|| wait_event(event, &s));
+    case("cuStreamWaitEvent_ipc_event_done", &|| wait_event(ipc, &s));
     // SAFETY: a live event; its record completed (the synchronize in each round).
-    case("cuEventQuery_ipc_event_done", &|| ok(unsafe { sys::cuEventQuery(event) }));
+    case("cuEventQuery_ipc_event_done", &|| ok(unsafe { sys::cuEventQuery(ipc) }));
     case("cuMemsetD32Async_one_word", &|| memset(buf, 1, &s));
     // SAFETY: a live stream (idle: the synchronize in each round, and nothing queued).
     case("cuStreamQuery_idle", &|| ok(unsafe { sys::cuStreamQuery(s.cu_stream()) }));
