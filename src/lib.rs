@@ -164,7 +164,7 @@ pub use channel::{
 pub use channel::{Cuda, DeviceView};
 #[cfg(all(feature = "async", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub use channel::{Messages, Selected, select, select_async, select_timeout};
+pub use channel::{Messages, Selectable, Selected, select, select_async, select_timeout};
 #[cfg(all(feature = "async", feature = "cuda", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "async", feature = "cuda"))))]
 pub use channel::{SelectedOn, select_on, select_on_async};

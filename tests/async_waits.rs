@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{Peer, announce, die, now_ns, ring_name, role, unique_name};
 use gpuring::{
-    AcquireError, Channel, Descriptor, MpmcRing, PopError, RecvError, SpscRing, TensorMeta, select,
-    select_async, select_timeout, waiter_stats,
+    AcquireError, Channel, Descriptor, MpmcRing, PopError, RecvError, Selectable, SpscRing,
+    TensorMeta, select, select_async, select_timeout, waiter_stats,
 };
 
 fn d(seq: u64) -> Descriptor {
@@ -46,6 +46,10 @@ fn the_futures_are_send() {
     let (p, c) = (ring.producer().unwrap(), ring.consumer().unwrap());
     send(&p.push_async(d(0)));
     send(&c.pop_async());
+    let mut buf = [d(0); 2];
+    send(&p.push_slice_async(&[d(0)]));
+    send(&p.push_slice_some_async(&[d(0)]));
+    send(&c.pop_into_async(&mut buf));
 }
 
 #[test]
@@ -89,6 +93,84 @@ fn an_mpmc_push_async_waits_for_room() {
         }
         pushing.await.unwrap();
     });
+}
+
+/// The slice forms: a tokio task pushes 20,000 numbers in slices of 100 through a ring of
+/// 16 cells (so each slice waits for room many times) while a `futures` executor pops
+/// them in buffers of 7; every number arrives once, in order. SPSC and MPMC.
+#[test]
+fn slices_move_through_async_waits() {
+    const N: u64 = 20_000;
+    fn check(mut pop: impl FnMut(&mut [u64]) -> Result<usize, PopError>) {
+        let mut next = 0;
+        let mut buf = [0u64; 7];
+        loop {
+            match pop(&mut buf) {
+                Ok(n) => {
+                    assert!(n > 0, "pop_into_async returned no element");
+                    for &v in &buf[..n] {
+                        assert_eq!(v, next);
+                        next += 1;
+                    }
+                }
+                Err(PopError::Disconnected) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(next, N);
+    }
+    let values: Vec<u64> = (0..N).collect();
+    let rt = runtime();
+
+    let ring = SpscRing::<u64>::create(&unique_name("async-slices"), 16).unwrap();
+    let (mut tx, mut rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
+    let vals = values.clone();
+    let pushing = rt.spawn(async move {
+        for chunk in vals.chunks(100) {
+            tx.push_slice_async(chunk).await.unwrap();
+        }
+    });
+    check(|buf| futures::executor::block_on(rx.pop_into_async(buf)));
+    rt.block_on(pushing).unwrap();
+
+    let ring = MpmcRing::<u64>::create(&unique_name("async-slices-mpmc"), 16).unwrap();
+    let (tx, rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
+    let pushing = rt.spawn(async move {
+        let mut rest = &values[..];
+        while !rest.is_empty() {
+            let n = tx.push_slice_some_async(rest).await.unwrap();
+            assert!(n > 0 && n <= 64, "one run: at least one, at most 64 cells");
+            rest = &rest[n..];
+        }
+    });
+    check(|buf| futures::executor::block_on(rx.pop_into_async(buf)));
+    rt.block_on(pushing).unwrap();
+}
+
+/// A `push_slice_some_async` or `pop_into_async` dropped while it waits has moved nothing;
+/// `push_slice_async` reports how many it pushed when the consumer has gone.
+#[test]
+fn dropped_slice_futures_move_nothing() {
+    let ring = SpscRing::<u64>::create(&unique_name("async-slices-cancel"), 4).unwrap();
+    let (mut tx, mut rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
+    runtime().block_on(async {
+        let mut buf = [0u64; 4];
+        let r = tokio::time::timeout(Duration::from_millis(20), rx.pop_into_async(&mut buf)).await;
+        assert!(r.is_err(), "nothing was pushed");
+        assert_eq!(tx.push_slice_some_async(&[1, 2, 3, 4, 5, 6]).await, Ok(4));
+        let r = tokio::time::timeout(Duration::from_millis(20), tx.push_slice_some_async(&[7, 8]))
+            .await;
+        assert!(r.is_err(), "the ring is full");
+        assert_eq!(rx.pop_into_async(&mut buf).await, Ok(4));
+        assert_eq!(buf, [1, 2, 3, 4]);
+        assert_eq!(rx.len(), Some(0), "the dropped push put nothing in");
+        assert_eq!(rx.pop_into_async(&mut []).await, Ok(0));
+        assert_eq!(tx.push_slice_some_async(&[]).await, Ok(0));
+    });
+    // The consumer leaves; a push of 6 into 4 free cells reports the 4 it pushed.
+    drop(rx);
+    let r = runtime().block_on(tx.push_slice_async(&[1, 2, 3, 4, 5, 6]));
+    assert_eq!(r, Err(gpuring::PushError::Disconnected(4)));
 }
 
 /// Host channel, two tasks: every message's bytes checked; a pool of 2 slots makes the
@@ -273,6 +355,84 @@ fn select_takes_from_whichever_receiver_has_a_message() {
 
 /// 64 channels served by one runtime of 2 workers, their senders in another process:
 /// every message arrives exactly once, in order, bytes checked.
+/// Ring consumers select too: an SPSC and an MPMC consumer of `u64` mixed as trait
+/// objects, fed by two threads; each value comes from the ring it was pushed to, in order,
+/// until both rings' producers have left. Then a homogeneous select under tokio.
+#[test]
+fn select_takes_from_ring_consumers() {
+    type Pop = Result<u64, PopError>;
+    let spsc = SpscRing::<u64>::create(&unique_name("async-sel-spsc"), 8).unwrap();
+    let mpmc = MpmcRing::<u64>::create(&unique_name("async-sel-mpmc"), 8).unwrap();
+    let (mut a, b) = (spsc.consumer().unwrap(), mpmc.consumer().unwrap());
+    let (mut ta, tb) = (spsc.producer().unwrap(), mpmc.producer().unwrap());
+    let mut b = b;
+    {
+        let mut live: Vec<&mut dyn Selectable<Output = Pop>> = vec![&mut a, &mut b];
+        assert!(select_timeout(&mut live, Duration::from_millis(10)).is_none(), "nothing pushed");
+    }
+    const N: u64 = 2_000;
+    let pa = std::thread::spawn(move || {
+        for v in 0..N {
+            if v % 200 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            ta.push(v).unwrap();
+        }
+    });
+    let pb = std::thread::spawn(move || {
+        for v in 0..N {
+            if v % 300 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            tb.push(1_000_000 + v).unwrap();
+        }
+    });
+    let mut next = [0u64, 1_000_000];
+    let mut ids = vec![0usize, 1];
+    let mut live: Vec<&mut dyn Selectable<Output = Pop>> = vec![&mut a, &mut b];
+    while !live.is_empty() {
+        match select(&mut live) {
+            (i, Ok(v)) => {
+                assert_eq!(v, next[ids[i]], "from the ring it was pushed to, in order");
+                next[ids[i]] += 1;
+            }
+            (i, Err(PopError::Disconnected)) => {
+                live.remove(i);
+                ids.remove(i);
+            }
+            (i, Err(e)) => panic!("consumer {i}: {e}"),
+        }
+    }
+    assert_eq!(next, [N, 1_000_000 + N], "everything arrived");
+    pa.join().unwrap();
+    pb.join().unwrap();
+
+    // Homogeneous, async, under tokio: three SPSC rings, one value each.
+    let rings: Vec<_> = (0..3)
+        .map(|i| SpscRing::<u64>::create(&unique_name(&format!("async-sel-r{i}")), 4).unwrap())
+        .collect();
+    let mut rxs: Vec<_> = rings.iter().map(|r| r.consumer().unwrap()).collect();
+    let mut txs: Vec<_> = rings.iter().map(|r| r.producer().unwrap()).collect();
+    runtime().block_on(async {
+        let mut live: Vec<_> = rxs.iter_mut().collect();
+        let pushing = tokio::spawn(async move {
+            for (i, tx) in txs.iter_mut().enumerate().rev() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                tx.push_async(10 + i as u64).await.unwrap();
+            }
+        });
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let (i, v) = select_async(&mut live).await;
+            assert_eq!(v, Ok(10 + i as u64), "from ring {i}");
+            got.push(i);
+        }
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2], "one value from each ring");
+        pushing.await.unwrap();
+    });
+}
+
 #[test]
 fn sixty_four_channels_across_processes_under_one_runtime() {
     const CHANNELS: usize = 64;

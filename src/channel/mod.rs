@@ -17,7 +17,7 @@
 //! | `receiver.rs` | [`Receiver`], [`Message`] |
 //! | `gpu.rs` | the `Cuda` backend: device leases and messages in stream order |
 //! | `staging.rs` | host channels and the GPU: pinned pools, stream-ordered copies into and out of host slots |
-//! | `select.rs` | waiting on several receivers at once, async and blocking (feature `async`) |
+//! | `select.rs` | waiting on several receivers (or ring consumers) at once, async and blocking (feature `async`) |
 //! | `error.rs` | [`ChannelError`], [`SendError`], [`RecvError`] |
 //!
 //! ## Lifetimes of names
@@ -53,7 +53,9 @@ pub use gpu::{Cuda, DeviceView};
 pub use receiver::Messages;
 pub use receiver::{Message, Receiver};
 #[cfg(feature = "async")]
-pub use select::{Selected, select, select_async, select_timeout};
+pub(crate) use select::sealed as sealed_select;
+#[cfg(feature = "async")]
+pub use select::{Selectable, Selected, select, select_async, select_timeout};
 #[cfg(all(feature = "async", feature = "cuda"))]
 pub use select::{SelectedOn, select_on, select_on_async};
 pub use sender::{Lease, Sender};

@@ -1,7 +1,8 @@
-//! Waiting on several receivers at once (feature `async`): [`select_async`] polls each
-//! receiver's async receive, parked on its own wait word, and returns the first that has a
-//! message (or a final error); [`select`] and [`select_timeout`] run it on the calling
-//! thread. `select_on_async` and `select_on` do the same for GPU receivers.
+//! Waiting on several sources at once (feature `async`): [`select_async`] polls each
+//! source's async take (a host [`Receiver`]'s receive, a ring consumer's pop), parked on its
+//! own wait word, and returns the first that has something (or a final error); [`select`]
+//! and [`select_timeout`] run it on the calling thread. `select_on_async` and `select_on`
+//! do the same for GPU receivers. What can be selected is the sealed [`Selectable`].
 
 use std::future::Future;
 use std::pin::pin;
@@ -11,7 +12,6 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use super::backend::Host;
-use super::backend::sealed::Backend;
 use super::error::RecvError;
 #[cfg(feature = "cuda")]
 use super::gpu::Cuda;
@@ -20,6 +20,62 @@ use super::receiver::{Message, Receiver};
 use crate::pool::cuda::CudaStream;
 use crate::wait::{Deadline, reactor::Parked};
 
+/// What [`select`] and [`select_async`] can wait on, several at once: a host channel's
+/// [`Receiver`] (each take a `Result<Message, RecvError>`), an
+/// [`SpscConsumer`](crate::SpscConsumer) or [`MpmcConsumer`](crate::MpmcConsumer) of a
+/// ring (each take a `Result<T, PopError>`). Sealed: the crate implements it.
+///
+/// A list of one type selects as it is; SPSC and MPMC consumers of the same element type
+/// mix as trait objects:
+///
+/// ```no_run
+/// use gpuring::{MpmcRing, PopError, Selectable, SpscRing, select};
+/// let (a, b) = (SpscRing::<u64>::open("ticks")?, MpmcRing::<u64>::open("jobs")?);
+/// let (mut a, mut b) = (a.consumer()?, b.consumer()?);
+/// let mut live: Vec<&mut dyn Selectable<Output = Result<u64, PopError>>> = vec![&mut a, &mut b];
+/// while !live.is_empty() {
+///     match select(&mut live) {
+///         (i, Ok(v)) => println!("from {i}: {v}"),
+///         (i, Err(_)) => drop(live.remove(i)), // its producers have gone
+///     }
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait Selectable: sealed::Selectable {}
+
+impl<S: sealed::Selectable + ?Sized> Selectable for S {}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// How a select takes from a source. See [`Selectable`](super::Selectable).
+    pub trait Selectable {
+        /// What one take gives: an item, or a final error.
+        type Output;
+
+        /// One attempt (no wait, no syscall): `None` when there is nothing now.
+        fn try_take(&mut self) -> Option<Self::Output>;
+
+        /// One poll of the async take, parked in `parked` (as the source's own `x_async`).
+        fn poll_take(&mut self, cx: &mut Context<'_>, parked: &mut Parked) -> Poll<Self::Output>;
+    }
+}
+
+impl sealed::Selectable for Receiver<Host> {
+    type Output = Result<Message, RecvError>;
+
+    fn try_take(&mut self) -> Option<Self::Output> {
+        match self.recv_until(Deadline::Now) {
+            Err(RecvError::Empty) => None,
+            done => Some(done),
+        }
+    }
+
+    fn poll_take(&mut self, cx: &mut Context<'_>, parked: &mut Parked) -> Poll<Self::Output> {
+        self.poll_recv(cx, parked, Receiver::recv_until)
+    }
+}
+
 /// What a select returns: the index of the receiver it took from, and what it took.
 pub type Selected = (usize, Result<Message, RecvError>);
 
@@ -27,11 +83,13 @@ pub type Selected = (usize, Result<Message, RecvError>);
 /// cannot starve the others.
 static START: AtomicUsize = AtomicUsize::new(0);
 
-/// Receives from whichever of `receivers` has a message first, waiting without blocking
-/// the thread (feature `async`). Each receiver parks on its own ring's wait word; a
-/// message on any wakes the task, which takes it from that receiver alone. A receiver whose
-/// senders have all left answers `(i, Err(RecvError::Disconnected))` at once: take it out
-/// of the list and select again. Scans start at a different receiver each call.
+/// Takes from whichever of `sources` has something first, waiting without blocking the
+/// thread (feature `async`): receivers of host channels, or consumers of rings (see
+/// [`Selectable`]). Each source parks on its own ring's wait word; a message on any wakes
+/// the task, which takes it from that source alone. A source whose senders (producers)
+/// have all left answers `(i, Err(..::Disconnected))` at once: take it out of the list and
+/// select again. Scans start at a different source each call, so that a busy one early in
+/// the list cannot starve the others.
 ///
 /// Cancel-safe: a future dropped before it completes has taken nothing.
 ///
@@ -52,9 +110,9 @@ static START: AtomicUsize = AtomicUsize::new(0);
 ///
 /// # Panics
 ///
-/// If `receivers` is empty.
-pub async fn select_async(receivers: &mut [&mut Receiver<Host>]) -> Selected {
-    select_with(receivers, Receiver::recv_until).await
+/// If `sources` is empty.
+pub async fn select_async<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> (usize, S::Output) {
+    select_with(sources, S::try_take, S::poll_take).await
 }
 
 /// As [`select_async`], for the receivers of GPU channels: the message taken is received
@@ -68,35 +126,44 @@ pub async fn select_on_async(
     receivers: &mut [&mut Receiver<Cuda>],
     stream: &Arc<CudaStream>,
 ) -> SelectedOn {
-    select_with(receivers, |r, d| r.recv_on_until(stream, d)).await
+    let recv = |r: &Receiver<Cuda>, d| r.recv_on_until(stream, d);
+    select_with(
+        receivers,
+        |r| match recv(r, Deadline::Now) {
+            Err(RecvError::Empty) => None,
+            done => Some(done),
+        },
+        |r, cx, parked| r.poll_recv(cx, parked, recv),
+    )
+    .await
 }
 
 /// What a select over GPU receivers returns (see [`Selected`]).
 #[cfg(feature = "cuda")]
 pub type SelectedOn = (usize, Result<Message<Cuda>, RecvError>);
 
-/// The select of every backend: `recv` is the receive form, given its deadline.
-async fn select_with<B: Backend>(
-    receivers: &mut [&mut Receiver<B>],
-    recv: impl Fn(&Receiver<B>, Deadline) -> Result<Message<B>, RecvError>,
-) -> (usize, Result<Message<B>, RecvError>) {
-    assert!(!receivers.is_empty(), "select over no receivers");
-    let n = receivers.len();
+/// The select of every source: `try_take` tries one source once, `poll_take` polls its
+/// async take.
+async fn select_with<S: ?Sized, O>(
+    sources: &mut [&mut S],
+    mut try_take: impl FnMut(&mut S) -> Option<O>,
+    mut poll_take: impl FnMut(&mut S, &mut Context<'_>, &mut Parked) -> Poll<O>,
+) -> (usize, O) {
+    let n = sources.len();
+    assert!(n > 0, "select over no sources");
     let start = START.fetch_add(1, Ordering::Relaxed) % n;
     // The fast path: one try each, no allocation, no syscall.
     for k in 0..n {
         let i = (start + k) % n;
-        match recv(receivers[i], Deadline::Now) {
-            Err(RecvError::Empty) => {}
-            done => return (i, done),
+        if let Some(done) = try_take(sources[i]) {
+            return (i, done);
         }
     }
     let mut parked: Vec<Parked> = (0..n).map(|_| Parked::default()).collect();
     std::future::poll_fn(|cx| {
         for k in 0..n {
             let i = (start + k) % n;
-            let rx: &mut Receiver<B> = receivers[i];
-            if let Poll::Ready(done) = rx.poll_recv(cx, &mut parked[i], &recv) {
+            if let Poll::Ready(done) = poll_take(sources[i], cx, &mut parked[i]) {
                 return Poll::Ready((i, done));
             }
         }
@@ -105,10 +172,10 @@ async fn select_with<B: Backend>(
     .await
 }
 
-/// Receives from whichever of `receivers` has a message first, blocking the calling thread
+/// Takes from whichever of `sources` has something first, blocking the calling thread
 /// until one has (feature `async`: the thread waits as a task would, on this process's
-/// waiter thread). As [`select_async`]: `(i, Err(RecvError::Disconnected))` when receiver
-/// `i`'s senders have all left.
+/// waiter thread). As [`select_async`]: `(i, Err(..::Disconnected))` when source `i`'s
+/// senders (producers) have all left.
 ///
 /// ```no_run
 /// use gpuring::{Channel, select};
@@ -126,9 +193,9 @@ async fn select_with<B: Backend>(
 ///
 /// # Panics
 ///
-/// If `receivers` is empty.
-pub fn select(receivers: &mut [&mut Receiver<Host>]) -> Selected {
-    block_on(select_async(receivers), None).expect("no deadline")
+/// If `sources` is empty.
+pub fn select<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> (usize, S::Output) {
+    block_on(select_async(sources), None).expect("no deadline")
 }
 
 /// As [`select`], for the receivers of GPU channels, receiving onto `stream`.
@@ -141,17 +208,17 @@ pub fn select_on(receivers: &mut [&mut Receiver<Cuda>], stream: &Arc<CudaStream>
     block_on(select_on_async(receivers, stream), None).expect("no deadline")
 }
 
-/// As [`select`], giving up after `timeout`: `None` when no receiver had a message (or a
+/// As [`select`], giving up after `timeout`: `None` when no source had something (or a
 /// final error) by then.
 ///
 /// # Panics
 ///
-/// If `receivers` is empty.
-pub fn select_timeout(
-    receivers: &mut [&mut Receiver<Host>],
+/// If `sources` is empty.
+pub fn select_timeout<S: Selectable + ?Sized>(
+    sources: &mut [&mut S],
     timeout: Duration,
-) -> Option<Selected> {
-    block_on(select_async(receivers), Instant::now().checked_add(timeout))
+) -> Option<(usize, S::Output)> {
+    block_on(select_async(sources), Instant::now().checked_add(timeout))
 }
 
 /// Wakes a thread parked in [`block_on`].

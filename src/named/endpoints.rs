@@ -13,7 +13,10 @@ use crate::layout::{Corrupted, MpmcCell, SpscCell};
 use crate::ring::{PopError, PushError, ShmStorage, TryPopError, TryPushError, mpmc, spsc};
 use crate::wait::{WaitPolicy, blocking, receive_iter};
 #[cfg(feature = "async")]
-use crate::{liveness::Role, wait::reactor::wait};
+use crate::{
+    liveness::{Blocked, Role},
+    wait::reactor::wait,
+};
 
 /// What every end tells of its ring.
 macro_rules! end_ops {
@@ -105,6 +108,55 @@ macro_rules! producer_ops {
             /// carries how many were pushed.
             pub fn push_slice, push_slice_timeout, push_slice_deadline(&$($mut)? self, values: &[T])
                 -> Result<(), PushError<usize>> => inner.push_slice_until;
+        }
+
+        /// Pushes all of `values` as [`push_slice`](Self::push_slice) does, waiting for
+        /// room without blocking the thread (feature `async`; parked as
+        /// [`push_async`](Self::push_async)). Returns at once, with no syscall, when all of
+        /// it fits.
+        ///
+        /// **Not cancel-safe**, as tokio's `write_all` is not: a future dropped before it
+        /// completes may already have pushed a prefix of `values`, and how long a prefix is
+        /// lost with it. Where the future may be dropped (a `select!` branch, a timeout),
+        /// use [`push_slice_some_async`](Self::push_slice_some_async), which is.
+        ///
+        /// # Errors
+        ///
+        /// As [`push_slice`](Self::push_slice): the error carries how many were pushed.
+        #[cfg(feature = "async")]
+        pub async fn push_slice_async(&$($mut)? self, values: &[T]) -> Result<(), PushError<usize>> {
+            let mut done = 0;
+            while done < values.len() {
+                done += self
+                    .push_slice_some_async(&values[done..])
+                    .await
+                    .map_err(|e| e.map(|n| done + n))?;
+            }
+            Ok(())
+        }
+
+        /// Pushes at least one and as many of `values` as there is room for, from the
+        /// front, waiting for room without blocking the thread (feature `async`). Returns
+        /// how many were pushed (0 only for an empty `values`); they stay together and in
+        /// order (SPSC: one store; MPMC: one claim for each run of up to 64 cells).
+        ///
+        /// Cancel-safe: a future dropped before it completes has pushed nothing.
+        ///
+        /// # Errors
+        ///
+        /// As [`push_slice`](Self::push_slice), each carrying 0: nothing was pushed.
+        #[cfg(feature = "async")]
+        pub async fn push_slice_some_async(&$($mut)? self, values: &[T]) -> Result<usize, PushError<usize>> {
+            if values.is_empty() {
+                return Ok(0);
+            }
+            let mut end = &$($mut)? self.inner;
+            wait(&mut end, |e| e.storage().park(Role::Producer), |e, d| match e.push_some_until(values, d) {
+                Err(Blocked::Timeout) => None,
+                Err(b) => Some(Err(PushError::from_blocked(b, 0))),
+                Ok(n) => Some(Ok(n)),
+            })
+            .await
         }
 
         /// Sets how blocking pushes of this handle wait.
@@ -214,6 +266,30 @@ macro_rules! consumer_ops {
                 -> Result<usize, PopError> => inner.pop_into_until;
         }
 
+        /// Pops at least one and up to `out.len()` elements into `out`, as
+        /// [`pop_into`](Self::pop_into) does, waiting for the first without blocking the
+        /// thread (feature `async`; parked as [`pop_async`](Self::pop_async)). Returns at
+        /// once, with no syscall, when an element is there; how many were taken (0 only
+        /// for an empty `out`).
+        ///
+        /// Cancel-safe: a future dropped before it completes has taken nothing.
+        ///
+        /// # Errors
+        ///
+        /// As [`pop`](Self::pop).
+        #[cfg(feature = "async")]
+        pub async fn pop_into_async(&$($mut)? self, out: &mut [T]) -> Result<usize, PopError> {
+            if out.is_empty() {
+                return Ok(0);
+            }
+            let mut end = &$($mut)? self.inner;
+            wait(&mut end, |e| e.storage().park(Role::Consumer), |e, d| match e.pop_into_until(out, d) {
+                Err(PopError::Timeout) => None,
+                done => Some(done),
+            })
+            .await
+        }
+
         /// Sets how blocking pops of this handle wait.
         pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
             self.inner.set_wait_policy(policy);
@@ -318,3 +394,36 @@ pub struct MpmcConsumer<T = Descriptor> {
 impl<T: Pod + Send> MpmcConsumer<T> {
     consumer_ops!();
 }
+
+/// Ring consumers in a [`select`](crate::select): each take is a pop.
+#[cfg(feature = "async")]
+macro_rules! selectable_consumer {
+    ($($end:ident),*) => {$(
+        impl<T: Pod + Send> crate::channel::sealed_select::Selectable for $end<T> {
+            type Output = Result<T, PopError>;
+
+            fn try_take(&mut self) -> Option<Self::Output> {
+                match self.inner.pop_until(crate::wait::Deadline::Now) {
+                    Err(PopError::Timeout) => None,
+                    done => Some(done),
+                }
+            }
+
+            fn poll_take(
+                &mut self,
+                cx: &mut std::task::Context<'_>,
+                parked: &mut crate::wait::reactor::Parked,
+            ) -> std::task::Poll<Self::Output> {
+                let mut end = &mut self.inner;
+                parked.poll(cx, &mut end, |e| e.storage().park(Role::Consumer), |e, d| {
+                    match e.pop_until(d) {
+                        Err(PopError::Timeout) => None,
+                        done => Some(done),
+                    }
+                })
+            }
+        }
+    )*};
+}
+#[cfg(feature = "async")]
+selectable_consumer!(SpscConsumer, MpmcConsumer);

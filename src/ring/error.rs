@@ -119,6 +119,17 @@ impl std::error::Error for TryPopError {}
 impl std::error::Error for PopError {}
 
 impl<T> PushError<T> {
+    /// The same error, carrying `f` of what it carries.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> PushError<U> {
+        match self {
+            PushError::Timeout(v) => PushError::Timeout(f(v)),
+            PushError::Disconnected(v) => PushError::Disconnected(f(v)),
+            PushError::PeerDead(v) => PushError::PeerDead(f(v)),
+            PushError::Corrupted(c) => PushError::Corrupted(c),
+        }
+    }
+
     pub(crate) fn from_blocked(blocked: Blocked, value: T) -> Self {
         match blocked {
             Blocked::Timeout => PushError::Timeout(value),

@@ -125,11 +125,20 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> spsc::Producer<T, S> {
         values: &[T],
         deadline: Deadline,
     ) -> Result<(), PushError<usize>> {
+        push_all(values, |rest| self.push_some_until(rest, deadline))
+    }
+
+    /// Pushes at least one of `values` (non-empty) and as many as fit, with one
+    /// publication, waiting for room as the wait policy says until `deadline`. Returns how
+    /// many were pushed.
+    pub(crate) fn push_some_until(
+        &mut self,
+        values: &[T],
+        deadline: Deadline,
+    ) -> Result<usize, Blocked> {
         let Self { storage, local, policy, .. } = self;
-        push_all(values, |rest| {
-            let attempt = || try_push_slice_in(storage, local, rest).map(|n| (n > 0).then_some(n));
-            wait_for(&*storage, Role::Producer, *policy, deadline, attempt, || Tick::Idle)
-        })
+        let attempt = || try_push_slice_in(storage, local, values).map(|n| (n > 0).then_some(n));
+        wait_for(&*storage, Role::Producer, *policy, deadline, attempt, || Tick::Idle)
     }
 }
 
@@ -192,6 +201,18 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> mpmc::Producer<T, S> {
         deadline: Deadline,
     ) -> Result<(), PushError<usize>> {
         push_all(values, |rest| self.push_run_until(rest, deadline))
+    }
+
+    /// Pushes one run of `values` (non-empty: at least one element, at most
+    /// [`MAX_RUN`]), waiting for room as the wait policy says until `deadline`. Returns how
+    /// many were pushed.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
+    pub(crate) fn push_some_until(
+        &self,
+        values: &[T],
+        deadline: Deadline,
+    ) -> Result<usize, Blocked> {
+        self.push_run_until(values, deadline)
     }
 }
 

@@ -388,8 +388,11 @@ impl Key {
 
 /// What an async operation's future keeps between polls: where it is parked, and (on a
 /// segment inotify cannot watch) when it probes its peers next.
+///
+/// `pub` only so that the sealed `Selectable` trait may name it: `wait` is a private
+/// module, so no user can.
 #[derive(Default)]
-pub(crate) struct Parked {
+pub struct Parked {
     key: Option<Key>,
     next_probe: Option<Instant>,
 }
