@@ -294,6 +294,43 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         p.finish();
     }
 
+    #[cfg(feature = "async")]
+    {
+        // The sleeping hop again, this side a blocking `select` over the pong ring and
+        // three silent ones: the thread sleeps on all four words at once (`futex_waitv`).
+        // The peer sleeps as in `gpuring_spsc_sleep`.
+        let name = unique("lat-select");
+        let (ping, pong) = ping_pong_rings(&name);
+        let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
+        tx.set_wait_policy(WaitPolicy::SLEEP);
+        let quiet: Vec<_> = (0..3)
+            .map(|i| {
+                SpscRing::<Descriptor>::create_with(
+                    &RingOptions::new(format!("{name}-quiet{i}")).capacity(4),
+                )
+                .unwrap()
+            })
+            .collect();
+        let _quiet_tx: Vec<_> = quiet.iter().map(|r| r.producer().unwrap()).collect();
+        let mut quiet_rx: Vec<_> = quiet.iter().map(|r| r.consumer().unwrap()).collect();
+        let p = peer("spsc-echo-sleep", &name, 0, false);
+        let mut seq = 0u64;
+        g.run("gpuring_spsc_select", DESC, |iters| {
+            let mut live: Vec<&mut SpscConsumer<Descriptor>> = vec![&mut rx];
+            live.extend(quiet_rx.iter_mut());
+            let t = Instant::now();
+            for _ in 0..iters {
+                seq += 1;
+                tx.push(descriptor(seq)).unwrap();
+                let (i, back) = gpuring::select(&mut live);
+                assert_eq!((i, back.unwrap().seq), (0, seq));
+            }
+            one_way(t.elapsed())
+        });
+        tx.push(descriptor(STOP)).unwrap();
+        p.finish();
+    }
+
     {
         let name = format!("/{}", unique("futex"));
         let map = FloorMap::create(&name);

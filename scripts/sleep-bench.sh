@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, over binaries staged here by ../shared/tools/gpu-stage:
 #   bash scripts/sleep-bench.sh             (results under $OUT, or /tmp/gpuring-out)
-# The sleeping hop in one call: gpuring's sync sleeping SPSC ping-pong and its async form
-# (pop_async on a current-thread tokio runtime), against the raw futex, a pipe, a Unix
-# socket and a Unix socket read by a tokio task; one bench run per wake-up barrier mode
+# The sleeping hop in one call: gpuring's sync sleeping SPSC ping-pong, its async form
+# (pop_async on a current-thread tokio runtime) and a blocking select over four rings,
+# against the raw futex, a pipe, a Unix socket and a Unix socket read by a tokio task; one
+# bench run per wake-up barrier mode
 # (GPURING_MODES, default "asymmetric symmetric"). Pinned as scripts/device-bench.sh pins
 # (one logical CPU per physical core, core 0 left alone). Then the async tests.
 set -uo pipefail
@@ -12,7 +13,7 @@ mkdir -p "$out"
 cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | cut -d, -f1 | sed -n '2,4p' | paste -sd,)
 uname -r
 echo "pinned to cpus $cpus"
-rows="gpuring_spsc_sleep|gpuring_spsc_async|floor_futex|one_way/pipe|one_way/unix_socket|tokio_unix_socket"
+rows="gpuring_spsc_sleep|gpuring_spsc_async|gpuring_spsc_select|floor_futex|one_way/pipe|one_way/unix_socket|tokio_unix_socket"
 for mode in ${GPURING_MODES:-asymmetric symmetric}; do
   log="$out/sleep-$mode.log"
   echo "== $mode barrier"

@@ -420,6 +420,7 @@ fn select_takes_from_ring_consumers() {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 tx.push_async(10 + i as u64).await.unwrap();
             }
+            txs // kept until the selects are done, so that no ring says `Disconnected`
         });
         let mut got = Vec::new();
         for _ in 0..3 {
@@ -429,7 +430,7 @@ fn select_takes_from_ring_consumers() {
         }
         got.sort_unstable();
         assert_eq!(got, [0, 1, 2], "one value from each ring");
-        pushing.await.unwrap();
+        drop(pushing.await.unwrap());
     });
 }
 
@@ -530,6 +531,82 @@ fn peer_dead_arrives_through_recv_async() {
     assert_eq!(got.0, [0, 1, 2], "what it sent first");
     assert!(matches!(got.1, RecvError::PeerDead), "{:?}", got.1);
     common::assert_noticed("recv_async", died, noticed);
+}
+
+/// The blocking `select` sleeps on its sources' words itself (no parked future, no waiter
+/// thread in between), and a sender's death still reaches it at once: the watcher thread's
+/// close event wakes it to probe.
+#[test]
+fn select_sleeps_on_every_word_and_hears_of_a_death() {
+    if role().as_deref() == Some("sender") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tx = ch.sender().unwrap();
+        for i in 0..2u8 {
+            let mut lease = tx.acquire().unwrap();
+            lease[0] = i;
+            tx.send(lease, TensorMeta::bytes(1)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(200)); // the select sleeps
+        die();
+    }
+    let name = unique_name("sel-dead");
+    let quiet = unique_name("sel-quiet");
+    let a = Channel::builder(&name).capacity(8).slots(4, 64).create().unwrap();
+    let b = Channel::builder(&quiet).capacity(8).slots(4, 64).create().unwrap();
+    let _b_tx = b.sender().unwrap(); // alive, silent
+    let (mut ra, mut rb) = (a.receiver().unwrap(), b.receiver().unwrap());
+    let mut peer = Peer::spawn("select_sleeps_on_every_word_and_hears_of_a_death", "sender", &name);
+    let parked_before = waiter_stats().parked;
+    let watching = std::thread::spawn({
+        let (name, quiet) = (name.clone(), quiet.clone());
+        move || {
+            // While the select sleeps, it is registered on both rings, and parked no future.
+            eventually("the select sleeps on both words", || {
+                waiting_receivers(&name) == 1 && waiting_receivers(&quiet) == 1
+            });
+            waiter_stats().parked
+        }
+    });
+    let mut got = Vec::new();
+    let (err, noticed) = loop {
+        let mut live = [&mut ra, &mut rb];
+        match select_timeout(&mut live, Duration::from_secs(10)).expect("within 10 s") {
+            (0, Ok(msg)) => got.push(msg[0]),
+            (0, Err(e)) => break (e, now_ns()),
+            (i, r) => panic!("the quiet channel answered ({i}): {:?}", r.map(|m| m.len())),
+        }
+    };
+    let died = peer.died();
+    assert_eq!(got, [0, 1], "what it sent first");
+    assert!(matches!(err, RecvError::PeerDead), "{err:?}");
+    common::assert_noticed("select", died, noticed);
+    assert_eq!(watching.join().unwrap(), parked_before, "no future parked for the select");
+    assert_eq!((waiting_receivers(&name), waiting_receivers(&quiet)), (0, 0), "unregistered");
+}
+
+/// Past 127 sources the blocking select waits through the waiter threads: still correct.
+#[test]
+fn select_over_more_sources_than_one_futex_waitv_takes() {
+    let rings: Vec<_> = (0..130)
+        .map(|i| SpscRing::<u64>::create(&unique_name(&format!("sel-many{i}")), 2).unwrap())
+        .collect();
+    let mut rxs: Vec<_> = rings.iter().map(|r| r.consumer().unwrap()).collect();
+    let mut tx = rings[128].producer().unwrap();
+    // The others have a producer that stays, silent.
+    let _others: Vec<_> = rings
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != 128)
+        .map(|(_, r)| r.producer().unwrap())
+        .collect();
+    let pushing = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        tx.push(7).unwrap();
+        tx
+    });
+    let mut live: Vec<_> = rxs.iter_mut().collect();
+    assert_eq!(select_timeout(&mut live, Duration::from_secs(10)), Some((128, Ok(7))));
+    drop(pushing.join().unwrap());
 }
 
 /// A receiver killed holding every slot while the sender's task awaits a free one: the

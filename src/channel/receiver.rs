@@ -205,7 +205,7 @@ impl<B: Backend> Receiver<B> {
 
     /// Where an async receive parks: the ring's `not_empty` word.
     #[cfg(feature = "async")]
-    fn park(&self) -> Park {
+    pub(super) fn park(&self) -> Park {
         match &self.rx {
             Rx::Spsc(c) => c.borrow().storage().park(Role::Consumer),
             Rx::Mpmc(c) => c.storage().park(Role::Consumer),

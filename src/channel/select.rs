@@ -18,7 +18,8 @@ use super::gpu::Cuda;
 use super::receiver::{Message, Receiver};
 #[cfg(feature = "cuda")]
 use crate::pool::cuda::CudaStream;
-use crate::wait::{Deadline, reactor::Parked};
+use crate::wait::Deadline;
+use crate::wait::reactor::{self, Park, Parked};
 
 /// What [`select`] and [`select_async`] can wait on, several at once: a host channel's
 /// [`Receiver`] (each take a `Result<Message, RecvError>`), an
@@ -53,26 +54,34 @@ pub(crate) mod sealed {
         /// What one take gives: an item, or a final error.
         type Output;
 
-        /// One attempt (no wait, no syscall): `None` when there is nothing now.
-        fn try_take(&mut self) -> Option<Self::Output>;
+        /// One attempt (`Deadline::Now`: no wait, no syscall), or one attempt with the
+        /// blocking form's tick work (`Deadline::Tick`: probe the peers, repair): `None`
+        /// when there is nothing now.
+        fn take(&mut self, deadline: Deadline) -> Option<Self::Output>;
 
-        /// One poll of the async take, parked in `parked` (as the source's own `x_async`).
-        fn poll_take(&mut self, cx: &mut Context<'_>, parked: &mut Parked) -> Poll<Self::Output>;
+        /// Where the source's waits sleep (its ring's `not_empty` word).
+        fn park(&self) -> Park;
     }
 }
 
 impl sealed::Selectable for Receiver<Host> {
     type Output = Result<Message, RecvError>;
 
-    fn try_take(&mut self) -> Option<Self::Output> {
-        match self.recv_until(Deadline::Now) {
-            Err(RecvError::Empty) => None,
-            done => Some(done),
-        }
+    fn take(&mut self, deadline: Deadline) -> Option<Self::Output> {
+        taken(self.recv_until(deadline))
     }
 
-    fn poll_take(&mut self, cx: &mut Context<'_>, parked: &mut Parked) -> Poll<Self::Output> {
-        self.poll_recv(cx, parked, Receiver::recv_until)
+    fn park(&self) -> Park {
+        Receiver::park(self)
+    }
+}
+
+/// A receive's outcome as a take: `None` when it found nothing (`Empty`, or `Timeout` for
+/// `Deadline::Tick`).
+fn taken<M>(r: Result<M, RecvError>) -> Option<Result<M, RecvError>> {
+    match r {
+        Err(RecvError::Empty | RecvError::Timeout) => None,
+        done => Some(done),
     }
 }
 
@@ -112,7 +121,7 @@ static START: AtomicUsize = AtomicUsize::new(0);
 ///
 /// If `sources` is empty.
 pub async fn select_async<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> (usize, S::Output) {
-    select_with(sources, S::try_take, S::poll_take).await
+    select_with(sources, S::take, S::park).await
 }
 
 /// As [`select_async`], for the receivers of GPU channels: the message taken is received
@@ -126,44 +135,34 @@ pub async fn select_on_async(
     receivers: &mut [&mut Receiver<Cuda>],
     stream: &Arc<CudaStream>,
 ) -> SelectedOn {
-    let recv = |r: &Receiver<Cuda>, d| r.recv_on_until(stream, d);
-    select_with(
-        receivers,
-        |r| match recv(r, Deadline::Now) {
-            Err(RecvError::Empty) => None,
-            done => Some(done),
-        },
-        |r, cx, parked| r.poll_recv(cx, parked, recv),
-    )
-    .await
+    select_with(receivers, |r, d| taken(r.recv_on_until(stream, d)), Receiver::park).await
 }
 
 /// What a select over GPU receivers returns (see [`Selected`]).
 #[cfg(feature = "cuda")]
 pub type SelectedOn = (usize, Result<Message<Cuda>, RecvError>);
 
-/// The select of every source: `try_take` tries one source once, `poll_take` polls its
-/// async take.
+/// The select of every source, async: `take` tries one source (see
+/// [`sealed::Selectable::take`]), `park` says where it parks.
 async fn select_with<S: ?Sized, O>(
     sources: &mut [&mut S],
-    mut try_take: impl FnMut(&mut S) -> Option<O>,
-    mut poll_take: impl FnMut(&mut S, &mut Context<'_>, &mut Parked) -> Poll<O>,
+    mut take: impl FnMut(&mut S, Deadline) -> Option<O>,
+    park: impl Fn(&S) -> Park,
 ) -> (usize, O) {
     let n = sources.len();
-    assert!(n > 0, "select over no sources");
-    let start = START.fetch_add(1, Ordering::Relaxed) % n;
+    let order = rotation(n);
     // The fast path: one try each, no allocation, no syscall.
     for k in 0..n {
-        let i = (start + k) % n;
-        if let Some(done) = try_take(sources[i]) {
+        let i = order(k);
+        if let Some(done) = take(sources[i], Deadline::Now) {
             return (i, done);
         }
     }
     let mut parked: Vec<Parked> = (0..n).map(|_| Parked::default()).collect();
     std::future::poll_fn(|cx| {
         for k in 0..n {
-            let i = (start + k) % n;
-            if let Poll::Ready(done) = poll_take(sources[i], cx, &mut parked[i]) {
+            let i = order(k);
+            if let Poll::Ready(done) = parked[i].poll(cx, &mut *sources[i], &park, &mut take) {
                 return Poll::Ready((i, done));
             }
         }
@@ -172,9 +171,47 @@ async fn select_with<S: ?Sized, O>(
     .await
 }
 
+/// The select of every source, blocking this thread until `deadline` (`None`: until one
+/// has something). It sleeps on all their words at once (`reactor::block_on_any`: one
+/// wake-up from the publisher), or, past 127 sources or before Linux 5.16, waits as
+/// [`select_with`]'s future through the waiter threads.
+fn select_blocking<S: ?Sized, O>(
+    sources: &mut [&mut S],
+    deadline: Option<Instant>,
+    mut take: impl FnMut(&mut S, Deadline) -> Option<O>,
+    park: impl Fn(&S) -> Park,
+) -> Option<(usize, O)> {
+    let n = sources.len();
+    let order = rotation(n);
+    // The fast path: one try each, no allocation, no syscall.
+    for k in 0..n {
+        let i = order(k);
+        if let Some(done) = take(sources[i], Deadline::Now) {
+            return Some((i, done));
+        }
+    }
+    match reactor::block_on_any(sources, order, deadline, &mut take, &park) {
+        Ok(done) => done,
+        Err(reactor::Unsupported) => block_on(select_with(sources, take, park), deadline),
+    }
+}
+
+/// The order in which a select over `n` sources tries them: from a start that moves at
+/// every select, so that a busy source early in the list cannot starve the others.
+///
+/// # Panics
+///
+/// If `n` is 0.
+fn rotation(n: usize) -> impl Fn(usize) -> usize + Copy {
+    assert!(n > 0, "select over no sources");
+    let start = START.fetch_add(1, Ordering::Relaxed) % n;
+    move |k| (start + k) % n
+}
+
 /// Takes from whichever of `sources` has something first, blocking the calling thread
-/// until one has (feature `async`: the thread waits as a task would, on this process's
-/// waiter thread). As [`select_async`]: `(i, Err(..::Disconnected))` when source `i`'s
+/// until one has (feature `async`). The thread sleeps on every source's wait word at once
+/// (`futex_waitv`; up to 127 sources, Linux ≥ 5.16; beyond, it waits as a task would, on
+/// this process's waiter threads). As [`select_async`]: `(i, Err(..::Disconnected))` when source `i`'s
 /// senders (producers) have all left.
 ///
 /// ```no_run
@@ -195,7 +232,7 @@ async fn select_with<S: ?Sized, O>(
 ///
 /// If `sources` is empty.
 pub fn select<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> (usize, S::Output) {
-    block_on(select_async(sources), None).expect("no deadline")
+    select_blocking(sources, None, S::take, S::park).expect("no deadline")
 }
 
 /// As [`select`], for the receivers of GPU channels, receiving onto `stream`.
@@ -205,7 +242,8 @@ pub fn select<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> (usize, S::Outp
 /// If `receivers` is empty.
 #[cfg(feature = "cuda")]
 pub fn select_on(receivers: &mut [&mut Receiver<Cuda>], stream: &Arc<CudaStream>) -> SelectedOn {
-    block_on(select_on_async(receivers, stream), None).expect("no deadline")
+    let take = |r: &mut Receiver<Cuda>, d| taken(r.recv_on_until(stream, d));
+    select_blocking(receivers, None, take, Receiver::park).expect("no deadline")
 }
 
 /// As [`select`], giving up after `timeout`: `None` when no source had something (or a
@@ -218,7 +256,7 @@ pub fn select_timeout<S: Selectable + ?Sized>(
     sources: &mut [&mut S],
     timeout: Duration,
 ) -> Option<(usize, S::Output)> {
-    block_on(select_async(sources), Instant::now().checked_add(timeout))
+    select_blocking(sources, Instant::now().checked_add(timeout), S::take, S::park)
 }
 
 /// Wakes a thread parked in [`block_on`].

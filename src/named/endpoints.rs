@@ -402,25 +402,15 @@ macro_rules! selectable_consumer {
         impl<T: Pod + Send> crate::channel::sealed_select::Selectable for $end<T> {
             type Output = Result<T, PopError>;
 
-            fn try_take(&mut self) -> Option<Self::Output> {
-                match self.inner.pop_until(crate::wait::Deadline::Now) {
+            fn take(&mut self, deadline: crate::wait::Deadline) -> Option<Self::Output> {
+                match self.inner.pop_until(deadline) {
                     Err(PopError::Timeout) => None,
                     done => Some(done),
                 }
             }
 
-            fn poll_take(
-                &mut self,
-                cx: &mut std::task::Context<'_>,
-                parked: &mut crate::wait::reactor::Parked,
-            ) -> std::task::Poll<Self::Output> {
-                let mut end = &mut self.inner;
-                parked.poll(cx, &mut end, |e| e.storage().park(Role::Consumer), |e, d| {
-                    match e.pop_until(d) {
-                        Err(PopError::Timeout) => None,
-                        done => Some(done),
-                    }
-                })
+            fn park(&self) -> crate::wait::reactor::Park {
+                self.inner.storage().park(Role::Consumer)
             }
         }
     )*};

@@ -76,6 +76,27 @@ impl WaitWord {
         (self.epoch.load(Ordering::Acquire), bounded)
     }
 
+    /// [`register`](Self::register) on several words at once, with one heavy barrier:
+    /// every word's `sleepers += 1`, the barrier, then the epochs (into `epochs`, in
+    /// order). Returns whether the sleep must be bounded by [`DEGRADED_RECHECK`]. The caller
+    /// re-checks every word's operation, then sleeps on all of them, and unregisters each.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
+    pub(crate) fn register_all<'a>(
+        words: impl Iterator<Item = &'a WaitWord> + Clone,
+        epochs: &mut Vec<u32>,
+    ) -> bool {
+        for w in words.clone() {
+            // SeqCst: as in `register`; the one barrier below orders all of them before
+            // the caller's re-checks. Partner: `light_barrier` in `notify`.
+            w.sleepers.fetch_add(1, Ordering::SeqCst);
+        }
+        let bounded = heavy_barrier();
+        epochs.clear();
+        // Acquire: pairs with the Release bump in `wake_all`.
+        epochs.extend(words.map(|w| w.epoch.load(Ordering::Acquire)));
+        bounded
+    }
+
     /// Takes a sleeper registered by [`register`](Self::register) off the count.
     fn unregister(&self) {
         // Relaxed: the count is only a hint to wakers, and a stale non-zero costs them one
@@ -172,11 +193,14 @@ pub(crate) struct TimedOut;
 
 /// When a blocking call gives up: the one deadline type under every blocking call.
 ///
+/// `pub` only so that the sealed `Selectable` trait may name it: `wait` is a private
+/// module, so no user can.
+///
 /// `try_x` is `x` with [`Deadline::Now`] (one attempt, no clock read), `x` waits with
 /// [`Deadline::Never`], `x_timeout(t)` with [`Deadline::after`]`(t)` and `x_deadline(i)`
 /// with [`Deadline::At`]`(i)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Deadline {
+pub enum Deadline {
     /// Do not wait: one attempt.
     Now,
     /// Wait as long as it takes.

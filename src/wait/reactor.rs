@@ -161,6 +161,10 @@ impl Watcher {
             if let Some(closes) = closes {
                 // Release: a future that reads the new count (Acquire) probes after it.
                 closes.count.fetch_add(1, StdOrdering::Release);
+                // Release: pairs with the Acquire load in `sleep_on_any`, which then sees
+                // the count bumped above. Threads asleep there wake to probe.
+                CLOSE_EVENTS.fetch_add(1, StdOrdering::Release);
+                let _ = futex::wake(&CLOSE_EVENTS, futex::Flags::PRIVATE, u32::MAX);
                 // Cloned out, so that no waker runs under the registry's lock.
                 let shards: Vec<_> = lock(&REGISTRY).clone();
                 for shard in shards {
@@ -263,15 +267,7 @@ impl Shard {
             // The words are read by the kernel once, at the start: an entry taken out (and
             // its mapping gone) while this sleeps is never read again by us, and the kernel
             // fails the call rather than fault if a mapping went before it started.
-            let timeout = wake_at.map(|at| {
-                let left = at.saturating_duration_since(Instant::now());
-                let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-                let ns = now.tv_nsec as u128 + left.subsec_nanos() as u128;
-                futex::Timespec {
-                    tv_sec: now.tv_sec + left.as_secs() as i64 + (ns / 1_000_000_000) as i64,
-                    tv_nsec: (ns % 1_000_000_000) as _,
-                }
-            });
+            let timeout = wake_at.map(monotonic);
             // Any outcome (a word moved, the timeout, EAGAIN, EINTR, EFAULT) leads to the
             // same look at every entry.
             let waited = futex::waitv(
@@ -297,6 +293,17 @@ impl Shard {
                     || e.wake_at.is_some_and(|at| at <= now)
             });
         }
+    }
+}
+
+/// `at` as an absolute time of the monotonic clock (`futex_waitv`'s timeout).
+fn monotonic(at: Instant) -> futex::Timespec {
+    let left = at.saturating_duration_since(Instant::now());
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let ns = now.tv_nsec as u128 + left.subsec_nanos() as u128;
+    futex::Timespec {
+        tv_sec: now.tv_sec + left.as_secs() as i64 + (ns / 1_000_000_000) as i64,
+        tv_nsec: (ns % 1_000_000_000) as _,
     }
 }
 
@@ -418,7 +425,9 @@ impl Drop for Parked {
 /// The count is the endpoint's, not the future's: peers found alive at count `n` are
 /// alive while the count stays `n` (a death is a close), so the next future of the same
 /// endpoint (a `recv_async` per message) parks without probing again.
-pub(crate) struct Park {
+///
+/// `pub` only so that the sealed `Selectable` trait may name it (as [`Parked`]).
+pub struct Park {
     word: *const WaitWord,
     keep: KeepAlive,
     closes: Arc<Closes>,
@@ -536,6 +545,128 @@ impl Parked {
                 cx.waker().wake_by_ref();
                 Poll::Pending
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A thread waiting on several words at once (the blocking `select`)
+
+/// Close events of every segment the watcher thread watches: a thread in
+/// [`block_on_any`] sleeps on it too, so that a peer's death wakes it to probe.
+static CLOSE_EVENTS: StdAtomicU32 = StdAtomicU32::new(0);
+
+/// Set once `futex_waitv` was refused (before Linux 5.16).
+static NO_WAITV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Most sources [`block_on_any`] sleeps on (`futex_waitv` takes 128 words; one is
+/// [`CLOSE_EVENTS`]).
+pub(crate) const MAX_ANY: usize = 127;
+
+/// [`block_on_any`] cannot serve this wait: more than [`MAX_ANY`] sources, or no
+/// `futex_waitv` (before Linux 5.16). The caller waits through the waiter threads instead.
+#[derive(Debug)]
+pub(crate) struct Unsupported;
+
+/// Takes from whichever of `sources` has something first, sleeping *this* thread on all
+/// their words at once, as a blocking call sleeps on one: one wake-up from a publisher to
+/// this thread, where a future's takes two (the waiter thread's, then the task's).
+///
+/// `take(source, d)` tries once (`Deadline::Now`), or once with its blocking form's tick
+/// work (`Deadline::Tick`: probe the peers, repair); `None` when there is nothing now.
+/// `park(source)` says where it sleeps. Sources are tried in the order `order(k)` gives,
+/// `k = 0..n`. `None` once `deadline` has passed.
+///
+/// One sleep: every word's `sleepers += 1` and one heavy barrier, a last try of each, then
+/// `futex_waitv` on every word and [`CLOSE_EVENTS`]. A source's peers are probed, as a
+/// future's are, when its segment saw a close since its last probe that found nothing
+/// (or, where inotify watches nothing, every [`UNWATCHED_TICK`]).
+pub(crate) fn block_on_any<S: ?Sized, O>(
+    sources: &mut [&mut S],
+    order: impl Fn(usize) -> usize,
+    deadline: Option<Instant>,
+    mut take: impl FnMut(&mut S, Deadline) -> Option<O>,
+    park: impl Fn(&S) -> Park,
+) -> Result<Option<(usize, O)>, Unsupported> {
+    let n = sources.len();
+    // Relaxed: a cached answer of the kernel; a stale `false` costs one refused call.
+    if n > MAX_ANY || NO_WAITV.load(StdOrdering::Relaxed) {
+        return Err(Unsupported);
+    }
+    let parks: Vec<Park> = sources.iter().map(|s| park(s)).collect();
+    let mut probes: Vec<Parked> = (0..n).map(|_| Parked::default()).collect();
+    let mut epochs = Vec::with_capacity(n);
+    let mut waits = [futex::Wait::new(); MAX_ANY + 1];
+    loop {
+        // Acquire: pairs with the Release bump of the watcher thread; read before the
+        // probes below, so that a close after them wakes the sleep.
+        let closes_seen = CLOSE_EVENTS.load(StdOrdering::Acquire);
+        for k in 0..n {
+            let i = order(k);
+            if let Some(clear) = probes[i].probe_due(&parks[i]) {
+                if let Some(o) = take(sources[i], Deadline::Tick) {
+                    return Ok(Some((i, o)));
+                }
+                if let Some(count) = clear {
+                    // Relaxed: see `Parked::probe_due`.
+                    parks[i].clear_at.store(count, StdOrdering::Relaxed);
+                }
+            }
+        }
+        let bounded = WaitWord::register_all(parks.iter().map(Park::word), &mut epochs);
+        let mut found = None;
+        for k in 0..n {
+            let i = order(k);
+            if let Some(o) = take(sources[i], Deadline::Now) {
+                found = Some((i, o));
+                break;
+            }
+        }
+        let mut refused = false;
+        if found.is_none() && deadline.is_none_or(|at| Instant::now() < at) {
+            let unwatched = probes.iter().filter_map(|p| p.next_probe).min();
+            let wake_at = [deadline, bounded.then(|| Instant::now() + DEGRADED_RECHECK), unwatched]
+                .into_iter()
+                .flatten()
+                .min();
+            waits[0] = futex::Wait::new();
+            waits[0].uaddr = futex::WaitPtr::new(CLOSE_EVENTS.as_ptr().cast());
+            waits[0].val = closes_seen.into();
+            waits[0].flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+            for (w, (p, &epoch)) in waits[1..].iter_mut().zip(parks.iter().zip(&epochs)) {
+                *w = futex::Wait::new();
+                w.uaddr = futex::WaitPtr::new(p.word().epoch.as_ptr().cast());
+                w.val = epoch.into();
+                // Shared: the word is in a mapping other processes wake.
+                w.flags = futex::WaitFlags::SIZE_U32;
+            }
+            // Any outcome but ENOSYS (a word moved, the timeout, EAGAIN, EINTR) leads to
+            // the same tries at the top of the loop. The words' mappings live in `parks`.
+            let waited = futex::waitv(
+                &waits[..=n],
+                futex::WaitvFlags::empty(),
+                wake_at.map(monotonic).as_ref(),
+                rustix::time::ClockId::Monotonic,
+            );
+            refused = waited == Err(rustix::io::Errno::NOSYS);
+        }
+        parks.iter().for_each(|p| p.word().unregister());
+        if found.is_some() {
+            return Ok(found);
+        }
+        if refused {
+            // Relaxed: see above.
+            NO_WAITV.store(true, StdOrdering::Relaxed);
+            return Err(Unsupported);
+        }
+        for k in 0..n {
+            let i = order(k);
+            if let Some(o) = take(sources[i], Deadline::Now) {
+                return Ok(Some((i, o)));
+            }
+        }
+        if deadline.is_some_and(|at| Instant::now() >= at) {
+            return Ok(None);
         }
     }
 }

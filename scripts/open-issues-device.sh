@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The measurements the open issues still wait for, for one device call each (a call has
+# 600 s). Here: `../shared/tools/gpu-stage`, `bash scripts/python-gpu.sh stage`, then
+# `cp scripts/*.sh scripts/*.py .gpu/`. There, from the repo root:
+#   bash .gpu/open-issues-device.sh sleep    # issue 18: the sleeping hop (sync, async,
+#                                            #   select) against pipe / socket / tokio socket
+#   bash .gpu/open-issues-device.sh pinned   # issue 16: launch_call, incl. the stream-ordered
+#                                            #   sender (pinned_stream_ordered, never run yet)
+#   bash .gpu/open-issues-device.sh python   # issue 15: the Python bench, without then with MPS
+# Logs go to $OUT (or /tmp/gpuring-out).
+set -uo pipefail
+out=${OUT:-/tmp/gpuring-out}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+nvidia-smi -L 2>/dev/null
+case "${1:-}" in
+  sleep)
+    GPURING_MODES=asymmetric OUT="$out" timeout 420 bash "$here/sleep-bench.sh" 2>&1 | tee "$out/sleep.txt"
+    ;;
+  pinned)
+    timeout 500 "$here/bin/bench-pinned" --bench --noplot launch_call 2>&1 | tee "$out/pinned-launch.txt"
+    ;;
+  python)
+    OUT="$out" timeout 270 bash "$here/python-gpu.sh" run bench 2>&1 | tee "$out/python-nomps.txt"
+    OUT="$out" timeout 270 bash "$here/python-gpu.sh" run bench --mps 2>&1 | tee "$out/python-mps.txt"
+    ;;
+  *)
+    echo "usage: $0 sleep | pinned | python"; exit 2 ;;
+esac
