@@ -76,7 +76,7 @@
 //! | module | what lives there |
 //! |---|---|
 //! | `sync`, `fault` | the one import of atomics (loom's under `--cfg loom`); crash-test kill points |
-//! | `descriptor`, `wait` | [`Descriptor`], [`DType`], [`TensorMeta`]; spin → yield → shared futex, the one deadline type, the `blocking!` forms; async waits (parked futures, waiter threads) |
+//! | `descriptor`, `wait` | [`Descriptor`], [`DType`], [`TensorMeta`]; spin → yield → shared futex, the one deadline type, the `blocking!` forms; async waits (parked futures, waiter threads), one thread asleep on many words (the blocking `select`), `Selectable` |
 //! | `layout`, `bus_guard` | `#[repr(C)]` shared-memory structures, one file per segment kind, [`Corrupted`]; the SIGBUS guard for segments truncated under us |
 //! | `shm` | named segments: exclusive create (space checked and reserved), checked open, who has them open and removal by the last one out, byte locks; [`ShmError`] |
 //! | `liveness` | participants and their locks, SPSC roles, the process probe, the tick loop; [`AttachError`] |
@@ -151,7 +151,7 @@ pub use pool::{AcquireError, CudaError};
 pub use ring::{PopError, PushError, TryPopError, TryPushError};
 #[cfg(all(feature = "async", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub use wait::reactor::{WaiterStats, waiter_stats};
+pub use wait::reactor::{Selectable, WaiterStats, waiter_stats};
 pub use wait::{BarrierMode, WaitPolicy, WaitStats, barrier_mode, wait_stats};
 
 #[cfg(not(loom))]
@@ -164,7 +164,7 @@ pub use channel::{
 pub use channel::{Cuda, DeviceView};
 #[cfg(all(feature = "async", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub use channel::{Messages, Selectable, Selected, select, select_async, select_timeout};
+pub use channel::{Messages, Selected, select, select_async, select_timeout};
 #[cfg(all(feature = "async", feature = "cuda", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "async", feature = "cuda"))))]
 pub use channel::{SelectedOn, select_on, select_on_async};

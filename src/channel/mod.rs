@@ -53,9 +53,7 @@ pub use gpu::{Cuda, DeviceView};
 pub use receiver::Messages;
 pub use receiver::{Message, Receiver};
 #[cfg(feature = "async")]
-pub(crate) use select::sealed as sealed_select;
-#[cfg(feature = "async")]
-pub use select::{Selectable, Selected, select, select_async, select_timeout};
+pub use select::{Selected, select, select_async, select_timeout};
 #[cfg(all(feature = "async", feature = "cuda"))]
 pub use select::{SelectedOn, select_on, select_on_async};
 pub use sender::{Lease, Sender};

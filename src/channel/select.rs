@@ -19,50 +19,7 @@ use super::receiver::{Message, Receiver};
 #[cfg(feature = "cuda")]
 use crate::pool::cuda::CudaStream;
 use crate::wait::Deadline;
-use crate::wait::reactor::{self, Park, Parked};
-
-/// What [`select`] and [`select_async`] can wait on, several at once: a host channel's
-/// [`Receiver`] (each take a `Result<Message, RecvError>`), an
-/// [`SpscConsumer`](crate::SpscConsumer) or [`MpmcConsumer`](crate::MpmcConsumer) of a
-/// ring (each take a `Result<T, PopError>`). Sealed: the crate implements it.
-///
-/// A list of one type selects as it is; SPSC and MPMC consumers of the same element type
-/// mix as trait objects:
-///
-/// ```no_run
-/// use gpuring::{MpmcRing, PopError, Selectable, SpscRing, select};
-/// let (a, b) = (SpscRing::<u64>::open("ticks")?, MpmcRing::<u64>::open("jobs")?);
-/// let (mut a, mut b) = (a.consumer()?, b.consumer()?);
-/// let mut live: Vec<&mut dyn Selectable<Output = Result<u64, PopError>>> = vec![&mut a, &mut b];
-/// while !live.is_empty() {
-///     match select(&mut live) {
-///         (i, Ok(v)) => println!("from {i}: {v}"),
-///         (i, Err(_)) => drop(live.remove(i)), // its producers have gone
-///     }
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub trait Selectable: sealed::Selectable {}
-
-impl<S: sealed::Selectable + ?Sized> Selectable for S {}
-
-pub(crate) mod sealed {
-    use super::*;
-
-    /// How a select takes from a source. See [`Selectable`](super::Selectable).
-    pub trait Selectable {
-        /// What one take gives: an item, or a final error.
-        type Output;
-
-        /// One attempt (`Deadline::Now`: no wait, no syscall), or one attempt with the
-        /// blocking form's tick work (`Deadline::Tick`: probe the peers, repair): `None`
-        /// when there is nothing now.
-        fn take(&mut self, deadline: Deadline) -> Option<Self::Output>;
-
-        /// Where the source's waits sleep (its ring's `not_empty` word).
-        fn park(&self) -> Park;
-    }
-}
+use crate::wait::reactor::{self, Park, Parked, Selectable, sealed};
 
 impl sealed::Selectable for Receiver<Host> {
     type Output = Result<Message, RecvError>;

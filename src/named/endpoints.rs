@@ -399,7 +399,7 @@ impl<T: Pod + Send> MpmcConsumer<T> {
 #[cfg(feature = "async")]
 macro_rules! selectable_consumer {
     ($($end:ident),*) => {$(
-        impl<T: Pod + Send> crate::channel::sealed_select::Selectable for $end<T> {
+        impl<T: Pod + Send> crate::wait::reactor::sealed::Selectable for $end<T> {
             type Output = Result<T, PopError>;
 
             fn take(&mut self, deadline: crate::wait::Deadline) -> Option<Self::Output> {
