@@ -535,53 +535,75 @@ fn peer_dead_arrives_through_recv_async() {
 
 /// The blocking `select` sleeps on its sources' words itself (no parked future, no waiter
 /// thread in between), and a sender's death still reaches it at once: the watcher thread's
-/// close event wakes it to probe.
+/// close event wakes it to probe. Two threads select at once (each over a dying channel and
+/// a silent one), and both hear of the death.
 #[test]
 fn select_sleeps_on_every_word_and_hears_of_a_death() {
     if role().as_deref() == Some("sender") {
-        let ch = Channel::builder(ring_name()).open().unwrap();
-        let tx = ch.sender().unwrap();
-        for i in 0..2u8 {
-            let mut lease = tx.acquire().unwrap();
-            lease[0] = i;
-            tx.send(lease, TensorMeta::bytes(1)).unwrap();
+        let name = ring_name();
+        let chans =
+            [name.clone(), format!("{name}-2")].map(|n| Channel::builder(n).open().unwrap());
+        let txs = chans.each_ref().map(|c| c.sender().unwrap());
+        for tx in &txs {
+            for i in 0..2u8 {
+                let mut lease = tx.acquire().unwrap();
+                lease[0] = i;
+                tx.send(lease, TensorMeta::bytes(1)).unwrap();
+            }
         }
-        std::thread::sleep(Duration::from_millis(200)); // the select sleeps
+        std::thread::sleep(Duration::from_millis(200)); // the selects sleep
         die();
     }
     let name = unique_name("sel-dead");
-    let quiet = unique_name("sel-quiet");
-    let a = Channel::builder(&name).capacity(8).slots(4, 64).create().unwrap();
-    let b = Channel::builder(&quiet).capacity(8).slots(4, 64).create().unwrap();
-    let _b_tx = b.sender().unwrap(); // alive, silent
-    let (mut ra, mut rb) = (a.receiver().unwrap(), b.receiver().unwrap());
+    let dying = [name.clone(), format!("{name}-2")];
+    let quiet = [unique_name("sel-quiet"), unique_name("sel-quiet-2")];
+    let make = |n: &String| Channel::builder(n).capacity(8).slots(4, 64).create().unwrap();
+    let (dying_ch, quiet_ch) = (dying.each_ref().map(make), quiet.each_ref().map(make));
+    let _quiet_tx = quiet_ch.each_ref().map(|c| c.sender().unwrap()); // alive, silent
     let mut peer = Peer::spawn("select_sleeps_on_every_word_and_hears_of_a_death", "sender", &name);
     let parked_before = waiter_stats().parked;
     let watching = std::thread::spawn({
-        let (name, quiet) = (name.clone(), quiet.clone());
+        let names: Vec<String> = dying.iter().chain(&quiet).cloned().collect();
         move || {
-            // While the select sleeps, it is registered on both rings, and parked no future.
-            eventually("the select sleeps on both words", || {
-                waiting_receivers(&name) == 1 && waiting_receivers(&quiet) == 1
+            // While the selects sleep, each is registered on both its rings, and no future
+            // is parked.
+            eventually("the selects sleep on all four words", || {
+                names.iter().all(|n| waiting_receivers(n) == 1)
             });
             waiter_stats().parked
         }
     });
-    let mut got = Vec::new();
-    let (err, noticed) = loop {
-        let mut live = [&mut ra, &mut rb];
-        match select_timeout(&mut live, Duration::from_secs(10)).expect("within 10 s") {
-            (0, Ok(msg)) => got.push(msg[0]),
-            (0, Err(e)) => break (e, now_ns()),
-            (i, r) => panic!("the quiet channel answered ({i}): {:?}", r.map(|m| m.len())),
-        }
-    };
+    let selects: Vec<_> = dying_ch
+        .iter()
+        .zip(&quiet_ch)
+        .map(|(d, q)| {
+            let (mut rd, mut rq) = (d.receiver().unwrap(), q.receiver().unwrap());
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                loop {
+                    let mut live = [&mut rd, &mut rq];
+                    match select_timeout(&mut live, Duration::from_secs(10)).expect("within 10 s") {
+                        (0, Ok(msg)) => got.push(msg[0]),
+                        (0, Err(e)) => return (got, e, now_ns()),
+                        (i, r) => {
+                            panic!("a quiet channel answered ({i}): {:?}", r.map(|m| m.len()))
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let results: Vec<_> = selects.into_iter().map(|t| t.join().unwrap()).collect();
     let died = peer.died();
-    assert_eq!(got, [0, 1], "what it sent first");
-    assert!(matches!(err, RecvError::PeerDead), "{err:?}");
-    common::assert_noticed("select", died, noticed);
-    assert_eq!(watching.join().unwrap(), parked_before, "no future parked for the select");
-    assert_eq!((waiting_receivers(&name), waiting_receivers(&quiet)), (0, 0), "unregistered");
+    for (got, err, noticed) in results {
+        assert_eq!(got, [0, 1], "what it sent first");
+        assert!(matches!(err, RecvError::PeerDead), "{err:?}");
+        common::assert_noticed("select", died, noticed);
+    }
+    assert_eq!(watching.join().unwrap(), parked_before, "no future parked for the selects");
+    for n in dying.iter().chain(&quiet) {
+        assert_eq!(waiting_receivers(n), 0, "{n}: unregistered");
+    }
 }
 
 /// Past 127 sources the blocking select waits through the waiter threads: still correct.

@@ -164,7 +164,7 @@ impl Watcher {
                 // Release: pairs with the Acquire load in `sleep_on_any`, which then sees
                 // the count bumped above. Threads asleep there wake to probe.
                 CLOSE_EVENTS.fetch_add(1, StdOrdering::Release);
-                let _ = futex::wake(&CLOSE_EVENTS, futex::Flags::PRIVATE, u32::MAX);
+                let _ = futex::wake(&CLOSE_EVENTS, futex::Flags::PRIVATE, i32::MAX as u32);
                 // Cloned out, so that no waker runs under the registry's lock.
                 let shards: Vec<_> = lock(&REGISTRY).clone();
                 for shard in shards {
