@@ -1,8 +1,10 @@
 //! Waiting on several sources at once (feature `async`): [`select_async`] polls each
 //! source's async take (a host [`Receiver`]'s receive, a ring consumer's pop), parked on its
 //! own wait word, and returns the first that has something (or a final error); [`select`]
-//! and [`select_timeout`] run it on the calling thread. `select_on_async` and `select_on`
-//! do the same for GPU receivers. What can be selected is the sealed [`Selectable`].
+//! and [`select_timeout`] block the calling thread, asleep on every source's word at once
+//! (`reactor::block_on_any`). `select_on_async` and `select_on` do the same for GPU
+//! receivers. What can be selected is the sealed [`Selectable`] (in `wait::reactor`, below
+//! the layers whose types implement it).
 
 use std::future::Future;
 use std::pin::pin;
