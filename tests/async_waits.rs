@@ -171,6 +171,12 @@ fn dropped_slice_futures_move_nothing() {
     drop(rx);
     let r = runtime().block_on(tx.push_slice_async(&[1, 2, 3, 4, 5, 6]));
     assert_eq!(r, Err(gpuring::PushError::Disconnected(4)));
+    // Those 4 are in the ring: a new consumer takes them, so that the ring goes with the
+    // handles (one holding messages stays for a consumer to come).
+    let mut rx = ring.consumer().unwrap();
+    let mut buf = [0u64; 8];
+    assert_eq!(rx.try_pop_into(&mut buf), Ok(4));
+    assert_eq!(buf[..4], [1, 2, 3, 4]);
 }
 
 /// Host channel, two tasks: every message's bytes checked; a pool of 2 slots makes the
