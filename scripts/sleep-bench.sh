@@ -13,7 +13,7 @@ mkdir -p "$out"
 cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | cut -d, -f1 | sed -n '2,4p' | paste -sd,)
 uname -r
 echo "pinned to cpus $cpus"
-rows="gpuring_spsc_sleep|gpuring_spsc_async|gpuring_spsc_select|floor_futex|one_way/pipe|one_way/unix_socket|tokio_unix_socket"
+rows="gpuring_spsc_sleep|gpuring_spsc_async|gpuring_spsc_select|floor_futex|floor_futex_descriptor|one_way/pipe|one_way/unix_socket|tokio_unix_socket"
 for mode in ${GPURING_MODES:-asymmetric symmetric}; do
   log="$out/sleep-$mode.log"
   echo "== $mode barrier"
