@@ -15,6 +15,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 nvidia-smi -L 2>/dev/null
 case "${1:-}" in
   sleep)
+    # The guest's idle driver decides how fast a sleeping CPU wakes (run AA).
+    echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null) /" \
+      "$(cat /sys/devices/system/cpu/cpuidle/current_governor_ro 2>/dev/null)"
     GPURING_MODES=asymmetric OUT="$out" timeout 420 bash "$here/sleep-bench.sh" 2>&1 | tee "$out/sleep.txt"
     ;;
   pinned)
