@@ -560,6 +560,14 @@ fn select_sleeps_on_every_word_and_hears_of_a_death() {
         std::thread::sleep(Duration::from_millis(200)); // the selects sleep
         die();
     }
+    if role().is_none() {
+        // The selects run in a process of their own, so that no other test's futures or
+        // waiter threads are counted with theirs.
+        let mut selector =
+            Peer::spawn("select_sleeps_on_every_word_and_hears_of_a_death", "selector", "-");
+        assert_eq!(selector.child.wait().unwrap().code(), Some(0), "the selector failed");
+        return;
+    }
     let name = unique_name("sel-dead");
     let dying = [name.clone(), format!("{name}-2")];
     let quiet = [unique_name("sel-quiet"), unique_name("sel-quiet-2")];
@@ -567,7 +575,6 @@ fn select_sleeps_on_every_word_and_hears_of_a_death() {
     let (dying_ch, quiet_ch) = (dying.each_ref().map(make), quiet.each_ref().map(make));
     let _quiet_tx = quiet_ch.each_ref().map(|c| c.sender().unwrap()); // alive, silent
     let mut peer = Peer::spawn("select_sleeps_on_every_word_and_hears_of_a_death", "sender", &name);
-    let parked_before = waiter_stats().parked;
     let watching = std::thread::spawn({
         let names: Vec<String> = dying.iter().chain(&quiet).cloned().collect();
         move || {
@@ -576,7 +583,7 @@ fn select_sleeps_on_every_word_and_hears_of_a_death() {
             eventually("the selects sleep on all four words", || {
                 names.iter().all(|n| waiting_receivers(n) == 1)
             });
-            waiter_stats().parked
+            waiter_stats()
         }
     });
     let selects: Vec<_> = dying_ch
@@ -606,7 +613,9 @@ fn select_sleeps_on_every_word_and_hears_of_a_death() {
         assert!(matches!(err, RecvError::PeerDead), "{err:?}");
         common::assert_noticed("select", died, noticed);
     }
-    assert_eq!(watching.join().unwrap(), parked_before, "no future parked for the selects");
+    let asleep = watching.join().unwrap();
+    assert_eq!((asleep.parked, asleep.threads), (0, 0), "no future parked, no waiter thread");
+    assert_eq!(waiter_stats().threads, 0, "no waiter thread was ever started");
     for n in dying.iter().chain(&quiet) {
         assert_eq!(waiting_receivers(n), 0, "{n}: unregistered");
     }
