@@ -21,8 +21,7 @@ mod common;
 
 use common::baselines::{DESC, LAST, STOP, descriptor, echo, ice_echo, ice_sink, ipc_peer, sink};
 use common::floor::{
-    FloorMap, floor_descriptor_peer, floor_futex_descriptor_peer, floor_futex_peer,
-    floor_spin_peer, futex_wait, futex_wake,
+    FloorMap, floor_descriptor_peer, floor_futex_peer, floor_spin_peer, futex_wait, futex_wake,
 };
 use common::{Group, NAME, PEER, Peer, Samples, cpus, ice, peer, pin, unique};
 use criterion::{BenchmarkId, Criterion, Throughput};
@@ -73,8 +72,8 @@ fn run_peer(role: &str) {
     match role {
         "floor-spin" => floor_spin_peer(&name),
         "floor-descriptor-spin" => floor_descriptor_peer(&name),
-        "floor-futex" => floor_futex_peer(&name),
-        "floor-futex-descriptor" => floor_futex_descriptor_peer(&name),
+        "floor-futex" => floor_futex_peer(&name, false),
+        "floor-futex-descriptor" => floor_futex_peer(&name, true),
         "spsc-echo-spin" | "spsc-echo-spin-demote" | "spsc-echo-sleep" => {
             let policy = if role.contains("spin") {
                 WaitPolicy::spin_then_sleep(u32::MAX, 0)
@@ -333,16 +332,24 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         p.finish();
     }
 
-    {
+    // The raw futex floor, bare and carrying a descriptor each way (the sleeping rows'
+    // floor: written and stamped in a raw cell before the word is stored and woken).
+    for (label, role, carry) in [
+        ("floor_futex", "floor-futex", false),
+        ("floor_futex_descriptor", "floor-futex-descriptor", true),
+    ] {
         let name = format!("/{}", unique("futex"));
         let map = FloorMap::create(&name);
-        let _p = peer("floor-futex", &name, 0, false);
+        let _p = peer(role, &name, 0, false);
         let f = map.get();
         let mut seq = 0u32;
-        g.run("floor_futex", DESC, |iters| {
+        g.run(label, DESC, |iters| {
             let t = Instant::now();
             for _ in 0..iters {
                 seq = if seq + 1 == u32::MAX { 1 } else { seq + 1 };
+                if carry {
+                    f.ping_cell.send(descriptor(seq.into()), seq.into());
+                }
                 f.ping32.0.store(seq, Ordering::Release);
                 futex_wake(&f.ping32.0);
                 loop {
@@ -352,35 +359,9 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
                     }
                     futex_wait(&f.pong32.0, v);
                 }
-            }
-            one_way(t.elapsed())
-        });
-        f.ping32.0.store(u32::MAX, Ordering::Release);
-        futex_wake(&f.ping32.0);
-    }
-
-    {
-        // The raw futex floor carrying a descriptor each way (the sleeping rows' floor).
-        let name = format!("/{}", unique("futex-desc"));
-        let map = FloorMap::create(&name);
-        let _p = peer("floor-futex-descriptor", &name, 0, false);
-        let f = map.get();
-        let mut seq = 0u32;
-        g.run("floor_futex_descriptor", DESC, |iters| {
-            let t = Instant::now();
-            for _ in 0..iters {
-                seq = if seq + 1 == u32::MAX { 1 } else { seq + 1 };
-                f.ping_cell.send(descriptor(seq.into()), seq.into());
-                f.ping32.0.store(seq, Ordering::Release);
-                futex_wake(&f.ping32.0);
-                loop {
-                    let v = f.pong32.0.load(Ordering::Acquire);
-                    if v == seq {
-                        break;
-                    }
-                    futex_wait(&f.pong32.0, v);
+                if carry {
+                    assert_eq!(f.pong_cell.recv(seq.into()).seq, u64::from(seq));
                 }
-                assert_eq!(f.pong_cell.recv(seq.into()).seq, u64::from(seq));
             }
             one_way(t.elapsed())
         });

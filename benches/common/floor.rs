@@ -105,8 +105,11 @@ pub fn floor_descriptor_peer(name: &str) {
     }
 }
 
-/// The raw futex floor's peer: sleeps on `ping32`, answers on `pong32` and wakes.
-pub fn floor_futex_peer(name: &str) {
+/// The raw futex floor's peer: sleeps on `ping32`, answers on `pong32` and wakes. With
+/// `carry`, each turn also brings a descriptor back through the raw cells (read after the
+/// word moved, written and stamped before the answer is stored): the least a sleeping hop
+/// of 384 bytes takes.
+pub fn floor_futex_peer(name: &str, carry: bool) {
     let map = FloorMap::open(name);
     let f = map.get();
     let mut last = 0;
@@ -121,31 +124,10 @@ pub fn floor_futex_peer(name: &str) {
             return;
         }
         last = v;
-        f.pong32.0.store(v, Ordering::Release);
-        futex_wake(&f.pong32.0);
-    }
-}
-
-/// The sleeping descriptor floor's peer: as `floor_futex_peer`, but each turn carries a
-/// descriptor through the raw cells (written, stamped, then the word stored and woken), so
-/// that the sleeping rows can be read against the least a sleeping hop of 384 bytes takes.
-pub fn floor_futex_descriptor_peer(name: &str) {
-    let map = FloorMap::open(name);
-    let f = map.get();
-    let mut last = 0;
-    loop {
-        // Acquire/Release: the handshake itself is what is measured.
-        let v = f.ping32.0.load(Ordering::Acquire);
-        if v == last {
-            futex_wait(&f.ping32.0, last);
-            continue;
+        if carry {
+            let d = f.ping_cell.recv(v.into());
+            f.pong_cell.send(d, v.into());
         }
-        if v == u32::MAX {
-            return;
-        }
-        last = v;
-        let d = f.ping_cell.recv(v.into());
-        f.pong_cell.send(d, v.into());
         f.pong32.0.store(v, Ordering::Release);
         futex_wake(&f.pong32.0);
     }

@@ -111,11 +111,8 @@ async fn select_with<S: ?Sized, O>(
     let n = sources.len();
     let order = rotation(n);
     // The fast path: one try each, no allocation, no syscall.
-    for k in 0..n {
-        let i = order(k);
-        if let Some(done) = take(sources[i], Deadline::Now) {
-            return (i, done);
-        }
+    if let Some(done) = reactor::try_each(sources, order, &mut take) {
+        return done;
     }
     let mut parked: Vec<Parked> = (0..n).map(|_| Parked::default()).collect();
     std::future::poll_fn(|cx| {
@@ -140,14 +137,10 @@ fn select_blocking<S: ?Sized, O>(
     mut take: impl FnMut(&mut S, Deadline) -> Option<O>,
     park: impl Fn(&S) -> Park,
 ) -> Option<(usize, O)> {
-    let n = sources.len();
-    let order = rotation(n);
+    let order = rotation(sources.len());
     // The fast path: one try each, no allocation, no syscall.
-    for k in 0..n {
-        let i = order(k);
-        if let Some(done) = take(sources[i], Deadline::Now) {
-            return Some((i, done));
-        }
+    if let Some(done) = reactor::try_each(sources, order, &mut take) {
+        return Some(done);
     }
     match reactor::block_on_any(sources, order, deadline, &mut take, &park) {
         Ok(done) => done,
@@ -170,8 +163,8 @@ fn rotation(n: usize) -> impl Fn(usize) -> usize + Copy {
 /// Takes from whichever of `sources` has something first, blocking the calling thread
 /// until one has (feature `async`). The thread sleeps on every source's wait word at once
 /// (`futex_waitv`; up to 127 sources, Linux ≥ 5.16; beyond, it waits as a task would, on
-/// this process's waiter threads). As [`select_async`]: `(i, Err(..::Disconnected))` when source `i`'s
-/// senders (producers) have all left.
+/// this process's waiter threads). As [`select_async`]: `(i, Err(..::Disconnected))` when
+/// source `i`'s senders (producers) have all left.
 ///
 /// ```no_run
 /// use gpuring::{Channel, select};

@@ -176,31 +176,32 @@ mod imp {
             Self { ctx: ctx.clone(), ready, release }
         }
 
+        /// Makes the pool's context current on this thread (every call below needs it).
+        fn bind(&self) -> Result<(), CudaError> {
+            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
+        }
+
         /// Enqueues on `stream` a wait for `event` (a never-recorded event is a no-op).
         fn wait(&self, event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
-            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-            // SAFETY: a live event and the caller's live stream.
-            check("cuStreamWaitEvent", unsafe {
-                sys::cuStreamWaitEvent(stream.cu_stream(), event, 0)
-            })
+            self.bind()?;
+            enqueue_wait(event, stream)
         }
 
         /// As [`wait`](Self::wait), enqueuing nothing when `event` has already completed
         /// (a query reads the event's state; no wait, no GPU work, is then needed).
         fn wait_pending(&self, event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
-            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            self.bind()?;
             // SAFETY: a live event.
             if completed("cuEventQuery", unsafe { sys::cuEventQuery(event) })? {
                 return Ok(());
             }
-            self.wait(event, stream)
+            enqueue_wait(event, stream)
         }
 
         /// Records `event` on `stream`, after the work queued there.
         fn record(&self, event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
-            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-            // SAFETY: a live event and the caller's live stream.
-            check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream.cu_stream()) })
+            self.bind()?;
+            enqueue_record(event, stream)
         }
 
         /// As [`record`](Self::record), recording nothing when every piece of work queued
@@ -217,13 +218,25 @@ mod imp {
             stream: &CudaStream,
             after: sys::CUevent,
         ) -> Result<(), CudaError> {
-            self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            self.bind()?;
             // SAFETY: a live event.
             let idle = completed("cuEventQuery", unsafe { sys::cuEventQuery(after) })?
                 // SAFETY: the caller's live stream.
                 && completed("cuStreamQuery", unsafe { sys::cuStreamQuery(stream.cu_stream()) })?;
-            if idle { Ok(()) } else { self.record(event, stream) }
+            if idle { Ok(()) } else { enqueue_record(event, stream) }
         }
+    }
+
+    /// `cuStreamWaitEvent` of `event` on `stream`, in the context current on this thread.
+    fn enqueue_wait(event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
+        // SAFETY: a live event and the caller's live stream.
+        check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), event, 0) })
+    }
+
+    /// `cuEventRecord` of `event` on `stream`, in the context current on this thread.
+    fn enqueue_record(event: sys::CUevent, stream: &CudaStream) -> Result<(), CudaError> {
+        // SAFETY: a live event and the caller's live stream.
+        check("cuEventRecord", unsafe { sys::cuEventRecord(event, stream.cu_stream()) })
     }
 
     impl Drop for Events {
@@ -390,7 +403,7 @@ mod imp {
         /// Blocks until every recorded release has completed: receivers' GPU reads are
         /// done and the memory can be freed. Off the hot path (the sender's drop).
         pub(crate) fn synchronize_releases(&self) -> Result<(), CudaError> {
-            self.events.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+            self.events.bind()?;
             for &e in &self.events.release {
                 // SAFETY: our live event.
                 check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(e) })?;

@@ -445,7 +445,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
 
     /// Pushes `value`, waiting for room as the [`WaitPolicy`] says until `deadline`.
     pub(crate) fn push_until(&self, value: T, deadline: Deadline) -> Result<(), PushError<T>> {
-        self.push_run_until(std::slice::from_ref(&value), deadline)
+        self.push_some_until(std::slice::from_ref(&value), deadline)
             .map(drop)
             .map_err(|b| PushError::from_blocked(b, value))
     }
@@ -453,7 +453,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     /// Pushes one run of `values` (at least one element), waiting for room as the
     /// [`WaitPolicy`] says until `deadline`, running the producer-side repair at every
     /// liveness tick. Returns how many were pushed.
-    pub(super) fn push_run_until(
+    pub(crate) fn push_some_until(
         &self,
         values: &[T],
         deadline: Deadline,

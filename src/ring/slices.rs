@@ -200,19 +200,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> mpmc::Producer<T, S> {
         values: &[T],
         deadline: Deadline,
     ) -> Result<(), PushError<usize>> {
-        push_all(values, |rest| self.push_run_until(rest, deadline))
-    }
-
-    /// Pushes one run of `values` (non-empty: at least one element, at most
-    /// [`MAX_RUN`]), waiting for room as the wait policy says until `deadline`. Returns how
-    /// many were pushed.
-    #[cfg_attr(not(feature = "async"), allow(dead_code))]
-    pub(crate) fn push_some_until(
-        &self,
-        values: &[T],
-        deadline: Deadline,
-    ) -> Result<usize, Blocked> {
-        self.push_run_until(values, deadline)
+        push_all(values, |rest| self.push_some_until(rest, deadline))
     }
 }
 

@@ -161,7 +161,7 @@ impl Watcher {
             if let Some(closes) = closes {
                 // Release: a future that reads the new count (Acquire) probes after it.
                 closes.count.fetch_add(1, StdOrdering::Release);
-                // Release: pairs with the Acquire load in `sleep_on_any`, which then sees
+                // Release: pairs with the Acquire load in `block_on_any`, which then sees
                 // the count bumped above. Threads asleep there wake to probe.
                 CLOSE_EVENTS.fetch_add(1, StdOrdering::Release);
                 let _ = futex::wake(&CLOSE_EVENTS, futex::Flags::PRIVATE, i32::MAX as u32);
@@ -244,18 +244,11 @@ impl Shard {
                 // Acquire: pairs with the Release bump in `park`; read under the lock, so
                 // that every entry added before the bump is in the list below.
                 let control = self.control.load(StdOrdering::Acquire);
-                waits[0] = futex::Wait::new();
-                waits[0].uaddr = futex::WaitPtr::new(self.control.as_ptr().cast());
-                waits[0].val = control.into();
-                waits[0].flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+                waits[0] = private_wait(&self.control, control);
                 let mut n = 1;
                 let mut wake_at: Option<Instant> = None;
                 for e in entries.iter().flatten() {
-                    waits[n] = futex::Wait::new();
-                    waits[n].uaddr = futex::WaitPtr::new(e.word().epoch.as_ptr().cast());
-                    waits[n].val = e.expected.into();
-                    // Shared: the word is in a mapping other processes wake.
-                    waits[n].flags = futex::WaitFlags::SIZE_U32;
+                    waits[n] = word_wait(e.word(), e.expected);
                     n += 1;
                     wake_at = match (wake_at, e.wake_at) {
                         (Some(a), Some(b)) => Some(a.min(b)),
@@ -294,6 +287,25 @@ impl Shard {
             });
         }
     }
+}
+
+/// A `futex_waitv` entry for this process's own word `word` while it holds `val`.
+fn private_wait(word: &StdAtomicU32, val: u32) -> futex::Wait {
+    let mut w = futex::Wait::new();
+    w.uaddr = futex::WaitPtr::new(word.as_ptr().cast());
+    w.val = val.into();
+    w.flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+    w
+}
+
+/// A `futex_waitv` entry for the epoch of `word` while it holds `expected`: shared, since
+/// the word is in a mapping other processes wake.
+fn word_wait(word: &WaitWord, expected: u32) -> futex::Wait {
+    let mut w = futex::Wait::new();
+    w.uaddr = futex::WaitPtr::new(word.epoch.as_ptr().cast());
+    w.val = expected.into();
+    w.flags = futex::WaitFlags::SIZE_U32;
+    w
 }
 
 /// `at` as an absolute time of the monotonic clock (`futex_waitv`'s timeout).
@@ -568,6 +580,16 @@ pub(crate) const MAX_ANY: usize = 127;
 #[derive(Debug)]
 pub(crate) struct Unsupported;
 
+/// One try of each of `sources` (`Deadline::Now`: no wait, no syscall), in the order
+/// `order(k)` gives: the first that has something, and its index.
+pub(crate) fn try_each<S: ?Sized, O>(
+    sources: &mut [&mut S],
+    order: impl Fn(usize) -> usize,
+    take: &mut impl FnMut(&mut S, Deadline) -> Option<O>,
+) -> Option<(usize, O)> {
+    (0..sources.len()).map(order).find_map(|i| take(sources[i], Deadline::Now).map(|o| (i, o)))
+}
+
 /// Takes from whichever of `sources` has something first, sleeping *this* thread on all
 /// their words at once, as a blocking call sleeps on one: one wake-up from a publisher to
 /// this thread, where a future's takes two (the waiter thread's, then the task's).
@@ -614,14 +636,7 @@ pub(crate) fn block_on_any<S: ?Sized, O>(
             }
         }
         let bounded = WaitWord::register_all(parks.iter().map(Park::word), &mut epochs);
-        let mut found = None;
-        for k in 0..n {
-            let i = order(k);
-            if let Some(o) = take(sources[i], Deadline::Now) {
-                found = Some((i, o));
-                break;
-            }
-        }
+        let found = try_each(sources, &order, &mut take);
         let mut refused = false;
         if found.is_none() && deadline.is_none_or(|at| Instant::now() < at) {
             let unwatched = probes.iter().filter_map(|p| p.next_probe).min();
@@ -629,16 +644,9 @@ pub(crate) fn block_on_any<S: ?Sized, O>(
                 .into_iter()
                 .flatten()
                 .min();
-            waits[0] = futex::Wait::new();
-            waits[0].uaddr = futex::WaitPtr::new(CLOSE_EVENTS.as_ptr().cast());
-            waits[0].val = closes_seen.into();
-            waits[0].flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+            waits[0] = private_wait(&CLOSE_EVENTS, closes_seen);
             for (w, (p, &epoch)) in waits[1..].iter_mut().zip(parks.iter().zip(&epochs)) {
-                *w = futex::Wait::new();
-                w.uaddr = futex::WaitPtr::new(p.word().epoch.as_ptr().cast());
-                w.val = epoch.into();
-                // Shared: the word is in a mapping other processes wake.
-                w.flags = futex::WaitFlags::SIZE_U32;
+                *w = word_wait(p.word(), epoch);
             }
             // Any outcome but ENOSYS (a word moved, the timeout, EAGAIN, EINTR) leads to
             // the same tries at the top of the loop. The words' mappings live in `parks`.
@@ -659,11 +667,8 @@ pub(crate) fn block_on_any<S: ?Sized, O>(
             NO_WAITV.store(true, StdOrdering::Relaxed);
             return Err(Unsupported);
         }
-        for k in 0..n {
-            let i = order(k);
-            if let Some(o) = take(sources[i], Deadline::Now) {
-                return Ok(Some((i, o)));
-            }
+        if let Some(found) = try_each(sources, &order, &mut take) {
+            return Ok(Some(found));
         }
         if deadline.is_some_and(|at| Instant::now() >= at) {
             return Ok(None);
