@@ -246,7 +246,77 @@ fn launch_call(c: &mut Criterion, samples: &mut Samples, ctx: &Arc<CudaContext>)
     g.run("pinned_stream_ordered", 0, |n| launcher.launches(n));
     said("pinned_stream_ordered", copier.stop());
     g.g.finish();
+    if !std::env::args().any(|a| a == "--test") {
+        launch_rounds(ctx, src, &mut launcher, &cases);
+    }
     drop(slot);
+}
+
+/// The tail of `launch_call` again, interleaved: `ROUNDS` rounds (`GPURING_LAUNCH_ROUNDS`),
+/// each timing `PER_ROUND` single launches per case with the cases one after another, so
+/// that whatever the VM does meanwhile falls on every case alike (criterion's cases and
+/// their second passes run one case at a time, seconds apart). Prints each case's p50/p99
+/// over all rounds, its ratio to idle, and its p99 per round.
+fn launch_rounds(
+    ctx: &Arc<CudaContext>,
+    src: sys::CUdeviceptr,
+    launcher: &mut Launcher,
+    copies: &[(&str, Option<*mut u8>); 3],
+) {
+    const PER_ROUND: usize = 25_000;
+    let rounds: usize =
+        std::env::var("GPURING_LAUNCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let labels = ["idle", "pageable_dtoh", "pinned_slot_dtoh", "pinned_stream_ordered"];
+    let mut all: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds * PER_ROUND); labels.len()];
+    let mut per_round: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); labels.len()];
+    let mut made = vec![0u64; labels.len()];
+    for _ in 0..rounds {
+        for (i, label) in labels.iter().enumerate() {
+            enum A {
+                Idle,
+                Sync(Copier),
+                Staged(StagedCopier),
+            }
+            let a = match copies.iter().find(|(l, _)| l == label) {
+                Some((_, None)) => A::Idle,
+                Some((_, Some(dst))) => A::Sync(Copier::start(ctx, src, *dst)),
+                None => A::Staged(StagedCopier::start(ctx, src)),
+            };
+            // Thread A under way (its first copies issued) before B is timed.
+            std::thread::sleep(Duration::from_millis(20));
+            let mut v: Vec<Duration> = (0..PER_ROUND).map(|_| launcher.launches(1)).collect();
+            made[i] += match a {
+                A::Idle => 0,
+                A::Sync(c) => c.stop(),
+                A::Staged(c) => c.stop(),
+            };
+            v.sort_unstable();
+            per_round[i].push(v[PER_ROUND * 99 / 100]);
+            all[i].extend(v);
+        }
+    }
+    println!("\nlaunch_call, interleaved: {rounds} rounds x {PER_ROUND} launches per case");
+    let mut idle = (Duration::ZERO, Duration::ZERO);
+    for (i, label) in labels.iter().enumerate() {
+        let v = &mut all[i];
+        v.sort_unstable();
+        let (p50, p99) = (v[v.len() / 2], v[v.len() * 99 / 100]);
+        if i == 0 {
+            idle = (p50, p99);
+        }
+        let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+        let rounds: Vec<String> =
+            per_round[i].iter().map(|d| format!("{:.2}", d.as_secs_f64() * 1e6)).collect();
+        println!(
+            "rounds launch_call/{label}: p50 {p50:.2?} ({:.2}x idle), p99 {p99:.2?} ({:.2}x idle), \
+             n={}, thread A copies {}; p99 per round (us): {}",
+            ratio(p50, idle.0),
+            ratio(p99, idle.1),
+            v.len(),
+            made[i],
+            rounds.join(" ")
+        );
+    }
 }
 
 fn dtoh_handoff(c: &mut Criterion, ctx: &Arc<CudaContext>) {

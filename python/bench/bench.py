@@ -7,8 +7,11 @@ Rows (each in its own pair of spawned processes):
 
 - CUDA tensors of 4 KB, 5 MB and 64 MB: ``gpuring`` (``tx.send(t)`` into a GPU channel: one
   device-to-device copy; the receiver's ``torch.from_dlpack(msg)``, or its shortcut
-  ``msg.torch()``: zero-copy, stream-ordered) against ``torch.multiprocessing.Queue`` and ``SimpleQueue`` (CUDA IPC
-  handles, pickled). Needs torch with CUDA; skipped otherwise.
+  ``msg.torch()``: zero-copy, stream-ordered), and ``gpuring`` zero-copy (``tx.lease``, the
+  producer writing one element of the slot in place through ``buf.torch()``: one kernel,
+  no copy of the tensor, as the numpy row below) against ``torch.multiprocessing.Queue``
+  and ``SimpleQueue`` (CUDA IPC handles, pickled: no copy of the tensor either). Needs
+  torch with CUDA; skipped otherwise.
 - numpy arrays of 4 KB and 54 MB: ``gpuring`` host channel, zero-copy (``tx.lease``, one
   element written in place; ``np.from_dlpack(msg)``), and with one copy (``tx.send(a)``),
   against ``multiprocessing.Queue`` (pickled).
@@ -80,7 +83,10 @@ def gpuring_producer(name, device, size, n, mode, how, ack):
     tx = ch.sender()
     for i in range(n):
         t0 = now()
-        if how == "lease":
+        if how == "lease" and device is not None:
+            with tx.lease((size // 4,), "float32", tag=t0) as buf:
+                buf.torch()[0] = float(i)  # the producer writes in place (one kernel)
+        elif how == "lease":
             with tx.lease((size,), "uint8", tag=t0) as buf:
                 np.from_dlpack(buf)[0] = i & 0xFF  # the producer writes in place
         else:
@@ -301,6 +307,9 @@ def main():
         )
         results["gpu"]["gpuring (msg.torch(), receiver(spins=%d))" % SPINS] = gpuring_rows(
             ctx, args.device, GPU_SIZES, args.quick, "send", "msg.torch()", SPINS
+        )
+        results["gpu"]["gpuring zero-copy (lease, msg.torch())"] = gpuring_rows(
+            ctx, args.device, GPU_SIZES, args.quick, "lease", "msg.torch()"
         )
         results["gpu"]["torch.multiprocessing.Queue"] = torch_rows(tctx, args.device, GPU_SIZES, args.quick, "Queue")
         results["gpu"]["torch.multiprocessing.SimpleQueue"] = torch_rows(

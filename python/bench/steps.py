@@ -50,7 +50,20 @@ def main():
         tx.lease((args.size // 4,), "float32").send()
         rx.recv().release()
 
+    def lease_write_send():
+        with tx.lease((args.size // 4,), "float32") as buf:
+            buf.torch()[0] = 1.0
+        rx.recv().release()
+
+    def lease_torch_cancel():
+        buf = tx.lease((args.size // 4,), "float32")
+        v = buf.torch()
+        del v
+        buf.cancel()
+
     timed("tx.lease(..).cancel()", lease_cancel, n)
+    timed("tx.lease(..) + .torch() + .cancel()", lease_torch_cancel, n)
+    timed("lease, .torch()[0] = 1, send + recv.release", lease_write_send, n)
     timed("tx.lease(..).send() + rx.recv().release()", lease_send, n)
 
     def send_recv():

@@ -201,6 +201,17 @@ impl PyReceiver {
 
 static TORCH_FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
+/// A torch tensor over a DLPack capsule of ours (imports torch). Given a capsule,
+/// `torch.from_dlpack` only wraps it: the caller has ordered the streams already.
+pub(crate) fn torch_from_capsule<'py>(
+    py: Python<'py>,
+    capsule: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let from_dlpack = TORCH_FROM_DLPACK
+        .get_or_try_init(py, || py.import("torch")?.getattr("from_dlpack").map(Bound::unbind))?;
+    from_dlpack.bind(py).call1((capsule,))
+}
+
 /// What a message and its exported views share: the Rust message, whose slot goes back
 /// when the last of them is gone.
 struct Held(AnyMessage);
@@ -304,11 +315,7 @@ impl PyMessage {
         let held = self.held.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let held = held.ok_or_else(|| closed(py, "message (released)"))?;
         let capsule = dlpack::export(py, self.ptr, self.place, &self.meta, false, Box::new(held))?;
-        let from_dlpack = TORCH_FROM_DLPACK.get_or_try_init(py, || {
-            py.import("torch")?.getattr("from_dlpack").map(Bound::unbind)
-        })?;
-        // Given a capsule, torch.from_dlpack only wraps it: the stream is already ordered.
-        from_dlpack.bind(py).call1((capsule,))
+        torch_from_capsule(py, capsule)
     }
 
     /// Lets go of the slot (it goes back once no view of it is left). Further DLPack

@@ -435,6 +435,31 @@ impl PyLease {
         let l = self.lease.lock().unwrap_or_else(PoisonError::into_inner).take();
         l.ok_or_else(|| closed(py, "lease (sent or cancelled)"))
     }
+
+    /// A DLPack capsule of a writable view of the slot. GPU channels: writes queued on
+    /// stream `raw` (a raw handle; `None`: the lease's own) come after the slot's last
+    /// reader, and the send waits for them.
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+        raw: Option<usize>,
+        versioned: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(lease) = guard.as_mut() else {
+            return Err(closed(py, "lease (sent or cancelled)"));
+        };
+        if let AnyLease::Cuda(l, foreign) = lease
+            && let Some(raw) = raw
+            && raw != l.stream().cu_stream() as usize
+            && let Some(g) = &self.tx.gpu
+        {
+            let s = g.stream(raw);
+            g.join(&s, l.stream()).map_err(|e| errors::cuda(py, e))?;
+            foreign.push(s);
+        }
+        dlpack::export(py, self.ptr, self.place, &self.meta, versioned, Box::new(self.tx.clone()))
+    }
 }
 
 #[pymethods]
@@ -490,21 +515,21 @@ impl PyLease {
         copy: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         dlpack::check_request(self.place, dl_device, copy)?;
-        let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(lease) = guard.as_mut() else {
-            return Err(closed(py, "lease (sent or cancelled)"));
-        };
-        if let AnyLease::Cuda(l, foreign) = lease
-            && let Some(raw) = dlpack::stream_arg(stream)?
-            && raw != l.stream().cu_stream() as usize
-            && let Some(g) = &self.tx.gpu
-        {
-            let s = g.stream(raw);
-            g.join(&s, l.stream()).map_err(|e| errors::cuda(py, e))?;
-            foreign.push(s);
-        }
         let versioned = dlpack::wants_versioned(max_version)?;
-        dlpack::export(py, self.ptr, self.place, &self.meta, versioned, Box::new(self.tx.clone()))
+        self.export(py, dlpack::stream_arg(stream)?, versioned)
+    }
+
+    /// The slot as a writable torch tensor: the same zero-copy view as
+    /// ``torch.from_dlpack(lease)``, ordered on torch's current stream, made without the
+    /// stream look-ups of ``torch.from_dlpack``'s protocol path (as :meth:`Message.torch`).
+    /// Imports torch. The view must not be used after the lease is sent.
+    fn torch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let raw = match &self.tx.gpu {
+            Some(g) => Some(gpu::current_stream(py, g.ordinal)?),
+            None => None,
+        };
+        let capsule = self.export(py, raw, false)?;
+        crate::receiver::torch_from_capsule(py, capsule)
     }
 
     fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {

@@ -162,6 +162,47 @@ def test_host_and_device_tensors_cross_into_the_other_kind_of_channel(name):
         torch.from_dlpack(buf).fill_(2.5)
     with rx.recv(timeout=5) as msg:
         assert torch.from_dlpack(msg).sum().item() == 10.0
+    with htx.lease((4,), torch.float32) as buf:  # a host slot as a CPU tensor
+        v = buf.torch()
+        assert v.device == torch.device("cpu")
+        v.fill_(1.5)
+        del v
+    with hrx.recv(timeout=5) as msg:
+        assert list(np.from_dlpack(msg)) == [1.5] * 4
+
+
+def test_lease_torch_view_orders_the_stream_it_was_made_on(name):
+    """``lease.torch()`` is a writable view of the slot. Made while another stream is
+    current, its writes go on that stream, and the send makes the ready event wait for
+    them: a receiver reading at once sees the values written behind a ~0.3 s kernel.
+    Control: the same writes through a bare DLPack capsule (no stream given, so no
+    ordering) are not seen."""
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=1 << 20, device=0)
+    tx, rx = ch.sender(), ch.receiver()
+    side, reader = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def read():
+        with rx.recv(timeout=5, stream=reader) as msg:
+            with torch.cuda.stream(reader):
+                t = msg.torch()
+                total = t.sum().item()
+                del t
+        return total
+
+    for ordered in (True, False):
+        with tx.lease((1024,), torch.float32) as buf:  # leased on torch's current stream
+            buf.torch().fill_(1.0)
+            with torch.cuda.stream(side):
+                v = buf.torch() if ordered else torch.from_dlpack(buf.__dlpack__())
+                torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
+                v.fill_(3.0)
+                del v
+        got = read()
+        torch.cuda.synchronize()
+        if ordered:
+            assert got == 3072.0, "the send did not wait for the view's stream"
+        else:
+            assert got == 1024.0, "control: the unordered write was seen (%r)" % got
 
 
 def test_pinned_host_channel_gpu_to_cpu_process(name):
