@@ -21,7 +21,7 @@ mod common;
 
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cuda::{ok, setup};
@@ -117,10 +117,14 @@ struct StagedCopier {
 }
 
 impl StagedCopier {
-    fn start(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr) -> Self {
+    /// `spinning_sink`: thread C never sleeps, so publishing wakes nobody (a diagnostic).
+    fn start(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, spinning_sink: bool) -> Self {
         let ch = Channel::builder(unique("launch-staged")).capacity(4).slots(2, BYTES as u64);
         let ch = ch.pinned(ctx).create().unwrap();
-        let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+        let (tx, mut rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+        if spinning_sink {
+            rx.set_wait_policy(WaitPolicy::spin_then_sleep(u32::MAX, 0));
+        }
         assert!(tx.is_pinned());
         let stop = Arc::new(AtomicBool::new(false));
         let (flag, ctx) = (stop.clone(), ctx.clone());
@@ -162,6 +166,140 @@ impl StagedCopier {
         let got = self.sink.take().unwrap().join().unwrap();
         assert_eq!(got, copies, "every stream-ordered send was received");
         copies
+    }
+}
+
+/// How a diagnostic raw copier learns that a copy is done (see [`RawCopier`]).
+#[derive(Clone, Copy, PartialEq)]
+enum Done {
+    /// An event record after the copy, a wait on it by a second stream, and a host function
+    /// there (what gpuring's stream-ordered send does: the copy's stream goes on at once).
+    LaneHostFn,
+    /// A host function on the copy's own stream (holds the stream until it has run).
+    SameStreamHostFn,
+    /// An event record (blocking sync) after the copy; a second thread of ours waits on
+    /// each event in `cuEventSynchronize`, asleep in the driver, and counts.
+    WaiterThread,
+}
+
+/// A diagnostic thread A for the interleaved rounds: the driver calls of a stream-ordered
+/// send without gpuring, 54 MB copies into page-locked memory of the driver's
+/// (`cuMemHostAlloc`), at most two in flight (as the two-slot pool), completion learnt as
+/// [`Done`] says; the host functions and the waiter only count.
+struct RawCopier {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+unsafe extern "C" fn count_done(user: *mut c_void) {
+    // SAFETY: `user` is the `AtomicU64` of a `RawCopier` thread, which outlives every host
+    // function it enqueued (it synchronises both streams before it returns).
+    let done = unsafe { &*(user as *const AtomicU64) };
+    // Release: pairs with the Acquire load in the copier's loop.
+    done.fetch_add(1, Ordering::Release);
+}
+
+impl RawCopier {
+    fn start(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, how: Done) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, ctx) = (stop.clone(), ctx.clone());
+        let thread = std::thread::spawn(move || {
+            ctx.bind_to_thread().unwrap();
+            let (stream, lane) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+            let mut bufs = [std::ptr::null_mut(); 2];
+            let mut events = [std::ptr::null_mut(); 2];
+            // CU_EVENT_DISABLE_TIMING, and for the waiter thread CU_EVENT_BLOCKING_SYNC.
+            let flags = if how == Done::WaiterThread { 2 | 1 } else { 2 };
+            for (b, e) in bufs.iter_mut().zip(events.iter_mut()) {
+                // SAFETY: out-pointers valid; context bound above.
+                ok(unsafe { sys::cuMemHostAlloc(b, BYTES, 0) });
+                // SAFETY: as above.
+                ok(unsafe { sys::cuEventCreate(e, flags) });
+            }
+            let done = Arc::new(AtomicU64::new(0));
+            let user = Arc::as_ptr(&done) as *mut c_void;
+            // The waiter: the events in order, each once recorded (`recorded` counts).
+            let recorded = Arc::new(AtomicU64::new(0));
+            let waiter = (how == Done::WaiterThread).then(|| {
+                let (ctx, done, recorded, flag) =
+                    (ctx.clone(), done.clone(), recorded.clone(), flag.clone());
+                let events = events.map(|e| e as usize);
+                std::thread::spawn(move || {
+                    ctx.bind_to_thread().unwrap();
+                    let mut next = 0u64;
+                    loop {
+                        // Acquire: pairs with the Release store after each record.
+                        if next < recorded.load(Ordering::Acquire) {
+                            let e = events[(next % 2) as usize] as sys::CUevent;
+                            // SAFETY: a live event, recorded (the count says so).
+                            ok(unsafe { sys::cuEventSynchronize(e) });
+                            next += 1;
+                            // Release: pairs with the Acquire load in the copier's loop.
+                            done.store(next, Ordering::Release);
+                        } else if flag.load(Ordering::Relaxed) {
+                            return; // stopped, every recorded event waited for
+                        } else {
+                            std::thread::sleep(Duration::from_micros(20));
+                        }
+                    }
+                })
+            });
+            let mut copies = 0u64;
+            // Relaxed: a stop flag; the joins are the synchronisation.
+            while !flag.load(Ordering::Relaxed) {
+                // Acquire: pairs with the Release in `count_done` / the waiter. Relaxed
+                // (the flag): as above; the waiter may stop before the last copies.
+                while copies >= done.load(Ordering::Acquire) + 2 && !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                if copies >= done.load(Ordering::Acquire) + 2 {
+                    break;
+                }
+                let k = (copies % 2) as usize;
+                let s = stream.cu_stream();
+                // SAFETY: live buffers, events and streams of the bound context; `user`
+                // outlives the host functions (both streams are synchronised below).
+                unsafe {
+                    ok(sys::cuMemcpyDtoHAsync_v2(bufs[k], src, BYTES, s));
+                    match how {
+                        Done::LaneHostFn => {
+                            ok(sys::cuEventRecord(events[k], s));
+                            ok(sys::cuStreamWaitEvent(lane.cu_stream(), events[k], 0));
+                            ok(sys::cuLaunchHostFunc(lane.cu_stream(), Some(count_done), user));
+                        }
+                        Done::SameStreamHostFn => {
+                            ok(sys::cuLaunchHostFunc(s, Some(count_done), user));
+                        }
+                        Done::WaiterThread => {
+                            ok(sys::cuEventRecord(events[k], s));
+                            // Release: pairs with the waiter's Acquire load.
+                            recorded.fetch_add(1, Ordering::Release);
+                        }
+                    }
+                }
+                copies += 1;
+            }
+            if let Some(w) = waiter {
+                w.join().unwrap();
+            }
+            lane.synchronize().unwrap();
+            stream.synchronize().unwrap();
+            for (b, e) in bufs.iter().zip(events.iter()) {
+                // SAFETY: ours, nothing pending on them (both streams synchronised).
+                unsafe {
+                    ok(sys::cuMemFreeHost(*b));
+                    ok(sys::cuEventDestroy_v2(*e));
+                }
+            }
+            copies
+        });
+        Self { stop, thread: Some(thread) }
+    }
+
+    fn stop(mut self) -> u64 {
+        // Relaxed: see `start`.
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
     }
 }
 
@@ -242,7 +380,7 @@ fn launch_call(c: &mut Criterion, samples: &mut Samples, ctx: &Arc<CudaContext>)
             said(label, copier.stop());
         }
     }
-    let copier = StagedCopier::start(ctx, src);
+    let copier = StagedCopier::start(ctx, src, false);
     g.run("pinned_stream_ordered", 0, |n| launcher.launches(n));
     said("pinned_stream_ordered", copier.stop());
     g.g.finish();
@@ -256,7 +394,10 @@ fn launch_call(c: &mut Criterion, samples: &mut Samples, ctx: &Arc<CudaContext>)
 /// each timing `PER_ROUND` single launches per case with the cases one after another, so
 /// that whatever the VM does meanwhile falls on every case alike (criterion's cases and
 /// their second passes run one case at a time, seconds apart). Prints each case's p50/p99
-/// over all rounds, its ratio to idle, and its p99 per round.
+/// over all rounds, its ratio to idle, and its p99 per round. Two diagnostic cases beside
+/// the four of `launch_call`: the stream-ordered sender with a receiving thread that never
+/// sleeps (publishing wakes nobody), and the driver calls without gpuring ([`RawCopier`],
+/// three ways of learning that a copy is done).
 fn launch_rounds(
     ctx: &Arc<CudaContext>,
     src: sys::CUdeviceptr,
@@ -266,7 +407,16 @@ fn launch_rounds(
     const PER_ROUND: usize = 25_000;
     let rounds: usize =
         std::env::var("GPURING_LAUNCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
-    let labels = ["idle", "pageable_dtoh", "pinned_slot_dtoh", "pinned_stream_ordered"];
+    let labels = [
+        "idle",
+        "pageable_dtoh",
+        "pinned_slot_dtoh",
+        "pinned_stream_ordered",
+        "pinned_stream_ordered_spinning_sink",
+        "raw_copy_event_lane_hostfn",
+        "raw_copy_hostfn_same_stream",
+        "raw_copy_event_waiter_thread",
+    ];
     let mut all: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds * PER_ROUND); labels.len()];
     let mut per_round: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); labels.len()];
     let mut made = vec![0u64; labels.len()];
@@ -276,11 +426,21 @@ fn launch_rounds(
                 Idle,
                 Sync(Copier),
                 Staged(StagedCopier),
+                Raw(RawCopier),
             }
-            let a = match copies.iter().find(|(l, _)| l == label) {
-                Some((_, None)) => A::Idle,
-                Some((_, Some(dst))) => A::Sync(Copier::start(ctx, src, *dst)),
-                None => A::Staged(StagedCopier::start(ctx, src)),
+            let a = match (copies.iter().find(|(l, _)| l == label), *label) {
+                (Some((_, None)), _) => A::Idle,
+                (Some((_, Some(dst))), _) => A::Sync(Copier::start(ctx, src, *dst)),
+                (None, "raw_copy_event_lane_hostfn") => {
+                    A::Raw(RawCopier::start(ctx, src, Done::LaneHostFn))
+                }
+                (None, "raw_copy_hostfn_same_stream") => {
+                    A::Raw(RawCopier::start(ctx, src, Done::SameStreamHostFn))
+                }
+                (None, "raw_copy_event_waiter_thread") => {
+                    A::Raw(RawCopier::start(ctx, src, Done::WaiterThread))
+                }
+                (None, l) => A::Staged(StagedCopier::start(ctx, src, l.ends_with("spinning_sink"))),
             };
             // Thread A under way (its first copies issued) before B is timed.
             std::thread::sleep(Duration::from_millis(20));
@@ -289,6 +449,7 @@ fn launch_rounds(
                 A::Idle => 0,
                 A::Sync(c) => c.stop(),
                 A::Staged(c) => c.stop(),
+                A::Raw(c) => c.stop(),
             };
             v.sort_unstable();
             per_round[i].push(v[PER_ROUND * 99 / 100]);

@@ -85,7 +85,7 @@ def gpuring_producer(name, device, size, n, mode, how, ack):
         t0 = now()
         if how == "lease" and device is not None:
             with tx.lease((size // 4,), "float32", tag=t0) as buf:
-                buf.torch()[0] = float(i)  # the producer writes in place (one kernel)
+                buf.torch()[:1].fill_(float(i))  # the producer writes in place (one kernel)
         elif how == "lease":
             with tx.lease((size,), "uint8", tag=t0) as buf:
                 np.from_dlpack(buf)[0] = i & 0xFF  # the producer writes in place

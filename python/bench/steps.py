@@ -2,7 +2,7 @@
 """Where a Python GPU hand-off spends its CPU time: each step timed alone, in one process
 (sender and receiver both here, so no wake-up is in any figure).
 
-    python python/bench/steps.py [--size BYTES] [--n N]
+    python python/bench/steps.py [--size BYTES] [--n N] [--cross]
 
 Prints the median and p99 of each step in microseconds.
 """
@@ -26,11 +26,82 @@ def timed(label, fn, n):
     print("  %-46s p50 %7.2f us  p99 %7.2f us" % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3))
 
 
+def cross_producer(name, size, n, times, ack):
+    t = torch.ones(size // 4, device="cuda")
+    torch.cuda.synchronize()
+    ch = gpuring.Channel.open(name, device=0, timeout=30)
+    tx = ch.sender()
+    sent = []
+    for i in range(n):
+        t0 = time.perf_counter_ns()
+        tx.send(t, tag=t0)
+        sent.append((t0, time.perf_counter_ns()))
+        ack.recv()
+    times.put(sent)
+    ack.recv()
+    tx.close()
+
+
+def cross_consumer(name, n, spins, times, ack):
+    ch = gpuring.Channel.open(name, device=0, timeout=30)
+    rx = ch.receiver(spins=spins)
+    got = []
+    for i in range(n):
+        msg = rx.recv(timeout=60)
+        t1 = time.perf_counter_ns()
+        v = msg.torch()
+        t2 = time.perf_counter_ns()
+        got.append((t1, t2))
+        del v
+        msg.release()
+        ack.send(1)
+    torch.cuda.synchronize()
+    times.put(got)
+    ack.send(1)
+
+
+def cross(size, n, spins):
+    """Two processes, one message at a time (as bench.py's latency rows): where the
+    one-way time goes between the sender's call, its return, the receiver's ``recv``
+    returning, and ``msg.torch()``."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    name = "gpuring-steps-x-%d" % os.getpid()
+    ch = gpuring.Channel.create(name, capacity=64, slots=32, slot_bytes=max(size, 4096), device=0)
+    a, b = ctx.Pipe()
+    tp, tc = ctx.Queue(), ctx.Queue()
+    c = ctx.Process(target=cross_consumer, args=(name, n, spins, tc, b))
+    p = ctx.Process(target=cross_producer, args=(name, size, n, tp, a))
+    c.start()
+    p.start()
+    sent, got = tp.get(timeout=300), tc.get(timeout=300)
+    p.join(60)
+    c.join(60)
+    ch.close()
+    warm = min(50, n // 10)
+    cols = {"send call": [], "send returned -> recv returned": [], "msg.torch()": [], "one way": []}
+    for (t0, ts), (t1, t2) in list(zip(sent, got))[warm:]:
+        cols["send call"].append(ts - t0)
+        cols["send returned -> recv returned"].append(t1 - ts)
+        cols["msg.torch()"].append(t2 - t1)
+        cols["one way"].append(t2 - t0)
+    print("two processes, %d bytes, receiver(spins=%r), %d items:" % (size, spins, n - warm))
+    for label, ns in cols.items():
+        ns.sort()
+        print("  %-46s p50 %7.2f us  p99 %7.2f us" % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--cross", action="store_true", help="two processes instead (see cross())")
     args = ap.parse_args()
+    if args.cross:
+        for spins in (None, 100_000):
+            cross(args.size, args.n, spins)
+        return
     n = args.n
     t = torch.ones(args.size // 4, device="cuda")
     torch.cuda.synchronize()
@@ -52,8 +123,12 @@ def main():
 
     def lease_write_send():
         with tx.lease((args.size // 4,), "float32") as buf:
-            buf.torch()[0] = 1.0
+            buf.torch()[:1].fill_(1.0)
         rx.recv().release()
+
+    v = t.clone()
+    timed("v[0] = 1.0 (torch, a CUDA tensor)", lambda: v.__setitem__(0, 1.0), n)
+    timed("v[:1].fill_(1.0)", lambda: v[:1].fill_(1.0), n)
 
     def lease_torch_cancel():
         buf = tx.lease((args.size // 4,), "float32")
@@ -63,7 +138,7 @@ def main():
 
     timed("tx.lease(..).cancel()", lease_cancel, n)
     timed("tx.lease(..) + .torch() + .cancel()", lease_torch_cancel, n)
-    timed("lease, .torch()[0] = 1, send + recv.release", lease_write_send, n)
+    timed("lease, .torch()[:1].fill_(1), send + recv", lease_write_send, n)
     timed("tx.lease(..).send() + rx.recv().release()", lease_send, n)
 
     def send_recv():
