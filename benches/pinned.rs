@@ -173,12 +173,13 @@ impl StagedCopier {
 #[derive(Clone, Copy, PartialEq)]
 enum Done {
     /// An event record after the copy, a wait on it by a second stream, and a host function
-    /// there (what gpuring's stream-ordered send does: the copy's stream goes on at once).
+    /// there (what gpuring's stream-ordered send did until run AC).
     LaneHostFn,
     /// A host function on the copy's own stream (holds the stream until it has run).
     SameStreamHostFn,
     /// An event record (blocking sync) after the copy; a second thread of ours waits on
-    /// each event in `cuEventSynchronize`, asleep in the driver, and counts.
+    /// each event in `cuEventSynchronize`, asleep in the driver, and counts (what gpuring's
+    /// lanes do since run AC).
     WaiterThread,
 }
 

@@ -10,10 +10,12 @@
 //! pending holds it (its lease, or its deferred return, keeps the segment).
 //!
 //! A copy into or out of pinned memory is truly asynchronous, so the hand-off must follow
-//! the stream, not the call: a host function (`cuLaunchHostFunc`) enqueued after the copy
-//! publishes the descriptor (a send, `channel/staging.rs`) or returns the slot (a receive,
-//! [`PoolSegment::release_after`]) when the copy has completed. Host functions run on a
-//! driver thread and must not call CUDA; they touch only shared-memory atomics, a
+//! the stream, not the call: a function run when the copy has completed publishes the
+//! descriptor (a send, `channel/staging.rs`) or returns the slot (a receive,
+//! [`PoolSegment::release_after`]), with no caller's thread blocked. It runs on a
+//! [`Lane`]'s thread (asleep on an event recorded after the copy), or as a host function
+//! (`cuLaunchHostFunc`) on a stream of another context than the lane's. Either way it keeps
+//! a host function's rules: it calls no CUDA, and touches only shared-memory atomics, a
 //! process-local lock, and (to wake a sleeper) a futex.
 
 use std::cell::UnsafeCell;
@@ -102,51 +104,96 @@ pub(crate) unsafe fn launch_host_fn(
     r.result().map_err(driver("cuLaunchHostFunc"))
 }
 
-/// Where host functions run: a stream of their own that waits on an event recorded after
-/// the work they follow. A host function enqueued on the work's stream itself would hold
-/// that stream's later work until it has run (a driver thread must wake for it: ~0.2 ms
-/// per 54 MB copy on the H100, 0.84x of the raw copy rate); on the lane, the work's stream
-/// goes on at once. Host functions on one lane run in the order they were enqueued.
+/// Where the hand-off functions run: a thread of this lane's own, which waits for an event
+/// recorded after the work they follow (`cuEventSynchronize` on a blocking-sync event:
+/// asleep in the driver, no CPU spent) and then calls them, in the order they were
+/// enqueued.
+///
+/// Why not a host function (`cuLaunchHostFunc`): it needs one on a stream of its own, or it
+/// holds the work's stream until a driver thread has run it (~0.2 ms per 54 MB copy on the
+/// H100, 0.84x of the raw copy rate); and with one, each hand-off costs an event record, a
+/// stream wait and the host function, which stretched the launch calls of the process's
+/// other threads: p99 1.85x idle with the raw calls alone (1.72x on the copy's own
+/// stream), against 1.13x with this thread (BENCHMARKS run AC, `launch_call` rounds).
+/// A hand-off is one event record and a push under an uncontended lock; the thread is
+/// woken (a futex) only when it sleeps for want of work.
+///
+/// The functions keep a host function's rules (no CUDA, no unwinding, never the last
+/// reference to what owns the lane: [`drop_outside_cuda`]), so the thread never drops its
+/// own lane.
 #[derive(Debug)]
 pub(crate) struct Lane {
     ctx: Arc<CudaContext>,
-    stream: sys::CUstream,
-    // One per slot: recorded on the work's stream, waited on by the lane. A slot's event is
-    // recorded again only after its last host function ran (the slot came back), and a
-    // wait takes the record as it is when enqueued.
-    events: Box<[sys::CUevent]>,
+    shared: Arc<LaneShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-// SAFETY: driver handles, used from any thread with the context bound (every method binds
-// it); the driver serialises calls on one handle.
-unsafe impl Send for Lane {}
+/// What a lane and its thread share.
+#[derive(Debug)]
+struct LaneShared {
+    ctx: Arc<CudaContext>,
+    // One per slot, blocking-sync: recorded after the work, waited on by the thread. A
+    // slot's event is recorded again only after its function ran (the slot came back).
+    events: Box<[sys::CUevent]>,
+    queue: std::sync::Mutex<LaneQueue>,
+    wake: std::sync::Condvar,
+    /// Enqueued functions not yet returned from.
+    pending: AtomicU64,
+}
+
+#[derive(Debug)]
+struct LaneQueue {
+    /// (slot, function, its argument); at most one entry per slot, so never above the
+    /// capacity it was made with (a push allocates nothing).
+    items: std::collections::VecDeque<(usize, unsafe extern "C" fn(*mut c_void), usize)>,
+    /// The thread waits on `wake` for want of work (the pusher wakes it only then).
+    sleeping: bool,
+    /// The lane is gone: the thread leaves once the queue is empty.
+    stop: bool,
+}
+
+// SAFETY: driver handles, used from any thread with the context bound; the driver
+// serialises calls on one handle. The queue is behind its lock.
+unsafe impl Send for LaneShared {}
 // SAFETY: as above.
-unsafe impl Sync for Lane {}
+unsafe impl Sync for LaneShared {}
 
 impl Lane {
-    /// A lane in `ctx`, with an event for each of `slots` slots.
+    /// A lane in `ctx`, with an event for each of `slots` slots, and its thread.
     pub(crate) fn new(ctx: &Arc<CudaContext>, slots: usize) -> Result<Self, CudaError> {
         ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        let mut stream = std::ptr::null_mut();
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        // SAFETY: out-pointer valid; context bound above.
-        let r = unsafe { sys::cuStreamCreate(&mut stream, flags) };
-        r.result().map_err(driver("cuStreamCreate"))?;
-        let mut lane = Self { ctx: ctx.clone(), stream, events: Box::new([]) };
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let mut shared = LaneShared {
+            ctx: ctx.clone(),
+            events: Box::new([]),
+            queue: std::sync::Mutex::new(LaneQueue {
+                items: std::collections::VecDeque::with_capacity(slots),
+                sleeping: false,
+                stop: false,
+            }),
+            wake: std::sync::Condvar::new(),
+            pending: AtomicU64::new(0),
+        };
+        let flags = (sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            | (sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32);
         let mut events = Vec::with_capacity(slots);
         for _ in 0..slots {
             let mut e = std::ptr::null_mut();
             // SAFETY: out-pointer valid; context bound above.
             let r = unsafe { sys::cuEventCreate(&mut e, flags) };
             if let Err(e) = r.result() {
-                lane.events = events.into_boxed_slice(); // dropped with the lane
+                shared.events = events.into_boxed_slice(); // destroyed with `shared`
                 return Err(driver("cuEventCreate")(e));
             }
             events.push(e);
         }
-        lane.events = events.into_boxed_slice();
-        Ok(lane)
+        shared.events = events.into_boxed_slice();
+        let shared = Arc::new(shared);
+        let theirs = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpuring-lane".into())
+            .spawn(move || theirs.run())
+            .map_err(|_| CudaError::Driver { op: "a lane's thread (spawn)", code: 0 })?;
+        Ok(Self { ctx: ctx.clone(), shared, thread: Some(thread) })
     }
 
     /// The lane in `cell`, made now (in `stream`'s context, with `slots` events) if there is
@@ -163,8 +210,9 @@ impl Lane {
         Ok(cell.get().expect("set just above"))
     }
 
-    /// Enqueues `f(user)` after the work queued on `stream` so far, on this lane (marked by
-    /// slot `slot`'s event); on `stream` itself when it belongs to another context.
+    /// Has `f(user)` called after the work queued on `stream` so far has completed, by this
+    /// lane's thread (marked by slot `slot`'s event); by a host function on `stream` itself
+    /// when it belongs to another context.
     ///
     /// # Safety
     ///
@@ -181,50 +229,98 @@ impl Lane {
             return unsafe { launch_host_fn(stream, f, user) };
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        let event = self.events[slot];
-        // SAFETY: our live event and lane, the caller's live stream, one context.
-        unsafe {
-            let r = sys::cuEventRecord(event, stream.cu_stream());
-            r.result().map_err(driver("cuEventRecord"))?;
-            let r = sys::cuStreamWaitEvent(self.stream, event, 0);
-            r.result().map_err(driver("cuStreamWaitEvent"))?;
-            let r = sys::cuLaunchHostFunc(self.stream, Some(f), user);
-            r.result().map_err(driver("cuLaunchHostFunc"))
+        let event = self.shared.events[slot];
+        // SAFETY: our live event, the caller's live stream, one context.
+        let r = unsafe { sys::cuEventRecord(event, stream.cu_stream()) };
+        r.result().map_err(driver("cuEventRecord"))?;
+        // Relaxed: a count read by `settle`, which only polls it; the queue's lock orders
+        // the entry itself.
+        self.shared.pending.fetch_add(1, StdOrdering::Relaxed);
+        let mut q = self.shared.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.items.push_back((slot, f, user as usize));
+        if q.sleeping {
+            self.shared.wake.notify_one();
         }
+        Ok(())
     }
 
-    /// Waits, up to `limit`, until every host function enqueued on this lane has run.
+    /// Waits, up to `limit`, until every function enqueued on this lane has returned.
     /// Whether they all have.
     pub(crate) fn settle(&self, limit: std::time::Duration) -> bool {
         let deadline = std::time::Instant::now() + limit;
-        if self.ctx.bind_to_thread().is_err() {
-            return false;
-        }
-        loop {
-            // SAFETY: our live lane.
-            match unsafe { sys::cuStreamQuery(self.stream) } {
-                sys::CUresult::CUDA_SUCCESS => return true,
-                sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_micros(100));
-                }
-                _ => return false,
+        // Acquire: pairs with the Release decrement after each function returns, so that
+        // what it did happened before the caller goes on.
+        while self.shared.pending.load(StdOrdering::Acquire) != 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
             }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        true
+    }
+}
+
+impl LaneShared {
+    /// The lane's thread: each entry's event waited for, then its function called, in
+    /// order; leaves when the lane is gone and nothing is left to do.
+    fn run(&self) {
+        let bound = self.ctx.bind_to_thread().is_ok();
+        loop {
+            let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (slot, f, user) = loop {
+                if let Some(item) = q.items.pop_front() {
+                    break item;
+                }
+                if q.stop {
+                    return;
+                }
+                q.sleeping = true;
+                q = self.wake.wait(q).unwrap_or_else(std::sync::PoisonError::into_inner);
+                q.sleeping = false;
+            };
+            drop(q);
+            // SAFETY: our live event, recorded before the entry was pushed.
+            let done =
+                bound && unsafe { sys::cuEventSynchronize(self.events[slot]) }.result().is_ok();
+            if done {
+                // SAFETY: `f` and `user` as `launch_after`'s caller promised; the work it
+                // follows has completed.
+                unsafe { f(user as *mut c_void) };
+            }
+            // A failed wait (a dead context) leaves the entry unserved: its function does
+            // not run on work that may not have happened, and what it holds is leaked.
+            // Release: pairs with the Acquire load in `settle`.
+            self.pending.fetch_sub(1, StdOrdering::Release);
         }
     }
 }
 
 impl Drop for Lane {
     fn drop(&mut self) {
-        // Never from a host function: they hold what owns the lane and give it up through
-        // `drop_outside_cuda`.
+        // Never on the lane's own thread: its functions never let go of the last reference
+        // to what owns the lane (`drop_outside_cuda`).
+        let mut q = self.shared.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.stop = true;
+        let idle = q.items.is_empty() && self.shared.pending.load(StdOrdering::Relaxed) == 0;
+        self.shared.wake.notify_one();
+        drop(q);
+        // With work left (past the owner's `settle`), the thread finishes it on its own,
+        // holding what it needs; otherwise it is about to leave: wait for it.
+        if let Some(t) = self.thread.take()
+            && idle
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LaneShared {
+    fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: our handles, destroyed once; a stream destroyed with work pending lets
-        // the work finish first.
-        unsafe {
-            for &e in self.events.iter() {
-                let _ = sys::cuEventDestroy_v2(e);
-            }
-            let _ = sys::cuStreamDestroy_v2(self.stream);
+        for &e in self.events.iter() {
+            // SAFETY: our events, destroyed once, with no wait on them left (the thread is
+            // gone or is the one dropping this).
+            let _ = unsafe { sys::cuEventDestroy_v2(e) };
         }
     }
 }
