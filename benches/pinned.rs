@@ -72,104 +72,97 @@ fn sink() {
     }
 }
 
-/// Thread A of `launch_call`: copies 54 MB device → host into `dst` until told to stop.
-struct Copier {
+/// Thread A of `launch_call` (in each of its forms below): runs until told to stop, then
+/// says how many 54 MB copies it made; with a receiving thread C for gpuring's sends.
+struct ThreadA {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u64>>,
-}
-
-impl Copier {
-    fn start(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, dst: *mut u8) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (flag, ctx, dst) = (stop.clone(), ctx.clone(), dst as usize);
-        let thread = std::thread::spawn(move || {
-            ctx.bind_to_thread().unwrap();
-            let stream = ctx.new_stream().unwrap();
-            let mut copies = 0;
-            // Relaxed: a stop flag; the join below is the synchronisation.
-            while !flag.load(Ordering::Relaxed) {
-                // SAFETY: `dst` holds BYTES until this thread is joined; `src` is live.
-                ok(unsafe {
-                    sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, BYTES, stream.cu_stream())
-                });
-                stream.synchronize().unwrap();
-                copies += 1;
-            }
-            copies
-        });
-        Self { stop, thread: Some(thread) }
-    }
-
-    fn stop(mut self) -> u64 {
-        // Relaxed: see `start`.
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-/// Thread A of `launch_call`, gpuring's way: stream-ordered sends of the 54 MB device buffer
-/// into a pinned pool (`send_from_device_on`), waiting for free slots in gpuring (spin,
-/// then sleep) rather than in a stream synchronize; thread C receives and drops each.
-struct StagedCopier {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u64>>,
+    thread: std::thread::JoinHandle<u64>,
     sink: Option<std::thread::JoinHandle<u64>>,
 }
 
-impl StagedCopier {
-    /// `spinning_sink`: thread C never sleeps, so publishing wakes nobody (a diagnostic).
-    fn start(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, spinning_sink: bool) -> Self {
-        let ch = Channel::builder(unique("launch-staged")).capacity(4).slots(2, BYTES as u64);
-        let ch = ch.pinned(ctx).create().unwrap();
-        let (tx, mut rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
-        if spinning_sink {
-            rx.set_wait_policy(WaitPolicy::spin_then_sleep(u32::MAX, 0));
-        }
-        assert!(tx.is_pinned());
+impl ThreadA {
+    /// Runs `body(stop flag)`, which returns its count of copies once the flag is set.
+    fn spawn(body: impl FnOnce(Arc<AtomicBool>) -> u64 + Send + 'static) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let (flag, ctx) = (stop.clone(), ctx.clone());
-        let thread = std::thread::spawn(move || {
-            ctx.bind_to_thread().unwrap();
-            let stream = ctx.new_stream().unwrap();
-            let mut copies = 0;
-            // Relaxed: a stop flag; the join below is the synchronisation.
-            while !flag.load(Ordering::Relaxed) {
-                let lease = tx.acquire().unwrap();
-                // SAFETY: `src` holds BYTES on this context's device, live until the bench
-                // ends; nothing writes it meanwhile.
-                unsafe {
-                    tx.send_from_device_on(lease, src, TensorMeta::bytes(BYTES as u64), &stream)
-                }
-                .unwrap();
-                copies += 1;
-            }
-            stream.synchronize().unwrap();
-            drop(tx);
-            copies
-        });
-        let sink = std::thread::spawn(move || {
-            let mut got = 0;
-            // Until the sender has gone and everything it sent was received.
-            while rx.recv().is_ok() {
-                got += 1;
-            }
-            got
-        });
-        drop(ch);
-        Self { stop, thread: Some(thread), sink: Some(sink) }
+        let flag = stop.clone();
+        Self { stop, thread: std::thread::spawn(move || body(flag)), sink: None }
     }
 
-    fn stop(mut self) -> u64 {
-        // Relaxed: see `start`.
+    fn stop(self) -> u64 {
+        // Relaxed: a stop flag; the joins are the synchronisation.
         self.stop.store(true, Ordering::Relaxed);
-        let copies = self.thread.take().unwrap().join().unwrap();
-        let got = self.sink.take().unwrap().join().unwrap();
-        assert_eq!(got, copies, "every stream-ordered send was received");
+        let copies = self.thread.join().unwrap();
+        if let Some(sink) = self.sink {
+            let got = sink.join().unwrap();
+            assert_eq!(got, copies, "every stream-ordered send was received");
+        }
         copies
     }
 }
 
-/// How a diagnostic raw copier learns that a copy is done (see [`RawCopier`]).
+/// Thread A copying 54 MB device → host into `dst`, a stream synchronize after each.
+fn copier(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, dst: *mut u8) -> ThreadA {
+    let (ctx, dst) = (ctx.clone(), dst as usize);
+    ThreadA::spawn(move |flag| {
+        ctx.bind_to_thread().unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let mut copies = 0;
+        // Relaxed: a stop flag; the join below is the synchronisation.
+        while !flag.load(Ordering::Relaxed) {
+            // SAFETY: `dst` holds BYTES until this thread is joined; `src` is live.
+            ok(unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, BYTES, stream.cu_stream())
+            });
+            stream.synchronize().unwrap();
+            copies += 1;
+        }
+        copies
+    })
+}
+
+/// Thread A, gpuring's way: stream-ordered sends of the 54 MB device buffer into a pinned
+/// pool (`send_from_device_on`), waiting for free slots in gpuring (spin, then sleep)
+/// rather than in a stream synchronize; thread C receives and drops each.
+/// `spinning_sink`: thread C never sleeps, so publishing wakes nobody (a diagnostic).
+fn staged_copier(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, spinning_sink: bool) -> ThreadA {
+    let ch = Channel::builder(unique("launch-staged")).capacity(4).slots(2, BYTES as u64);
+    let ch = ch.pinned(ctx).create().unwrap();
+    let (tx, mut rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    if spinning_sink {
+        rx.set_wait_policy(WaitPolicy::spin_then_sleep(u32::MAX, 0));
+    }
+    assert!(tx.is_pinned());
+    let ctx = ctx.clone();
+    let mut a = ThreadA::spawn(move |flag| {
+        ctx.bind_to_thread().unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let mut copies = 0;
+        // Relaxed: a stop flag; the join is the synchronisation.
+        while !flag.load(Ordering::Relaxed) {
+            let lease = tx.acquire().unwrap();
+            // SAFETY: `src` holds BYTES on this context's device, live until the bench
+            // ends; nothing writes it meanwhile.
+            unsafe { tx.send_from_device_on(lease, src, TensorMeta::bytes(BYTES as u64), &stream) }
+                .unwrap();
+            copies += 1;
+        }
+        stream.synchronize().unwrap();
+        drop(tx);
+        copies
+    });
+    a.sink = Some(std::thread::spawn(move || {
+        let mut got = 0;
+        // Until the sender has gone and everything it sent was received.
+        while rx.recv().is_ok() {
+            got += 1;
+        }
+        got
+    }));
+    drop(ch);
+    a
+}
+
+/// How a diagnostic raw copier learns that a copy is done (see [`raw_copier`]).
 #[derive(Clone, Copy, PartialEq)]
 enum Done {
     /// An event record after the copy, a wait on it by a second stream, and a host function
@@ -187,121 +180,114 @@ enum Done {
 /// send without gpuring, 54 MB copies into page-locked memory of the driver's
 /// (`cuMemHostAlloc`), at most two in flight (as the two-slot pool), completion learnt as
 /// [`Done`] says; the host functions and the waiter only count.
-struct RawCopier {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u64>>,
+fn raw_copier(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, how: Done) -> ThreadA {
+    let ctx = ctx.clone();
+    ThreadA::spawn(move |flag| raw_copies(&ctx, src, how, flag))
 }
 
 unsafe extern "C" fn count_done(user: *mut c_void) {
-    // SAFETY: `user` is the `AtomicU64` of a `RawCopier` thread, which outlives every host
+    // SAFETY: `user` is the `AtomicU64` of a `raw_copies` thread, which outlives every host
     // function it enqueued (it synchronises both streams before it returns).
     let done = unsafe { &*(user as *const AtomicU64) };
     // Release: pairs with the Acquire load in the copier's loop.
     done.fetch_add(1, Ordering::Release);
 }
 
-impl RawCopier {
-    fn start(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, how: Done) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (flag, ctx) = (stop.clone(), ctx.clone());
-        let thread = std::thread::spawn(move || {
+/// The body of [`raw_copier`]'s thread.
+fn raw_copies(
+    ctx: &Arc<CudaContext>,
+    src: sys::CUdeviceptr,
+    how: Done,
+    flag: Arc<AtomicBool>,
+) -> u64 {
+    ctx.bind_to_thread().unwrap();
+    let (stream, lane) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut bufs = [std::ptr::null_mut(); 2];
+    let mut events = [std::ptr::null_mut(); 2];
+    // CU_EVENT_DISABLE_TIMING, and for the waiter thread CU_EVENT_BLOCKING_SYNC.
+    let flags = if how == Done::WaiterThread { 2 | 1 } else { 2 };
+    for (b, e) in bufs.iter_mut().zip(events.iter_mut()) {
+        // SAFETY: out-pointers valid; context bound above.
+        ok(unsafe { sys::cuMemHostAlloc(b, BYTES, 0) });
+        // SAFETY: as above.
+        ok(unsafe { sys::cuEventCreate(e, flags) });
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let user = Arc::as_ptr(&done) as *mut c_void;
+    // The waiter: the events in order, each once recorded (`recorded` counts).
+    let recorded = Arc::new(AtomicU64::new(0));
+    let waiter = (how == Done::WaiterThread).then(|| {
+        let (ctx, done, recorded, flag) =
+            (ctx.clone(), done.clone(), recorded.clone(), flag.clone());
+        let events = events.map(|e| e as usize);
+        std::thread::spawn(move || {
             ctx.bind_to_thread().unwrap();
-            let (stream, lane) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-            let mut bufs = [std::ptr::null_mut(); 2];
-            let mut events = [std::ptr::null_mut(); 2];
-            // CU_EVENT_DISABLE_TIMING, and for the waiter thread CU_EVENT_BLOCKING_SYNC.
-            let flags = if how == Done::WaiterThread { 2 | 1 } else { 2 };
-            for (b, e) in bufs.iter_mut().zip(events.iter_mut()) {
-                // SAFETY: out-pointers valid; context bound above.
-                ok(unsafe { sys::cuMemHostAlloc(b, BYTES, 0) });
-                // SAFETY: as above.
-                ok(unsafe { sys::cuEventCreate(e, flags) });
-            }
-            let done = Arc::new(AtomicU64::new(0));
-            let user = Arc::as_ptr(&done) as *mut c_void;
-            // The waiter: the events in order, each once recorded (`recorded` counts).
-            let recorded = Arc::new(AtomicU64::new(0));
-            let waiter = (how == Done::WaiterThread).then(|| {
-                let (ctx, done, recorded, flag) =
-                    (ctx.clone(), done.clone(), recorded.clone(), flag.clone());
-                let events = events.map(|e| e as usize);
-                std::thread::spawn(move || {
-                    ctx.bind_to_thread().unwrap();
-                    let mut next = 0u64;
-                    loop {
-                        // Acquire: pairs with the Release store after each record.
-                        if next < recorded.load(Ordering::Acquire) {
-                            let e = events[(next % 2) as usize] as sys::CUevent;
-                            // SAFETY: a live event, recorded (the count says so).
-                            ok(unsafe { sys::cuEventSynchronize(e) });
-                            next += 1;
-                            // Release: pairs with the Acquire load in the copier's loop.
-                            done.store(next, Ordering::Release);
-                        } else if flag.load(Ordering::Relaxed) {
-                            return; // stopped, every recorded event waited for
-                        } else {
-                            std::thread::sleep(Duration::from_micros(20));
-                        }
-                    }
-                })
-            });
-            let mut copies = 0u64;
-            // Relaxed: a stop flag; the joins are the synchronisation.
-            while !flag.load(Ordering::Relaxed) {
-                // Acquire: pairs with the Release in `count_done` / the waiter. Relaxed
-                // (the flag): as above; the waiter may stop before the last copies.
-                while copies >= done.load(Ordering::Acquire) + 2 && !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-                if copies >= done.load(Ordering::Acquire) + 2 {
-                    break;
-                }
-                let k = (copies % 2) as usize;
-                let s = stream.cu_stream();
-                // SAFETY: live buffers, events and streams of the bound context; `user`
-                // outlives the host functions (both streams are synchronised below).
-                unsafe {
-                    ok(sys::cuMemcpyDtoHAsync_v2(bufs[k], src, BYTES, s));
-                    match how {
-                        Done::LaneHostFn => {
-                            ok(sys::cuEventRecord(events[k], s));
-                            ok(sys::cuStreamWaitEvent(lane.cu_stream(), events[k], 0));
-                            ok(sys::cuLaunchHostFunc(lane.cu_stream(), Some(count_done), user));
-                        }
-                        Done::SameStreamHostFn => {
-                            ok(sys::cuLaunchHostFunc(s, Some(count_done), user));
-                        }
-                        Done::WaiterThread => {
-                            ok(sys::cuEventRecord(events[k], s));
-                            // Release: pairs with the waiter's Acquire load.
-                            recorded.fetch_add(1, Ordering::Release);
-                        }
-                    }
-                }
-                copies += 1;
-            }
-            if let Some(w) = waiter {
-                w.join().unwrap();
-            }
-            lane.synchronize().unwrap();
-            stream.synchronize().unwrap();
-            for (b, e) in bufs.iter().zip(events.iter()) {
-                // SAFETY: ours, nothing pending on them (both streams synchronised).
-                unsafe {
-                    ok(sys::cuMemFreeHost(*b));
-                    ok(sys::cuEventDestroy_v2(*e));
+            let mut next = 0u64;
+            loop {
+                // Acquire: pairs with the Release store after each record.
+                if next < recorded.load(Ordering::Acquire) {
+                    let e = events[(next % 2) as usize] as sys::CUevent;
+                    // SAFETY: a live event, recorded (the count says so).
+                    ok(unsafe { sys::cuEventSynchronize(e) });
+                    next += 1;
+                    // Release: pairs with the Acquire load in the copier's loop.
+                    done.store(next, Ordering::Release);
+                } else if flag.load(Ordering::Relaxed) {
+                    return; // stopped, every recorded event waited for
+                } else {
+                    std::thread::sleep(Duration::from_micros(20));
                 }
             }
-            copies
-        });
-        Self { stop, thread: Some(thread) }
+        })
+    });
+    let mut copies = 0u64;
+    // Relaxed: a stop flag; the joins are the synchronisation.
+    while !flag.load(Ordering::Relaxed) {
+        // Acquire: pairs with the Release in `count_done` / the waiter. Relaxed
+        // (the flag): as above; the waiter may stop before the last copies.
+        while copies >= done.load(Ordering::Acquire) + 2 && !flag.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        if copies >= done.load(Ordering::Acquire) + 2 {
+            break;
+        }
+        let k = (copies % 2) as usize;
+        let s = stream.cu_stream();
+        // SAFETY: live buffers, events and streams of the bound context; `user`
+        // outlives the host functions (both streams are synchronised below).
+        unsafe {
+            ok(sys::cuMemcpyDtoHAsync_v2(bufs[k], src, BYTES, s));
+            match how {
+                Done::LaneHostFn => {
+                    ok(sys::cuEventRecord(events[k], s));
+                    ok(sys::cuStreamWaitEvent(lane.cu_stream(), events[k], 0));
+                    ok(sys::cuLaunchHostFunc(lane.cu_stream(), Some(count_done), user));
+                }
+                Done::SameStreamHostFn => {
+                    ok(sys::cuLaunchHostFunc(s, Some(count_done), user));
+                }
+                Done::WaiterThread => {
+                    ok(sys::cuEventRecord(events[k], s));
+                    // Release: pairs with the waiter's Acquire load.
+                    recorded.fetch_add(1, Ordering::Release);
+                }
+            }
+        }
+        copies += 1;
     }
-
-    fn stop(mut self) -> u64 {
-        // Relaxed: see `start`.
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().unwrap()
+    if let Some(w) = waiter {
+        w.join().unwrap();
     }
+    lane.synchronize().unwrap();
+    stream.synchronize().unwrap();
+    for (b, e) in bufs.iter().zip(events.iter()) {
+        // SAFETY: ours, nothing pending on them (both streams synchronised).
+        unsafe {
+            ok(sys::cuMemFreeHost(*b));
+            ok(sys::cuEventDestroy_v2(*e));
+        }
+    }
+    copies
 }
 
 /// Thread B: launches of the empty kernel, each timed on its own.
@@ -375,13 +361,13 @@ fn launch_call(c: &mut Criterion, samples: &mut Samples, ctx: &Arc<CudaContext>)
         println!("launch_call/{label}: thread A made {copies} copies of 54 MB meanwhile");
     };
     for (label, dst) in cases {
-        let copier = dst.map(|d| Copier::start(ctx, src, d));
+        let copier = dst.map(|d| copier(ctx, src, d));
         g.run(label, 0, |n| launcher.launches(n));
         if let Some(copier) = copier {
             said(label, copier.stop());
         }
     }
-    let copier = StagedCopier::start(ctx, src, false);
+    let copier = staged_copier(ctx, src, false);
     g.run("pinned_stream_ordered", 0, |n| launcher.launches(n));
     said("pinned_stream_ordered", copier.stop());
     g.g.finish();
@@ -397,7 +383,7 @@ fn launch_call(c: &mut Criterion, samples: &mut Samples, ctx: &Arc<CudaContext>)
 /// their second passes run one case at a time, seconds apart). Prints each case's p50/p99
 /// over all rounds, its ratio to idle, and its p99 per round. Two diagnostic cases beside
 /// the four of `launch_call`: the stream-ordered sender with a receiving thread that never
-/// sleeps (publishing wakes nobody), and the driver calls without gpuring ([`RawCopier`],
+/// sleeps (publishing wakes nobody), and the driver calls without gpuring ([`raw_copier`],
 /// three ways of learning that a copy is done).
 fn launch_rounds(
     ctx: &Arc<CudaContext>,
@@ -423,35 +409,23 @@ fn launch_rounds(
     let mut made = vec![0u64; labels.len()];
     for _ in 0..rounds {
         for (i, label) in labels.iter().enumerate() {
-            enum A {
-                Idle,
-                Sync(Copier),
-                Staged(StagedCopier),
-                Raw(RawCopier),
-            }
             let a = match (copies.iter().find(|(l, _)| l == label), *label) {
-                (Some((_, None)), _) => A::Idle,
-                (Some((_, Some(dst))), _) => A::Sync(Copier::start(ctx, src, *dst)),
+                (Some((_, dst)), _) => dst.map(|d| copier(ctx, src, d)),
                 (None, "raw_copy_event_lane_hostfn") => {
-                    A::Raw(RawCopier::start(ctx, src, Done::LaneHostFn))
+                    Some(raw_copier(ctx, src, Done::LaneHostFn))
                 }
                 (None, "raw_copy_hostfn_same_stream") => {
-                    A::Raw(RawCopier::start(ctx, src, Done::SameStreamHostFn))
+                    Some(raw_copier(ctx, src, Done::SameStreamHostFn))
                 }
                 (None, "raw_copy_event_waiter_thread") => {
-                    A::Raw(RawCopier::start(ctx, src, Done::WaiterThread))
+                    Some(raw_copier(ctx, src, Done::WaiterThread))
                 }
-                (None, l) => A::Staged(StagedCopier::start(ctx, src, l.ends_with("spinning_sink"))),
+                (None, l) => Some(staged_copier(ctx, src, l.ends_with("spinning_sink"))),
             };
             // Thread A under way (its first copies issued) before B is timed.
             std::thread::sleep(Duration::from_millis(20));
             let mut v: Vec<Duration> = (0..PER_ROUND).map(|_| launcher.launches(1)).collect();
-            made[i] += match a {
-                A::Idle => 0,
-                A::Sync(c) => c.stop(),
-                A::Staged(c) => c.stop(),
-                A::Raw(c) => c.stop(),
-            };
+            made[i] += a.map_or(0, ThreadA::stop);
             v.sort_unstable();
             per_round[i].push(v[PER_ROUND * 99 / 100]);
             all[i].extend(v);

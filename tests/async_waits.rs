@@ -505,20 +505,29 @@ fn sixty_four_channels_across_processes_under_one_runtime() {
     assert_eq!(counts, vec![PER; CHANNELS], "exactly once");
 }
 
+/// A sender peer: on each channel of `names`, sends one-byte messages 0, 1, ... (`count` of
+/// them), waits `pause` (for the receiving side to go to sleep), then dies by SIGKILL.
+fn send_bytes_then_die(names: &[String], count: u8, pause: Duration) -> ! {
+    let chans: Vec<_> = names.iter().map(|n| Channel::builder(n).open().unwrap()).collect();
+    let txs: Vec<_> = chans.iter().map(|c| c.sender().unwrap()).collect();
+    for tx in &txs {
+        for i in 0..count {
+            let mut lease = tx.acquire().unwrap();
+            lease[0] = i;
+            tx.send(lease, TensorMeta::bytes(1)).unwrap();
+        }
+    }
+    std::thread::sleep(pause);
+    die();
+}
+
 /// A sender killed while a task awaits its next message: the task gets what it sent, then
 /// `PeerDead`, told by the segment's close (no polling).
 #[test]
 fn peer_dead_arrives_through_recv_async() {
     if role().as_deref() == Some("sender") {
-        let ch = Channel::builder(ring_name()).open().unwrap();
-        let tx = ch.sender().unwrap();
-        for i in 0..3u8 {
-            let mut lease = tx.acquire().unwrap();
-            lease[0] = i;
-            tx.send(lease, TensorMeta::bytes(1)).unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(100)); // the receiver parks
-        die();
+        // Then the receiver parks.
+        send_bytes_then_die(&[ring_name()], 3, Duration::from_millis(100));
     }
     let name = unique_name("async-dead");
     let ch = Channel::builder(&name).capacity(8).slots(4, 64).create().unwrap();
@@ -547,18 +556,8 @@ fn peer_dead_arrives_through_recv_async() {
 fn select_sleeps_on_every_word_and_hears_of_a_death() {
     if role().as_deref() == Some("sender") {
         let name = ring_name();
-        let chans =
-            [name.clone(), format!("{name}-2")].map(|n| Channel::builder(n).open().unwrap());
-        let txs = chans.each_ref().map(|c| c.sender().unwrap());
-        for tx in &txs {
-            for i in 0..2u8 {
-                let mut lease = tx.acquire().unwrap();
-                lease[0] = i;
-                tx.send(lease, TensorMeta::bytes(1)).unwrap();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200)); // the selects sleep
-        die();
+        // Then the selects sleep.
+        send_bytes_then_die(&[name.clone(), format!("{name}-2")], 2, Duration::from_millis(200));
     }
     if role().is_none() {
         // The selects run in a process of their own, so that no other test's futures or

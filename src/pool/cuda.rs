@@ -42,6 +42,8 @@ pub enum CudaError {
         /// UUID of this context's device.
         this_device: [u8; 16],
     },
+    /// The thread that runs a pinned pool's stream-ordered hand-offs could not be started.
+    Thread,
 }
 
 impl core::fmt::Display for CudaError {
@@ -49,6 +51,9 @@ impl core::fmt::Display for CudaError {
         match self {
             CudaError::Unavailable => f.write_str("no CUDA driver on this machine"),
             CudaError::Driver { op, code } => write!(f, "{op} failed: CUDA error {code}"),
+            CudaError::Thread => {
+                f.write_str("could not start the thread for stream-ordered hand-offs")
+            }
             CudaError::DeviceMismatch { pool_device, this_device } => write!(
                 f,
                 "the pool lives on device {} and this context's device {} cannot reach it",

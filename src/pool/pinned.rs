@@ -113,8 +113,9 @@ pub(crate) unsafe fn launch_host_fn(
 /// holds the work's stream until a driver thread has run it (~0.2 ms per 54 MB copy on the
 /// H100, 0.84x of the raw copy rate); and with one, each hand-off costs an event record, a
 /// stream wait and the host function, which stretched the launch calls of the process's
-/// other threads: p99 1.85x idle with the raw calls alone (1.72x on the copy's own
-/// stream), against 1.13x with this thread (BENCHMARKS run AC, `launch_call` rounds).
+/// other threads more: p99 1.85x idle with the raw calls alone (1.72x on the copy's own
+/// stream) against 1.13x with a waiting thread on one H100 VM, 2.52x (2.31x) against
+/// 1.92x on another (BENCHMARKS run AC, `launch_call` rounds).
 /// A hand-off is one event record and a push under an uncontended lock; the thread is
 /// woken (a futex) only when it sleeps for want of work.
 ///
@@ -123,7 +124,6 @@ pub(crate) unsafe fn launch_host_fn(
 /// own lane.
 #[derive(Debug)]
 pub(crate) struct Lane {
-    ctx: Arc<CudaContext>,
     shared: Arc<LaneShared>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -137,8 +137,6 @@ struct LaneShared {
     events: Box<[sys::CUevent]>,
     queue: std::sync::Mutex<LaneQueue>,
     wake: std::sync::Condvar,
-    /// Enqueued functions not yet returned from.
-    pending: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -146,6 +144,9 @@ struct LaneQueue {
     /// (slot, function, its argument); at most one entry per slot, so never above the
     /// capacity it was made with (a push allocates nothing).
     items: std::collections::VecDeque<(usize, unsafe extern "C" fn(*mut c_void), usize)>,
+    /// The thread took an entry and has not come back for the next one (its function may
+    /// still be running): with `items` empty and this false, every function has returned.
+    running: bool,
     /// The thread waits on `wake` for want of work (the pusher wakes it only then).
     sleeping: bool,
     /// The lane is gone: the thread leaves once the queue is empty.
@@ -167,11 +168,11 @@ impl Lane {
             events: Box::new([]),
             queue: std::sync::Mutex::new(LaneQueue {
                 items: std::collections::VecDeque::with_capacity(slots),
+                running: false,
                 sleeping: false,
                 stop: false,
             }),
             wake: std::sync::Condvar::new(),
-            pending: AtomicU64::new(0),
         };
         let flags = (sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
             | (sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32);
@@ -192,8 +193,8 @@ impl Lane {
         let thread = std::thread::Builder::new()
             .name("gpuring-lane".into())
             .spawn(move || theirs.run())
-            .map_err(|_| CudaError::Driver { op: "a lane's thread (spawn)", code: 0 })?;
-        Ok(Self { ctx: ctx.clone(), shared, thread: Some(thread) })
+            .map_err(|_| CudaError::Thread)?;
+        Ok(Self { shared, thread: Some(thread) })
     }
 
     /// The lane in `cell`, made now (in `stream`'s context, with `slots` events) if there is
@@ -224,18 +225,16 @@ impl Lane {
         f: unsafe extern "C" fn(*mut c_void),
         user: *mut c_void,
     ) -> Result<(), CudaError> {
-        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+        let ctx = &self.shared.ctx;
+        if stream.context().cu_ctx() != ctx.cu_ctx() {
             // SAFETY: as the caller promises.
             return unsafe { launch_host_fn(stream, f, user) };
         }
-        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let event = self.shared.events[slot];
         // SAFETY: our live event, the caller's live stream, one context.
         let r = unsafe { sys::cuEventRecord(event, stream.cu_stream()) };
         r.result().map_err(driver("cuEventRecord"))?;
-        // Relaxed: a count read by `settle`, which only polls it; the queue's lock orders
-        // the entry itself.
-        self.shared.pending.fetch_add(1, StdOrdering::Relaxed);
         let mut q = self.shared.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         q.items.push_back((slot, f, user as usize));
         if q.sleeping {
@@ -248,15 +247,21 @@ impl Lane {
     /// Whether they all have.
     pub(crate) fn settle(&self, limit: std::time::Duration) -> bool {
         let deadline = std::time::Instant::now() + limit;
-        // Acquire: pairs with the Release decrement after each function returns, so that
-        // what it did happened before the caller goes on.
-        while self.shared.pending.load(StdOrdering::Acquire) != 0 {
+        // The lock orders what the functions did before the caller goes on.
+        while !self.shared.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).idle() {
             if std::time::Instant::now() >= deadline {
                 return false;
             }
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
         true
+    }
+}
+
+impl LaneQueue {
+    /// Every function enqueued has returned.
+    fn idle(&self) -> bool {
+        self.items.is_empty() && !self.running
     }
 }
 
@@ -267,6 +272,7 @@ impl LaneShared {
         let bound = self.ctx.bind_to_thread().is_ok();
         loop {
             let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            q.running = false; // back from the previous entry's function
             let (slot, f, user) = loop {
                 if let Some(item) = q.items.pop_front() {
                     break item;
@@ -278,6 +284,7 @@ impl LaneShared {
                 q = self.wake.wait(q).unwrap_or_else(std::sync::PoisonError::into_inner);
                 q.sleeping = false;
             };
+            q.running = true;
             drop(q);
             // SAFETY: our live event, recorded before the entry was pushed.
             let done =
@@ -289,8 +296,6 @@ impl LaneShared {
             }
             // A failed wait (a dead context) leaves the entry unserved: its function does
             // not run on work that may not have happened, and what it holds is leaked.
-            // Release: pairs with the Acquire load in `settle`.
-            self.pending.fetch_sub(1, StdOrdering::Release);
         }
     }
 }
@@ -301,7 +306,7 @@ impl Drop for Lane {
         // to what owns the lane (`drop_outside_cuda`).
         let mut q = self.shared.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         q.stop = true;
-        let idle = q.items.is_empty() && self.shared.pending.load(StdOrdering::Relaxed) == 0;
+        let idle = q.idle();
         self.shared.wake.notify_one();
         drop(q);
         // With work left (past the owner's `settle`), the thread finishes it on its own,
