@@ -26,10 +26,13 @@ def send_big(name, count):
     tx.close()
 
 
-def send_numbered(name, producer, count):
-    """Sends ``count`` int64 pairs (producer, i) through an MPMC channel."""
+def send_numbered(name, producer, count, all_attached):
+    """Sends ``count`` int64 pairs (producer, i) through an MPMC channel, once every peer
+    has its endpoint (``all_attached``, a barrier): a sender that found no receiver yet,
+    or receivers that found every sender gone before the last one came, would end early."""
     ch = gpuring.Channel.open(name, timeout=10)
     tx = ch.sender()
+    all_attached.wait(60)
     for i in range(count):
         with tx.lease((2,), "int64", tag=producer) as buf:
             v = np.from_dlpack(buf)
@@ -38,10 +41,12 @@ def send_numbered(name, producer, count):
     tx.close()
 
 
-def receive_numbered(name, out_queue, stop_after):
-    """Receives until every sender left; reports the (producer, i) pairs it got."""
+def receive_numbered(name, out_queue, stop_after, all_attached):
+    """Receives until every sender left, once every peer has its endpoint (see
+    ``send_numbered``); reports the (producer, i) pairs it got."""
     ch = gpuring.Channel.open(name, timeout=10)
     rx = ch.receiver()
+    all_attached.wait(60)
     got = []
     deadline = time.monotonic() + stop_after
     while time.monotonic() < deadline:

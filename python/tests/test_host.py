@@ -216,8 +216,13 @@ def test_exactly_once_over_10k_messages_mpmc_2x2(name):
     per_producer = 5000
     ch = gpuring.Channel.create(name, capacity=64, slots=16, slot_bytes=64, mpmc=True)
     results = spawn.Queue()
-    consumers = [spawn.Process(target=peers.receive_numbered, args=(name, results, 120)) for _ in range(2)]
-    producers = [spawn.Process(target=peers.send_numbered, args=(name, k, per_producer)) for k in range(2)]
+    attached = spawn.Barrier(4)  # no peer starts before all four have their endpoints
+    consumers = [
+        spawn.Process(target=peers.receive_numbered, args=(name, results, 120, attached)) for _ in range(2)
+    ]
+    producers = [
+        spawn.Process(target=peers.send_numbered, args=(name, k, per_producer, attached)) for k in range(2)
+    ]
     for p in consumers + producers:
         p.start()
     each = [results.get(timeout=180), results.get(timeout=180)]
