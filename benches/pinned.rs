@@ -172,8 +172,12 @@ enum Done {
     SameStreamHostFn,
     /// An event record (blocking sync) after the copy; a second thread of ours waits on
     /// each event in `cuEventSynchronize`, asleep in the driver, and counts (what gpuring's
-    /// lanes do since run AC).
+    /// lanes did in run AC).
     WaiterThread,
+    /// As `WaiterThread` with events that are not blocking-sync (no completion interrupt),
+    /// the waiter polling `cuEventQuery`: every ~0.5 µs for 20 µs, then naps of an eighth of
+    /// the time waited (what gpuring's lanes do since run AD).
+    PollingThread,
 }
 
 /// A diagnostic thread A for the interleaved rounds: the driver calls of a stream-ordered
@@ -204,7 +208,7 @@ fn raw_copies(
     let (stream, lane) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let mut bufs = [std::ptr::null_mut(); 2];
     let mut events = [std::ptr::null_mut(); 2];
-    // CU_EVENT_DISABLE_TIMING, and for the waiter thread CU_EVENT_BLOCKING_SYNC.
+    // CU_EVENT_DISABLE_TIMING, and for the blocking waiter CU_EVENT_BLOCKING_SYNC.
     let flags = if how == Done::WaiterThread { 2 | 1 } else { 2 };
     for (b, e) in bufs.iter_mut().zip(events.iter_mut()) {
         // SAFETY: out-pointers valid; context bound above.
@@ -216,19 +220,26 @@ fn raw_copies(
     let user = Arc::as_ptr(&done) as *mut c_void;
     // The waiter: the events in order, each once recorded (`recorded` counts).
     let recorded = Arc::new(AtomicU64::new(0));
-    let waiter = (how == Done::WaiterThread).then(|| {
+    let waiter = matches!(how, Done::WaiterThread | Done::PollingThread).then(|| {
         let (ctx, done, recorded, flag) =
             (ctx.clone(), done.clone(), recorded.clone(), flag.clone());
         let events = events.map(|e| e as usize);
         std::thread::spawn(move || {
             ctx.bind_to_thread().unwrap();
+            let slack_ns: libc::c_ulong = 1_000;
+            // SAFETY: changes this thread's timer slack only (as the lanes do).
+            let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns, 0, 0, 0) };
             let mut next = 0u64;
             loop {
                 // Acquire: pairs with the Release store after each record.
                 if next < recorded.load(Ordering::Acquire) {
                     let e = events[(next % 2) as usize] as sys::CUevent;
-                    // SAFETY: a live event, recorded (the count says so).
-                    ok(unsafe { sys::cuEventSynchronize(e) });
+                    if how == Done::PollingThread {
+                        poll(e);
+                    } else {
+                        // SAFETY: a live event, recorded (the count says so).
+                        ok(unsafe { sys::cuEventSynchronize(e) });
+                    }
                     next += 1;
                     // Release: pairs with the Acquire load in the copier's loop.
                     done.store(next, Ordering::Release);
@@ -266,7 +277,7 @@ fn raw_copies(
                 Done::SameStreamHostFn => {
                     ok(sys::cuLaunchHostFunc(s, Some(count_done), user));
                 }
-                Done::WaiterThread => {
+                Done::WaiterThread | Done::PollingThread => {
                     ok(sys::cuEventRecord(events[k], s));
                     // Release: pairs with the waiter's Acquire load.
                     recorded.fetch_add(1, Ordering::Release);
@@ -288,6 +299,22 @@ fn raw_copies(
         }
     }
     copies
+}
+
+/// Returns once `e` (recorded) has completed, polling it as [`Done::PollingThread`] says.
+fn poll(e: sys::CUevent) {
+    let t = Instant::now();
+    // SAFETY: a live event, recorded.
+    while unsafe { sys::cuEventQuery(e) } == sys::CUresult::CUDA_ERROR_NOT_READY {
+        let waited = t.elapsed();
+        if waited >= Duration::from_micros(20) {
+            std::thread::sleep((waited / 8).min(Duration::from_millis(1)));
+            continue;
+        }
+        while t.elapsed() < waited + Duration::from_nanos(500) {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 /// Thread B: launches of the empty kernel, each timed on its own.
@@ -384,7 +411,7 @@ fn launch_call(c: &mut Criterion, samples: &mut Samples, ctx: &Arc<CudaContext>)
 /// over all rounds, its ratio to idle, and its p99 per round. Two diagnostic cases beside
 /// the four of `launch_call`: the stream-ordered sender with a receiving thread that never
 /// sleeps (publishing wakes nobody), and the driver calls without gpuring ([`raw_copier`],
-/// three ways of learning that a copy is done).
+/// four ways of learning that a copy is done).
 fn launch_rounds(
     ctx: &Arc<CudaContext>,
     src: sys::CUdeviceptr,
@@ -403,6 +430,7 @@ fn launch_rounds(
         "raw_copy_event_lane_hostfn",
         "raw_copy_hostfn_same_stream",
         "raw_copy_event_waiter_thread",
+        "raw_copy_event_polling_thread",
     ];
     let mut all: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds * PER_ROUND); labels.len()];
     let mut per_round: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); labels.len()];
@@ -420,6 +448,9 @@ fn launch_rounds(
                 (None, "raw_copy_event_waiter_thread") => {
                     Some(raw_copier(ctx, src, Done::WaiterThread))
                 }
+                (None, "raw_copy_event_polling_thread") => {
+                    Some(raw_copier(ctx, src, Done::PollingThread))
+                }
                 (None, l) => Some(staged_copier(ctx, src, l.ends_with("spinning_sink"))),
             };
             // Thread A under way (its first copies issued) before B is timed.
@@ -432,7 +463,7 @@ fn launch_rounds(
         }
     }
     println!("\nlaunch_call, interleaved: {rounds} rounds x {PER_ROUND} launches per case");
-    let mut idle = (Duration::ZERO, Duration::ZERO);
+    let (mut idle, mut idle_mid) = ((Duration::ZERO, Duration::ZERO), Duration::ZERO);
     for (i, label) in labels.iter().enumerate() {
         let v = &mut all[i];
         v.sort_unstable();
@@ -443,11 +474,21 @@ fn launch_rounds(
         let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
         let rounds: Vec<String> =
             per_round[i].iter().map(|d| format!("{:.2}", d.as_secs_f64() * 1e6)).collect();
+        // The median round's p99: a burst of the VM's (a round's p99 several times the
+        // others') moves it by one round at most, where it can make the pooled p99.
+        let mut sorted = per_round[i].clone();
+        sorted.sort_unstable();
+        let mid = sorted[sorted.len() / 2];
+        if i == 0 {
+            idle_mid = mid;
+        }
         println!(
             "rounds launch_call/{label}: p50 {p50:.2?} ({:.2}x idle), p99 {p99:.2?} ({:.2}x idle), \
-             n={}, thread A copies {}; p99 per round (us): {}",
+             median round's p99 {mid:.2?} ({:.2}x idle), n={}, thread A copies {}; \
+             p99 per round (us): {}",
             ratio(p50, idle.0),
             ratio(p99, idle.1),
+            ratio(mid, idle_mid),
             v.len(),
             made[i],
             rounds.join(" ")

@@ -7,6 +7,9 @@
 #   bash .gpu/open-issues-device.sh pinned   # issue 16: launch_call, incl. the stream-ordered
 #                                            #   sender (pinned_stream_ordered, never run yet)
 #   bash .gpu/open-issues-device.sh python   # issue 15: the Python bench, without then with MPS
+#   bash .gpu/open-issues-device.sh steps-ab # issue 15: steps.py (one process, then two) with
+#                                            #   the wheel in .gpu/py-old/ and the staged one,
+#                                            #   alternating, twice (same VM, same call)
 # Logs go to $OUT (or /tmp/gpuring-out).
 set -uo pipefail
 out=${OUT:-/tmp/gpuring-out}
@@ -27,6 +30,20 @@ case "${1:-}" in
     OUT="$out" timeout 270 bash "$here/python-gpu.sh" run bench 2>&1 | tee "$out/python-nomps.txt"
     OUT="$out" timeout 270 bash "$here/python-gpu.sh" run bench --mps 2>&1 | tee "$out/python-mps.txt"
     ;;
+  steps-ab)
+    py=${PYTHON:-/opt/torch/.venv/bin/python3}
+    rm -rf /tmp/gpuring-old
+    "$py" -m pip install -q --no-deps --no-index --target /tmp/gpuring-old "$here"/py-old/*.whl || exit 1
+    "$py" -m pip install -q --no-deps --no-index --force-reinstall "$here"/py/*.whl || exit 1
+    for round in 1 2; do
+      for which in old new; do
+        echo "== round $round: $which wheel"
+        if [ "$which" = old ]; then pp=/tmp/gpuring-old; else pp=; fi
+        PYTHONPATH=$pp timeout 60 "$py" python/bench/steps.py --n 3000
+        PYTHONPATH=$pp timeout 60 "$py" python/bench/steps.py --cross --n 3000
+      done
+    done 2>&1 | tee "$out/steps-ab.txt"
+    ;;
   *)
-    echo "usage: $0 sleep | pinned | python"; exit 2 ;;
+    echo "usage: $0 sleep | pinned | python | steps-ab"; exit 2 ;;
 esac

@@ -108,7 +108,13 @@ def main():
     name = "gpuring-steps-%d" % os.getpid()
     ch = gpuring.Channel.create(name, capacity=64, slots=8, slot_bytes=max(args.size, 4096), device=0)
     tx, rx = ch.sender(), ch.receiver()
-    print("one process, %d bytes, %d rounds each:" % (args.size, n))
+    print("one process, %d bytes, %d rounds each (gpuring from %s):" % (args.size, n, gpuring.__file__))
+
+    def accessors():
+        # What `send` asks of a torch tensor (its own accessors), from Python.
+        return (t.layout, t.is_cuda, t.get_device(), t.dtype, t.is_neg(), t.is_contiguous(), t.shape, t.data_ptr())
+
+    timed("the tensor accessors send reads, from Python", accessors, n)
     timed("torch.cuda.current_stream(0)", lambda: torch.cuda.current_stream(0), n)
     timed("torch._C._cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0), n)
     timed("t.__dlpack__(stream=1)", lambda: t.__dlpack__(stream=1), n)

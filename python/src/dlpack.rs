@@ -10,6 +10,7 @@ use std::ffi::{CStr, c_void};
 use gpuring::{DType, DlDataType, MAX_DIMS, TensorMeta};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
@@ -140,32 +141,51 @@ impl<'py> Source<'py> {
         }
         let strided =
             TORCH_STRIDED.get_or_try_init(py, || torch.getattr("strided").map(Bound::unbind))?;
-        if !obj.getattr("layout")?.is(strided.bind(py)) {
+        // Names interned once: each lookup below then hashes nothing and allocates nothing.
+        if !obj.getattr(intern!(py, "layout"))?.is(strided.bind(py)) {
             return Ok(None); // sparse and the like: DLPack says what it thinks of them
         }
-        let place = if obj.getattr("is_cuda")?.is_truthy()? {
-            Place::Cuda(obj.call_method0("get_device")?.extract()?)
-        } else if obj.getattr("device")?.getattr("type")?.extract::<String>()? == "cpu" {
+        let place = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
+            Place::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract()?)
+        } else if obj
+            .getattr(intern!(py, "device"))?
+            .getattr(intern!(py, "type"))?
+            .eq(intern!(py, "cpu"))?
+        {
             Place::Host
         } else {
             return Ok(None);
         };
+        let dtype = torch_dtype(&obj.getattr(intern!(py, "dtype"))?)?;
         let mut t = obj.clone();
-        // Lazy conjugation or negation is a flag on the view, not in the bytes.
-        if t.call_method0("is_conj")?.is_truthy()? {
-            t = t.call_method0("resolve_conj")?;
+        // Lazy conjugation (complex views only: not asked of the rest) and negation are
+        // flags on the view, not in the bytes.
+        if matches!(dtype, DType::C64 | DType::C128)
+            && t.call_method0(intern!(py, "is_conj"))?.is_truthy()?
+        {
+            t = t.call_method0(intern!(py, "resolve_conj"))?;
         }
-        if t.call_method0("is_neg")?.is_truthy()? {
-            t = t.call_method0("resolve_neg")?;
+        if t.call_method0(intern!(py, "is_neg"))?.is_truthy()? {
+            t = t.call_method0(intern!(py, "resolve_neg"))?;
         }
-        if !t.call_method0("is_contiguous")?.is_truthy()? {
-            t = t.call_method0("contiguous")?;
+        if !t.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+            t = t.call_method0(intern!(py, "contiguous"))?;
         }
-        let dtype = torch_dtype(&t.getattr("dtype")?)?;
-        let shape: Vec<u64> = t.getattr("shape")?.extract()?;
-        // More than MAX_DIMS dimensions: MetaError::TooManyDims, said as TooLarge.
-        let meta = TensorMeta::contiguous(dtype, &shape).map_err(|e| raise(py, "TooLarge", e))?;
-        let ptr: usize = t.call_method0("data_ptr")?.extract()?;
+        // torch.Size is a tuple: read in place, no list made.
+        let size = t.getattr(intern!(py, "shape"))?;
+        let size = size.cast::<PyTuple>()?;
+        let mut shape = [0u64; MAX_DIMS];
+        if size.len() > MAX_DIMS {
+            // MetaError::TooManyDims, said as TooLarge.
+            let e = gpuring::MetaError::TooManyDims { ndim: size.len() };
+            return Err(raise(py, "TooLarge", e));
+        }
+        for (d, n) in shape.iter_mut().zip(size.iter()) {
+            *d = n.extract()?;
+        }
+        let meta = TensorMeta::contiguous(dtype, &shape[..size.len()])
+            .map_err(|e| raise(py, "TooLarge", e))?;
+        let ptr: usize = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
         Ok(Some(Source { _keep: t, ptr, meta, place }))
     }
 

@@ -124,7 +124,7 @@ pub(crate) fn torch_module<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, P
             .map(Bound::unbind)
             .map_err(PyErr::from)
     })?;
-    modules.bind(py).get_item("torch")
+    modules.bind(py).get_item(pyo3::intern!(py, "torch"))
 }
 
 /// torch's current stream on `device` as a raw handle (0: the legacy default stream), if

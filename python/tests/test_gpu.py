@@ -64,6 +64,34 @@ def test_every_torch_dtype_roundtrips_on_the_gpu(name):
             assert torch.equal(got.view(torch.uint8), src.view(torch.uint8)), dt
 
 
+def test_torch_views_are_read_as_their_values(name):
+    """`send` reads torch tensors through their own accessors (not DLPack): strided,
+    conjugated, negated and 0-d views arrive as the values they show; what gpuring cannot
+    carry is refused by name."""
+    for device in (0, None):
+        where = "cuda" if device == 0 else "cpu"
+        ch = gpuring.Channel.create("%s-%s" % (name, where), slots=1, slot_bytes=4096, device=device)
+        tx, rx = ch.sender(), ch.receiver()
+        base = torch.arange(36, dtype=torch.float32, device=where).reshape(6, 6)
+        c = torch.complex(base, base + 1)
+        neg = c.conj().imag  # a real view carrying torch's lazy negation flag
+        assert neg.is_neg()
+        assert c.conj().is_conj()
+        for view in (base[:, ::2], base.t(), neg, base[2, 3], base.flip(0), c, c.conj(), c.conj().t()):
+            tx.send(view, timeout=5)
+            with rx.recv(timeout=5) as msg:
+                got = torch.from_dlpack(msg)
+                assert not got.is_conj() and not got.is_neg()
+                assert got.shape == view.shape and torch.equal(got.cpu(), view.resolve_conj().resolve_neg().cpu()), view
+                del got  # the one slot comes back once its views are gone
+        with pytest.raises(gpuring.DTypeError):
+            tx.send(torch.zeros(4, dtype=torch.int16, device=where).view(torch.complex32), timeout=5)
+        with pytest.raises(gpuring.TooLarge):
+            tx.send(torch.zeros([1] * 9, device=where), timeout=5)
+        with pytest.raises(gpuring.Timeout):
+            rx.recv(timeout=0)  # nothing refused was sent
+
+
 def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name):
     """The sender's copy into the slot runs after a ~0.3 s kernel; the receiver reads at
     once. Ordered by the slot's ready event, it sees the final values every time; the

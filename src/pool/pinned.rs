@@ -23,6 +23,7 @@ use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering as StdOrdering};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 
@@ -105,17 +106,24 @@ pub(crate) unsafe fn launch_host_fn(
 }
 
 /// Where the hand-off functions run: a thread of this lane's own, which waits for an event
-/// recorded after the work they follow (`cuEventSynchronize` on a blocking-sync event:
-/// asleep in the driver, no CPU spent) and then calls them, in the order they were
+/// recorded after the work they follow and then calls them, in the order they were
 /// enqueued.
+///
+/// The thread polls the event ([`LaneShared::wait_for`]: `cuEventQuery` about every
+/// half microsecond for the first [`SPIN_FOR`], then naps of an eighth of the time waited
+/// so far), never `cuEventSynchronize` on a blocking-sync event: such an event has the GPU
+/// raise an interrupt when it completes, and the interrupt and the wake-up it brings land
+/// on whichever CPU the system picks, the CPU of a thread launching kernels included
+/// (that thread's launch p99 went from 1.0x to 1.9x idle on the H100; BENCHMARKS run AC
+/// and AD). A nap's timer fires on the lane's own CPU. What it costs: a hand-off is
+/// noticed up to an eighth later than it completes (past the spin), and a long copy is
+/// polled a few dozen times.
 ///
 /// Why not a host function (`cuLaunchHostFunc`): it needs one on a stream of its own, or it
 /// holds the work's stream until a driver thread has run it (~0.2 ms per 54 MB copy on the
 /// H100, 0.84x of the raw copy rate); and with one, each hand-off costs an event record, a
 /// stream wait and the host function, which stretched the launch calls of the process's
-/// other threads more: p99 1.85x idle with the raw calls alone (1.72x on the copy's own
-/// stream) against 1.13x with a waiting thread on one H100 VM, 2.52x (2.31x) against
-/// 1.92x on another (BENCHMARKS run AC, `launch_call` rounds).
+/// other threads more (p99 1.85x and 2.52x idle on two H100 VMs, run AC).
 /// A hand-off is one event record and a push under an uncontended lock; the thread is
 /// woken (a futex) only when it sleeps for want of work.
 ///
@@ -132,8 +140,9 @@ pub(crate) struct Lane {
 #[derive(Debug)]
 struct LaneShared {
     ctx: Arc<CudaContext>,
-    // One per slot, blocking-sync: recorded after the work, waited on by the thread. A
-    // slot's event is recorded again only after its function ran (the slot came back).
+    // One per slot (no timing, not blocking-sync): recorded after the work, polled by the
+    // thread. A slot's event is recorded again only after its function ran (the slot
+    // came back).
     events: Box<[sys::CUevent]>,
     queue: std::sync::Mutex<LaneQueue>,
     wake: std::sync::Condvar,
@@ -174,8 +183,7 @@ impl Lane {
             }),
             wake: std::sync::Condvar::new(),
         };
-        let flags = (sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-            | (sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32);
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         let mut events = Vec::with_capacity(slots);
         for _ in 0..slots {
             let mut e = std::ptr::null_mut();
@@ -245,14 +253,14 @@ impl Lane {
 
     /// Waits, up to `limit`, until every function enqueued on this lane has returned.
     /// Whether they all have.
-    pub(crate) fn settle(&self, limit: std::time::Duration) -> bool {
-        let deadline = std::time::Instant::now() + limit;
+    pub(crate) fn settle(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
         // The lock orders what the functions did before the caller goes on.
         while !self.shared.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).idle() {
-            if std::time::Instant::now() >= deadline {
+            if Instant::now() >= deadline {
                 return false;
             }
-            std::thread::sleep(std::time::Duration::from_micros(100));
+            std::thread::sleep(Duration::from_micros(100));
         }
         true
     }
@@ -265,11 +273,51 @@ impl LaneQueue {
     }
 }
 
+/// How long the lane's thread polls an event without sleeping: what a small hand-off
+/// takes from the record to its completion, a kernel launch included.
+const SPIN_FOR: Duration = Duration::from_micros(20);
+/// Between two polls while spinning.
+const POLL_EVERY: Duration = Duration::from_nanos(500);
+/// The shortest and the longest nap between two polls past the spin.
+const NAP: (Duration, Duration) = (Duration::from_micros(4), Duration::from_millis(1));
+
 impl LaneShared {
+    /// Whether the work before `event` (recorded before its entry was pushed) has
+    /// completed, asked until it has: false when the driver fails (a dead context).
+    /// Polls every [`POLL_EVERY`] for [`SPIN_FOR`], then naps an eighth of the time waited
+    /// so far, within [`NAP`].
+    fn wait_for(&self, event: sys::CUevent) -> bool {
+        let start = Instant::now();
+        loop {
+            // SAFETY: our live event.
+            match unsafe { sys::cuEventQuery(event) } {
+                sys::CUresult::CUDA_SUCCESS => return true,
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                _ => return false,
+            }
+            let waited = start.elapsed();
+            if waited < SPIN_FOR {
+                let until = waited + POLL_EVERY;
+                while start.elapsed() < until {
+                    std::hint::spin_loop();
+                }
+            } else {
+                std::thread::sleep((waited / 8).clamp(NAP.0, NAP.1));
+            }
+        }
+    }
+
     /// The lane's thread: each entry's event waited for, then its function called, in
     /// order; leaves when the lane is gone and nothing is left to do.
     fn run(&self) {
         let bound = self.ctx.bind_to_thread().is_ok();
+        // Naps as long as asked (the default slack of 50 µs would stretch the shortest
+        // ones tenfold). Best effort: without it, naps are only longer.
+        // SAFETY: PR_SET_TIMERSLACK takes a number of nanoseconds and changes this thread
+        // only.
+        let slack_ns: libc::c_ulong = 1_000;
+        // SAFETY: as above.
+        let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns, 0, 0, 0) };
         loop {
             let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             q.running = false; // back from the previous entry's function
@@ -286,9 +334,7 @@ impl LaneShared {
             };
             q.running = true;
             drop(q);
-            // SAFETY: our live event, recorded before the entry was pushed.
-            let done =
-                bound && unsafe { sys::cuEventSynchronize(self.events[slot]) }.result().is_ok();
+            let done = bound && self.wait_for(self.events[slot]);
             if done {
                 // SAFETY: `f` and `user` as `launch_after`'s caller promised; the work it
                 // follows has completed.
@@ -461,7 +507,7 @@ impl PoolSegment {
     }
 
     /// Waits, up to `limit`, for the slot returns enqueued on streams (a receiver's drop).
-    pub(crate) fn settle(&self, limit: std::time::Duration) -> bool {
+    pub(crate) fn settle(&self, limit: Duration) -> bool {
         self.lane.get().is_none_or(|lane| lane.settle(limit))
     }
 }
