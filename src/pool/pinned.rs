@@ -113,9 +113,10 @@ pub(crate) unsafe fn launch_host_fn(
 /// half microsecond for the first [`SPIN_FOR`], then naps of an eighth of the time waited
 /// so far), never `cuEventSynchronize` on a blocking-sync event: such an event has the GPU
 /// raise an interrupt when it completes, and the interrupt and the wake-up it brings land
-/// on whichever CPU the system picks, the CPU of a thread launching kernels included
-/// (that thread's launch p99 went from 1.0x to 1.9x idle on the H100; BENCHMARKS run AC
-/// and AD). A nap's timer fires on the lane's own CPU. What it costs: a hand-off is
+/// on whichever CPU the system picks, the CPU of a thread launching kernels included.
+/// On one H100 VM, another thread's launch p99 (median of 12 rounds) was 2.14x idle beside
+/// a blocking waiter and 1.18x beside a polling one, the lanes 1.15x (BENCHMARKS run AD;
+/// other VMs showed no difference). A nap's timer fires on the lane's own CPU. What it costs: a hand-off is
 /// noticed up to an eighth later than it completes (past the spin), and a long copy is
 /// polled a few dozen times.
 ///
