@@ -278,7 +278,7 @@ impl PySender {
             }
             (AnyLease::Host(_), Place::Cuda(d)) => {
                 // One asynchronous copy into the slot on torch's stream, published by a
-                // host function when it is done: no host wait (into a pinned pool, DMA;
+                // lane thread when it is done: no host wait (into a pinned pool, DMA;
                 // into a plain one the driver makes the copy synchronous).
                 let g = tx.source_gpu(py, d)?;
                 let s = g.stream(raw_stream);

@@ -5,17 +5,21 @@
 //! sender (GPU process):   lease = acquire()
 //!                         send_from_device_on(lease, src, meta, &s1)
 //!                           -> cuMemcpyDtoHAsync(slot <- src) on s1
-//!                           -> host function on s1: publish the descriptor
+//!                           -> event on s1; the sender's lane thread publishes the
+//!                              descriptor once it has completed
 //! receiver (CPU process): recv() -> reads the slot in place
 //! receiver (GPU process): recv() -> copy_to_device_on(dst, &s2)
 //!                           -> cuMemcpyHtoDAsync(dst <- slot) on s2
-//!                           -> host function on s2: return the slot
+//!                           -> event on s2; the pool's lane thread returns the slot
+//!                              once it has completed
 //! ```
 //!
 //! With a pinned pool (`ChannelBuilder::pinned`) both copies are truly asynchronous DMA;
 //! with a plain one they still work, but the driver stages them through its own pinned
-//! buffer and the call returns only once the copy is done. A host function runs on a
-//! driver thread once the stream gets there; it calls no CUDA. See `pool/pinned.rs`.
+//! buffer and the call returns only once the copy is done. A lane is a thread of the
+//! library's that polls each event and then runs the hand-off, with a host function's
+//! rules (no CUDA); on a stream of another context a host function does it instead. See
+//! `pool/pinned.rs`.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -70,8 +74,8 @@ impl Sender<Host> {
 
     /// Sends `lease` filled on the GPU, in the order of `stream`, with no thread blocked:
     /// enqueues on `stream` a copy of `meta.nbytes()` bytes from device address `src` into
-    /// the slot, then a host function that publishes the descriptor once the copy has
-    /// completed. Returns when both are enqueued. The receiver reads the final bytes, and
+    /// the slot and an event after it; this sender's lane thread publishes the descriptor
+    /// once the event has completed. Returns when both are enqueued. The receiver reads the final bytes, and
     /// needs no CUDA of its own.
     ///
     /// Into a pinned pool ([`ChannelBuilder::pinned`]) the copy is asynchronous DMA; into a
@@ -83,8 +87,8 @@ impl Sender<Host> {
     ///
     /// A send that can no longer be published when the stream gets there (every receiver
     /// gone, or the ring found corrupt) gives its slot back and is counted in
-    /// [`stream_sends_lost`](Self::stream_sends_lost). While the ring is full the host
-    /// function waits for room, holding up the later host functions of this process.
+    /// [`stream_sends_lost`](Self::stream_sends_lost). While the ring is full the lane
+    /// waits for room, holding up this sender's later stream-ordered sends.
     ///
     /// ```no_run
     /// use gpuring::{Channel, DType, TensorMeta, cuda};
@@ -111,8 +115,8 @@ impl Sender<Host> {
     ///
     /// As [`send`](Self::send), the lease back: [`SendError::TooLarge`],
     /// [`SendError::Disconnected`], [`SendError::PeerDead`]; [`SendError::Cuda`] when the
-    /// copy or the host function cannot be enqueued (the slot goes back, after the stream
-    /// has finished with it).
+    /// copy or its event cannot be enqueued (the slot goes back, after the stream has
+    /// finished with it).
     pub unsafe fn send_from_device_on(
         &self,
         lease: Lease,
@@ -226,8 +230,8 @@ impl Message<Host> {
     }
 
     /// Copies the payload to device address `dst` in the order of `stream`, and gives the
-    /// slot back once the copy has completed, with no thread blocked (a host function on
-    /// `stream` returns it). From a pinned slot the copy is asynchronous DMA; from a plain
+    /// slot back once the copy has completed, with no caller's thread blocked (the pool's
+    /// lane thread returns it once an event recorded after the copy has completed). From a pinned slot the copy is asynchronous DMA; from a plain
     /// one the driver stages it and it is still correct. Kernels enqueued on `stream`
     /// after this call see the payload.
     ///
