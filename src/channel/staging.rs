@@ -75,8 +75,8 @@ impl Sender<Host> {
     /// Sends `lease` filled on the GPU, in the order of `stream`, with no thread blocked:
     /// enqueues on `stream` a copy of `meta.nbytes()` bytes from device address `src` into
     /// the slot and an event after it; this sender's lane thread publishes the descriptor
-    /// once the event has completed. Returns when both are enqueued. The receiver reads the final bytes, and
-    /// needs no CUDA of its own.
+    /// once the event has completed. Returns when both are enqueued. The receiver reads
+    /// the final bytes, and needs no CUDA of its own.
     ///
     /// Into a pinned pool ([`ChannelBuilder::pinned`]) the copy is asynchronous DMA; into a
     /// plain one the driver makes it synchronous (this call returns after it), and it
@@ -231,9 +231,10 @@ impl Message<Host> {
 
     /// Copies the payload to device address `dst` in the order of `stream`, and gives the
     /// slot back once the copy has completed, with no caller's thread blocked (the pool's
-    /// lane thread returns it once an event recorded after the copy has completed). From a pinned slot the copy is asynchronous DMA; from a plain
-    /// one the driver stages it and it is still correct. Kernels enqueued on `stream`
-    /// after this call see the payload.
+    /// lane thread returns it once an event recorded after the copy has completed). From
+    /// a pinned slot the copy is asynchronous DMA; from a plain one the driver stages it
+    /// and it is still correct. Kernels enqueued on `stream` after this call see the
+    /// payload.
     ///
     /// ```no_run
     /// use gpuring::{Channel, cuda};

@@ -13,7 +13,7 @@
 //! the stream, not the call: a function run when the copy has completed publishes the
 //! descriptor (a send, `channel/staging.rs`) or returns the slot (a receive,
 //! [`PoolSegment::release_after`]), with no caller's thread blocked. It runs on a
-//! [`Lane`]'s thread (asleep on an event recorded after the copy), or as a host function
+//! [`Lane`]'s thread (polling an event recorded after the copy), or as a host function
 //! (`cuLaunchHostFunc`) on a stream of another context than the lane's. Either way it keeps
 //! a host function's rules: it calls no CUDA, and touches only shared-memory atomics, a
 //! process-local lock, and (to wake a sleeper) a futex.
@@ -116,9 +116,9 @@ pub(crate) unsafe fn launch_host_fn(
 /// on whichever CPU the system picks, the CPU of a thread launching kernels included.
 /// On one H100 VM, another thread's launch p99 (median of 12 rounds) was 2.14x idle beside
 /// a blocking waiter and 1.18x beside a polling one, the lanes 1.15x (BENCHMARKS run AD;
-/// other VMs showed no difference). A nap's timer fires on the lane's own CPU. What it costs: a hand-off is
-/// noticed up to an eighth later than it completes (past the spin), and a long copy is
-/// polled a few dozen times.
+/// other VMs showed no difference). A nap's timer fires on the lane's own CPU. What it
+/// costs: a hand-off is noticed up to an eighth later than it completes (past the spin),
+/// and a long copy is polled a few dozen times.
 ///
 /// Why not a host function (`cuLaunchHostFunc`): it needs one on a stream of its own, or it
 /// holds the work's stream until a driver thread has run it (~0.2 ms per 54 MB copy on the
@@ -314,10 +314,9 @@ impl LaneShared {
         let bound = self.ctx.bind_to_thread().is_ok();
         // Naps as long as asked (the default slack of 50 µs would stretch the shortest
         // ones tenfold). Best effort: without it, naps are only longer.
+        let slack_ns: libc::c_ulong = 1_000;
         // SAFETY: PR_SET_TIMERSLACK takes a number of nanoseconds and changes this thread
         // only.
-        let slack_ns: libc::c_ulong = 1_000;
-        // SAFETY: as above.
         let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns, 0, 0, 0) };
         loop {
             let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
