@@ -21,7 +21,8 @@ mod common;
 
 use common::baselines::{DESC, LAST, STOP, descriptor, echo, ice_echo, ice_sink, ipc_peer, sink};
 use common::floor::{
-    FloorMap, floor_descriptor_peer, floor_futex_peer, floor_spin_peer, futex_wait, futex_wake,
+    FloorMap, floor_descriptor_peer, floor_futex_peer, floor_spin_peer, futex_answer, futex_turn,
+    futex_wake, futex_wake_as,
 };
 use common::{Group, NAME, PEER, Peer, Samples, cpus, ice, peer, pin, unique};
 use criterion::{BenchmarkId, Criterion, Throughput};
@@ -350,15 +351,7 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
                 if carry {
                     f.ping_cell.send(descriptor(seq.into()), seq.into());
                 }
-                f.ping32.0.store(seq, Ordering::Release);
-                futex_wake(&f.ping32.0);
-                loop {
-                    let v = f.pong32.0.load(Ordering::Acquire);
-                    if v == seq {
-                        break;
-                    }
-                    futex_wait(&f.pong32.0, v);
-                }
+                futex_turn(&f.ping32.0, &f.pong32.0, seq, false);
                 if carry {
                     assert_eq!(f.pong_cell.recv(seq.into()).seq, u64::from(seq));
                 }
@@ -367,6 +360,36 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         });
         f.ping32.0.store(u32::MAX, Ordering::Release);
         futex_wake(&f.ping32.0);
+    }
+
+    // The same bare ping-pong between two threads of this process (the second pinned where
+    // the peer process would be), on words in a shared-memory page: with private futexes
+    // (keyed by process and address), then with shared ones (keyed through the page, as
+    // between processes). Where a sleeping hop's kernel time goes: the futex key, or the
+    // wake-up itself.
+    for (label, private) in [("floor_futex_threads", true), ("floor_futex_threads_shared", false)] {
+        let name = format!("/{}", unique("futex"));
+        let map = FloorMap::create(&name);
+        let f = map.get();
+        let (ping, pong) = (&f.ping32.0, &f.pong32.0);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                pin(cpus().get(1).copied());
+                futex_answer(ping, pong, private, |_| {});
+            });
+            let mut seq = 0u32;
+            g.run(label, DESC, |iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    seq = if seq + 1 == u32::MAX { 1 } else { seq + 1 };
+                    futex_turn(ping, pong, seq, private);
+                }
+                one_way(t.elapsed())
+            });
+            // Release: the answering thread's Acquire load sees the stop.
+            ping.store(u32::MAX, Ordering::Release);
+            futex_wake_as(ping, private);
+        });
     }
 
     for (label, sleep) in [("iceoryx2_spin", false), ("iceoryx2_sleep", true)] {

@@ -64,13 +64,64 @@ const _: () = assert!(size_of::<Floor>() <= 4096);
 /// The floor's page of shared memory.
 pub type FloorMap = super::SharedPage<Floor>;
 
-pub fn futex_wait(word: &AtomicU32, expected: u32) {
-    let _ =
-        rustix::thread::futex::wait(word, rustix::thread::futex::Flags::empty(), expected, None);
+pub fn futex_wake(word: &AtomicU32) {
+    futex_wake_as(word, false);
 }
 
-pub fn futex_wake(word: &AtomicU32) {
-    let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
+/// `FUTEX_PRIVATE_FLAG` where `private`: the kernel keys the word by (process, address),
+/// without looking its page up; only threads of one process can meet on such a word. A
+/// shared futex in a shared-memory page is keyed by the file's inode and the page's offset,
+/// found through the page on every wait and every wake.
+fn flags(private: bool) -> rustix::thread::futex::Flags {
+    if private {
+        rustix::thread::futex::Flags::PRIVATE
+    } else {
+        rustix::thread::futex::Flags::empty()
+    }
+}
+
+pub fn futex_wait_as(word: &AtomicU32, expected: u32, private: bool) {
+    let _ = rustix::thread::futex::wait(word, flags(private), expected, None);
+}
+
+pub fn futex_wake_as(word: &AtomicU32, private: bool) {
+    let _ = rustix::thread::futex::wake(word, flags(private), 1);
+}
+
+/// One turn of the raw futex ping-pong, from the side that pings: stores `seq` in `ping`,
+/// wakes its sleeper, and sleeps until `pong` says `seq`.
+pub fn futex_turn(ping: &AtomicU32, pong: &AtomicU32, seq: u32, private: bool) {
+    // Release/Acquire: the handshake itself is what is measured (partner: `futex_answer`).
+    ping.store(seq, Ordering::Release);
+    futex_wake_as(ping, private);
+    loop {
+        let v = pong.load(Ordering::Acquire);
+        if v == seq {
+            return;
+        }
+        futex_wait_as(pong, v, private);
+    }
+}
+
+/// The side that answers: sleeps on `ping`, runs `carry` with each new value, answers it
+/// on `pong` and wakes; returns when `ping` says `u32::MAX`.
+pub fn futex_answer(ping: &AtomicU32, pong: &AtomicU32, private: bool, mut carry: impl FnMut(u32)) {
+    let mut last = 0;
+    loop {
+        // Acquire/Release: the handshake itself is what is measured (partner: `futex_turn`).
+        let v = ping.load(Ordering::Acquire);
+        if v == last {
+            futex_wait_as(ping, last, private);
+            continue;
+        }
+        if v == u32::MAX {
+            return;
+        }
+        last = v;
+        carry(v);
+        pong.store(v, Ordering::Release);
+        futex_wake_as(pong, private);
+    }
 }
 
 /// The two-atomic floor's peer: answers each `ping` with the same `pong`, spinning.
@@ -112,23 +163,10 @@ pub fn floor_descriptor_peer(name: &str) {
 pub fn floor_futex_peer(name: &str, carry: bool) {
     let map = FloorMap::open(name);
     let f = map.get();
-    let mut last = 0;
-    loop {
-        // Acquire/Release: the handshake itself is what is measured.
-        let v = f.ping32.0.load(Ordering::Acquire);
-        if v == last {
-            futex_wait(&f.ping32.0, last);
-            continue;
-        }
-        if v == u32::MAX {
-            return;
-        }
-        last = v;
+    futex_answer(&f.ping32.0, &f.pong32.0, false, |v| {
         if carry {
             let d = f.ping_cell.recv(v.into());
             f.pong_cell.send(d, v.into());
         }
-        f.pong32.0.store(v, Ordering::Release);
-        futex_wake(&f.pong32.0);
-    }
+    });
 }
