@@ -302,13 +302,19 @@ fn raw_copies(
 }
 
 /// Returns once `e` (recorded) has completed, polling it as [`Done::PollingThread`] says.
+/// (The lanes' schedule, written out here: this row runs the driver calls without gpuring.)
 fn poll(e: sys::CUevent) {
     let t = Instant::now();
-    // SAFETY: a live event, recorded.
-    while unsafe { sys::cuEventQuery(e) } == sys::CUresult::CUDA_ERROR_NOT_READY {
+    loop {
+        // SAFETY: a live event, recorded.
+        match unsafe { sys::cuEventQuery(e) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => {}
+            r => return ok(r), // done, or a failure said as such
+        }
         let waited = t.elapsed();
         if waited >= Duration::from_micros(20) {
-            std::thread::sleep((waited / 8).min(Duration::from_millis(1)));
+            let nap = (waited / 8).clamp(Duration::from_micros(4), Duration::from_millis(1));
+            std::thread::sleep(nap);
             continue;
         }
         while t.elapsed() < waited + Duration::from_nanos(500) {
