@@ -20,10 +20,13 @@
 //! - `gpu_driver_calls`: what each driver call on the hot path costs the calling thread
 //!   (64 calls, then a synchronize outside the timing), in this process's own context.
 //! - `gpu_stream_values`: the experiment of issue 17 part 3, ordering the consumer's stream
-//!   on the producer's with stream memory operations (`cuStreamWriteValue64` /
-//!   `cuStreamWaitValue64` on words in the producer's device memory) instead of
-//!   interprocess events; ping-pong and stream, as the two raw event rows. Last, and
-//!   skipped where the device lacks 64-bit stream memory operations.
+//!   on the producer's with stream memory operations instead of interprocess events;
+//!   ping-pong and stream, as the two raw event rows, in three forms ([`Order`]): the
+//!   producer's stream writes a word in host shared memory and the consumer's CPU waits
+//!   for it before it enqueues (`host_words`: no stream ever waits on a value); the
+//!   consumer's stream waits on such a host word (`host_values`); the consumer's stream
+//!   waits on a word in the producer's device memory (`stream_values`). Last, and skipped
+//!   where the device lacks 64-bit stream memory operations.
 
 mod common;
 
@@ -40,15 +43,166 @@ use gpuring::{Channel, Cuda, Sender, TensorMeta, WaitPolicy, cuda};
 const STOP: u64 = u64::MAX;
 const SPIN: WaitPolicy = WaitPolicy::spin_then_sleep(u32::MAX, 0);
 
-/// The floor's shared page: the two signal words, then the IPC handles B opens.
+/// The floor's shared page: the two signal words, the two host words (written by the
+/// GPUs, [`Order::HostValues`] and [`Order::HostWords`]), then the IPC handles B opens.
 #[repr(C, align(128))]
 struct FloorPage {
     ping: AtomicU64,
     _pad0: [u64; 15],
     pong: AtomicU64,
     _pad1: [u64; 15],
+    words: HostWords,
     // Memory handles of A's and B's buffers, and the event handles A→B and B→A.
     handles: [[AtomicU64; 8]; 4],
+}
+
+/// The ready and the release word in host shared memory, each on a line of its own.
+#[repr(C, align(128))]
+struct HostWords {
+    ready: AtomicU64,
+    _pad0: [u64; 15],
+    release: AtomicU64,
+    _pad1: [u64; 15],
+}
+
+/// How a raw protocol orders the consumer's stream on the producer's (and the producer's
+/// reuse of a slot on the consumer's reads).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Order {
+    /// A ready and a release interprocess event (gpuring's protocol).
+    Events,
+    /// `cuStreamWriteValue64` after the writes, `cuStreamWaitValue64` (≥) on the other
+    /// stream before the reads, on words in the producer's device memory.
+    DeviceValues,
+    /// The same, on the page's [`HostWords`], pinned and mapped for the device in each
+    /// process.
+    HostValues,
+    /// The producer's stream writes the page's ready word (`cuStreamWriteValue64`); the
+    /// consumer's CPU waits until it has the sequence, then enqueues its reads, after
+    /// which its stream writes the release word, which the producer's CPU waits for
+    /// before it reuses the slot. Streams write values and never wait on one.
+    HostWords,
+}
+
+impl Order {
+    fn tag(self) -> &'static str {
+        match self {
+            Order::Events => "events",
+            Order::DeviceValues => "values",
+            Order::HostValues => "host-values",
+            Order::HostWords => "host-words",
+        }
+    }
+
+    fn from_tag(tag: &str) -> Self {
+        [Order::Events, Order::DeviceValues, Order::HostValues, Order::HostWords]
+            .into_iter()
+            .find(|o| o.tag() == tag)
+            .unwrap_or_else(|| panic!("unknown order {tag}"))
+    }
+
+    /// The row's name: `floor_<kind>_<suffix>`.
+    fn row(self, suffix: &str) -> String {
+        let kind = match self {
+            Order::Events => "ipc_events",
+            Order::DeviceValues => "stream_values",
+            Order::HostValues => "host_values",
+            Order::HostWords => "host_words",
+        };
+        format!("floor_{kind}_{suffix}")
+    }
+}
+
+/// Where a protocol's ready and release words are, as this process's device sees them.
+struct Words {
+    order: Order,
+    ready: sys::CUdeviceptr,
+    release: sys::CUdeviceptr,
+    _mapped: Option<DeviceMapped>,
+}
+
+impl Words {
+    /// The words of `order`: in the producer's buffer `buf` (as this process addresses
+    /// it), or `host`, pinned and mapped for the device here (its page starts at `page`,
+    /// `len` bytes).
+    fn new(order: Order, buf: sys::CUdeviceptr, host: &HostWords, page: (*mut u8, usize)) -> Self {
+        match order {
+            Order::Events | Order::DeviceValues => {
+                Self { order, ready: buf + READY, release: buf + RELEASE, _mapped: None }
+            }
+            Order::HostValues | Order::HostWords => {
+                let mapped = DeviceMapped::new(page.0, page.1);
+                let at = |w: &AtomicU64| mapped.device + (w.as_ptr() as u64 - page.0 as u64);
+                let (ready, release) = (at(&host.ready), at(&host.release));
+                Self { order, ready, release, _mapped: Some(mapped) }
+            }
+        }
+    }
+
+    /// Enqueues on `s` the signal that the work before it is done: `v` into `word`
+    /// (`ready` or `release`), or `event` recorded.
+    fn signal(&self, word: sys::CUdeviceptr, event: sys::CUevent, v: u64, s: &CudaStream) {
+        match self.order {
+            Order::Events => record(event, s),
+            _ => write_value(word, v, s),
+        }
+    }
+
+    /// Orders what `s` does next after the signal `v` of `word` (`event`): a stream wait,
+    /// or (host words) this CPU waiting for `host` to reach `v`, with `peer` watched.
+    fn wait(
+        &self,
+        word: sys::CUdeviceptr,
+        host: &AtomicU64,
+        event: sys::CUevent,
+        v: u64,
+        s: &CudaStream,
+        peer: Option<&mut common::Peer>,
+    ) -> Result<(), String> {
+        match self.order {
+            Order::Events => wait_event(event, s),
+            Order::DeviceValues | Order::HostValues => wait_value(word, v, s),
+            // Acquire: pairs with the other GPU's write of the word (a system-scope fence
+            // before it: the writes ordered before it are visible once it is).
+            Order::HostWords => match peer {
+                Some(peer) => spin_until(peer, "host word", || host.load(Ordering::Acquire) >= v)?,
+                None => {
+                    while host.load(Ordering::Acquire) < v {
+                        std::hint::spin_loop();
+                    }
+                }
+            },
+        }
+        Ok(())
+    }
+}
+
+/// A host range pinned and mapped for the device (`cuMemHostRegister`, portable and
+/// device-mapped); unregistered on drop.
+struct DeviceMapped {
+    host: *mut u8,
+    device: sys::CUdeviceptr,
+}
+
+impl DeviceMapped {
+    fn new(host: *mut u8, len: usize) -> Self {
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: `host` is a page-aligned shared mapping of `len` bytes (whole pages) that
+        // outlives self (self is dropped before the page).
+        ok(unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) });
+        let mut device = 0;
+        // SAFETY: registered just above; out-pointer valid.
+        ok(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) });
+        Self { host, device }
+    }
+}
+
+impl Drop for DeviceMapped {
+    fn drop(&mut self) {
+        // SAFETY: registered in `new`; no stream of ours uses it any more (the benches
+        // synchronise, or their peer has stopped, before their words go).
+        let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
+    }
 }
 
 /// Slots of the raw streams (as the gpuring stream's pool).
@@ -60,14 +214,17 @@ const READY: u64 = FLAGS;
 const RELEASE: u64 = FLAGS + 256;
 
 /// The raw streams' shared page: the producer's head (last sequence published), the
-/// consumer's acknowledgement (last sequence released), then the handles B opens: the
-/// buffer, and per slot the ready and release events.
+/// consumer's acknowledgement (last sequence released) and its word saying it is set up,
+/// the host words, then the handles B opens: the buffer, and per slot the ready and
+/// release events.
 #[repr(C, align(128))]
 struct StreamPage {
     head: AtomicU64,
     _pad0: [u64; 15],
     acked: AtomicU64,
-    _pad1: [u64; 15],
+    up: AtomicU64,
+    _pad1: [u64; 14],
+    words: HostWords,
     mem: [AtomicU64; 8],
     ready: [[AtomicU64; 8]; STREAM_SLOTS],
     release: [[AtomicU64; 8]; STREAM_SLOTS],
@@ -215,12 +372,13 @@ fn run_peer(role: &str) {
     let name = std::env::var(NAME).unwrap();
     let (ctx, s) = setup_on(peer_device());
     match role {
-        "floor" | "floor-values" => {
+        role if role.starts_with("floor-") => {
+            let order = Order::from_tag(&role["floor-".len()..]);
             let page = SharedPage::<FloorPage>::open(&name);
             let p = page.get();
             let (a_buf, b_buf) = (open_mem(&p.handles[0]), open_mem(&p.handles[1]));
-            let events = role == "floor";
-            let (a_to_b, b_to_a) = if events {
+            let words = Words::new(order, a_buf, &p.words, page.mapping());
+            let (a_to_b, b_to_a) = if order == Order::Events {
                 (open_event(&p.handles[2]), open_event(&p.handles[3]))
             } else {
                 (std::ptr::null_mut(), std::ptr::null_mut())
@@ -234,38 +392,35 @@ fn run_peer(role: &str) {
                     continue;
                 }
                 if v == STOP {
+                    s.synchronize().unwrap();
                     return;
                 }
                 last = v;
-                if events {
-                    wait_event(a_to_b, &s);
-                } else {
-                    wait_value(a_buf + READY, v, &s);
-                }
+                words.wait(words.ready, &p.words.ready, a_to_b, v, &s, None).unwrap();
                 copy_word(b_buf, a_buf, &s);
-                if events {
-                    record(b_to_a, &s);
-                } else {
-                    write_value(a_buf + RELEASE, v, &s);
-                }
+                words.signal(words.release, b_to_a, v, &s);
                 p.pong.store(v, Ordering::Release);
             }
         }
-        "stream-events" | "stream-values" => {
+        role if role.starts_with("stream-") => {
+            let order = Order::from_tag(&role["stream-".len()..]);
             let page = SharedPage::<StreamPage>::open(&name);
             let p = page.get();
             let buf = open_mem(&p.mem);
-            let events = role == "stream-events";
-            let (ready, release): (Vec<_>, Vec<_>) = if events {
+            let words = Words::new(order, buf, &p.words, page.mapping());
+            let (ready, release): (Vec<_>, Vec<_>) = if order == Order::Events {
                 p.ready.iter().zip(&p.release).map(|(r, l)| (open_event(r), open_event(l))).unzip()
             } else {
-                (Vec::new(), Vec::new())
+                (vec![std::ptr::null_mut(); STREAM_SLOTS], vec![std::ptr::null_mut(); STREAM_SLOTS])
             };
+            // Release: pairs with the producer's Acquire load before its probe's clock.
+            p.up.store(1, Ordering::Release);
             let mut next = 1u64;
             loop {
                 // Acquire: pairs with the producer's Release store of `head`.
                 let head = p.head.load(Ordering::Acquire);
                 if head == STOP {
+                    s.synchronize().unwrap();
                     return;
                 }
                 if next > head {
@@ -274,13 +429,8 @@ fn run_peer(role: &str) {
                 }
                 while next <= head {
                     let i = next as usize % STREAM_SLOTS;
-                    if events {
-                        wait_event(ready[i], &s);
-                        record(release[i], &s);
-                    } else {
-                        wait_value(buf + READY, next, &s);
-                        write_value(buf + RELEASE, next, &s);
-                    }
+                    words.wait(words.ready, &p.words.ready, ready[i], next, &s, None).unwrap();
+                    words.signal(words.release, release[i], next, &s);
                     // Release: pairs with the producer's Acquire load before reuse.
                     p.acked.store(next, Ordering::Release);
                     next += 1;
@@ -338,49 +488,42 @@ fn stop(tx: &Sender<Cuda>, s: &Arc<CudaStream>, peer: common::Peer) {
 
 type Group<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
 
-/// The raw ping-pong: A's word goes to B's stream and back, ordered by IPC events
-/// (`events`) or by stream-value words in A's buffer, signalled through a spinning shared
-/// word, every handle opened once up front.
-fn floor(g: &mut Group<'_>, events: bool) {
+/// The raw ping-pong: A's word goes to B's stream and back, ordered as `order` says,
+/// signalled through a spinning shared word, every handle opened once up front.
+fn floor(g: &mut Group<'_>, order: Order) {
     let (_ctx, s) = setup();
     let name = format!("/{}", unique("gpufloor"));
     let page = SharedPage::<FloorPage>::create(&name);
     let p = page.get();
     let (a_buf, b_buf) = (alloc_buffer(&s), alloc_buffer(&s));
+    let words = Words::new(order, a_buf, &p.words, page.mapping());
     let (a_to_b, b_to_a) = (ipc_event(), ipc_event());
     export_mem(a_buf, &p.handles[0]);
     export_mem(b_buf, &p.handles[1]);
     export_event(a_to_b, &p.handles[2]);
     export_event(b_to_a, &p.handles[3]);
-    let mut peer = peer(if events { "floor" } else { "floor-values" }, &name, 0, false);
+    let mut peer = peer(&format!("floor-{}", order.tag()), &name, 0, false);
     let mut seq = 0u64;
-    let id = if events { "floor_ipc_events_spin" } else { "floor_stream_values_spin" };
-    g.bench_function(id, |b| {
+    let id = order.row("spin");
+    g.bench_function(&id, |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
                 seq += 1;
                 memset(a_buf, seq as u32, &s);
-                if events {
-                    record(a_to_b, &s);
-                } else {
-                    write_value(a_buf + READY, seq, &s);
-                }
+                words.signal(words.ready, a_to_b, seq, &s);
                 p.ping.store(seq, Ordering::Release);
                 // Acquire: pairs with the peer's Release store of `pong`.
-                spin_until(&mut peer, id, || p.pong.load(Ordering::Acquire) == seq).unwrap();
-                if events {
-                    wait_event(b_to_a, &s);
-                } else {
-                    wait_value(a_buf + RELEASE, seq, &s);
-                }
+                spin_until(&mut peer, &id, || p.pong.load(Ordering::Acquire) == seq).unwrap();
+                let release = &p.words.release;
+                words.wait(words.release, release, b_to_a, seq, &s, Some(&mut peer)).unwrap();
                 assert_eq!(read_word(b_buf, &s), seq as u32);
             }
             t.elapsed() / 2
         })
     });
     p.ping.store(STOP, Ordering::Release);
-    std::thread::sleep(Duration::from_millis(50));
+    peer.finish();
 }
 
 fn gpuring_ping_pong(g: &mut Group<'_>) {
@@ -412,72 +555,72 @@ fn gpuring_ping_pong(g: &mut Group<'_>) {
 }
 
 /// The raw stream: 64 slots of one buffer, A writes a word into each and publishes it
-/// (`head`), B's stream waits for it and releases it (`acked`); A reuses a slot once B
-/// released it, its stream waiting for B's. Ordered by a ready and a release IPC event per
-/// slot (`events`, the protocol of a gpuring channel with nothing else), or by the two
-/// stream-value words.
+/// (`head`), B orders its stream after it and releases it (`acked`); A reuses a slot once B
+/// released it, ordered after B's release. Ordered as `order` says: by a ready and a
+/// release IPC event per slot ([`Order::Events`], the protocol of a gpuring channel with
+/// nothing else), or by the two words.
 ///
-/// A probe runs first: 20,000 items, then A's stream waits for the last release and A
-/// synchronises, so its figure includes all the GPU work (criterion's rows, like gpuring's
-/// stream row, time until B has released every item, which the GPU bounds only through
-/// the depth of the driver's queues). A watchdog ends the whole run, peer included, when
-/// the probe stalls, even inside a driver call that never returns; the row is then
-/// reported as stalled and not measured.
-fn raw_stream(g: &mut Group<'_>, events: bool) {
+/// A probe runs first, once B is set up: 20,000 items, then A waits for the last release
+/// and synchronises, so its figure includes all the GPU work (criterion's rows, like
+/// gpuring's stream row, time until B has released every item, which with stream waits
+/// the GPU bounds only through the depth of the driver's queues). A watchdog ends the
+/// whole run, peer included, when the probe stalls, even inside a driver call that never
+/// returns; the row is then reported as stalled and not measured. Another watches the
+/// synchronise after the row.
+fn raw_stream(g: &mut Group<'_>, order: Order) {
     let (_ctx, s) = setup();
     let name = format!("/{}", unique("gpurawstream"));
     let page = SharedPage::<StreamPage>::create(&name);
     let p = page.get();
     let buf = alloc_buffer(&s);
+    let words = Words::new(order, buf, &p.words, page.mapping());
     export_mem(buf, &p.mem);
     let (mut ready, mut release) = (Vec::new(), Vec::new());
-    if events {
-        for i in 0..STREAM_SLOTS {
+    for i in 0..STREAM_SLOTS {
+        if order == Order::Events {
             let (r, l) = (ipc_event(), ipc_event());
             export_event(r, &p.ready[i]);
             export_event(l, &p.release[i]);
             ready.push(r);
             release.push(l);
+        } else {
+            ready.push(std::ptr::null_mut());
+            release.push(std::ptr::null_mut());
         }
     }
-    let role = if events { "stream-events" } else { "stream-values" };
-    let mut peer = peer(role, &name, 0, false);
-    let id = if events { "floor_ipc_events_stream" } else { "floor_stream_values_stream" };
+    let mut peer = peer(&format!("stream-{}", order.tag()), &name, 0, false);
+    let id = order.row("stream");
     let mut seq = 0u64;
+    // Waits until B has released item `v` (its slot's last use), and orders what `s` does
+    // next after B's release.
+    let released = |v: u64, peer: &mut common::Peer| -> Result<(), String> {
+        // Acquire: pairs with the peer's Release store of `acked`.
+        spin_until(peer, &id, || p.acked.load(Ordering::Acquire) >= v)?;
+        let i = v as usize % STREAM_SLOTS;
+        words.wait(words.release, &p.words.release, release[i], v, &s, Some(peer))
+    };
     // Publishes item `seq + 1`.
     let send = |seq: &mut u64, peer: &mut common::Peer| -> Result<(), String> {
         *seq += 1;
         let i = *seq as usize % STREAM_SLOTS;
         if *seq > STREAM_SLOTS as u64 {
-            let reuse = *seq - STREAM_SLOTS as u64;
-            // Acquire: pairs with the peer's Release store of `acked`.
-            spin_until(peer, id, || p.acked.load(Ordering::Acquire) >= reuse)?;
-            if events {
-                wait_event(release[i], &s);
-            } else {
-                wait_value(buf + RELEASE, reuse, &s);
-            }
+            released(*seq - STREAM_SLOTS as u64, peer)?;
         }
         memset(buf + (i as u64) * 4096, *seq as u32, &s);
-        if events {
-            record(ready[i], &s);
-        } else {
-            write_value(buf + READY, *seq, &s);
-        }
+        words.signal(words.ready, ready[i], *seq, &s);
         // Release: pairs with the peer's Acquire load of `head`.
         p.head.store(*seq, Ordering::Release);
         Ok(())
     };
     const PROBE: u64 = 20_000;
-    let watchdog = Watchdog::start(peer.0.id(), &name, id, Duration::from_secs(30));
+    // The peer's start (its context, its imports) is not the probe's to time. Acquire:
+    // pairs with the peer's Release store of `up`.
+    spin_until(&mut peer, &id, || p.up.load(Ordering::Acquire) == 1).unwrap();
+    let watchdog =
+        Watchdog::start(peer.0.id(), &name, order.row("stream"), Duration::from_secs(30));
     let t = Instant::now();
     let probe = (0..PROBE).try_for_each(|_| send(&mut seq, &mut peer)).and_then(|()| {
-        spin_until(&mut peer, id, || p.acked.load(Ordering::Acquire) == seq)?;
-        if events {
-            wait_event(release[seq as usize % STREAM_SLOTS], &s);
-        } else {
-            wait_value(buf + RELEASE, seq, &s);
-        }
+        released(seq, &mut peer)?;
         s.synchronize().map_err(|e| format!("{id}: synchronize: {e:?}"))
     });
     let spent = t.elapsed();
@@ -493,31 +636,35 @@ fn raw_stream(g: &mut Group<'_>, events: bool) {
             return;
         }
     }
-    g.bench_function(id, |b| {
+    g.bench_function(&id, |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
                 send(&mut seq, &mut peer).unwrap();
             }
-            spin_until(&mut peer, id, || p.acked.load(Ordering::Acquire) == seq).unwrap();
+            // Acquire: pairs with the peer's Release store of `acked`.
+            spin_until(&mut peer, &id, || p.acked.load(Ordering::Acquire) == seq).unwrap();
             t.elapsed()
         })
     });
     p.head.store(STOP, Ordering::Release);
-    std::thread::sleep(Duration::from_millis(50));
+    let watchdog = Watchdog::start(peer.0.id(), &name, id.clone(), Duration::from_secs(30));
+    s.synchronize().unwrap();
+    watchdog.stop();
+    peer.finish();
 }
 
 /// Ends the process (killing `peer`, unlinking the page `page`) when not stopped within
-/// `limit`: for a probe that may stall inside a driver call.
+/// `limit`: for a probe, or a synchronise, that may stall inside a driver call.
 struct Watchdog(std::sync::mpsc::Sender<()>);
 
 impl Watchdog {
-    fn start(peer: u32, page: &str, what: &'static str, limit: Duration) -> Self {
+    fn start(peer: u32, page: &str, what: String, limit: Duration) -> Self {
         let (tx, rx) = std::sync::mpsc::channel();
         let page = page.to_owned();
         std::thread::spawn(move || {
             if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-                println!("{what}: probe STALLED for {limit:?} (a driver call does not return)");
+                println!("{what}: STALLED for {limit:?} (a driver call does not return)");
                 let _ = std::process::Command::new("kill").args(["-9", &peer.to_string()]).status();
                 let _ = rustix::shm::unlink(page.as_str());
                 std::process::exit(3);
@@ -596,6 +743,11 @@ fn driver_calls(c: &mut Criterion, values: bool) {
     if values {
         case("cuStreamWriteValue64", &|| write_value(buf + READY, 1, &s));
         case("cuStreamWaitValue64_met", &|| wait_value(buf + READY, 1, &s));
+        let page = SharedPage::<HostWords>::create(&format!("/{}", unique("gpuwords")));
+        let mapped = DeviceMapped::new(page.mapping().0, page.mapping().1);
+        case("cuStreamWriteValue64_host_word", &|| write_value(mapped.device, 1, &s));
+        case("cuStreamWaitValue64_host_word_met", &|| wait_value(mapped.device, 1, &s));
+        s.synchronize().unwrap();
     }
     g.finish();
 }
@@ -623,23 +775,30 @@ fn main() {
         .configure_from_args();
     {
         let mut g = c.benchmark_group("gpu_handoff_one_way");
-        floor(&mut g, true);
+        floor(&mut g, Order::Events);
         gpuring_ping_pong(&mut g);
         g.finish();
     }
     {
         let mut g = c.benchmark_group("gpu_stream");
         g.throughput(Throughput::Elements(1));
-        raw_stream(&mut g, true);
+        raw_stream(&mut g, Order::Events);
         gpuring_stream(&mut g);
         g.finish();
     }
     driver_calls(&mut c, values);
     if values {
+        // Stream waits on device words last: the form that once stalled (a stalled probe
+        // ends the run).
+        let orders = [Order::HostWords, Order::HostValues, Order::DeviceValues];
         let mut g = c.benchmark_group("gpu_stream_values");
-        floor(&mut g, false);
+        for order in orders {
+            floor(&mut g, order);
+        }
         g.throughput(Throughput::Elements(1));
-        raw_stream(&mut g, false);
+        for order in orders {
+            raw_stream(&mut g, order);
+        }
         g.finish();
     } else {
         println!("gpu_stream_values: skipped (no 64-bit stream memory operations here)");

@@ -12,6 +12,7 @@
 #
 # Bench logs go to $OUT (default /tmp/out). COMPARE="bench-gpu-x ..." also runs those
 # staged bench binaries' gpuring rows after each setup's bench (an earlier build, say).
+# BENCH_ONLY=1 runs the bench alone in each setup (no tests, no demo).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 which=${1:-all}
@@ -26,13 +27,15 @@ run_setup() {
   local tag=$1 peer=$2
   echo "######## $tag"
   export GPURING_TEST_PEER_DEVICE=$peer GPURING_BENCH_PEER_DEVICE=$peer
-  if [ "$peer" = 0 ]; then
-    timeout 120 .gpu/bin/test-cli --include-ignored gpu_ 2>&1 | grep -E "MPS daemon|^test |result"
-  fi
-  timeout 240 .gpu/bin/test-gpu --include-ignored 2>&1 | grep -E "^test result|FAILED|panicked|on device"
-  timeout 120 .gpu/bin/test-pinned --include-ignored 2>&1 | grep -E "^test result|FAILED|panicked"
-  if [ "$peer" = 0 ]; then
-    timeout 120 .gpu/bin/gpuring demo 2>&1 | tail -7
+  if [ -z "${BENCH_ONLY:-}" ]; then
+    if [ "$peer" = 0 ]; then
+      timeout 120 .gpu/bin/test-cli --include-ignored gpu_ 2>&1 | grep -E "MPS daemon|^test |result"
+    fi
+    timeout 240 .gpu/bin/test-gpu --include-ignored 2>&1 | grep -E "^test result|FAILED|panicked|on device"
+    timeout 120 .gpu/bin/test-pinned --include-ignored 2>&1 | grep -E "^test result|FAILED|panicked"
+    if [ "$peer" = 0 ]; then
+      timeout 120 .gpu/bin/gpuring demo 2>&1 | tail -7
+    fi
   fi
   GPURING_BENCH_CPUS=$cpus timeout 240 .gpu/bin/bench-gpu --bench >"$out/bench-gpu-$tag.log" 2>&1
   echo "bench-gpu: exit $?"

@@ -122,6 +122,11 @@ impl<T> SharedPage<T> {
         }
     }
 
+    /// The mapping: its first byte and its length (whole pages).
+    pub fn mapping(&self) -> (*mut u8, usize) {
+        (self.ptr.cast(), Self::LEN)
+    }
+
     /// The shared value.
     pub fn get(&self) -> &T {
         // SAFETY: mapped for the life of self, page aligned; T is atomics only, and zeroed
