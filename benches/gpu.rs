@@ -21,12 +21,13 @@
 //!   (64 calls, then a synchronize outside the timing), in this process's own context.
 //! - `gpu_stream_values`: the experiment of issue 17 part 3, ordering the consumer's stream
 //!   on the producer's with stream memory operations instead of interprocess events;
-//!   ping-pong and stream, as the two raw event rows, in three forms ([`Order`]): the
+//!   ping-pong and stream, as the two raw event rows, in four forms ([`Order`]): the
 //!   producer's stream writes a word in host shared memory and the consumer's CPU waits
 //!   for it before it enqueues (`host_words`: no stream ever waits on a value); the
 //!   consumer's stream waits on such a host word (`host_values`); the consumer's stream
-//!   waits on a word in the producer's device memory (`stream_values`). Last, and skipped
-//!   where the device lacks 64-bit stream memory operations.
+//!   waits on a word in the producer's device memory (`stream_values`); a host ready word
+//!   with release events (`host_ready`: what a gpuring channel ordered that way would
+//!   do). Last, and skipped where the device lacks 64-bit stream memory operations.
 
 mod common;
 
@@ -82,6 +83,11 @@ enum Order {
     /// which its stream writes the release word, which the producer's CPU waits for
     /// before it reuses the slot. Streams write values and never wait on one.
     HostWords,
+    /// [`HostWords`](Order::HostWords) for the ready side, a release IPC event per slot
+    /// for the other, with gpuring's two skips: the consumer records it unless its stream
+    /// is idle, the producer's stream waits on it unless a query says it completed. What a
+    /// gpuring channel ordered by a host ready word would do.
+    HostReady,
 }
 
 impl Order {
@@ -91,11 +97,12 @@ impl Order {
             Order::DeviceValues => "values",
             Order::HostValues => "host-values",
             Order::HostWords => "host-words",
+            Order::HostReady => "host-ready",
         }
     }
 
     fn from_tag(tag: &str) -> Self {
-        [Order::Events, Order::DeviceValues, Order::HostValues, Order::HostWords]
+        [Order::Events, Order::DeviceValues, Order::HostValues, Order::HostWords, Order::HostReady]
             .into_iter()
             .find(|o| o.tag() == tag)
             .unwrap_or_else(|| panic!("unknown order {tag}"))
@@ -108,6 +115,7 @@ impl Order {
             Order::DeviceValues => "stream_values",
             Order::HostValues => "host_values",
             Order::HostWords => "host_words",
+            Order::HostReady => "host_ready",
         };
         format!("floor_{kind}_{suffix}")
     }
@@ -130,7 +138,7 @@ impl Words {
             Order::Events | Order::DeviceValues => {
                 Self { order, ready: buf + READY, release: buf + RELEASE, _mapped: None }
             }
-            Order::HostValues | Order::HostWords => {
+            Order::HostValues | Order::HostWords | Order::HostReady => {
                 let mapped = DeviceMapped::new(page.0, page.1);
                 let at = |w: &AtomicU64| mapped.device + (w.as_ptr() as u64 - page.0 as u64);
                 let (ready, release) = (at(&host.ready), at(&host.release));
@@ -142,9 +150,23 @@ impl Words {
     /// Enqueues on `s` the signal that the work before it is done: `v` into `word`
     /// (`ready` or `release`), or `event` recorded.
     fn signal(&self, word: sys::CUdeviceptr, event: sys::CUevent, v: u64, s: &CudaStream) {
-        match self.order {
+        match self.side(word) {
             Order::Events => record(event, s),
+            // SAFETY: the caller's live stream.
+            Order::HostReady => match unsafe { sys::cuStreamQuery(s.cu_stream()) } {
+                sys::CUresult::CUDA_SUCCESS => {}
+                _ => record(event, s),
+            },
             _ => write_value(word, v, s),
+        }
+    }
+
+    /// How `word`'s side is ordered: as the protocol says, but for [`Order::HostReady`],
+    /// whose ready side is [`Order::HostWords`] (its release side answers `HostReady`).
+    fn side(&self, word: sys::CUdeviceptr) -> Order {
+        match self.order {
+            Order::HostReady if word == self.ready => Order::HostWords,
+            order => order,
         }
     }
 
@@ -159,8 +181,13 @@ impl Words {
         s: &CudaStream,
         peer: Option<&mut common::Peer>,
     ) -> Result<(), String> {
-        match self.order {
+        match self.side(word) {
             Order::Events => wait_event(event, s),
+            // SAFETY: a live event.
+            Order::HostReady => match unsafe { sys::cuEventQuery(event) } {
+                sys::CUresult::CUDA_SUCCESS => {}
+                _ => wait_event(event, s),
+            },
             Order::DeviceValues | Order::HostValues => wait_value(word, v, s),
             // Acquire: pairs with the other GPU's write of the word (a system-scope fence
             // before it: the writes ordered before it are visible once it is).
@@ -378,7 +405,7 @@ fn run_peer(role: &str) {
             let p = page.get();
             let (a_buf, b_buf) = (open_mem(&p.handles[0]), open_mem(&p.handles[1]));
             let words = Words::new(order, a_buf, &p.words, page.mapping());
-            let (a_to_b, b_to_a) = if order == Order::Events {
+            let (a_to_b, b_to_a) = if matches!(order, Order::Events | Order::HostReady) {
                 (open_event(&p.handles[2]), open_event(&p.handles[3]))
             } else {
                 (std::ptr::null_mut(), std::ptr::null_mut())
@@ -408,11 +435,19 @@ fn run_peer(role: &str) {
             let p = page.get();
             let buf = open_mem(&p.mem);
             let words = Words::new(order, buf, &p.words, page.mapping());
-            let (ready, release): (Vec<_>, Vec<_>) = if order == Order::Events {
-                p.ready.iter().zip(&p.release).map(|(r, l)| (open_event(r), open_event(l))).unzip()
-            } else {
-                (vec![std::ptr::null_mut(); STREAM_SLOTS], vec![std::ptr::null_mut(); STREAM_SLOTS])
-            };
+            let (ready, release): (Vec<_>, Vec<_>) =
+                if matches!(order, Order::Events | Order::HostReady) {
+                    p.ready
+                        .iter()
+                        .zip(&p.release)
+                        .map(|(r, l)| (open_event(r), open_event(l)))
+                        .unzip()
+                } else {
+                    (
+                        vec![std::ptr::null_mut(); STREAM_SLOTS],
+                        vec![std::ptr::null_mut(); STREAM_SLOTS],
+                    )
+                };
             // Release: pairs with the producer's Acquire load before its probe's clock.
             p.up.store(1, Ordering::Release);
             let mut next = 1u64;
@@ -577,7 +612,7 @@ fn raw_stream(g: &mut Group<'_>, order: Order) {
     export_mem(buf, &p.mem);
     let (mut ready, mut release) = (Vec::new(), Vec::new());
     for i in 0..STREAM_SLOTS {
-        if order == Order::Events {
+        if matches!(order, Order::Events | Order::HostReady) {
             let (r, l) = (ipc_event(), ipc_event());
             export_event(r, &p.ready[i]);
             export_event(l, &p.release[i]);
@@ -790,7 +825,7 @@ fn main() {
     if values {
         // Stream waits on device words last: the form that once stalled (a stalled probe
         // ends the run).
-        let orders = [Order::HostWords, Order::HostValues, Order::DeviceValues];
+        let orders = [Order::HostWords, Order::HostReady, Order::HostValues, Order::DeviceValues];
         let mut g = c.benchmark_group("gpu_stream_values");
         for order in orders {
             floor(&mut g, order);
