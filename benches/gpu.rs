@@ -13,10 +13,11 @@
 //!
 //! Groups:
 //! - `gpu_handoff_one_way`: the raw floor (IPC events, handles opened once, a spinning
-//!   shared word) and gpuring SPSC, ping-pong.
+//!   shared word) and gpuring SPSC, ping-pong: with ready events, and (`_host_flags`, where
+//!   the device has 64-bit stream memory operations) with host ready flags.
 //! - `gpu_stream`: the raw event stream (the same protocol as a gpuring channel with
 //!   nothing else: 64 slots, a ready and a release IPC event per slot, a shared head and
-//!   acknowledgement word) and gpuring SPSC, one way.
+//!   acknowledgement word) and gpuring SPSC, one way, with either signal.
 //! - `gpu_driver_calls`: what each driver call on the hot path costs the calling thread
 //!   (64 calls, then a synchronize outside the timing), in this process's own context.
 //! - `gpu_stream_values`: the experiment of issue 17 part 3, ordering the consumer's stream
@@ -39,7 +40,7 @@ use common::cuda::{ok, peer_device, setup, setup_on};
 use common::{NAME, PEER, SharedPage, cpus, peer, peer_index, pin, unique};
 use criterion::{Criterion, Throughput};
 use cudarc::driver::{CudaStream, result, sys};
-use gpuring::{Channel, Cuda, Sender, TensorMeta, WaitPolicy, cuda};
+use gpuring::{Channel, Cuda, GpuReady, Sender, TensorMeta, WaitPolicy, cuda};
 
 const STOP: u64 = u64::MAX;
 const SPIN: WaitPolicy = WaitPolicy::spin_then_sleep(u32::MAX, 0);
@@ -472,9 +473,11 @@ fn run_peer(role: &str) {
                 }
             }
         }
-        "echo" => {
+        "echo" | "echo-flag" => {
+            let ready = if role == "echo" { GpuReady::Event } else { GpuReady::HostFlag };
             let ch_ab = Channel::builder(format!("{name}-ab")).cuda(&ctx).open().unwrap();
-            let ch_ba = Channel::builder(format!("{name}-ba")).cuda(&ctx).open().unwrap();
+            let ch_ba = Channel::builder(format!("{name}-ba")).cuda(&ctx).ready(ready).open();
+            let ch_ba = ch_ba.unwrap();
             let mut rx = ch_ab.receiver().unwrap();
             let mut tx = ch_ba.sender().unwrap();
             rx.set_wait_policy(SPIN);
@@ -561,20 +564,24 @@ fn floor(g: &mut Group<'_>, order: Order) {
     peer.finish();
 }
 
-fn gpuring_ping_pong(g: &mut Group<'_>) {
+/// gpuring's ping-pong, its senders signalling as `ready` says.
+fn gpuring_ping_pong(g: &mut Group<'_>, ready: GpuReady) {
     let (ctx, s) = setup();
     let name = unique("gpupp");
     let make = |suffix: &str| {
-        Channel::builder(format!("{name}-{suffix}")).capacity(16).slots(4, 4096).cuda(&ctx).create()
+        let b = Channel::builder(format!("{name}-{suffix}")).capacity(16).slots(4, 4096);
+        b.cuda(&ctx).ready(ready).create()
     };
     let (ab, ba) = (make("ab").unwrap(), make("ba").unwrap());
     let mut tx = ab.sender().unwrap();
     let mut rx = ba.receiver().unwrap();
     tx.set_wait_policy(SPIN);
     rx.set_wait_policy(SPIN);
-    let echo = peer("echo", &name, 0, false);
+    let flags = ready == GpuReady::HostFlag;
+    let echo = peer(if flags { "echo-flag" } else { "echo" }, &name, 0, false);
     let mut seq = 0u64;
-    g.bench_function("gpuring_spsc_spin", |b| {
+    let id = if flags { "gpuring_spsc_spin_host_flags" } else { "gpuring_spsc_spin" };
+    g.bench_function(id, |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
@@ -713,15 +720,22 @@ impl Watchdog {
     }
 }
 
-fn gpuring_stream(g: &mut Group<'_>) {
+/// gpuring's stream, its sender signalling as `ready` says.
+fn gpuring_stream(g: &mut Group<'_>, ready: GpuReady) {
     let (ctx, s) = setup();
     let name = unique("gpustream");
-    let ch = Channel::builder(&name).capacity(256).slots(64, 4096).cuda(&ctx).create().unwrap();
+    let ch = Channel::builder(&name).capacity(256).slots(64, 4096).cuda(&ctx).ready(ready);
+    let ch = ch.create().unwrap();
     let mut tx = ch.sender().unwrap();
     tx.set_wait_policy(SPIN);
     let sink = peer("sink", &name, 0, false);
     let mut seq = 0u64;
-    g.bench_function("gpuring_spsc_1p1c", |b| {
+    let id = if ready == GpuReady::HostFlag {
+        "gpuring_spsc_1p1c_host_flags"
+    } else {
+        "gpuring_spsc_1p1c"
+    };
+    g.bench_function(id, |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
@@ -811,27 +825,37 @@ fn main() {
     {
         let mut g = c.benchmark_group("gpu_handoff_one_way");
         floor(&mut g, Order::Events);
-        gpuring_ping_pong(&mut g);
+        gpuring_ping_pong(&mut g, GpuReady::Event);
+        if values {
+            gpuring_ping_pong(&mut g, GpuReady::HostFlag);
+        }
         g.finish();
     }
     {
         let mut g = c.benchmark_group("gpu_stream");
         g.throughput(Throughput::Elements(1));
         raw_stream(&mut g, Order::Events);
-        gpuring_stream(&mut g);
+        gpuring_stream(&mut g, GpuReady::Event);
+        if values {
+            gpuring_stream(&mut g, GpuReady::HostFlag);
+        }
         g.finish();
     }
     driver_calls(&mut c, values);
     if values {
         // Stream waits on device words last: the form that once stalled (a stalled probe
         // ends the run).
+        // GPURING_BENCH_NO_VALUE_WAITS=1: only the forms in which no stream waits on a
+        // value (the others hung under MPS, runs AF and AG).
+        let no_waits = std::env::var_os("GPURING_BENCH_NO_VALUE_WAITS").is_some();
         let orders = [Order::HostWords, Order::HostReady, Order::HostValues, Order::DeviceValues];
+        let orders = &orders[..if no_waits { 2 } else { 4 }];
         let mut g = c.benchmark_group("gpu_stream_values");
-        for order in orders {
+        for &order in orders {
             floor(&mut g, order);
         }
         g.throughput(Throughput::Elements(1));
-        for order in orders {
+        for &order in orders {
             raw_stream(&mut g, order);
         }
         g.finish();

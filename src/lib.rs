@@ -161,7 +161,7 @@ pub use channel::{
 };
 #[cfg(all(feature = "cuda", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-pub use channel::{Cuda, DeviceView};
+pub use channel::{Cuda, DeviceView, GpuReady};
 #[cfg(all(feature = "async", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 pub use channel::{Messages, Selected, select, select_async, select_timeout};

@@ -16,7 +16,7 @@ use common::gpu::{memset, setup, value};
 use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
-use gpuring::{Channel, ChannelError, Cuda, CudaError, Message, TensorMeta};
+use gpuring::{Channel, ChannelError, Cuda, CudaError, GpuReady, Message, TensorMeta};
 
 #[global_allocator]
 static GLOBAL: common::counting::Counting = common::counting::Counting;
@@ -74,9 +74,19 @@ fn host_and_gpu_channels_do_not_mix() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn gpu_receiver_in_the_senders_own_process() {
+    same_process(GpuReady::Event);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_host_flags_receiver_in_the_senders_own_process() {
+    same_process(GpuReady::HostFlag);
+}
+
+fn same_process(ready: GpuReady) {
     let (ctx, stream) = setup();
     let name = unique_name("gpu-same-process");
-    let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).ready(ready).create().unwrap();
     let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
     let opens = cuda::ipc_opens();
     for seq in 0..10u64 {
@@ -179,6 +189,18 @@ fn gpu_select_on_two_channels() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn gpu_100k_messages_between_processes() {
+    hundred_k("gpu_100k_messages_between_processes", GpuReady::Event);
+}
+
+/// As `gpu_100k_messages_between_processes`, from a sender that signals by host ready
+/// flags (the receiver follows the pool; its steady state allocates nothing either).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_100k_messages_with_host_flags() {
+    hundred_k("gpu_100k_messages_with_host_flags", GpuReady::HostFlag);
+}
+
+fn hundred_k(test: &str, ready: GpuReady) {
     const N: u64 = 100_000;
     const BYTES: usize = 64 << 10;
     const WORDS: usize = BYTES / 4;
@@ -219,10 +241,10 @@ fn gpu_100k_messages_between_processes() {
     }
     let (ctx, stream) = setup();
     let name = unique_name("gpu-100k");
-    let ch = Channel::builder(&name).capacity(64).slots(8, BYTES as u64).cuda(&ctx).create();
-    let ch = ch.unwrap();
+    let ch = Channel::builder(&name).capacity(64).slots(8, BYTES as u64).cuda(&ctx);
+    let ch = ch.ready(ready).create().unwrap();
     let tx = ch.sender().unwrap();
-    let mut peer = [spawn("gpu_100k_messages_between_processes", "receiver", &name, &[])];
+    let mut peer = [spawn(test, "receiver", &name, &[])];
     let meta = TensorMeta::contiguous(gpuring::DType::U32, &[WORDS as u64]).unwrap();
     let send = |seq: u64| {
         let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
@@ -248,6 +270,19 @@ fn gpu_100k_messages_between_processes() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn gpu_receiver_reads_after_a_slow_write() {
+    slow_write("gpu_receiver_reads_after_a_slow_write", GpuReady::Event);
+}
+
+/// As `gpu_receiver_reads_after_a_slow_write`, from a sender that signals by host ready
+/// flags: `recv_on` returns once the writes are done, so the read on the second stream,
+/// ordered after nothing, sees the final value too, every time (with events it raced).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_host_flags_receiver_reads_after_a_slow_write() {
+    slow_write("gpu_host_flags_receiver_reads_after_a_slow_write", GpuReady::HostFlag);
+}
+
+fn slow_write(test: &str, ready: GpuReady) {
     const MESSAGES: u64 = 100;
     const BYTES: usize = 8 << 20;
     const WORDS: usize = BYTES / 4;
@@ -267,6 +302,13 @@ fn gpu_receiver_reads_after_a_slow_write() {
             assert_eq!(ordered_word[0], value(seq), "message {seq} read before its write");
             stale += u32::from(raced_word[0] != value(seq));
         }
+        if std::env::var("GPURING_TEST_FLAGS").is_ok() {
+            assert_eq!(
+                stale, 0,
+                "a flag-signalled message read on another stream before its write"
+            );
+            return;
+        }
         assert!(stale > 0, "the unordered control never raced: the test cannot see ordering");
         eprintln!("unordered control read a stale value in {stale} of {MESSAGES} messages");
         return;
@@ -274,9 +316,11 @@ fn gpu_receiver_reads_after_a_slow_write() {
     let (ctx, stream) = setup();
     let name = unique_name("gpu-slow");
     // MPMC here (the other tests are SPSC); the receiver opens without naming the flavor.
-    let ch = Channel::builder(&name).mpmc().slots(4, BYTES as u64).cuda(&ctx).create().unwrap();
-    let tx = ch.sender().unwrap();
-    let mut peer = [spawn("gpu_receiver_reads_after_a_slow_write", "receiver", &name, &[])];
+    let ch = Channel::builder(&name).mpmc().slots(4, BYTES as u64).cuda(&ctx).ready(ready);
+    let tx = ch.create().unwrap().sender().unwrap();
+    let env: &[(&str, String)] =
+        if ready == GpuReady::HostFlag { &[("GPURING_TEST_FLAGS", String::new())] } else { &[] };
+    let mut peer = [spawn(test, "receiver", &name, env)];
     for seq in 0..MESSAGES {
         let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
         for pass in 0..PASSES {
@@ -296,6 +340,18 @@ fn gpu_receiver_reads_after_a_slow_write() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn gpu_slot_reuse_waits_for_the_receivers_reads() {
+    slot_reuse("gpu_slot_reuse_waits_for_the_receivers_reads", GpuReady::Event);
+}
+
+/// As `gpu_slot_reuse_waits_for_the_receivers_reads`, from a sender that signals by host
+/// ready flags (the release side is the same event, recorded unless the stream is idle).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_host_flags_slot_reuse_waits_for_the_receivers_reads() {
+    slot_reuse("gpu_host_flags_slot_reuse_waits_for_the_receivers_reads", GpuReady::HostFlag);
+}
+
+fn slot_reuse(test: &str, ready: GpuReady) {
     const ROUNDS: u64 = 40;
     const BYTES: usize = 8 << 20;
     const WORDS: usize = BYTES / 4;
@@ -335,9 +391,9 @@ fn gpu_slot_reuse_waits_for_the_receivers_reads() {
     }
     let (ctx, stream) = setup();
     let name = unique_name("gpu-reuse");
-    let ch = Channel::builder(&name).slots(1, BYTES as u64).cuda(&ctx).create().unwrap();
-    let tx = ch.sender().unwrap();
-    let mut peer = [spawn("gpu_slot_reuse_waits_for_the_receivers_reads", "receiver", &name, &[])];
+    let ch = Channel::builder(&name).slots(1, BYTES as u64).cuda(&ctx).ready(ready);
+    let tx = ch.create().unwrap().sender().unwrap();
+    let mut peer = [spawn(test, "receiver", &name, &[])];
     for round in 0..ROUNDS {
         let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
         memset(lease.device_ptr(), value(round), WORDS, &stream);
@@ -572,4 +628,65 @@ fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
     let _ = std::fs::remove_file(&marker);
     assert!(status.success(), "the receiver's checks failed: {status}");
     assert!(replacement.child.wait().unwrap().success(), "the replacement exits cleanly");
+}
+
+/// A sender signalling by host ready flags dies after a send whose flag its stream never
+/// wrote (the stream is held by a wait on a word nobody writes, so the flag's write is
+/// queued behind it when the process goes). The receiver, which took the message while
+/// the sender lived and is waiting for the flag, gets `PeerDead` instead of waiting for
+/// ever. All ends run in children.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+fn gpu_host_flags_receiver_sees_its_senders_death() {
+    const TEST: &str = "gpu_host_flags_receiver_sees_its_senders_death";
+    match role().as_deref() {
+        Some("sender") => {
+            let (ctx, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&ctx).ready(GpuReady::HostFlag).open();
+            let tx = ch.unwrap().sender().unwrap();
+            // SAFETY: a plain device word, zeroed before the stream waits on it.
+            let never = unsafe { result::malloc_sync(4) }.unwrap();
+            memset(never, 0, 1, &stream);
+            stream.synchronize().unwrap();
+            let lease = tx.acquire_on(&stream).unwrap();
+            let eq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+            // SAFETY: a live device word of ours and our live stream; the wait never ends
+            // (nothing writes 1), which is the point.
+            unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), never, 1, eq) }
+                .result()
+                .unwrap();
+            memset(lease.device_ptr(), value(1), 1024, &stream);
+            tx.send(lease, TensorMeta::bytes(4096)).unwrap();
+            announce("sent");
+            // The receiver takes the message and waits for its flag meanwhile.
+            std::thread::sleep(Duration::from_millis(500));
+            die();
+        }
+        Some("receiver") => {
+            let (ctx, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            announce("ready");
+            let started = std::time::Instant::now();
+            match rx.recv_on_timeout(&stream, LIMIT) {
+                Err(gpuring::RecvError::PeerDead) => {}
+                other => panic!("expected PeerDead, got {:?}", other.map(|m| m.seq())),
+            }
+            eprintln!("PeerDead after {:?}", started.elapsed());
+            announce("peer-dead");
+            return;
+        }
+        _ => {}
+    }
+    let (ctx, _stream) = setup();
+    let name = unique_name("gpu-flag-dead");
+    let _ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let mut receiver = Peer::spawn(TEST, "receiver", &name);
+    receiver.expect("ready");
+    let mut sender = Peer::spawn(TEST, "sender", &name);
+    sender.expect("sent");
+    let _ = sender.child.wait();
+    receiver.expect("peer-dead");
+    let status = receiver.child.wait().unwrap();
+    assert!(status.success(), "the receiver's checks failed: {status}");
 }

@@ -12,11 +12,15 @@
 //! ```
 //!
 //! Nothing here synchronises a stream or a context: every wait is enqueued on a stream, so
-//! the CPU never blocks for GPU work. The device pools themselves (allocation, events,
-//! their export and import) live in `pool/cuda.rs`.
+//! the CPU never blocks for GPU work. A sender that chose [`GpuReady::HostFlag`] signals a
+//! send by a write of the slot's ready flag on its stream instead of the ready event, and
+//! the receiver's CPU waits for the flag before `recv_on` returns (no stream waits on it).
+//! The device pools themselves (allocation, events, flags, their export and import) live
+//! in `pool/cuda.rs`.
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
+use std::time::Duration;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, sys};
 
@@ -27,8 +31,11 @@ use super::receiver::Taken;
 use super::{ChannelBuilder, Host, Lease, Message, Receiver, Sender};
 use crate::descriptor::Descriptor;
 use crate::layout::{BACKEND_CUDA, Corrupted, PoolLayout};
-use crate::pool::cuda::{CudaContext, CudaStream, DevicePool, ImportedPool, register_local};
+use crate::pool::cuda::{
+    CudaContext, CudaStream, DevicePool, ImportedPool, driver, register_local,
+};
 use crate::pool::{AcquireError, CudaError, PoolSegment};
+use crate::sync::Ordering;
 use crate::wait::{Deadline, blocking, receive_iter};
 
 /// Slots in CUDA device memory: the backend of GPU channels (`Channel<Cuda>`,
@@ -47,6 +54,54 @@ use crate::wait::{Deadline, blocking, receive_iter};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cuda;
+
+/// How a GPU channel's receiver learns that a sent slot's writes are done: the sender's
+/// choice, per sender ([`ChannelBuilder::ready`]); receivers follow each pool's.
+///
+/// - [`Event`](GpuReady::Event) (the default): the send records the slot's interprocess
+///   ready event on the sender's stream; `recv_on` enqueues a wait for it on the
+///   receiver's stream and returns at once. The CPU never waits for the GPU.
+/// - [`HostFlag`](GpuReady::HostFlag): the send enqueues a write of the slot's ready flag,
+///   a word in the pool's shared memory (`cuStreamWriteValue64`, fenced after the
+///   stream's earlier writes); `recv_on` returns once the receiver's CPU has seen it, so
+///   the payload is complete for any stream, and nothing is enqueued on the receiver's
+///   stream. Per item this saves the GPU an event record and a wait on the two sides
+///   (measured: 2.1–3.6× the items per second of events in the raw protocols,
+///   docs/BENCHMARKS.md runs AF and AG); it costs a receiver's CPU the wait for the
+///   sender's GPU work (typically microseconds), which the receive's deadline does not
+///   bound: a receive, `try_recv_on` included, that has taken a message waits for its
+///   flag until it comes, the pool is retired ([`RecvError::SenderGone`]) or the
+///   sender's process has exited ([`RecvError::PeerDead`]). No stream ever waits on a
+///   value (NVIDIA warns that such waits can deadlock, and under MPS they did, run AF).
+///
+/// ```no_run
+/// use gpuring::{Channel, GpuReady, cuda};
+/// let ctx = cuda::context(0)?;
+/// let ch = Channel::builder("frames").slots(64, 1 << 20).cuda(&ctx).ready(GpuReady::HostFlag).create()?;
+/// # let _ = ch;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GpuReady {
+    /// Interprocess ready events, waited on by the receiver's stream.
+    #[default]
+    Event,
+    /// A ready flag in shared memory, written by the sender's stream and waited for by the
+    /// receiver's CPU.
+    HostFlag,
+}
+
+/// A GPU channel's context in a process: the CUDA context, and how this process's senders
+/// signal a send.
+#[derive(Debug, Clone)]
+pub struct CudaSetup {
+    ctx: Arc<CudaContext>,
+    ready: GpuReady,
+}
+
+/// The device attribute host ready flags need (`cuStreamWriteValue64`).
+const STREAM_MEM_OPS_64: sys::CUdevice_attribute =
+    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS;
 
 /// A device slot a lease holds: the sender's pool, the stream the lease was taken on.
 #[derive(Debug)]
@@ -81,25 +136,38 @@ impl Drop for DeviceRead {
 impl Backend for Cuda {
     const CODE: u32 = BACKEND_CUDA;
     const NAME: &'static str = "cuda";
-    type Context = Arc<CudaContext>;
+    type Context = CudaSetup;
     type Exported = Arc<DevicePool>;
     type Imported = Arc<ImportedPool>;
     type LeaseSlot = DeviceLease;
     type MessageSlot = DeviceRead;
 
     fn create_pool(
-        ctx: &Arc<CudaContext>,
+        setup: &CudaSetup,
         name: &str,
         slot_count: u32,
         slot_size: u64,
     ) -> Result<(PoolSegment, Arc<DevicePool>), ChannelError> {
         let stride = PoolLayout::cuda(slot_count, slot_size).expect("checked at create").stride;
+        let flags = setup.ready == GpuReady::HostFlag;
+        let attribute = |a| setup.ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
+        if flags && attribute(STREAM_MEM_OPS_64)? == 0 {
+            return Err(CudaError::Driver {
+                op: "host ready flags: the device has no 64-bit stream memory operations",
+                code: sys::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i32,
+            }
+            .into());
+        }
         // The allocation, its events and every IPC handle first: the segment publishes them.
-        let device = DevicePool::create(ctx, slot_count as usize, stride)?;
+        let mut device = DevicePool::create(&setup.ctx, slot_count as usize, stride, flags)?;
         let pool =
             PoolSegment::create(name, BACKEND_CUDA, slot_count, slot_size, |seg, layout| {
                 device.export_into(seg, layout);
             })?;
+        if flags {
+            // Before any send: the sender's stream writes the flags through this mapping.
+            device.set_ready_flags(pool.map_ready_flags(&setup.ctx)?);
+        }
         let device = Arc::new(device);
         // A receiver in this process uses the pool directly (CUDA cannot open our own
         // IPC handles).
@@ -115,8 +183,9 @@ impl Backend for Cuda {
         process_exited(pid)
     }
 
-    fn import(ctx: &Arc<CudaContext>, seg: &PoolSegment) -> Result<Arc<ImportedPool>, RecvError> {
-        ImportedPool::import(ctx, seg).map(Arc::new).map_err(RecvError::Cuda)
+    fn import(setup: &CudaSetup, seg: &PoolSegment) -> Result<Arc<ImportedPool>, RecvError> {
+        seg.ready_ordering()?;
+        ImportedPool::import(&setup.ctx, seg).map(Arc::new).map_err(RecvError::Cuda)
     }
 
     fn refuse(seg: &PoolSegment) -> Result<(), RecvError> {
@@ -142,7 +211,7 @@ impl Backend for Cuda {
     }
 
     fn fill(lease: &DeviceLease, slot: u32, d: &mut Descriptor) -> Result<(), CudaError> {
-        lease.device.record_ready(slot, &lease.stream)?;
+        lease.device.signal_ready(slot, d.generation, &lease.stream)?;
         let (uuid, ordinal) = lease.device.device();
         let (mem, ready) = lease.device.handles(slot);
         d.device_ordinal = ordinal;
@@ -167,8 +236,18 @@ impl ChannelBuilder<Host> {
             slot_count,
             slot_size,
             max_senders,
-            ctx: ctx.clone(),
+            ctx: CudaSetup { ctx: ctx.clone(), ready: GpuReady::Event },
         }
+    }
+}
+
+impl ChannelBuilder<Cuda> {
+    /// How this process's senders of the channel signal that a slot's writes are done
+    /// ([`GpuReady`]; default [`GpuReady::Event`]). Each sender's pool records its choice,
+    /// and receivers follow it, whatever their own builder said.
+    pub fn ready(mut self, ready: GpuReady) -> Self {
+        self.ctx.ready = ready;
+        self
     }
 }
 
@@ -238,7 +317,10 @@ impl Receiver<Cuda> {
     blocking! {
         /// Receives a device message, waiting (spin, then sleep) until one arrives, and
         /// enqueues on `stream` a wait for the slot's ready event: work queued on `stream`
-        /// after this sees the sender's writes. The CPU does not wait for the GPU.
+        /// after this sees the sender's writes. The CPU does not wait for the GPU. From a
+        /// sender that chose [`GpuReady::HostFlag`], it waits instead, once it has taken
+        /// the message, until the slot's ready flag says the writes are done (beyond the
+        /// deadline, see [`GpuReady`]), and enqueues nothing: any stream sees them.
         ///
         /// # Errors
         ///
@@ -246,7 +328,9 @@ impl Receiver<Cuda> {
         /// received ([`RecvError::PeerDead`] when one of them died);
         /// [`RecvError::Corrupted`] (also when the descriptor's memory or
         /// event handle or device does not match its pool); [`RecvError::Pool`];
-        /// [`RecvError::Cuda`]. (`try_recv_on`: [`RecvError::Empty`].)
+        /// [`RecvError::Cuda`]; host flags: [`RecvError::SenderGone`] or
+        /// [`RecvError::PeerDead`] when the sender gave the pool up or died before its
+        /// flag came. (`try_recv_on`: [`RecvError::Empty`].)
         pub fn recv_on, recv_on_timeout, recv_on_deadline, try try_recv_on
             (&self, stream: &Arc<CudaStream>) -> Result<Message<Cuda>, RecvError>
             => recv_on_until;
@@ -293,7 +377,12 @@ impl Receiver<Cuda> {
         let Taken { pool, hold, desc, meta } = self.take(deadline)?;
         let device = pool.imported;
         let slot = hold.held.slot;
-        device.wait_ready(slot, stream).map_err(RecvError::Cuda)?;
+        if device.host_flags() {
+            // On an error the hold goes, and the slot back unread.
+            wait_ready_flag(&hold.pool, slot, desc.generation)?;
+        } else {
+            device.wait_ready(slot, stream).map_err(RecvError::Cuda)?;
+        }
         let view = DeviceRead {
             ptr: device.slot_ptr(slot, desc.byte_offset),
             device,
@@ -301,6 +390,51 @@ impl Receiver<Cuda> {
             slot,
         };
         Ok(Message::new(hold, desc, meta, view))
+    }
+}
+
+/// Spins before a host-flag receive starts napping: some tens of microseconds, about what
+/// a sender's GPU takes to reach a send it has just made.
+const FLAG_SPINS: u32 = 1 << 12;
+/// The longest nap of that wait; the sender is checked after each once naps are this long.
+const FLAG_NAP_MAX: Duration = Duration::from_millis(1);
+
+/// A host-flag pool's receive: waits until slot `slot`'s ready flag says that the send of
+/// `generation` is done (the sender's stream wrote it after the slot's writes, fenced
+/// system-wide), spinning, then napping from 4 µs doubling up to 1 ms. Not bounded by the
+/// receive's deadline (the message is taken, and its writes are under way): it ends when
+/// the flag comes, or the pool is retired ([`RecvError::SenderGone`]), or the sender's
+/// process has exited, taking its GPU work with it ([`RecvError::PeerDead`]), which are
+/// checked at each nap of 1 ms. A pid only names the sender's process: a pid reused by
+/// another process in the meantime would keep this waiting for a flag that cannot come.
+fn wait_ready_flag(pool: &PoolSegment, slot: u32, generation: u64) -> Result<(), RecvError> {
+    let flag = pool.ready_flag(slot);
+    // Generations wrap at 32 bits: the flag is at or past `generation` when their
+    // difference, as a signed 32-bit number, is not negative. Acquire: pairs with the
+    // sender's stream's write of the flag (`cuStreamWriteValue64`, whose default fence
+    // orders the stream's earlier writes before it), so the payload is complete once seen.
+    let done = || (flag.load(Ordering::Acquire) as u32).wrapping_sub(generation as u32) as i32 >= 0;
+    for _ in 0..FLAG_SPINS {
+        if done() {
+            return Ok(());
+        }
+        std::hint::spin_loop();
+    }
+    let mut nap = Duration::from_micros(4);
+    loop {
+        if done() {
+            return Ok(());
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(FLAG_NAP_MAX);
+        if nap == FLAG_NAP_MAX && !done() {
+            if pool.retired() {
+                return Err(RecvError::SenderGone);
+            }
+            if process_exited(pool.owner_pid()) {
+                return Err(RecvError::PeerDead);
+            }
+        }
     }
 }
 
@@ -316,7 +450,8 @@ impl Message<Cuda> {
     }
 
     /// Makes `stream` see the payload too: enqueues on it a wait for the slot's ready
-    /// event, as [`Receiver::recv_on`] did on the message's own stream. For a reader
+    /// event, as [`Receiver::recv_on`] did on the message's own stream (from a
+    /// [`GpuReady::HostFlag`] sender, nothing: the writes were done when it was received). For a reader
     /// that works on another stream than the one it received on (the Python package's
     /// DLPack export does this for the consumer's stream). The slot's release is still
     /// recorded on [`stream`](Self::stream) when the message drops: order the reads

@@ -48,7 +48,7 @@ pub use backend::{Backend, Host};
 pub use builder::ChannelBuilder;
 pub use error::{ChannelError, RecvError, SendError};
 #[cfg(feature = "cuda")]
-pub use gpu::{Cuda, DeviceView};
+pub use gpu::{Cuda, DeviceView, GpuReady};
 #[cfg(feature = "async")]
 pub use receiver::Messages;
 pub use receiver::{Message, Receiver};

@@ -50,12 +50,17 @@ pub struct PoolHeader {
 pub struct SlotRecord {
     /// Generation << 32 | state.
     pub state: AtomicU64,
+    /// Device pools ordered by host ready flags ([`CudaPoolInfo::ordering`] 1): the
+    /// generation of the slot's last send whose writes are done, written by the sender's
+    /// stream (`cuStreamWriteValue64`, this line pinned and mapped for the device). Zero
+    /// and unused otherwise.
+    pub ready: AtomicU64,
 }
 
 impl SlotRecord {
     /// A free slot of generation 0.
     pub fn new() -> Self {
-        Self { state: AtomicU64::new(0) }
+        Self { state: AtomicU64::new(0), ready: AtomicU64::new(0) }
     }
 }
 
@@ -76,8 +81,10 @@ pub struct CudaPoolInfo {
     pub device_uuid: [AtomicU64; 2],
     /// Its ordinal in the creating process (diagnostics: ordinals differ between processes).
     pub device_ordinal: AtomicU32,
-    /// Reserved, zero.
-    pub reserved: AtomicU32,
+    /// How a receiver learns that a slot's writes are done: 0, its ready event (a stream
+    /// waits on it); 1, its record's ready flag ([`SlotRecord::ready`], the receiver's CPU
+    /// waits for it). Anything else is corrupt.
+    pub ordering: AtomicU32,
     /// Distance between slots in the allocation.
     pub stride: AtomicU64,
 }

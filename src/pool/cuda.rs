@@ -83,10 +83,12 @@ mod imp {
 
     use super::CudaError;
     use crate::layout::{
-        BACKEND_CUDA, CudaPoolInfo, PoolLayout, SlotEvents, load_bytes, store_bytes,
+        BACKEND_CUDA, Corrupted, CudaPoolInfo, PoolLayout, SlotEvents, SlotRecord, load_bytes,
+        store_bytes,
     };
     use crate::pool::PoolSegment;
     use crate::shm::Segment;
+    use crate::sync::AtomicU64 as AtomicU64Shared;
     use crate::sync::Ordering;
 
     static IPC_OPENS: AtomicU64 = AtomicU64::new(0);
@@ -213,19 +215,23 @@ mod imp {
         /// on `stream` has already completed: a record would then only say "done", which
         /// the event's earlier record says too once it completes (a waiter waits on that
         /// one, at worst longer than needed). `after` is an event `stream` was made to wait
-        /// on (the slot's ready event): while it is pending, so is the stream, and the
-        /// costlier stream query (0.3–1.4 µs against 20–40 ns for an event's) is not
+        /// on (the slot's ready event), if any: while it is pending, so is the stream, and
+        /// the costlier stream query (0.3–1.4 µs against 20–40 ns for an event's) is not
         /// asked. A record of an interprocess event costs the thread 0.7–1.5 µs and the GPU
         /// a semaphore release.
         fn record_unless_idle(
             &self,
             event: sys::CUevent,
             stream: &CudaStream,
-            after: sys::CUevent,
+            after: Option<sys::CUevent>,
         ) -> Result<(), CudaError> {
             self.bind()?;
-            // SAFETY: a live event.
-            let idle = completed("cuEventQuery", unsafe { sys::cuEventQuery(after) })?
+            let after_done = match after {
+                // SAFETY: a live event.
+                Some(after) => completed("cuEventQuery", unsafe { sys::cuEventQuery(after) })?,
+                None => true,
+            };
+            let idle = after_done
                 // SAFETY: the caller's live stream.
                 && completed("cuStreamQuery", unsafe { sys::cuStreamQuery(stream.cu_stream()) })?;
             if idle { Ok(()) } else { enqueue_record(event, stream) }
@@ -283,14 +289,22 @@ mod imp {
         mem_handle: [u8; 64],
         // Per slot: ready, release.
         event_handles: Box<[([u8; 64], [u8; 64])]>,
+        /// Ordered by host ready flags: whether, and (once the pool segment is mapped for
+        /// the device, [`PoolSegment::map_ready_flags`]) the device address of slot 0's
+        /// ready word in that mapping.
+        host_flags: bool,
+        ready_flags: sys::CUdeviceptr,
     }
 
     impl DevicePool {
-        /// Allocates `slot_count` slots `stride` apart on `ctx`'s device, with their events.
+        /// Allocates `slot_count` slots `stride` apart on `ctx`'s device, with their events;
+        /// `host_flags`: a send is signalled by the slot's host ready flag, not its ready
+        /// event.
         pub(crate) fn create(
             ctx: &Arc<CudaContext>,
             slot_count: usize,
             stride: usize,
+            host_flags: bool,
         ) -> Result<Self, CudaError> {
             ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
             let uuid = device_uuid(ctx)?;
@@ -306,6 +320,8 @@ mod imp {
                 uuid,
                 mem_handle: [0; 64],
                 event_handles: Box::new([]),
+                host_flags,
+                ready_flags: 0,
             };
             // On error from here, Drop frees what was made so far.
             let mut mem = sys::CUipcMemHandle { reserved: [0; 64] };
@@ -336,6 +352,7 @@ mod imp {
             store_bytes(&info.device_uuid, &self.uuid);
             // Relaxed: published with the segment's init word.
             info.device_ordinal.store(self.events.ctx.ordinal() as u32, Ordering::Relaxed);
+            info.ordering.store(u32::from(self.host_flags), Ordering::Relaxed);
             info.stride.store(self.stride as u64, Ordering::Relaxed);
             for (i, (ready, release)) in self.event_handles.iter().enumerate() {
                 let at = layout.slot_events + i * size_of::<SlotEvents>();
@@ -400,9 +417,36 @@ mod imp {
             self.events.wait_pending(self.events.release[slot as usize], stream)
         }
 
-        /// Records `slot`'s ready event on `stream`.
-        pub(crate) fn record_ready(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
-            self.events.record(self.events.ready[slot as usize], stream)
+        /// Where slot 0's ready flag is for the device (from
+        /// [`PoolSegment::map_ready_flags`]), before the pool is shared.
+        pub(crate) fn set_ready_flags(&mut self, first: sys::CUdeviceptr) {
+            self.ready_flags = first;
+        }
+
+        /// Signals on `stream`, after the work queued there, that `slot`'s writes for the
+        /// send of `generation` are done: records the slot's ready event, or (host flags)
+        /// writes `generation` into its ready flag (`cuStreamWriteValue64`; the default
+        /// flags fence the stream's earlier writes before it, system-wide).
+        pub(crate) fn signal_ready(
+            &self,
+            slot: u32,
+            generation: u64,
+            stream: &CudaStream,
+        ) -> Result<(), CudaError> {
+            if !self.host_flags {
+                return self.events.record(self.events.ready[slot as usize], stream);
+            }
+            assert!(self.ready_flags != 0, "the flags are mapped when the pool is made");
+            assert!((slot as usize) < self.event_handles.len(), "slot index checked by the lease");
+            let at =
+                self.ready_flags + (slot as usize * size_of::<crate::layout::SlotRecord>()) as u64;
+            self.events.bind()?;
+            // SAFETY: `at` is slot `slot`'s ready word (8-byte aligned) in this process's
+            // mapping of the pool segment, registered and device-mapped while the pool
+            // segment lives (the lease holds it); the caller's live stream.
+            check("cuStreamWriteValue64", unsafe {
+                sys::cuStreamWriteValue64_v2(stream.cu_stream(), at, generation, 0)
+            })
         }
 
         /// Blocks until every recorded release has completed: receivers' GPU reads are
@@ -438,6 +482,7 @@ mod imp {
         mem_handle: [u8; 64],
         ready_handles: Box<[[u8; 64]]>,
         uuid: [u8; 16],
+        host_flags: bool,
     }
 
     impl ImportedPool {
@@ -458,6 +503,8 @@ mod imp {
             let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
             let mut mem_handle = [0u8; 64];
             load_bytes(&info.mem_handle, &mut mem_handle);
+            // Checked by the caller (`ready_ordering`): 0 or 1.
+            let host_flags = info.ordering.load(Ordering::Relaxed) == 1;
             if let Some(local) = local_pool(&mem_handle) {
                 return Self::local(local, stride, events.len(), uuid);
             }
@@ -469,6 +516,7 @@ mod imp {
                 mem_handle,
                 ready_handles: Box::new([]),
                 uuid,
+                host_flags,
             };
             let handle = sys::CUipcMemHandle { reserved: mem_handle.map(|b| b as _) };
             IPC_OPENS.fetch_add(1, StdOrdering::Relaxed);
@@ -516,6 +564,7 @@ mod imp {
                 mem_handle: pool.mem_handle,
                 ready_handles: pool.event_handles.iter().map(|(ready, _)| *ready).collect(),
                 uuid,
+                host_flags: pool.host_flags,
                 local: Some(pool),
             })
         }
@@ -531,8 +580,18 @@ mod imp {
             (&self.mem_handle, &self.ready_handles[slot as usize], &self.uuid)
         }
 
-        /// Enqueues on `stream` a wait for `slot`'s ready event.
+        /// Whether sends are signalled by host ready flags (the receiver's CPU waits for
+        /// them; no stream waits on a ready event).
+        pub(crate) fn host_flags(&self) -> bool {
+            self.host_flags
+        }
+
+        /// Enqueues on `stream` a wait for `slot`'s ready event (host flags: nothing, the
+        /// writes are done before the message is returned).
         pub(crate) fn wait_ready(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
+            if self.host_flags {
+                return Ok(());
+            }
             self.events.wait(self.events.ready[slot as usize], stream)
         }
 
@@ -544,11 +603,10 @@ mod imp {
             stream: &CudaStream,
         ) -> Result<(), CudaError> {
             let slot = slot as usize;
-            self.events.record_unless_idle(
-                self.events.release[slot],
-                stream,
-                self.events.ready[slot],
-            )
+            // With host flags no stream waited on the ready event: only the stream's own
+            // state says whether reads are pending.
+            let after = (!self.host_flags).then(|| self.events.ready[slot]);
+            self.events.record_unless_idle(self.events.release[slot], stream, after)
         }
     }
 
@@ -592,6 +650,48 @@ mod imp {
 
     /// The device part of a pool segment.
     impl PoolSegment {
+        /// A sender's new device pool ordered by host ready flags: registers this mapping
+        /// of the segment with CUDA in `ctx`'s driver (portable, device-mapped; it goes
+        /// just before the mapping does) and returns the device address of slot 0's ready
+        /// word (records are `size_of::<SlotRecord>()` apart). Not on the hot path.
+        pub(crate) fn map_ready_flags(
+            &self,
+            ctx: &Arc<CudaContext>,
+        ) -> Result<sys::CUdeviceptr, CudaError> {
+            // SAFETY: offset 0 of the mapping, a byte: in bounds, aligned.
+            let base = unsafe { self.segment.at::<u8>(0) }.as_ptr();
+            // The mapping is page-aligned and its last page mapped whole.
+            let len = self.segment.len().next_multiple_of(rustix::param::page_size());
+            let pinned = crate::pool::pinned::Pinned::register(ctx, base, len)?;
+            let first = pinned.device_ptr()?
+                + (self.layout.records + std::mem::offset_of!(SlotRecord, ready)) as u64;
+            // A new segment nobody else maps yet: nobody set it meanwhile.
+            let _ = self.pinned.set(pinned);
+            Ok(first)
+        }
+
+        /// Device pools: how sends are signalled, as the segment says (0: ready events, 1:
+        /// host ready flags).
+        ///
+        /// # Errors
+        ///
+        /// [`Corrupted`] for any other value.
+        pub(crate) fn ready_ordering(&self) -> Result<bool, Corrupted> {
+            match self.cuda_info().ordering.load(Ordering::Relaxed) {
+                0 => Ok(false),
+                1 => Ok(true),
+                _ => Err(Corrupted { what: "device pool names an unknown ready ordering" }),
+            }
+        }
+
+        /// Slot `slot`'s ready flag (host-flag pools; `slot` checked by the caller).
+        pub(crate) fn ready_flag(&self, slot: u32) -> &AtomicU64Shared {
+            assert!((slot as usize) < self.layout.slot_count, "slot index checked by the caller");
+            let at = self.layout.records + slot as usize * size_of::<SlotRecord>();
+            // SAFETY: a record inside the checked layout (`at` checks bounds); atomics only.
+            &unsafe { self.segment.at::<SlotRecord>(at).as_ref() }.ready
+        }
+
         /// Device pools: the allocation's handle and device.
         ///
         /// # Panics

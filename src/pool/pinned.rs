@@ -77,6 +77,16 @@ impl Pinned {
         REGISTERED.fetch_add(1, StdOrdering::Relaxed);
         Ok(Self { ctx: ctx.clone(), ptr: ptr.cast() })
     }
+
+    /// The device address of the registration's first byte (`cuMemHostGetDevicePointer`).
+    pub(crate) fn device_ptr(&self) -> Result<sys::CUdeviceptr, CudaError> {
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut dev = 0;
+        // SAFETY: out-pointer valid; `ptr` is registered (device-mapped) while self lives.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, self.ptr, 0) };
+        r.result().map_err(driver("cuMemHostGetDevicePointer"))?;
+        Ok(dev)
+    }
 }
 
 impl Drop for Pinned {

@@ -283,6 +283,13 @@ impl PoolSegment {
         self.segment.name()
     }
 
+    /// The process that made the pool, as its header says (untrusted: a pid only).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // host-flag receives watch it
+    pub(crate) fn owner_pid(&self) -> u32 {
+        // Relaxed: written before the segment was published; a pid, nothing guarded.
+        self.header().owner_pid.load(Ordering::Relaxed)
+    }
+
     fn header(&self) -> &PoolHeader {
         // SAFETY: offset from the checked layout; atomics only.
         unsafe { self.segment.at::<PoolHeader>(self.layout.header).as_ref() }
