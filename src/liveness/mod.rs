@@ -141,23 +141,58 @@ pub enum ProcessState {
     Unknown,
 }
 
-/// The state of process `pid`, from `/proc/<pid>/stat`. Reads a file: slow paths only.
+/// The state of process `pid`, from `/proc/<pid>/stat`. Reads a file: slow paths only
+/// (no heap allocation: a receiver waiting for a host ready flag asks it while it naps).
 pub fn process_state(pid: u32) -> ProcessState {
     // A pid read from shared memory may be forged: 0 names nobody, and a value above
     // `i32::MAX` no process.
     if pid == 0 || i32::try_from(pid).is_err() {
         return ProcessState::Unknown;
     }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => ProcessState::Exited,
-        Err(_) => ProcessState::Unknown,
-        // "pid (comm) S ...": the state follows the last ')'.
-        Ok(stat) => {
-            match stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) {
-                Some('Z' | 'X') => ProcessState::Exited,
-                Some(_) => ProcessState::Running,
-                None => ProcessState::Unknown,
-            }
+    // "/proc/<pid>/stat", built on the stack.
+    let mut path = [0u8; 32];
+    let mut at = 0;
+    for part in [b"/proc/".as_slice(), itoa(pid, &mut [0u8; 10]), b"/stat"] {
+        path[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    let Ok(path) = std::str::from_utf8(&path[..at]) else {
+        return ProcessState::Unknown;
+    };
+    let fd = match rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return ProcessState::Exited,
+        Err(_) => return ProcessState::Unknown,
+    };
+    // "pid (comm) S ...": the state follows the last ')', within the first bytes (a
+    // command name is at most 64 bytes; the numbers after the state hold no ')').
+    let mut buf = [0u8; 256];
+    let n = match rustix::io::read(&fd, &mut buf) {
+        Ok(n) => n,
+        Err(rustix::io::Errno::SRCH) => return ProcessState::Exited,
+        Err(_) => return ProcessState::Unknown,
+    };
+    let stat = &buf[..n];
+    let state = stat
+        .iter()
+        .rposition(|&b| b == b')')
+        .and_then(|close| stat[close + 1..].iter().find(|b| !b.is_ascii_whitespace()));
+    match state {
+        Some(b'Z' | b'X') => ProcessState::Exited,
+        Some(_) => ProcessState::Running,
+        None => ProcessState::Unknown,
+    }
+}
+
+/// `n` in decimal, in `buf`'s tail.
+fn itoa(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
         }
     }
 }
