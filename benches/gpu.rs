@@ -753,7 +753,8 @@ fn gpuring_stream(g: &mut Group<'_>, ready: GpuReady) {
 
 /// The calling thread's time per driver call of the hot path, in this process's context:
 /// 64 calls timed, then a synchronize untimed (so the queue never fills), repeated.
-fn driver_calls(c: &mut Criterion, values: bool) {
+/// `waits`: also the stream waits on values (met ones; one such hung under MPS, run AH).
+fn driver_calls(c: &mut Criterion, values: bool, waits: bool) {
     let mut g = c.benchmark_group("gpu_driver_calls");
     g.measurement_time(Duration::from_secs(1));
     let (_ctx, s) = setup();
@@ -791,11 +792,15 @@ fn driver_calls(c: &mut Criterion, values: bool) {
     case("cuStreamQuery_idle", &|| ok(unsafe { sys::cuStreamQuery(s.cu_stream()) }));
     if values {
         case("cuStreamWriteValue64", &|| write_value(buf + READY, 1, &s));
-        case("cuStreamWaitValue64_met", &|| wait_value(buf + READY, 1, &s));
+        if waits {
+            case("cuStreamWaitValue64_met", &|| wait_value(buf + READY, 1, &s));
+        }
         let page = SharedPage::<HostWords>::create(&format!("/{}", unique("gpuwords")));
         let mapped = DeviceMapped::new(page.mapping().0, page.mapping().1);
         case("cuStreamWriteValue64_host_word", &|| write_value(mapped.device, 1, &s));
-        case("cuStreamWaitValue64_host_word_met", &|| wait_value(mapped.device, 1, &s));
+        if waits {
+            case("cuStreamWaitValue64_host_word_met", &|| wait_value(mapped.device, 1, &s));
+        }
         s.synchronize().unwrap();
     }
     g.finish();
@@ -841,13 +846,13 @@ fn main() {
         }
         g.finish();
     }
-    driver_calls(&mut c, values);
+    // GPURING_BENCH_NO_VALUE_WAITS=1: no stream waits on a value, here or below (such
+    // waits hung under MPS, runs AF, AG and AH).
+    let no_waits = std::env::var_os("GPURING_BENCH_NO_VALUE_WAITS").is_some();
+    driver_calls(&mut c, values, !no_waits);
     if values {
         // Stream waits on device words last: the form that once stalled (a stalled probe
         // ends the run).
-        // GPURING_BENCH_NO_VALUE_WAITS=1: only the forms in which no stream waits on a
-        // value (the others hung under MPS, runs AF and AG).
-        let no_waits = std::env::var_os("GPURING_BENCH_NO_VALUE_WAITS").is_some();
         let orders = [Order::HostWords, Order::HostReady, Order::HostValues, Order::DeviceValues];
         let orders = &orders[..if no_waits { 2 } else { 4 }];
         let mut g = c.benchmark_group("gpu_stream_values");

@@ -184,8 +184,8 @@ impl Backend for Cuda {
     }
 
     fn import(setup: &CudaSetup, seg: &PoolSegment) -> Result<Arc<ImportedPool>, RecvError> {
-        seg.ready_ordering()?;
-        ImportedPool::import(&setup.ctx, seg).map(Arc::new).map_err(RecvError::Cuda)
+        let host_flags = seg.ready_ordering()?;
+        ImportedPool::import(&setup.ctx, seg, host_flags).map(Arc::new).map_err(RecvError::Cuda)
     }
 
     fn refuse(seg: &PoolSegment) -> Result<(), RecvError> {
@@ -451,8 +451,8 @@ impl Message<Cuda> {
 
     /// Makes `stream` see the payload too: enqueues on it a wait for the slot's ready
     /// event, as [`Receiver::recv_on`] did on the message's own stream (from a
-    /// [`GpuReady::HostFlag`] sender, nothing: the writes were done when it was received). For a reader
-    /// that works on another stream than the one it received on (the Python package's
+    /// [`GpuReady::HostFlag`] sender, nothing: the writes were done when it was
+    /// received). For a reader that works on another stream than the one it received on (the Python package's
     /// DLPack export does this for the consumer's stream). The slot's release is still
     /// recorded on [`stream`](Self::stream) when the message drops: order the reads
     /// queued on `stream` before that (e.g. `msg.stream().join(&stream)`), or the slot may

@@ -438,8 +438,7 @@ mod imp {
             }
             assert!(self.ready_flags != 0, "the flags are mapped when the pool is made");
             assert!((slot as usize) < self.event_handles.len(), "slot index checked by the lease");
-            let at =
-                self.ready_flags + (slot as usize * size_of::<crate::layout::SlotRecord>()) as u64;
+            let at = self.ready_flags + (slot as usize * size_of::<SlotRecord>()) as u64;
             self.events.bind()?;
             // SAFETY: `at` is slot `slot`'s ready word (8-byte aligned) in this process's
             // mapping of the pool segment, registered and device-mapped while the pool
@@ -487,9 +486,15 @@ mod imp {
 
     impl ImportedPool {
         /// Opens the device pool whose handles `seg` holds, in `ctx` (a receiver, on first
-        /// sight of the pool). A pool on another device is opened with lazy peer access
-        /// when the devices can reach each other.
-        pub(crate) fn import(ctx: &Arc<CudaContext>, seg: &PoolSegment) -> Result<Self, CudaError> {
+        /// sight of the pool), signalled by host ready flags if `host_flags` (the
+        /// segment's checked [`ready_ordering`](PoolSegment::ready_ordering)). A pool on
+        /// another device is opened with lazy peer access when the devices can reach each
+        /// other.
+        pub(crate) fn import(
+            ctx: &Arc<CudaContext>,
+            seg: &PoolSegment,
+            host_flags: bool,
+        ) -> Result<Self, CudaError> {
             let (info, events, stride) = (seg.cuda_info(), seg.slot_events(), seg.layout.stride);
             ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
             let mut uuid = [0u8; 16];
@@ -503,10 +508,8 @@ mod imp {
             let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
             let mut mem_handle = [0u8; 64];
             load_bytes(&info.mem_handle, &mut mem_handle);
-            // Checked by the caller (`ready_ordering`): 0 or 1.
-            let host_flags = info.ordering.load(Ordering::Relaxed) == 1;
             if let Some(local) = local_pool(&mem_handle) {
-                return Self::local(local, stride, events.len(), uuid);
+                return Self::local(local, stride, events.len(), uuid, host_flags);
             }
             let mut pool = Self {
                 events: Arc::new(Events::new(ctx, events.len())),
@@ -544,14 +547,19 @@ mod imp {
         /// A pool of this process seen by one of its receivers: its allocation and events
         /// used as they are (nothing opened). The segment's layout must be the pool's own
         /// (shared memory is untrusted: a forged segment could name our handle with
-        /// another size).
+        /// another size, or another ready signal).
         fn local(
             pool: Arc<DevicePool>,
             stride: usize,
             slots: usize,
             uuid: [u8; 16],
+            host_flags: bool,
         ) -> Result<Self, CudaError> {
-            if pool.stride != stride || pool.event_handles.len() != slots || pool.uuid != uuid {
+            if pool.stride != stride
+                || pool.event_handles.len() != slots
+                || pool.uuid != uuid
+                || pool.host_flags != host_flags
+            {
                 return Err(CudaError::Driver {
                     op: "importing a pool of this process whose segment says another layout",
                     code: sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE as i32,
@@ -564,7 +572,7 @@ mod imp {
                 mem_handle: pool.mem_handle,
                 ready_handles: pool.event_handles.iter().map(|(ready, _)| *ready).collect(),
                 uuid,
-                host_flags: pool.host_flags,
+                host_flags,
                 local: Some(pool),
             })
         }

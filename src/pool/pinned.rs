@@ -34,8 +34,9 @@ static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
 static REGISTERED: AtomicU64 = AtomicU64::new(0);
 
 /// Host pool mappings this process has registered with CUDA (`cuMemHostRegister`) since it
-/// started: a pinned sender's pool once, and once per pool a pinned receiver maps. The count
-/// does not move per message.
+/// started: a pinned sender's pool once, once per pool a pinned receiver maps, and a
+/// device pool's segment once for a sender that signals by host ready flags
+/// (`GpuReady::HostFlag`). The count does not move per message.
 pub fn host_registrations() -> u64 {
     REGISTRATIONS.load(StdOrdering::Relaxed)
 }
