@@ -19,7 +19,10 @@ Rows (each in its own pair of spawned processes):
   against ``multiprocessing.Queue`` (pickled).
 
 A third gpuring row on the GPU has the receiver spin longer before it sleeps
-(``ch.receiver(spins=100_000)``), so that no item pays a futex wake-up.
+(``ch.receiver(spins=100_000)``), so that no item pays a futex wake-up. Two more repeat
+the ``send`` and the zero-copy "as is" rows with the producer's channel opened with
+``ready="flag"``: each send is signalled by a flag its stream writes in shared memory,
+waited for by the receiving CPU, instead of an interprocess event.
 
 Latency is one-way and CPU side, as a user sees it: from the sender's call until the
 receiver holds the tensor (``perf_counter_ns`` is CLOCK_MONOTONIC, shared by the
@@ -82,7 +85,7 @@ def stats(ns):
 # The two ends of each transport. `mode` is "lat" (one at a time, acknowledged) or "tput".
 
 
-def gpuring_producer(name, device, size, n, mode, how, ack):
+def gpuring_producer(name, device, size, n, mode, how, ready, ack):
     if device is not None:
         import torch
 
@@ -90,7 +93,7 @@ def gpuring_producer(name, device, size, n, mode, how, ack):
         torch.cuda.synchronize()
     else:
         pool = [np.full(size, i, dtype=np.uint8) for i in range(RING_SLOTS)]
-    ch = gpuring.Channel.open(name, device=device, timeout=30)
+    ch = gpuring.Channel.open(name, device=device, timeout=30, ready=ready)
     tx = ch.sender()
     for i in range(n):
         t0 = now()
@@ -220,7 +223,7 @@ def measure(ctx, make, quick, size, slow=False, warm=20):
     return row
 
 
-def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack", spins=None):
+def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack", spins=None, ready=None):
     rows = {}
     for label, size in sizes:
         name = "gpuring-pybench-%d-%s" % (os.getpid(), label.replace(" ", ""))
@@ -233,7 +236,7 @@ def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack", spins
                 return run_pair(
                     ctx,
                     gpuring_producer,
-                    (name, device, size, n, mode, how),
+                    (name, device, size, n, mode, how, ready),
                     gpuring_consumer,
                     (name, device, n, mode, view_by, spins),
                 )
@@ -242,6 +245,7 @@ def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack", spins
 
         rows[label] = measure(ctx, make, quick, size)
         wait = "" if spins is None else ", spins=%d" % spins
+        wait += "" if ready is None else ", ready=%s" % ready
         print("  gpuring %s + %-17s%s %-5s %s" % (how, view_by, wait, label, fmt(rows[label])), flush=True)
     return rows
 
@@ -328,6 +332,14 @@ def main():
         )
         results["gpu"]["gpuring zero-copy (lease sent as is, msg.torch())"] = gpuring_rows(
             ctx, args.device, GPU_SIZES, args.quick, "lease as is", "msg.torch()"
+        )
+        # The same two with the producer's sends signalled by a host flag instead of an
+        # IPC event (`ready="flag"`: the receiving CPU waits for the flag).
+        results["gpu"]["gpuring (msg.torch(), ready=flag)"] = gpuring_rows(
+            ctx, args.device, GPU_SIZES, args.quick, "send", "msg.torch()", ready="flag"
+        )
+        results["gpu"]["gpuring zero-copy (lease sent as is, msg.torch(), ready=flag)"] = gpuring_rows(
+            ctx, args.device, GPU_SIZES, args.quick, "lease as is", "msg.torch()", ready="flag"
         )
         results["gpu"]["torch.multiprocessing.Queue"] = torch_rows(tctx, args.device, GPU_SIZES, args.quick, "Queue")
         results["gpu"]["torch.multiprocessing.SimpleQueue"] = torch_rows(

@@ -37,10 +37,15 @@ class Channel:
         max_senders: Optional[int] = None,
         replace_stale: bool = False,
         pinned: bool = False,
+        ready: Optional[str] = None,
     ) -> "Channel":
         """Creates channel ``name`` (exclusively). ``device=None``: host slots.
         ``pinned``: host channels; this process's pools are registered with CUDA, so that
-        copies between CUDA tensors and slots are asynchronous DMA."""
+        copies between CUDA tensors and slots are asynchronous DMA. ``ready``: GPU
+        channels; how this process's senders signal a sent tensor: ``"event"`` (default;
+        the receiver's stream waits on an IPC event) or ``"flag"`` (a flag in shared
+        memory written by the sender's stream; ``recv`` returns once the receiving CPU
+        has seen it)."""
 
     @staticmethod
     def open(
@@ -48,9 +53,10 @@ class Channel:
         device: Optional[int] = None,
         timeout: Optional[float] = None,
         pinned: bool = False,
+        ready: Optional[str] = None,
     ) -> "Channel":
         """Opens channel ``name``, waiting up to ``timeout`` s for it (None: as long as it
-        takes). ``pinned``: as for :meth:`create`, for this process."""
+        takes). ``pinned``, ``ready``: as for :meth:`create`, for this process."""
 
     def sender(self, spins: Optional[int] = None, yields: Optional[int] = None) -> "Sender":
         """A new sender, with its own slot pool (``spins`` / ``yields``: how it waits)."""
@@ -78,6 +84,9 @@ class Channel:
     def slot_bytes(self) -> int: ...
     @property
     def max_senders(self) -> int: ...
+    @property
+    def ready(self) -> Optional[str]:
+        """``"event"`` or ``"flag"``: how this process's senders signal (None: host)."""
     def __enter__(self) -> "Channel": ...
     def __exit__(self, *args: Any) -> bool: ...
 

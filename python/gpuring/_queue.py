@@ -59,6 +59,8 @@ class Queue:
     pickles it by name; the child opens the same channel). ``device=None`` carries
     tensors through host shared memory; ``device=N`` through memory of GPU ``N`` (CUDA
     tensors stay on the GPU: one device-to-device copy in ``put``, one in ``get``).
+    ``ready``: with ``device=N``, how ``put`` signals the copy's end to the getter
+    (``"event"``, the default, or ``"flag"``; see :meth:`gpuring.Channel.create`).
 
     Each putting process owns ``slots`` slots of ``slot_bytes`` bytes (the largest
     tensor a ``put`` takes); ``maxsize`` (or ``capacity``) bounds the messages in flight.
@@ -79,6 +81,7 @@ class Queue:
         slot_bytes: int = 16 << 20,
         device: Optional[int] = None,
         max_senders: int = 16,
+        ready: Optional[str] = None,
     ) -> None:
         if name is None:
             name = "gpuring-queue-%d-%s" % (os.getpid(), secrets.token_hex(4))
@@ -86,6 +89,7 @@ class Queue:
             capacity = _next_pow2(maxsize) if maxsize > 0 else 64
         self._name = name
         self._device = device
+        self._ready = ready
         self._init_local()
         self._ch = Channel.create(
             name,
@@ -95,6 +99,7 @@ class Queue:
             device=device,
             mpmc=True,
             max_senders=max_senders,
+            ready=ready,
         )
 
     def _init_local(self):
@@ -105,11 +110,12 @@ class Queue:
         self._rx = None
 
     def __getstate__(self):
-        return {"name": self._name, "device": self._device}
+        return {"name": self._name, "device": self._device, "ready": self._ready}
 
     def __setstate__(self, state):
         self._name = state["name"]
         self._device = state["device"]
+        self._ready = state.get("ready")
         self._init_local()
 
     def _endpoint(self, which):
@@ -119,7 +125,9 @@ class Queue:
             self._init_local()
         with self._lock:
             if self._ch is None:
-                self._ch = Channel.open(self._name, device=self._device, timeout=10.0)
+                self._ch = Channel.open(
+                    self._name, device=self._device, timeout=10.0, ready=self._ready
+                )
             if which == "tx":
                 if self._tx is None:
                     self._tx = self._ch.sender()

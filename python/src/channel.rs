@@ -3,7 +3,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use gpuring::{Channel, ChannelBuilder, ChannelError, Cuda, Flavor, Host, ShmError, WaitPolicy};
+use gpuring::{
+    Channel, ChannelBuilder, ChannelError, Cuda, Flavor, GpuReady, Host, ShmError, WaitPolicy,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
@@ -13,8 +15,10 @@ use crate::gpu::Gpu;
 use crate::receiver::PyReceiver;
 use crate::sender::PySender;
 
-/// What `__reduce__` gives pickle: `Channel.open` and its arguments.
-type Reduced<'py> = (Bound<'py, PyAny>, (String, Option<i32>));
+/// What `__reduce__` gives pickle: `Channel.open` and its arguments (name, device,
+/// timeout, pinned, ready).
+type Reduced<'py> =
+    (Bound<'py, PyAny>, (String, Option<i32>, Option<f64>, bool, Option<&'static str>));
 
 /// A channel of either kind.
 #[derive(Clone)]
@@ -42,10 +46,12 @@ pub(crate) struct PyChannel {
     slots: u32,
     slot_bytes: u64,
     max_senders: u32,
+    /// How this process's senders of a GPU channel signal a send (`None`: a host channel).
+    ready: Option<GpuReady>,
 }
 
 impl PyChannel {
-    fn new(ch: AnyChannel) -> Self {
+    fn new(ch: AnyChannel, ready: Option<GpuReady>) -> Self {
         let (name, device, flavor, capacity, (slots, slot_bytes), max_senders) = match &ch {
             AnyChannel::Host(c, _) => {
                 (c.name().to_owned(), None, c.flavor(), c.capacity(), c.slots(), c.max_senders())
@@ -69,6 +75,7 @@ impl PyChannel {
             slots,
             slot_bytes,
             max_senders,
+            ready,
         }
     }
 
@@ -100,6 +107,35 @@ fn pinning(py: Python<'_>, pinned: bool, device: Option<i32>) -> PyResult<Option
     }
 }
 
+/// The `ready=` argument: how this process's senders of a GPU channel signal a send.
+/// `None` for a host channel (where giving one is an error), else the event by default.
+fn ready(device: Option<i32>, ready: Option<&str>) -> PyResult<Option<GpuReady>> {
+    match (device, ready) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(pyo3::exceptions::PyValueError::new_err(
+            "ready= is for GPU channels (device=N): host slots are ready when send returns",
+        )),
+        (Some(_), None | Some("event")) => Ok(Some(GpuReady::Event)),
+        (Some(_), Some("flag")) => Ok(Some(GpuReady::HostFlag)),
+        (Some(_), Some(other)) => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "ready={other:?}: expected \"event\" or \"flag\""
+        ))),
+    }
+}
+
+/// The name `ready=` takes for `r`.
+fn ready_name(r: GpuReady) -> &'static str {
+    match r {
+        GpuReady::Event => "event",
+        GpuReady::HostFlag => "flag",
+    }
+}
+
+/// A GPU channel's builder from `b`: on `g`'s context, its senders signalling by `ready`.
+fn cuda(b: ChannelBuilder<Host>, g: &Gpu, ready: Option<GpuReady>) -> ChannelBuilder<Cuda> {
+    b.cuda(&g.ctx).ready(ready.unwrap_or_default())
+}
+
 /// A host channel from `b`, its pools pinned with `pin`'s driver if given.
 fn host(
     b: ChannelBuilder<Host>,
@@ -127,9 +163,24 @@ impl PyChannel {
     /// CUDA tensors and slots are asynchronous DMA (see :meth:`Sender.send` and
     /// :meth:`Message.release`). Each process chooses it for itself (``open`` too).
     ///
-    /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError``, ``CudaError``.
+    /// ``ready``: GPU channels only; how this process's senders tell a receiver that a
+    /// sent tensor's writes are done. ``"event"`` (the default): an interprocess CUDA
+    /// event, which the receiver's stream waits on; ``recv`` never waits for the GPU.
+    /// ``"flag"``: the sender's stream writes a flag in shared memory after the tensor,
+    /// and ``recv`` returns once the receiving CPU has seen it: the tensor is then
+    /// complete for every stream, and the GPU is spared an event record and a wait per
+    /// message (on an H100, 2–3.4× the tensors per second of events; docs/GPU.md). A
+    /// ``recv`` that has taken a message waits for its flag however long the sender's
+    /// GPU work takes (its ``timeout`` does not bound that part, nor does Ctrl-C), until
+    /// the sender's process exits (``PeerDead``). Receivers follow each sender's choice;
+    /// each process chooses for its own senders (``open`` too; a pickled channel keeps
+    /// it). Raises ``CudaError`` where the GPU lacks 64-bit stream memory operations.
+    ///
+    /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError``, ``CudaError``, and
+    /// ``ValueError`` for a ``ready`` that is not ``"event"`` or ``"flag"``, or one given
+    /// with ``device=None``.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=64, slots=8, slot_bytes=64 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false, pinned=false))]
+    #[pyo3(signature = (name, capacity=64, slots=8, slot_bytes=64 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false, pinned=false, ready=None))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -142,7 +193,9 @@ impl PyChannel {
         max_senders: Option<u32>,
         replace_stale: bool,
         pinned: bool,
+        ready: Option<&str>,
     ) -> PyResult<Self> {
+        let signal = self::ready(device, ready)?;
         let pin = pinning(py, pinned, device)?;
         let gpu = gpu(py, device)?;
         let mut b = Channel::builder(name)
@@ -157,27 +210,31 @@ impl PyChannel {
         }
         let made = py.detach(|| match &gpu {
             None => host(b, &pin, |b| b.create()),
-            Some(g) => b.cuda(&g.ctx).create().map(|c| AnyChannel::Cuda(c, g.clone())),
+            Some(g) => cuda(b, g, signal).create().map(|c| AnyChannel::Cuda(c, g.clone())),
         });
-        made.map(PyChannel::new).map_err(|e| errors::channel(py, e))
+        made.map(|c| PyChannel::new(c, signal)).map_err(|e| errors::channel(py, e))
     }
 
     /// Opens channel ``name``, waiting up to ``timeout`` seconds for it to exist (``None``:
     /// as long as it takes, interruptible; ``0``: not at all). ``device``: the GPU this
     /// process uses for a GPU channel's slots (``None`` for a host channel). ``pinned``:
-    /// as for :meth:`create`, for this process's pools and mappings.
+    /// as for :meth:`create`, for this process's pools and mappings. ``ready``: as for
+    /// :meth:`create`, for this process's senders.
     ///
     /// Raises ``NotFound`` (also a ``FileNotFoundError``), ``WrongBackend``,
-    /// ``ShmError`` (not a gpuring channel, another layout version, ...), ``CudaError``.
+    /// ``ShmError`` (not a gpuring channel, another layout version, ...), ``CudaError``,
+    /// ``ValueError`` (``ready``).
     #[staticmethod]
-    #[pyo3(signature = (name, device=None, timeout=None, pinned=false))]
+    #[pyo3(signature = (name, device=None, timeout=None, pinned=false, ready=None))]
     fn open(
         py: Python<'_>,
         name: String,
         device: Option<i32>,
         timeout: Option<f64>,
         pinned: bool,
+        ready: Option<&str>,
     ) -> PyResult<Self> {
+        let signal = self::ready(device, ready)?;
         let until = Until::new(py, timeout)?;
         let pin = pinning(py, pinned, device)?;
         let gpu = gpu(py, device)?;
@@ -186,7 +243,7 @@ impl PyChannel {
             let b: ChannelBuilder<Host> = builder.clone().open_timeout(slice);
             let r = match &gpu {
                 None => host(b, &pin, |b| b.open()),
-                Some(g) => b.cuda(&g.ctx).open().map(|c| AnyChannel::Cuda(c, g.clone())),
+                Some(g) => cuda(b, g, signal).open().map(|c| AnyChannel::Cuda(c, g.clone())),
             };
             match r {
                 Err(
@@ -198,7 +255,7 @@ impl PyChannel {
             }
         };
         match wait(py, until, None, step)? {
-            Ok(r) => r.map(PyChannel::new).map_err(|e| errors::channel(py, e)),
+            Ok(r) => r.map(|c| PyChannel::new(c, signal)).map_err(|e| errors::channel(py, e)),
             Err(last) => Err(errors::channel(
                 py,
                 last.unwrap_or(ChannelError::InvalidConfig { reason: "no channel of this name" }),
@@ -306,19 +363,31 @@ impl PyChannel {
         self.max_senders
     }
 
+    /// How this process's senders signal a sent tensor: ``"event"`` or ``"flag"`` (see
+    /// :meth:`create`); ``None`` for a host channel.
+    #[getter]
+    fn ready(&self) -> Option<&'static str> {
+        self.ready.map(ready_name)
+    }
+
     fn __repr__(&self) -> String {
         let place = self.device.map_or("host".to_owned(), |d| format!("cuda:{d}"));
         let flavor = if self.mpmc { "mpmc" } else { "spsc" };
+        let ready = match self.ready {
+            Some(GpuReady::HostFlag) => ", ready=\"flag\"",
+            _ => "",
+        };
         format!(
-            "Channel({:?}, {flavor}, {place}, capacity={}, slots={}, slot_bytes={})",
+            "Channel({:?}, {flavor}, {place}, capacity={}, slots={}, slot_bytes={}{ready})",
             self.name, self.capacity, self.slots, self.slot_bytes
         )
     }
 
-    /// Pickles by name: the copy opens the same channel.
+    /// Pickles by name: the copy opens the same channel, on the same device, its senders
+    /// signalling as this process's do (``ready``).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let this = slf.get();
         let open = slf.get_type().cast_into::<PyType>()?.getattr("open")?;
-        Ok((open, (this.name.clone(), this.device)))
+        Ok((open, (this.name.clone(), this.device, None, false, this.ready.map(ready_name))))
     }
 }

@@ -20,10 +20,19 @@ def send_tensors(name, count):
     tx.close()
 
 
+def opened(channel, ready=None):
+    """`channel` opened on GPU 0: by name (its senders signalling by `ready`), or a Channel
+    unpickled in this process (signalling as the pickling process's do)."""
+    if isinstance(channel, str):
+        return gpuring.Channel.open(channel, device=0, timeout=30, ready=ready)
+    return channel
+
+
 def send_after_slow_kernel(name, count):
     """Each tensor is written after a slow kernel on the current stream; send queues the
-    copy into the slot after it (torch's stream order), without waiting for the GPU."""
-    ch = gpuring.Channel.open(name, device=0, timeout=30)
+    copy into the slot after it (torch's stream order), without waiting for the GPU.
+    `name`: a channel name or a pickled Channel."""
+    ch = opened(name)
     tx = ch.sender()
     for k in range(1, count + 1):
         x = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
@@ -34,9 +43,9 @@ def send_after_slow_kernel(name, count):
     tx.close()
 
 
-def send_ones_then_twos(name, n, count):
+def send_ones_then_twos(name, n, count, ready=None):
     """Message k holds n values k + 1, each into the one slot as soon as it is free."""
-    ch = gpuring.Channel.open(name, device=0, timeout=30)
+    ch = opened(name, ready)
     tx = ch.sender()
     for k in range(count):
         tx.send(torch.full((n,), float(k + 1), device="cuda"), timeout=60)
@@ -44,8 +53,8 @@ def send_ones_then_twos(name, n, count):
     tx.close()
 
 
-def send_numbers(name, count):
-    ch = gpuring.Channel.open(name, device=0, timeout=30)
+def send_numbers(name, count, ready=None):
+    ch = opened(name, ready)
     tx = ch.sender()
     numbers = torch.arange(count, dtype=torch.int64, device="cuda")
     for i in range(count):

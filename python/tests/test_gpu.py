@@ -92,14 +92,20 @@ def test_torch_views_are_read_as_their_values(name):
             rx.recv(timeout=0)  # nothing refused was sent
 
 
-def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name):
+@pytest.mark.parametrize("ready", ["event", "flag"])
+def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name, ready):
     """The sender's copy into the slot runs after a ~0.3 s kernel; the receiver reads at
     once. Ordered by the slot's ready event, it sees the final values every time; the
-    control reads without the wait (DLPack stream -1) and sees the slot as it was."""
+    control reads without the wait (DLPack stream -1) and sees the slot as it was.
+
+    With ``ready="flag"`` (the sender gets it through the pickled channel), ``recv``
+    itself returns only once the writes are done: the control sees the final values
+    too."""
     rounds = 4
-    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1 << 20, device=0)
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1 << 20, device=0, ready=ready)
+    assert ch.ready == ready
     rx = ch.receiver()
-    p = run(gpu_peers.send_after_slow_kernel, name, 2 * rounds)
+    p = run(gpu_peers.send_after_slow_kernel, ch if ready == "flag" else name, 2 * rounds)
     stale = 0
     elsewhere = torch.cuda.Stream()
     for k in range(1, 2 * rounds + 1):
@@ -115,10 +121,14 @@ def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name):
         del t
         msg.release()
     done(p)
-    assert stale > 0, "the control never saw stale values: the test could not tell"
+    if ready == "event":
+        assert stale > 0, "the control never saw stale values: the test could not tell"
+    else:
+        assert stale == 0, "%d reads on another stream saw a slot before its flag" % stale
 
 
-def test_a_slot_is_not_written_while_a_reader_still_reads_it(name):
+@pytest.mark.parametrize("ready", ["event", "flag"])
+def test_a_slot_is_not_written_while_a_reader_still_reads_it(name, ready):
     """One slot. The receiver queues a slow read (a ~0.3 s kernel, then a sum) of message 1
     and releases it at once; the sender writes message 2 into the same slot. The sum sees
     message 1's values: the sender's stream waited for the release event recorded after
@@ -127,7 +137,7 @@ def test_a_slot_is_not_written_while_a_reader_still_reads_it(name):
     n = 1 << 16
     ch = gpuring.Channel.create(name, slots=1, slot_bytes=4 * n, device=0)
     rx = ch.receiver()
-    p = run(gpu_peers.send_ones_then_twos, name, n, 4)
+    p = run(gpu_peers.send_ones_then_twos, name, n, 4, ready)
     side = torch.cuda.Stream()
     overwritten = 0
     for k in range(4):
@@ -152,11 +162,12 @@ def test_a_slot_is_not_written_while_a_reader_still_reads_it(name):
     assert overwritten > 0, "the control's reads were never overwritten: the test could not tell"
 
 
-def test_100k_messages(name):
+@pytest.mark.parametrize("ready", ["event", "flag"])
+def test_100k_messages(name, ready):
     count = 100_000
     ch = gpuring.Channel.create(name, capacity=256, slots=64, slot_bytes=64, device=0)
     rx = ch.receiver()
-    p = run(gpu_peers.send_numbers, name, count)
+    p = run(gpu_peers.send_numbers, name, count, ready)
     got = torch.empty(count, dtype=torch.int64, device="cuda")
     for i in range(count):
         with rx.recv(timeout=60) as msg:

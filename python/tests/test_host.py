@@ -326,6 +326,23 @@ def test_channels_pickle_by_name_and_open_in_a_child(name):
         assert list(np.from_dlpack(msg)) == [0, 1, 2]
 
 
+def test_ready_is_for_gpu_channels_and_takes_event_or_flag(name):
+    """`ready=` says how a GPU channel's senders signal; on a host channel, or with a name
+    it does not know, it is refused before anything is made (no CUDA needed to say so)."""
+    for bad in ("flag", "event"):
+        with pytest.raises(ValueError, match="GPU channels"):
+            gpuring.Channel.create(name, slots=1, slot_bytes=64, ready=bad)
+    with pytest.raises(ValueError, match="expected"):
+        gpuring.Channel.create(name, slots=1, slot_bytes=64, device=0, ready="flags")
+    assert not [f for f in os.listdir("/dev/shm") if name in f], "a refused create made a segment"
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=64)
+    assert ch.ready is None
+    with pytest.raises(ValueError, match="GPU channels"):
+        gpuring.Channel.open(name, timeout=0, ready="flag")
+    again = pickle.loads(pickle.dumps(ch))
+    assert again.ready is None and again.device is None
+
+
 def test_queue_between_processes(name):
     q = gpuring.Queue(name, slot_bytes=4096)
     p = spawn.Process(target=peers.put_queue, args=(q, 200))
