@@ -4,11 +4,13 @@
     python3 scripts/plot_gpu_setups.py OUT.png LABEL=LOG[:SECTION,...] ...
 
 Each LOG is a file of `bench-gpu` criterion output; files that concatenate several logs
-(docs/data/gpu-run-*.txt) separate them with `== <name>` lines, and SECTION names the ones
-to read (the first match of each row wins). LABEL names the setup on the x axis. Left
+(docs/data/gpu-run-*.txt) separate them with `== <name>` lines or prefix each line with
+`<name>| ` (run AH on), and SECTION names the ones to read (the first match of each row
+wins). LABEL names the setup on the x axis. Left
 panel: one-way latency, the raw IPC-event floor, gpuring, and the stream-value floor
 (issue 17 part 3). Right panel: the stream, items/s, the raw IPC-event stream, gpuring,
-and the stream-value stream. Needs matplotlib.
+and the stream-value stream. Both panels also show gpuring with host ready flags
+(`GpuReady::HostFlag`) where the log has it. Needs matplotlib.
 """
 import re
 import sys
@@ -22,11 +24,13 @@ ROWS = {
     "latency": [
         ("gpu_handoff_one_way/floor_ipc_events_spin", "raw floor, IPC events"),
         ("gpu_handoff_one_way/gpuring_spsc_spin", "gpuring"),
+        ("gpu_handoff_one_way/gpuring_spsc_spin_host_flags", "gpuring, host flags"),
         ("gpu_stream_values/floor_stream_values_spin", "raw floor, stream values"),
     ],
     "stream": [
         ("gpu_stream/floor_ipc_events_stream", "raw stream, IPC events"),
         ("gpu_stream/gpuring_spsc_1p1c", "gpuring"),
+        ("gpu_stream/gpuring_spsc_1p1c_host_flags", "gpuring, host flags"),
         ("gpu_stream_values/floor_stream_values_stream", "raw stream, stream values"),
     ],
 }
@@ -37,10 +41,15 @@ def read(path, sections):
     """Medians per row: µs for times, k items/s for throughputs."""
     out, keep, row = {}, not sections, None
     for line in open(path, encoding="utf-8"):
-        if line.startswith("== "):
+        tagged = re.match(r"^([a-z0-9-]+)\| (.*)$", line)
+        if tagged:
+            if sections and tagged.group(1) not in sections:
+                continue
+            line = tagged.group(2) + "\n"
+        elif line.startswith("== "):
             keep = not sections or line[3:].strip() in sections
             continue
-        if not keep:
+        elif not keep:
             continue
         if re.match(r"^[a-z_0-9]+/[a-z_0-9]+$", line.strip()):
             row = line.strip()
