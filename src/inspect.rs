@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime};
 
 pub use crate::layout::SegmentKind;
 use crate::layout::{
-    Corrupted, MAGIC, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, Participants, PoolEntry,
-    PoolHeader, PoolLayout, RingControl, RingHeader, SegmentHeader, SlotRecord, entry_pid,
-    entry_role, entry_serial, load_bytes, participant_of,
+    BACKEND_CUDA, Corrupted, CudaPoolInfo, MAGIC, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER,
+    Participants, PoolEntry, PoolHeader, PoolLayout, RingControl, RingHeader, SegmentHeader,
+    SlotRecord, entry_pid, entry_role, entry_serial, load_bytes, participant_of,
 };
 use crate::liveness::{ProcessState, process_state};
 use crate::pool::Phase;
@@ -259,6 +259,11 @@ pub struct PoolReport {
     pub slot_size: u64,
     /// Slots by state (`None`: the pool segment could not be opened).
     pub slots: Option<SlotCounts>,
+    /// Device pools: how the sender signals that a slot's writes are done, as its segment
+    /// says: "events" (`GpuReady::Event`), "host flags" (`GpuReady::HostFlag`) or
+    /// "corrupt" (a value that is neither).
+    /// `None` for host pools, or when the segment could not be opened.
+    pub ready: Option<&'static str>,
 }
 
 /// What `inspect` found in a segment.
@@ -352,6 +357,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
                 slot_count: count,
                 slot_size: size,
                 slots: slot_counts(&seg, backend, count, size),
+                ready: ready_signal(&seg, backend, count, size),
             });
         }
     }
@@ -428,9 +434,9 @@ fn pool_report(index: u32, e: &PoolEntry) -> Option<PoolReport> {
         e.slot_size.load(Ordering::Relaxed),
     );
     let owner = e.owner_pid.load(Ordering::Relaxed);
-    let slots = Segment::open_any(&name, Duration::ZERO)
-        .ok()
-        .and_then(|(seg, _)| slot_counts(&seg, backend, count, size));
+    let pool = Segment::open_any(&name, Duration::ZERO).ok();
+    let slots = pool.as_ref().and_then(|(seg, _)| slot_counts(seg, backend, count, size));
+    let ready = pool.as_ref().and_then(|(seg, _)| ready_signal(seg, backend, count, size));
     Some(PoolReport {
         index,
         instance: e.instance.load(Ordering::Relaxed),
@@ -441,6 +447,27 @@ fn pool_report(index: u32, e: &PoolEntry) -> Option<PoolReport> {
         slot_count: count,
         slot_size: size,
         slots,
+        ready,
+    })
+}
+
+/// A device pool's ready signal, as its [`CudaPoolInfo::ordering`] word says.
+fn ready_signal(seg: &Segment, backend: u32, count: u32, size: u64) -> Option<&'static str> {
+    if backend != BACKEND_CUDA {
+        return None;
+    }
+    let layout = PoolLayout::for_backend(backend, count, size)?;
+    if layout.total_size != seg.len() {
+        return None;
+    }
+    // SAFETY: the layout's CUDA info block, inside a mapping of the layout's size; atomics
+    // only.
+    let info = unsafe { seg.at::<CudaPoolInfo>(layout.cuda_info).as_ref() };
+    // Relaxed: a snapshot, checked below like any value read from shared memory.
+    Some(match info.ordering.load(Ordering::Relaxed) {
+        0 => "events",
+        1 => "host flags",
+        _ => "corrupt",
     })
 }
 
@@ -573,6 +600,49 @@ fn remove_unused(name: &str, queued: bool) -> bool {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use core::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use crate::layout::{BACKEND_CUDA, BACKEND_HOST, CudaPoolInfo, PoolLayout, SegmentKind};
+    use crate::shm::{Segment, ShmError};
+
+    /// A device pool's ordering word, as `inspect` reads it: each value the library writes
+    /// by name, any other as corrupt; host pools have none. (A segment of the device
+    /// pool's shape, made here: no GPU is needed to read one.)
+    #[test]
+    #[cfg_attr(miri, ignore = "shared memory objects are not available under Miri")]
+    fn a_device_pools_ready_signal_is_read_by_name() {
+        let name = format!("gpuring-inspect-ready-{}", std::process::id());
+        let (count, size) = (2, 4096);
+        let layout = PoolLayout::for_backend(BACKEND_CUDA, count, size).unwrap();
+        let seg = Segment::create::<ShmError>(
+            &name,
+            SegmentKind::CudaPool,
+            layout.total_size,
+            false,
+            |_| Ok(()),
+        )
+        .unwrap();
+        let opened = Segment::open_any(&name, Duration::ZERO).map(|(s, _)| s);
+        Segment::unlink(&name).unwrap();
+        let opened = opened.unwrap();
+        // SAFETY: the layout's CUDA info block in a mapping of the layout's size.
+        let info = unsafe { seg.at::<CudaPoolInfo>(layout.cuda_info).as_ref() };
+        for (word, said) in
+            [(0, "events"), (1, "host flags"), (2, "corrupt"), (u32::MAX, "corrupt")]
+        {
+            info.ordering.store(word, Ordering::Relaxed);
+            assert_eq!(
+                super::ready_signal(&opened, BACKEND_CUDA, count, size),
+                Some(said),
+                "{word}"
+            );
+        }
+        assert_eq!(super::ready_signal(&opened, BACKEND_HOST, count, size), None);
+        // A segment of another size than its parameters say is not read.
+        assert_eq!(super::ready_signal(&opened, BACKEND_CUDA, count + 1, size), None);
+    }
+
     #[test]
     #[cfg_attr(miri, ignore = "/proc is not available under Miri")]
     fn pid_alive_says_unknown_for_pids_that_cannot_exist() {

@@ -66,8 +66,8 @@ fn print_inspection(i: Inspection) {
     }
     if !i.pools.is_empty() {
         let mut t = table(
-            "pool | state | owner | backend | slots | slot size | free | leased | in flight \
-             | held | segment",
+            "pool | state | owner | backend | ready by | slots | slot size | free | leased \
+             | in flight | held | segment",
         );
         for p in &i.pools {
             let counts = |f: fn(&inspect::SlotCounts) -> u32| {
@@ -78,6 +78,7 @@ fn print_inspection(i: Inspection) {
                 p.state.to_owned(),
                 format!("{} ({})", p.owner.0, alive(p.owner.1)),
                 if p.backend == 2 { "cuda" } else { "host" }.to_owned(),
+                p.ready.unwrap_or("-").to_owned(),
                 p.slot_count.to_string(),
                 bytes(p.slot_size),
                 counts(|c| c.free),

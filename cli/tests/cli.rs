@@ -77,10 +77,17 @@ fn inspect_shows_capacity_depth_and_pools() {
     assert!(stdout.contains("capacity 64"), "{stdout}");
     assert!(stdout.contains("depth 3"), "{stdout}");
     assert!(stdout.contains(&format!("pid {} (alive)", std::process::id())), "{stdout}");
-    // The pool row: 4 slots, 1 free, 3 in flight.
-    let row = stdout.lines().find(|l| l.contains(&tx.pool_name()[1..])).expect("a pool row");
-    let cells: Vec<&str> = row.split(['│', '┆']).map(str::trim).filter(|c| !c.is_empty()).collect();
-    assert_eq!(&cells[4..10], ["4", "256 B", "1", "0", "3", "0"], "{row}");
+    // The pool row: host slots (no ready signal), 4 slots, 1 free, 3 in flight.
+    let cells = pool_cells(&stdout, tx.pool_name());
+    assert_eq!(&cells[3..11], ["host", "-", "4", "256 B", "1", "0", "3", "0"], "{cells:?}");
+}
+
+/// The cells of `inspect`'s table row for pool segment `pool` (its name starts with '/').
+fn pool_cells(stdout: &str, pool: &str) -> Vec<String> {
+    let row = stdout.lines().find(|l| l.contains(&pool[1..]));
+    let row = row.unwrap_or_else(|| panic!("no row for pool {pool} in:\n{stdout}"));
+    let cells = row.split(['│', '┆']).map(str::trim).filter(|c| !c.is_empty());
+    cells.map(str::to_owned).collect()
 }
 
 #[test]
@@ -218,7 +225,9 @@ fn gpu_demo_says_whether_the_gpu_is_time_sliced_or_shared_through_mps() {
 
 /// On a GPU machine, `inspect` of a GPU channel ends with a line per GPU saying what a
 /// sender and a receiver both on it would get: time-sliced (with the hint to start MPS) or
-/// shared through MPS, as read here from the MPS control pipe.
+/// shared through MPS, as read here from the MPS control pipe. Its pool table says how each
+/// sender signals a send: "events" here, "host flags" for a channel whose senders chose
+/// `GpuReady::HostFlag`.
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
@@ -228,7 +237,7 @@ fn gpu_inspect_of_a_gpu_channel_says_each_gpus_mps_state() {
     let ctx = gpuring::cuda::context(0).unwrap();
     let name = unique_name("cli-gpu-inspect");
     let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
-    let _tx = ch.sender().unwrap(); // a device pool in the table
+    let tx = ch.sender().unwrap(); // a device pool in the table
     let out = gpuring(&["inspect", &name]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "inspect failed: {stderr}");
@@ -240,4 +249,15 @@ fn gpu_inspect_of_a_gpu_channel_says_each_gpus_mps_state() {
     } else {
         assert!(gpu0.contains("time-slices") && gpu0.contains("nvidia-cuda-mps-control -d"));
     }
+    assert_eq!(&pool_cells(&stdout, tx.pool_name())[3..5], ["cuda", "events"]);
+    let flagged = unique_name("cli-gpu-inspect-flags");
+    let ch2 = Channel::builder(&flagged).slots(2, 4096).cuda(&ctx);
+    let ch2 = ch2.ready(gpuring::GpuReady::HostFlag).create().unwrap();
+    let tx2 = ch2.sender().unwrap();
+    let out = gpuring(&["inspect", &flagged]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "inspect failed: {stderr}");
+    let cells = pool_cells(&stdout, tx2.pool_name());
+    println!("{cells:?}");
+    assert_eq!(&cells[3..5], ["cuda", "host flags"], "{cells:?}");
 }
