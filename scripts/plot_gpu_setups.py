@@ -81,6 +81,8 @@ def main():
                 if key in vals:
                     xs.append(j + (i - (len(rows) - 1) / 2) * width)
                     ys.append(vals[key])
+            if not ys:
+                continue  # no setup has this row
             bars = ax.bar(xs, ys, width, label=name)
             top = max([top, *ys])
             ax.bar_label(bars, fmt="%.1f", fontsize=7)
