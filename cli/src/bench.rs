@@ -42,11 +42,18 @@ pub(crate) fn bench(
     let mut gpu_setup: Option<String> = None;
     #[cfg(feature = "cuda")]
     if crate::demo::gpu_present() {
-        let (g, setup) = gpu_demo::channel(20_000, 4096, 2_000)?;
+        use gpuring::GpuReady;
+        let (g, setup) = gpu_demo::channel(20_000, 4096, 2_000, GpuReady::Event)?;
         gpu_setup = Some(setup);
+        // With host ready flags too, where the device has the stream memory operations.
+        let flags = gpu_demo::channel(20_000, 4096, 2_000, GpuReady::HostFlag);
         let p = gpu_demo::pipe(20_000, 4096, 2_000)?;
         let base = (g.p50, g.per_sec);
         push(4096, base, g);
+        match flags {
+            Ok((f, _)) => push(4096, base, f),
+            Err(e) => eprintln!("(host ready flags: not run here: {e})"),
+        }
         push(4096, base, p);
     }
     if let Some(path) = samples {

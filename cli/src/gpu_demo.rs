@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
-use gpuring::{Channel, TensorMeta, cuda};
+use gpuring::{Channel, GpuReady, TensorMeta, cuda};
 
 use crate::Error;
 use crate::demo::{
@@ -36,22 +36,30 @@ fn read_word(ptr: sys::CUdeviceptr, s: &CudaStream) -> Result<u32, Error> {
 /// copies it into its own slot and sends it back, A's stream waits, A reads it back
 /// to the host), then a one-way stream; and a line on the GPU setup the hand-offs took
 /// (one GPU time-sliced, one under MPS, or two GPUs: from the echo's device and this
-/// process's MPS state), with the hint to turn MPS on where it would help.
-pub(super) fn channel(messages: u64, size: usize, pings: u64) -> Result<(Figures, String), Error> {
+/// process's MPS state), with the hint to turn MPS on where it would help. `ready`: how both
+/// processes' senders signal their sends (the echo's role says which).
+pub(super) fn channel(
+    messages: u64,
+    size: usize,
+    pings: u64,
+    ready: GpuReady,
+) -> Result<(Figures, String), Error> {
     let (ctx, s) = setup()?;
     let here = cuda::device_info(&ctx)?;
     let mut path = None;
-    let name = format!("gpuring-demo-{}", std::process::id());
+    let flags = ready == GpuReady::HostFlag;
+    let name = format!("gpuring-demo-{}{}", std::process::id(), if flags { "-f" } else { "" });
     let make = |suffix: &str, cap: u64, slots: u32| {
         Channel::builder(format!("{name}-{suffix}"))
             .capacity(cap)
             .slots(slots, size as u64)
             .cuda(&ctx)
+            .ready(ready)
             .create()
     };
     let (ab, ba) = (make("ab", 16, 4)?, make("ba", 16, 4)?);
     let (tx, rx) = (ab.sender()?, ba.receiver()?);
-    let child = spawn_peer("echo-gpu", &name, size, false)?;
+    let child = spawn_peer(if flags { "echo-gpu-flags" } else { "echo-gpu" }, &name, size, false)?;
     let meta = TensorMeta::bytes(size as u64);
     let mut samples = Vec::with_capacity(pings as usize);
     for seq in 0..=pings {
@@ -78,12 +86,12 @@ pub(super) fn channel(messages: u64, size: usize, pings: u64) -> Result<(Figures
     let sc = make("s", 256, 64)?;
     let tx = sc.sender()?;
     let child = spawn_peer("sink-gpu", &name, size, false)?;
-    let figures =
-        stream_figures_of("gpuring (GPU)", (messages, latency), (&tx, child), meta, |seq| {
-            let lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
-            memset_word(lease.device_ptr(), seq as u32, &s)?;
-            Ok(lease)
-        })?;
+    let label = if flags { "gpuring (GPU, host flags)" } else { "gpuring (GPU)" };
+    let figures = stream_figures_of(label, (messages, latency), (&tx, child), meta, |seq| {
+        let lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
+        memset_word(lease.device_ptr(), seq as u32, &s)?;
+        Ok(lease)
+    })?;
     let path = path.expect("the ping-pong ran at least once");
     Ok((figures, format!("GPU setup: {}", path.describe(&here))))
 }
@@ -106,8 +114,9 @@ pub(super) fn peer(role: &str, name: &str, size: usize) -> Result<(), Error> {
             }
         }
     }
+    let ready = if role == "echo-gpu-flags" { GpuReady::HostFlag } else { GpuReady::Event };
     let ab = Channel::builder(format!("{name}-ab")).cuda(&ctx).open()?;
-    let ba = Channel::builder(format!("{name}-ba")).cuda(&ctx).open()?;
+    let ba = Channel::builder(format!("{name}-ba")).cuda(&ctx).ready(ready).open()?;
     let (rx, tx) = (ab.receiver()?, ba.sender()?);
     loop {
         let m = rx.recv_on_timeout(&s, Duration::from_secs(30))?;

@@ -203,7 +203,7 @@ fn list_tells_in_use_from_left_over_and_clean_removes_only_what_nobody_uses() {
 /// On a GPU machine, `demo --gpu` says which GPU setup its hand-offs took: both processes on
 /// one GPU, time-sliced without an MPS daemon (with the hint to start one), or sharing it
 /// through MPS (no hint). Whether a daemon runs is read here from its control pipe, not
-/// from the driver attribute the tool uses.
+/// from the driver attribute the tool uses. It also runs the GPU path with host ready flags.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn gpu_demo_says_whether_the_gpu_is_time_sliced_or_shared_through_mps() {
@@ -221,6 +221,12 @@ fn gpu_demo_says_whether_the_gpu_is_time_sliced_or_shared_through_mps() {
         assert!(setup.contains("time-slices their contexts"), "{setup}");
         assert!(setup.contains("nvidia-cuda-mps-control -d"), "the hint: {setup}");
     }
+    // The GPU path ran a second time with host ready flags (the H100 and H200 have the
+    // stream memory operations they need), and the demo compares the two.
+    assert!(stdout.contains("gpuring (GPU, host flags)"), "no host-flag row in:\n{stdout}");
+    let vs = stdout.lines().find(|l| l.starts_with("host ready flags")).expect(&stdout);
+    println!("{vs}");
+    assert!(vs.contains("vs events"), "{vs}");
 }
 
 /// On a GPU machine, `inspect` of a GPU channel ends with a line per GPU saying what a
