@@ -452,11 +452,11 @@ impl Message<Cuda> {
     /// Makes `stream` see the payload too: enqueues on it a wait for the slot's ready
     /// event, as [`Receiver::recv_on`] did on the message's own stream (from a
     /// [`GpuReady::HostFlag`] sender, nothing: the writes were done when it was
-    /// received). For a reader that works on another stream than the one it received on (the Python package's
-    /// DLPack export does this for the consumer's stream). The slot's release is still
-    /// recorded on [`stream`](Self::stream) when the message drops: order the reads
-    /// queued on `stream` before that (e.g. `msg.stream().join(&stream)`), or the slot may
-    /// be written again under them.
+    /// received). For a reader that works on another stream than the one it received on
+    /// (the Python package's DLPack export does this for the consumer's stream). The
+    /// slot's release is still recorded on [`stream`](Self::stream) when the message
+    /// drops: order the reads queued on `stream` before that (e.g.
+    /// `msg.stream().join(&stream)`), or the slot may be written again under them.
     ///
     /// # Errors
     ///
