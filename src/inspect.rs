@@ -451,31 +451,29 @@ fn pool_report(index: u32, e: &PoolEntry) -> Option<PoolReport> {
     })
 }
 
+/// The layout of pool segment `seg` as its table row says, if the mapping has its size.
+fn pool_layout(seg: &Segment, backend: u32, count: u32, size: u64) -> Option<PoolLayout> {
+    PoolLayout::for_backend(backend, count, size).filter(|l| l.total_size == seg.len())
+}
+
 /// A device pool's ready signal, as its [`CudaPoolInfo::ordering`] word says.
 fn ready_signal(seg: &Segment, backend: u32, count: u32, size: u64) -> Option<&'static str> {
     if backend != BACKEND_CUDA {
         return None;
     }
-    let layout = PoolLayout::for_backend(backend, count, size)?;
-    if layout.total_size != seg.len() {
-        return None;
-    }
+    let layout = pool_layout(seg, backend, count, size)?;
     // SAFETY: the layout's CUDA info block, inside a mapping of the layout's size; atomics
     // only.
     let info = unsafe { seg.at::<CudaPoolInfo>(layout.cuda_info).as_ref() };
-    // Relaxed: a snapshot, checked below like any value read from shared memory.
-    Some(match info.ordering.load(Ordering::Relaxed) {
-        0 => "events",
-        1 => "host flags",
-        _ => "corrupt",
+    Some(match info.host_flags() {
+        Ok(false) => "events",
+        Ok(true) => "host flags",
+        Err(_) => "corrupt",
     })
 }
 
 fn slot_counts(seg: &Segment, backend: u32, count: u32, size: u64) -> Option<SlotCounts> {
-    let layout = PoolLayout::for_backend(backend, count, size)?;
-    if layout.total_size != seg.len() {
-        return None;
-    }
+    let layout = pool_layout(seg, backend, count, size)?;
     let mut counts = SlotCounts::default();
     for i in 0..layout.slot_count {
         // SAFETY: record i of a layout whose size equals the mapping; atomics only.

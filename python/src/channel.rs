@@ -171,10 +171,11 @@ impl PyChannel {
     /// complete for every stream, and the GPU is spared an event record and a wait per
     /// message (on an H100, 2–3.4× the tensors per second of events; docs/GPU.md). A
     /// ``recv`` that has taken a message waits for its flag however long the sender's
-    /// GPU work takes (its ``timeout`` does not bound that part, nor does Ctrl-C), until
-    /// the sender's process exits (``PeerDead``). Receivers follow each sender's choice;
-    /// each process chooses for its own senders (``open`` too; a pickled channel keeps
-    /// it). Raises ``CudaError`` where the GPU lacks 64-bit stream memory operations.
+    /// GPU work takes (its ``timeout`` does not bound that part, nor does Ctrl-C), or
+    /// until the sender closes its pool (``SenderGone``) or its process exits
+    /// (``PeerDead``). Receivers follow each sender's choice; each process chooses for its
+    /// own senders (``open`` too; a pickled channel keeps it). :meth:`sender` raises
+    /// ``CudaError`` where the GPU lacks 64-bit stream memory operations.
     ///
     /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError``, ``CudaError``, and
     /// ``ValueError`` for a ``ready`` that is not ``"event"`` or ``"flag"``, or one given

@@ -184,7 +184,7 @@ impl Backend for Cuda {
     }
 
     fn import(setup: &CudaSetup, seg: &PoolSegment) -> Result<Arc<ImportedPool>, RecvError> {
-        let host_flags = seg.ready_ordering()?;
+        let host_flags = seg.cuda_info().host_flags()?;
         ImportedPool::import(&setup.ctx, seg, host_flags).map(Arc::new).map_err(RecvError::Cuda)
     }
 

@@ -11,8 +11,8 @@
 //! | next page | host pools: the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
 //! | next 128 | device pools: [`CudaPoolInfo`], then `slot_count` × [`SlotEvents`] |
 
-use super::{BACKEND_CUDA, BACKEND_HOST, MpmcCell, RingLayout, SegmentHeader};
-use crate::sync::{AtomicU32, AtomicU64};
+use super::{BACKEND_CUDA, BACKEND_HOST, Corrupted, MpmcCell, RingLayout, SegmentHeader};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Most slots in one pool.
 pub const MAX_SLOTS: u32 = 1 << 20;
@@ -87,6 +87,29 @@ pub struct CudaPoolInfo {
     pub ordering: AtomicU32,
     /// Distance between slots in the allocation.
     pub stride: AtomicU64,
+}
+
+impl CudaPoolInfo {
+    /// Writes [`ordering`](Self::ordering): host ready flags, or ready events. The creator
+    /// does, before the segment is published (Relaxed: published with its init word).
+    pub fn set_host_flags(&self, host_flags: bool) {
+        self.ordering.store(u32::from(host_flags), Ordering::Relaxed);
+    }
+
+    /// Whether [`ordering`](Self::ordering) says host ready flags (`false`: ready events).
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] for any other value.
+    pub fn host_flags(&self) -> Result<bool, Corrupted> {
+        // Relaxed: written before the segment was published; checked here like any value
+        // read from shared memory.
+        match self.ordering.load(Ordering::Relaxed) {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Corrupted { what: "device pool names an unknown ready ordering" }),
+        }
+    }
 }
 
 /// One slot's interprocess events: `ready` (recorded by the sender after its writes,

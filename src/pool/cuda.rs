@@ -83,8 +83,7 @@ mod imp {
 
     use super::CudaError;
     use crate::layout::{
-        BACKEND_CUDA, Corrupted, CudaPoolInfo, PoolLayout, SlotEvents, SlotRecord, load_bytes,
-        store_bytes,
+        BACKEND_CUDA, CudaPoolInfo, PoolLayout, SlotEvents, SlotRecord, load_bytes, store_bytes,
     };
     use crate::pool::PoolSegment;
     use crate::shm::Segment;
@@ -352,7 +351,7 @@ mod imp {
             store_bytes(&info.device_uuid, &self.uuid);
             // Relaxed: published with the segment's init word.
             info.device_ordinal.store(self.events.ctx.ordinal() as u32, Ordering::Relaxed);
-            info.ordering.store(u32::from(self.host_flags), Ordering::Relaxed);
+            info.set_host_flags(self.host_flags);
             info.stride.store(self.stride as u64, Ordering::Relaxed);
             for (i, (ready, release)) in self.event_handles.iter().enumerate() {
                 let at = layout.slot_events + i * size_of::<SlotEvents>();
@@ -487,7 +486,7 @@ mod imp {
     impl ImportedPool {
         /// Opens the device pool whose handles `seg` holds, in `ctx` (a receiver, on first
         /// sight of the pool), signalled by host ready flags if `host_flags` (the
-        /// segment's checked [`ready_ordering`](PoolSegment::ready_ordering)). A pool on
+        /// segment's checked [`CudaPoolInfo::host_flags`]). A pool on
         /// another device is opened with lazy peer access when the devices can reach each
         /// other.
         pub(crate) fn import(
@@ -676,20 +675,6 @@ mod imp {
             // A new segment nobody else maps yet: nobody set it meanwhile.
             let _ = self.pinned.set(pinned);
             Ok(first)
-        }
-
-        /// Device pools: how sends are signalled, as the segment says (0: ready events, 1:
-        /// host ready flags).
-        ///
-        /// # Errors
-        ///
-        /// [`Corrupted`] for any other value.
-        pub(crate) fn ready_ordering(&self) -> Result<bool, Corrupted> {
-            match self.cuda_info().ordering.load(Ordering::Relaxed) {
-                0 => Ok(false),
-                1 => Ok(true),
-                _ => Err(Corrupted { what: "device pool names an unknown ready ordering" }),
-            }
         }
 
         /// Slot `slot`'s ready flag (host-flag pools; `slot` checked by the caller).
