@@ -16,7 +16,7 @@ use common::gpu::{memset, setup, value};
 use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
-use gpuring::{Channel, ChannelError, Cuda, CudaError, GpuReady, Message, TensorMeta};
+use gpuring::{Channel, ChannelError, Cuda, CudaError, GpuReady, Message, TensorMeta, WaitPolicy};
 
 #[global_allocator]
 static GLOBAL: common::counting::Counting = common::counting::Counting;
@@ -634,7 +634,8 @@ fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
 /// wrote (the stream is held by a wait on a word nobody writes, so the flag's write is
 /// queued behind it when the process goes). The receiver, which took the message while
 /// the sender lived and is waiting for the flag, gets `PeerDead` instead of waiting for
-/// ever. All ends run in children.
+/// ever; so does one whose wait policy never sleeps (its flag wait spins without end,
+/// checking the sender every so many spins). All ends run in children.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn gpu_host_flags_receiver_sees_its_senders_death() {
@@ -662,31 +663,37 @@ fn gpu_host_flags_receiver_sees_its_senders_death() {
             std::thread::sleep(Duration::from_millis(500));
             die();
         }
-        Some("receiver") => {
+        Some(role @ ("receiver" | "receiver-spin")) => {
             let (ctx, stream) = setup();
             let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
-            let rx = ch.receiver().unwrap();
+            let mut rx = ch.receiver().unwrap();
+            if role == "receiver-spin" {
+                // Never sleeps: the flag wait spins too, and must still see the death.
+                rx.set_wait_policy(WaitPolicy::spin_then_sleep(u32::MAX, 0));
+            }
             announce("ready");
             let started = std::time::Instant::now();
             match rx.recv_on_timeout(&stream, LIMIT) {
                 Err(gpuring::RecvError::PeerDead) => {}
                 other => panic!("expected PeerDead, got {:?}", other.map(|m| m.seq())),
             }
-            eprintln!("PeerDead after {:?}", started.elapsed());
+            eprintln!("{role}: PeerDead after {:?}", started.elapsed());
             announce("peer-dead");
             return;
         }
         _ => {}
     }
     let (ctx, _stream) = setup();
-    let name = unique_name("gpu-flag-dead");
-    let _ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
-    let mut receiver = Peer::spawn(TEST, "receiver", &name);
-    receiver.expect("ready");
-    let mut sender = Peer::spawn(TEST, "sender", &name);
-    sender.expect("sent");
-    let _ = sender.child.wait();
-    receiver.expect("peer-dead");
-    let status = receiver.child.wait().unwrap();
-    assert!(status.success(), "the receiver's checks failed: {status}");
+    for role in ["receiver", "receiver-spin"] {
+        let name = unique_name("gpu-flag-dead");
+        let _ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+        let mut receiver = Peer::spawn(TEST, role, &name);
+        receiver.expect("ready");
+        let mut sender = Peer::spawn(TEST, "sender", &name);
+        sender.expect("sent");
+        let _ = sender.child.wait();
+        receiver.expect("peer-dead");
+        let status = receiver.child.wait().unwrap();
+        assert!(status.success(), "the {role}'s checks failed: {status}");
+    }
 }

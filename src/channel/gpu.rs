@@ -36,7 +36,7 @@ use crate::pool::cuda::{
 };
 use crate::pool::{AcquireError, CudaError, PoolSegment};
 use crate::sync::Ordering;
-use crate::wait::{Deadline, blocking, receive_iter};
+use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
 
 /// Slots in CUDA device memory: the backend of GPU channels (`Channel<Cuda>`,
 /// `Sender<Cuda>`, ...), made with [`ChannelBuilder::cuda`].
@@ -68,8 +68,10 @@ pub struct Cuda;
 ///   stream. Per item this saves the GPU an event record and a wait on the two sides
 ///   (measured: 2.1–3.6× the items per second of events in the raw protocols,
 ///   docs/BENCHMARKS.md runs AF and AG); it costs a receiver's CPU the wait for the
-///   sender's GPU work (typically microseconds), which the receive's deadline does not
-///   bound: a receive, `try_recv_on` included, that has taken a message waits for its
+///   sender's GPU work (typically microseconds), spent as the receiver's
+///   [`WaitPolicy`](crate::WaitPolicy) says (at least 4,096 spins, then its yields, then
+///   naps of 4 µs doubling to 1 ms; a policy that never sleeps spins until the flag),
+///   which the receive's deadline does not bound: a receive, `try_recv_on` included, that has taken a message waits for its
 ///   flag until it comes, the pool is retired ([`RecvError::SenderGone`]) or the
 ///   sender's process has exited ([`RecvError::PeerDead`]). No stream ever waits on a
 ///   value (NVIDIA warns that such waits can deadlock, and under MPS they did, run AF).
@@ -379,7 +381,7 @@ impl Receiver<Cuda> {
         let slot = hold.held.slot;
         if device.host_flags() {
             // On an error the hold goes, and the slot back unread.
-            wait_ready_flag(&hold.pool, slot, desc.generation)?;
+            wait_ready_flag(&hold.pool, slot, desc.generation, self.policy)?;
         } else {
             device.wait_ready(slot, stream).map_err(RecvError::Cuda)?;
         }
@@ -393,32 +395,67 @@ impl Receiver<Cuda> {
     }
 }
 
-/// Spins before a host-flag receive starts napping: some tens of microseconds, about what
-/// a sender's GPU takes to reach a send it has just made.
+/// The fewest spins before a host-flag receive yields or naps: some tens of microseconds,
+/// about what a sender's GPU takes to reach a send it has just made. A receiver's
+/// [`WaitPolicy`] with more spins gets its own.
 const FLAG_SPINS: u32 = 1 << 12;
+/// With a policy that never sleeps (`u32::MAX` spins), the sender is checked once per this
+/// many spins (some milliseconds).
+const FLAG_CHECK_SPINS: u32 = 1 << 18;
 /// The longest nap of that wait; the sender is checked after each once naps are this long.
 const FLAG_NAP_MAX: Duration = Duration::from_millis(1);
 
 /// A host-flag pool's receive: waits until slot `slot`'s ready flag says that the send of
 /// `generation` is done (the sender's stream wrote it after the slot's writes, fenced
-/// system-wide), spinning, then napping from 4 µs doubling up to 1 ms. Not bounded by the
-/// receive's deadline (the message is taken, and its writes are under way): it ends when
-/// the flag comes, or the pool is retired ([`RecvError::SenderGone`]), or the sender's
-/// process has exited, taking its GPU work with it ([`RecvError::PeerDead`]), which are
-/// checked at each nap of 1 ms. A pid only names the sender's process: a pid reused by
-/// another process in the meantime would keep this waiting for a flag that cannot come.
-fn wait_ready_flag(pool: &PoolSegment, slot: u32, generation: u64) -> Result<(), RecvError> {
+/// system-wide), as the receiver's `policy` says: spinning (at least [`FLAG_SPINS`] times;
+/// without end for a policy that never sleeps), yielding, then napping from 4 µs doubling
+/// up to 1 ms. Not bounded by the receive's deadline (the message is taken, and its writes
+/// are under way): it ends when the flag comes, or the pool is retired
+/// ([`RecvError::SenderGone`]), or the sender's process has exited, taking its GPU work
+/// with it ([`RecvError::PeerDead`]), which are checked at each nap of 1 ms (spinning
+/// without end: every [`FLAG_CHECK_SPINS`] spins). A pid only names the sender's process: a
+/// pid reused by another process in the meantime would keep this waiting for a flag that
+/// cannot come.
+fn wait_ready_flag(
+    pool: &PoolSegment,
+    slot: u32,
+    generation: u64,
+    policy: WaitPolicy,
+) -> Result<(), RecvError> {
     let flag = pool.ready_flag(slot);
     // Generations wrap at 32 bits: the flag is at or past `generation` when their
     // difference, as a signed 32-bit number, is not negative. Acquire: pairs with the
     // sender's stream's write of the flag (`cuStreamWriteValue64`, whose default fence
     // orders the stream's earlier writes before it), so the payload is complete once seen.
     let done = || (flag.load(Ordering::Acquire) as u32).wrapping_sub(generation as u32) as i32 >= 0;
-    for _ in 0..FLAG_SPINS {
+    let sender_gone = || {
+        if pool.retired() {
+            Some(RecvError::SenderGone)
+        } else if process_exited(pool.owner_pid()) {
+            Some(RecvError::PeerDead)
+        } else {
+            None
+        }
+    };
+    let forever = policy.spins() == u32::MAX;
+    let mut spins = 0u32;
+    while forever || spins < policy.spins().max(FLAG_SPINS) {
         if done() {
             return Ok(());
         }
         std::hint::spin_loop();
+        spins = spins.wrapping_add(1);
+        if forever && spins % FLAG_CHECK_SPINS == 0 && !done() {
+            if let Some(e) = sender_gone() {
+                return Err(e);
+            }
+        }
+    }
+    for _ in 0..policy.yields() {
+        if done() {
+            return Ok(());
+        }
+        std::thread::yield_now();
     }
     let mut nap = Duration::from_micros(4);
     loop {
@@ -428,11 +465,8 @@ fn wait_ready_flag(pool: &PoolSegment, slot: u32, generation: u64) -> Result<(),
         std::thread::sleep(nap);
         nap = (nap * 2).min(FLAG_NAP_MAX);
         if nap == FLAG_NAP_MAX && !done() {
-            if pool.retired() {
-                return Err(RecvError::SenderGone);
-            }
-            if process_exited(pool.owner_pid()) {
-                return Err(RecvError::PeerDead);
+            if let Some(e) = sender_gone() {
+                return Err(e);
             }
         }
     }
