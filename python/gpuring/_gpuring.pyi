@@ -63,7 +63,9 @@ class Channel:
 
     def receiver(self, spins: Optional[int] = None, yields: Optional[int] = None) -> "Receiver":
         """A new receiver; a wait spins ``spins`` times (default 2048), yields ``yields``
-        times (default 8), then sleeps."""
+        times (default 8), then sleeps (``spins=2**32 - 1``: never). A receive from a
+        ``ready="flag"`` sender waits for the flag the same way, spinning at least 4096
+        times."""
 
     def close(self) -> None:
         """Lets go of this handle."""

@@ -285,7 +285,10 @@ impl PyChannel {
     /// 10–40 ns), then yields the CPU ``yields`` times, then sleeps on a futex (default
     /// 2048 and 8: a few µs of spinning). A receiver whose messages come tens of µs apart
     /// answers faster spinning longer (e.g. ``spins=100_000``, some 1–4 ms), at the cost
-    /// of a busy core while it waits; the GIL is released all the while.
+    /// of a busy core while it waits; the GIL is released all the while. A receive from a
+    /// ``ready="flag"`` sender waits for the flag the same way: at least 4096 spins, the
+    /// yields, then naps from 4 µs doubling (a 4 µs nap took 60 µs on an H100 host);
+    /// ``spins=2**32 - 1`` never sleeps.
     ///
     /// Raises ``AttachError``, ``Closed``.
     #[pyo3(signature = (spins=None, yields=None))]
