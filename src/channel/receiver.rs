@@ -247,7 +247,7 @@ impl<B: Backend> Receiver<B> {
     }
 
     /// Sets how this receiver waits for a message (and, on a GPU channel, for a host ready
-    /// flag: see [`GpuReady::HostFlag`](crate::GpuReady::HostFlag)).
+    /// flag: see `GpuReady::HostFlag`, feature `cuda`).
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
         self.policy = policy;
         match &mut self.rx {
