@@ -80,6 +80,27 @@ fn handles_move_between_threads() {
     sync::<gpuring::Message>();
 }
 
+/// A receiver says the policy it waits by (a GPU receive from a host-flag sender reads it
+/// to wait for the flag): the default until one is set, then the one set; SPSC and MPMC.
+#[test]
+fn a_receiver_reports_its_wait_policy() {
+    for flavor in [Flavor::Spsc, Flavor::Mpmc] {
+        let name = unique_name("wait-policy");
+        let b = Channel::builder(&name).slots(2, 64);
+        let ch = match flavor {
+            Flavor::Spsc => b.spsc(),
+            Flavor::Mpmc => b.mpmc(),
+        }
+        .create()
+        .unwrap();
+        let mut rx = ch.receiver().unwrap();
+        assert_eq!(rx.wait_policy(), WaitPolicy::default(), "{flavor:?}");
+        let spin = WaitPolicy::spin_then_sleep(u32::MAX, 0);
+        rx.set_wait_policy(spin);
+        assert_eq!(rx.wait_policy(), spin, "{flavor:?}");
+    }
+}
+
 #[test]
 fn spsc_round_trip_in_one_process() {
     let name = unique_name("ch-rt");

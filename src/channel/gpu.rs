@@ -36,7 +36,7 @@ use crate::pool::cuda::{
 };
 use crate::pool::{AcquireError, CudaError, PoolSegment};
 use crate::sync::Ordering;
-use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
+use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter, spin_then_yield};
 
 /// Slots in CUDA device memory: the backend of GPU channels (`Channel<Cuda>`,
 /// `Sender<Cuda>`, ...), made with [`ChannelBuilder::cuda`].
@@ -71,10 +71,11 @@ pub struct Cuda;
 ///   sender's GPU work (typically microseconds), spent as the receiver's
 ///   [`WaitPolicy`](crate::WaitPolicy) says (at least 4,096 spins, then its yields, then
 ///   naps of 4 µs doubling to 1 ms; a policy that never sleeps spins until the flag),
-///   which the receive's deadline does not bound: a receive, `try_recv_on` included, that has taken a message waits for its
-///   flag until it comes, the pool is retired ([`RecvError::SenderGone`]) or the
-///   sender's process has exited ([`RecvError::PeerDead`]). No stream ever waits on a
-///   value (NVIDIA warns that such waits can deadlock, and under MPS they did, run AF).
+///   which the receive's deadline does not bound: a receive, `try_recv_on` included,
+///   that has taken a message waits for its flag until it comes, the pool is retired
+///   ([`RecvError::SenderGone`]) or the sender's process has exited
+///   ([`RecvError::PeerDead`]). No stream ever waits on a value (NVIDIA warns that such
+///   waits can deadlock, and under MPS they did, run AF).
 ///
 /// ```no_run
 /// use gpuring::{Channel, GpuReady, cuda};
@@ -381,7 +382,7 @@ impl Receiver<Cuda> {
         let slot = hold.held.slot;
         if device.host_flags() {
             // On an error the hold goes, and the slot back unread.
-            wait_ready_flag(&hold.pool, slot, desc.generation, self.policy)?;
+            wait_ready_flag(&hold.pool, slot, desc.generation, self.wait_policy())?;
         } else {
             device.wait_ready(slot, stream).map_err(RecvError::Cuda)?;
         }
@@ -399,8 +400,8 @@ impl Receiver<Cuda> {
 /// about what a sender's GPU takes to reach a send it has just made. A receiver's
 /// [`WaitPolicy`] with more spins gets its own.
 const FLAG_SPINS: u32 = 1 << 12;
-/// With a policy that never sleeps (`u32::MAX` spins), the sender is checked once per this
-/// many spins (some milliseconds).
+/// Spinning, the sender is checked once per this many spins (some milliseconds; only a
+/// policy with more spins than [`FLAG_SPINS`] gets there).
 const FLAG_CHECK_SPINS: u32 = 1 << 18;
 /// The longest nap of that wait; the sender is checked after each once naps are this long.
 const FLAG_NAP_MAX: Duration = Duration::from_millis(1);
@@ -408,14 +409,13 @@ const FLAG_NAP_MAX: Duration = Duration::from_millis(1);
 /// A host-flag pool's receive: waits until slot `slot`'s ready flag says that the send of
 /// `generation` is done (the sender's stream wrote it after the slot's writes, fenced
 /// system-wide), as the receiver's `policy` says: spinning (at least [`FLAG_SPINS`] times;
-/// without end for a policy that never sleeps), yielding, then napping from 4 µs doubling
-/// up to 1 ms. Not bounded by the receive's deadline (the message is taken, and its writes
-/// are under way): it ends when the flag comes, or the pool is retired
+/// for a policy that never sleeps, `u32::MAX` times: minutes), yielding, then napping from
+/// 4 µs doubling up to 1 ms. Not bounded by the receive's deadline (the message is taken,
+/// and its writes are under way): it ends when the flag comes, or the pool is retired
 /// ([`RecvError::SenderGone`]), or the sender's process has exited, taking its GPU work
-/// with it ([`RecvError::PeerDead`]), which are checked at each nap of 1 ms (spinning
-/// without end: every [`FLAG_CHECK_SPINS`] spins). A pid only names the sender's process: a
-/// pid reused by another process in the meantime would keep this waiting for a flag that
-/// cannot come.
+/// with it ([`RecvError::PeerDead`]), which are checked at each nap of 1 ms and every
+/// [`FLAG_CHECK_SPINS`] spins. A pid only names the sender's process: a pid reused by
+/// another process in the meantime would keep this waiting for a flag that cannot come.
 fn wait_ready_flag(
     pool: &PoolSegment,
     slot: u32,
@@ -437,25 +437,22 @@ fn wait_ready_flag(
             None
         }
     };
-    let forever = policy.spins() == u32::MAX;
-    let mut spins = 0u32;
-    while forever || spins < policy.spins().max(FLAG_SPINS) {
-        if done() {
-            return Ok(());
-        }
-        std::hint::spin_loop();
-        spins = spins.wrapping_add(1);
-        if forever && spins % FLAG_CHECK_SPINS == 0 && !done() {
-            if let Some(e) = sender_gone() {
-                return Err(e);
+    // Spinning long (a policy that never sleeps), the sender is checked now and then.
+    let mut checks = 0u32;
+    let spun = spin_then_yield(
+        policy,
+        FLAG_SPINS,
+        || done().then_some(Ok(())),
+        || {
+            checks += 1;
+            if checks % (FLAG_CHECK_SPINS / 1024) != 0 {
+                return None;
             }
-        }
-    }
-    for _ in 0..policy.yields() {
-        if done() {
-            return Ok(());
-        }
-        std::thread::yield_now();
+            sender_gone().map(Err)
+        },
+    );
+    if let Some(outcome) = spun {
+        return outcome;
     }
     let mut nap = Duration::from_micros(4);
     loop {

@@ -89,8 +89,6 @@ pub struct Receiver<B: Backend = Host> {
     pools: RefCell<Box<[Option<CachedPool<B>>]>>,
     rx: Rx,
     channel: Arc<ChannelSegment<B>>,
-    // As set on `rx`; also how a GPU receive waits for a host ready flag.
-    pub(super) policy: WaitPolicy,
 }
 
 impl<B: Backend> core::fmt::Debug for Receiver<B> {
@@ -131,12 +129,7 @@ impl<B: Backend> Channel<B> {
     pub fn receiver(&self) -> Result<Receiver<B>, super::ChannelError> {
         let rx = Rx::attach(&self.inner)?;
         let pools = (0..self.inner.max_pools()).map(|_| None).collect();
-        Ok(Receiver {
-            pools: RefCell::new(pools),
-            rx,
-            channel: self.inner.clone(),
-            policy: WaitPolicy::default(),
-        })
+        Ok(Receiver { pools: RefCell::new(pools), rx, channel: self.inner.clone() })
     }
 }
 
@@ -249,10 +242,17 @@ impl<B: Backend> Receiver<B> {
     /// Sets how this receiver waits for a message (and, on a GPU channel, for a host ready
     /// flag: see `GpuReady::HostFlag`, feature `cuda`).
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.policy = policy;
         match &mut self.rx {
             Rx::Spsc(c) => c.get_mut().set_wait_policy(policy),
             Rx::Mpmc(c) => c.set_wait_policy(policy),
+        }
+    }
+
+    /// How this receiver waits (as last set; [`WaitPolicy::default`] until then).
+    pub fn wait_policy(&self) -> WaitPolicy {
+        match &self.rx {
+            Rx::Spsc(c) => c.borrow().wait_policy(),
+            Rx::Mpmc(c) => c.wait_policy(),
         }
     }
 }

@@ -572,6 +572,11 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         self.policy = policy;
     }
 
+    /// How blocking pops of this handle wait.
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.policy
+    }
+
     /// Number of cells.
     pub fn capacity(&self) -> usize {
         self.capacity as usize

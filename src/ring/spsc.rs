@@ -400,6 +400,11 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
         self.policy = policy;
     }
 
+    /// How blocking pops wait.
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.policy
+    }
+
     /// Number of cells.
     pub fn capacity(&self) -> usize {
         self.local.capacity as usize

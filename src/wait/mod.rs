@@ -462,6 +462,42 @@ fn wake_all(word: &WaitWord) {
     futex_wake(&word.epoch);
 }
 
+/// The spinning and yielding steps of a wait, as `policy` says, spinning at least
+/// `min_spins` times: `attempt` is called before each spin and after each yield, and
+/// `now_and_then` once every 1024 spins (what a policy that never sleeps must still check).
+/// Returns what either returned first, or `None` once both steps are spent.
+#[inline]
+pub(crate) fn spin_then_yield<R>(
+    policy: WaitPolicy,
+    min_spins: u32,
+    mut attempt: impl FnMut() -> Option<R>,
+    mut now_and_then: impl FnMut() -> Option<R>,
+) -> Option<R> {
+    let mut spins = 0u32;
+    loop {
+        if let Some(r) = attempt() {
+            return Some(r);
+        }
+        if spins >= policy.spins.max(min_spins) {
+            break;
+        }
+        spins += 1;
+        std::hint::spin_loop();
+        if spins % 1024 == 0 {
+            if let Some(r) = now_and_then() {
+                return Some(r);
+            }
+        }
+    }
+    for _ in 0..policy.yields {
+        std::thread::yield_now();
+        if let Some(r) = attempt() {
+            return Some(r);
+        }
+    }
+    None
+}
+
 /// Runs `attempt` until it returns `Some`, spinning, yielding and then sleeping on `word`
 /// as `policy` says, until `deadline`.
 ///
@@ -476,26 +512,15 @@ pub(crate) fn wait_until<R>(
     if matches!(deadline, Deadline::Now | Deadline::Tick) {
         return attempt().ok_or(TimedOut);
     }
-    let mut spins = 0u32;
-    loop {
-        if let Some(r) = attempt() {
-            return Ok(r);
-        }
-        if spins >= policy.spins {
-            break;
-        }
-        spins += 1;
-        std::hint::spin_loop();
-        // Never-sleep policies still honour the deadline, checked now and then.
-        if spins % 1024 == 0 && deadline.passed() {
-            return Err(TimedOut);
-        }
-    }
-    for _ in 0..policy.yields {
-        std::thread::yield_now();
-        if let Some(r) = attempt() {
-            return Ok(r);
-        }
+    // Never-sleep policies still honour the deadline, checked now and then.
+    let spun = spin_then_yield(
+        policy,
+        0,
+        || attempt().map(Ok),
+        || deadline.passed().then_some(Err(TimedOut)),
+    );
+    if let Some(outcome) = spun {
+        return outcome;
     }
     loop {
         let (epoch, bounded) = word.register();
