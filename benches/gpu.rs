@@ -14,7 +14,9 @@
 //! Groups:
 //! - `gpu_handoff_one_way`: the raw floor (IPC events, handles opened once, a spinning
 //!   shared word) and gpuring SPSC, ping-pong: with ready events, and (`_host_flags`, where
-//!   the device has 64-bit stream memory operations) with host ready flags.
+//!   the device has 64-bit stream memory operations) with host ready flags; both ends
+//!   spinning without end (`gpuring_spsc_spin*`), then on the default `WaitPolicy`
+//!   (`gpuring_spsc_default*`: spins, yields, then sleeps or, for a flag, naps).
 //! - `gpu_stream`: the raw event stream (the same protocol as a gpuring channel with
 //!   nothing else: 64 slots, a ready and a release IPC event per slot, a shared head and
 //!   acknowledgement word) and gpuring SPSC, one way, with either signal.
@@ -473,15 +475,17 @@ fn run_peer(role: &str) {
                 }
             }
         }
-        "echo" | "echo-flag" => {
-            let ready = if role == "echo" { GpuReady::Event } else { GpuReady::HostFlag };
+        "echo" | "echo-flag" | "echo-default" | "echo-flag-default" => {
+            let flags = role.starts_with("echo-flag");
+            let ready = if flags { GpuReady::HostFlag } else { GpuReady::Event };
+            let policy = if role.ends_with("-default") { WaitPolicy::default() } else { SPIN };
             let ch_ab = Channel::builder(format!("{name}-ab")).cuda(&ctx).open().unwrap();
             let ch_ba = Channel::builder(format!("{name}-ba")).cuda(&ctx).ready(ready).open();
             let ch_ba = ch_ba.unwrap();
             let mut rx = ch_ab.receiver().unwrap();
             let mut tx = ch_ba.sender().unwrap();
-            rx.set_wait_policy(SPIN);
-            tx.set_wait_policy(SPIN);
+            rx.set_wait_policy(policy);
+            tx.set_wait_policy(policy);
             loop {
                 let m = rx.recv_on(&s).unwrap();
                 if m.tag() == STOP {
@@ -564,8 +568,9 @@ fn floor(g: &mut Group<'_>, order: Order) {
     peer.finish();
 }
 
-/// gpuring's ping-pong, its senders signalling as `ready` says.
-fn gpuring_ping_pong(g: &mut Group<'_>, ready: GpuReady) {
+/// gpuring's ping-pong, its senders signalling as `ready` says, both ends spinning without
+/// end, or (`spin == false`) on the default [`WaitPolicy`], as an application's would be.
+fn gpuring_ping_pong(g: &mut Group<'_>, ready: GpuReady, spin: bool) {
     let (ctx, s) = setup();
     let name = unique("gpupp");
     let make = |suffix: &str| {
@@ -575,13 +580,16 @@ fn gpuring_ping_pong(g: &mut Group<'_>, ready: GpuReady) {
     let (ab, ba) = (make("ab").unwrap(), make("ba").unwrap());
     let mut tx = ab.sender().unwrap();
     let mut rx = ba.receiver().unwrap();
-    tx.set_wait_policy(SPIN);
-    rx.set_wait_policy(SPIN);
+    let policy = if spin { SPIN } else { WaitPolicy::default() };
+    tx.set_wait_policy(policy);
+    rx.set_wait_policy(policy);
     let flags = ready == GpuReady::HostFlag;
-    let echo = peer(if flags { "echo-flag" } else { "echo" }, &name, 0, false);
+    let waits = if spin { "spin" } else { "default" };
+    let role = format!("echo{}{}", ["", "-flag"][flags as usize], ["-default", ""][spin as usize]);
+    let echo = peer(&role, &name, 0, false);
     let mut seq = 0u64;
-    let id = if flags { "gpuring_spsc_spin_host_flags" } else { "gpuring_spsc_spin" };
-    g.bench_function(id, |b| {
+    let id = format!("gpuring_spsc_{waits}{}", ["", "_host_flags"][flags as usize]);
+    g.bench_function(&id, |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
@@ -830,9 +838,13 @@ fn main() {
     {
         let mut g = c.benchmark_group("gpu_handoff_one_way");
         floor(&mut g, Order::Events);
-        gpuring_ping_pong(&mut g, GpuReady::Event);
+        gpuring_ping_pong(&mut g, GpuReady::Event, true);
         if values {
-            gpuring_ping_pong(&mut g, GpuReady::HostFlag);
+            gpuring_ping_pong(&mut g, GpuReady::HostFlag, true);
+        }
+        gpuring_ping_pong(&mut g, GpuReady::Event, false);
+        if values {
+            gpuring_ping_pong(&mut g, GpuReady::HostFlag, false);
         }
         g.finish();
     }

@@ -36,6 +36,7 @@ use crate::pool::cuda::{
 };
 use crate::pool::{AcquireError, CudaError, PoolSegment};
 use crate::sync::Ordering;
+use crate::wait::slack::LowTimerSlack;
 use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter, spin_then_yield};
 
 /// Slots in CUDA device memory: the backend of GPU channels (`Channel<Cuda>`,
@@ -403,19 +404,30 @@ const FLAG_SPINS: u32 = 1 << 12;
 /// Spinning, the sender is checked once per this many spins (some milliseconds; only a
 /// policy with more spins than [`FLAG_SPINS`] gets there).
 const FLAG_CHECK_SPINS: u32 = 1 << 18;
+/// Once its spins and yields are spent, the wait first naps this long, [`FLAG_SHORT_NAPS`]
+/// times, with the thread's timer slack lowered to [`FLAG_NAP_SLACK_NS`]. Without MPS a flag
+/// comes a GPU context switch after its send (100–200 µs), and at the default slack of 50 µs
+/// a nap of 4 µs lasts 60 µs: the receive overshot the flag by 20–30 µs (run AL).
+const FLAG_SHORT_NAP: Duration = Duration::from_micros(4);
+/// How many short naps (some milliseconds in all) before the naps double.
+const FLAG_SHORT_NAPS: u32 = 256;
+/// The timer slack of the short naps, in nanoseconds.
+const FLAG_NAP_SLACK_NS: u64 = 1_000;
 /// The longest nap of that wait; the sender is checked after each once naps are this long.
 const FLAG_NAP_MAX: Duration = Duration::from_millis(1);
 
 /// A host-flag pool's receive: waits until slot `slot`'s ready flag says that the send of
 /// `generation` is done (the sender's stream wrote it after the slot's writes, fenced
 /// system-wide), as the receiver's `policy` says: spinning (at least [`FLAG_SPINS`] times;
-/// for a policy that never sleeps, `u32::MAX` times: minutes), yielding, then napping from
-/// 4 µs doubling up to 1 ms. Not bounded by the receive's deadline (the message is taken,
-/// and its writes are under way): it ends when the flag comes, or the pool is retired
-/// ([`RecvError::SenderGone`]), or the sender's process has exited, taking its GPU work
-/// with it ([`RecvError::PeerDead`]), which are checked at each nap of 1 ms and every
-/// [`FLAG_CHECK_SPINS`] spins. A pid only names the sender's process: a pid reused by
-/// another process in the meantime would keep this waiting for a flag that cannot come.
+/// for a policy that never sleeps, `u32::MAX` times: minutes), yielding, then napping:
+/// [`FLAG_SHORT_NAPS`] naps of 4 µs at a timer slack of 1 µs (the thread's own slack is put
+/// back after them), then naps doubling up to 1 ms. Not bounded by the receive's deadline
+/// (the message is taken, and its writes are under way): it ends when the flag comes, or the
+/// pool is retired ([`RecvError::SenderGone`]), or the sender's process has exited, taking
+/// its GPU work with it ([`RecvError::PeerDead`]), which are checked after the short naps,
+/// at each nap of 1 ms and every [`FLAG_CHECK_SPINS`] spins. A pid only names the sender's
+/// process: a pid reused by another process in the meantime would keep this waiting for a
+/// flag that cannot come.
 fn wait_ready_flag(
     pool: &PoolSegment,
     slot: u32,
@@ -454,18 +466,27 @@ fn wait_ready_flag(
     if let Some(outcome) = spun {
         return outcome;
     }
-    let mut nap = Duration::from_micros(4);
+    {
+        let _slack = LowTimerSlack::new(FLAG_NAP_SLACK_NS);
+        for _ in 0..FLAG_SHORT_NAPS {
+            if done() {
+                return Ok(());
+            }
+            std::thread::sleep(FLAG_SHORT_NAP);
+        }
+    }
+    let mut nap = FLAG_SHORT_NAP;
     loop {
         if done() {
             return Ok(());
         }
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(FLAG_NAP_MAX);
-        if nap == FLAG_NAP_MAX && !done() {
+        if nap == FLAG_SHORT_NAP || nap == FLAG_NAP_MAX {
             if let Some(e) = sender_gone() {
                 return Err(e);
             }
         }
+        nap = (nap * 2).min(FLAG_NAP_MAX);
+        std::thread::sleep(nap);
     }
 }
 

@@ -325,10 +325,7 @@ impl LaneShared {
         let bound = self.ctx.bind_to_thread().is_ok();
         // Naps as long as asked (the default slack of 50 µs would stretch the shortest
         // ones tenfold). Best effort: without it, naps are only longer.
-        let slack_ns: libc::c_ulong = 1_000;
-        // SAFETY: PR_SET_TIMERSLACK takes a number of nanoseconds and changes this thread
-        // only.
-        let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns, 0, 0, 0) };
+        crate::wait::slack::set_timer_slack(1_000);
         loop {
             let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             q.running = false; // back from the previous entry's function

@@ -43,6 +43,8 @@ use crate::sync::{AtomicU32, Ordering, fence};
 
 #[cfg(all(feature = "async", not(loom)))]
 pub mod reactor;
+#[cfg(feature = "cuda")]
+pub(crate) mod slack;
 
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
 pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);
