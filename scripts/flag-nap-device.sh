@@ -14,7 +14,7 @@ nvidia-smi -L; lscpu | grep -E "Model name"; uname -r; cat /proc/self/timerslack
 .gpu/bin/nap
 export GPURING_BENCH_NO_VALUE_WAITS=1
 export GPURING_BENCH_CPUS=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | cut -d, -f1 | sed -n '2,7p' | paste -sd,)
-rows='gpu_handoff_one_way/(floor_ipc_events_one_way|gpuring_spsc_default|gpuring_spsc_default_host_flags)$'
+rows='gpu_handoff_one_way/(floor_ipc_events_spin|gpuring_spsc_default|gpuring_spsc_default_host_flags)$'
 show() { grep -E '^[A-Za-z_0-9]+/[A-Za-z_0-9]+$|^ +time:|panicked|STALLED' "$1" | grep -v '%' | sed -E 's/ +/ /g'; }
 bench() { # tag build
   timeout 150 .gpu/bin/$2 --bench "$rows" > "$out/$1-$2.log" 2>&1; echo "== $1 $2 (exit $?)"; show "$out/$1-$2.log"

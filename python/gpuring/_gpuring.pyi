@@ -65,7 +65,7 @@ class Channel:
         """A new receiver; a wait spins ``spins`` times (default 2048), yields ``yields``
         times (default 8), then sleeps (``spins=2**32 - 1``: never). A receive from a
         ``ready="flag"`` sender waits for the flag the same way, spinning at least 4096
-        times."""
+        times, then napping (4 µs naps at first) instead of sleeping."""
 
     def close(self) -> None:
         """Lets go of this handle."""
