@@ -254,7 +254,12 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         tx.set_demote(role.ends_with("demote"));
         let p = peer(role, &name, 0, false);
         let mut seq = 0u64;
+        // This side's futex waits and round trips, in criterion's batches (more than one
+        // round trip each) and in the single round trips of the sample pass: whether this
+        // side really slept in each.
+        let mut slept = [(0u64, 0u64); 2];
         g.run(label, DESC, |iters| {
+            let waits = gpuring::wait_stats().futex_waits;
             let t = Instant::now();
             for _ in 0..iters {
                 seq += 1;
@@ -262,10 +267,22 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
                 let back = rx.pop().unwrap();
                 assert_eq!(back.seq, seq);
             }
-            one_way(t.elapsed())
+            let took = t.elapsed();
+            let tally = &mut slept[(iters == 1) as usize];
+            tally.0 += gpuring::wait_stats().futex_waits - waits;
+            tally.1 += iters;
+            one_way(took)
         });
         tx.push(descriptor(STOP)).unwrap();
         p.finish();
+        if policy == WaitPolicy::SLEEP {
+            let per = |(waits, trips): (u64, u64)| waits as f64 / trips.max(1) as f64;
+            println!(
+                "futex waits per round trip, this side, {label}: {:.3} in criterion's batches, {:.3} in the sample pass",
+                per(slept[0]),
+                per(slept[1])
+            );
+        }
     }
 
     #[cfg(feature = "async")]
