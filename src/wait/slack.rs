@@ -47,6 +47,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "prctl is not available under Miri")]
     fn a_lowered_slack_is_put_back() {
         // A thread of its own: the slack is per thread, and the test harness's may differ.
         std::thread::spawn(|| {
