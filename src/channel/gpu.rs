@@ -20,7 +20,7 @@
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, DeviceRepr, sys};
 
@@ -404,13 +404,16 @@ const FLAG_SPINS: u32 = 1 << 12;
 /// Spinning, the sender is checked once per this many spins (some milliseconds; only a
 /// policy with more spins than [`FLAG_SPINS`] gets there).
 const FLAG_CHECK_SPINS: u32 = 1 << 18;
-/// Once its spins and yields are spent, the wait first naps this long, [`FLAG_SHORT_NAPS`]
-/// times, with the thread's timer slack lowered to [`FLAG_NAP_SLACK_NS`]. Without MPS a flag
-/// comes a GPU context switch after its send (100–200 µs), and at the default slack of 50 µs
-/// a nap of 4 µs lasts 60 µs: the receive overshot the flag by 20–30 µs (run AL).
+/// Once its spins and yields are spent, the wait first naps this long, for
+/// [`FLAG_SHORT_NAPS_FOR`], with the thread's timer slack lowered to [`FLAG_NAP_SLACK_NS`].
+/// Without MPS a flag comes a GPU context switch after its send (100–200 µs), and at the
+/// default slack of 50 µs a nap of 4 µs lasts 60 µs: the receive overshot the flag by
+/// 10–20 µs (runs AJ, AM).
 const FLAG_SHORT_NAP: Duration = Duration::from_micros(4);
-/// How many short naps (some milliseconds in all) before the naps double.
-const FLAG_SHORT_NAPS: u32 = 256;
+/// How long the short naps go on before the naps double: a few context switches' worth.
+/// Not longer: in a VM a short nap is mostly the timer's own exits to the host, and the
+/// thread's CPU time while it naps so is close to its wall time (a bounded spin, in effect).
+const FLAG_SHORT_NAPS_FOR: Duration = Duration::from_micros(500);
 /// The timer slack of the short naps, in nanoseconds.
 const FLAG_NAP_SLACK_NS: u64 = 1_000;
 /// The longest nap of that wait; the sender is checked after each once naps are this long.
@@ -419,15 +422,15 @@ const FLAG_NAP_MAX: Duration = Duration::from_millis(1);
 /// A host-flag pool's receive: waits until slot `slot`'s ready flag says that the send of
 /// `generation` is done (the sender's stream wrote it after the slot's writes, fenced
 /// system-wide), as the receiver's `policy` says: spinning (at least [`FLAG_SPINS`] times;
-/// for a policy that never sleeps, `u32::MAX` times: minutes), yielding, then napping:
-/// [`FLAG_SHORT_NAPS`] naps of 4 µs at a timer slack of 1 µs (the thread's own slack is put
-/// back after them), then naps doubling up to 1 ms. Not bounded by the receive's deadline
-/// (the message is taken, and its writes are under way): it ends when the flag comes, or the
-/// pool is retired ([`RecvError::SenderGone`]), or the sender's process has exited, taking
-/// its GPU work with it ([`RecvError::PeerDead`]), which are checked after the short naps,
-/// at each nap of 1 ms and every [`FLAG_CHECK_SPINS`] spins. A pid only names the sender's
-/// process: a pid reused by another process in the meantime would keep this waiting for a
-/// flag that cannot come.
+/// for a policy that never sleeps, `u32::MAX` times: minutes), yielding, then napping: naps
+/// of 4 µs at a timer slack of 1 µs for [`FLAG_SHORT_NAPS_FOR`] (the thread's own slack is
+/// put back after them), then naps doubling up to 1 ms. Not bounded by the receive's
+/// deadline (the message is taken, and its writes are under way): it ends when the flag
+/// comes, or the pool is retired ([`RecvError::SenderGone`]), or the sender's process has
+/// exited, taking its GPU work with it ([`RecvError::PeerDead`]), which are checked after
+/// the short naps, at each nap of 1 ms and every [`FLAG_CHECK_SPINS`] spins. A pid only
+/// names the sender's process: a pid reused by another process in the meantime would keep
+/// this waiting for a flag that cannot come.
 fn wait_ready_flag(
     pool: &PoolSegment,
     slot: u32,
@@ -468,7 +471,8 @@ fn wait_ready_flag(
     }
     {
         let _slack = LowTimerSlack::new(FLAG_NAP_SLACK_NS);
-        for _ in 0..FLAG_SHORT_NAPS {
+        let napping = Instant::now();
+        while napping.elapsed() < FLAG_SHORT_NAPS_FOR {
             if done() {
                 return Ok(());
             }
