@@ -287,8 +287,8 @@ impl PyChannel {
     /// answers faster spinning longer (e.g. ``spins=100_000``, some 1–4 ms), at the cost
     /// of a busy core while it waits; the GIL is released all the while. A receive from a
     /// ``ready="flag"`` sender waits for the flag the same way: at least 4096 spins, the
-    /// yields, then 4 µs naps at a timer slack of 1 µs for some milliseconds, then naps
-    /// doubling to 1 ms; ``spins=2**32 - 1`` never sleeps.
+    /// yields, then 4 µs naps at a timer slack of 1 µs for 0.5 ms, then naps doubling to
+    /// 1 ms; ``spins=2**32 - 1`` never sleeps.
     ///
     /// Raises ``AttachError``, ``Closed``.
     #[pyo3(signature = (spins=None, yields=None))]
