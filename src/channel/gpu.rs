@@ -408,7 +408,7 @@ const FLAG_CHECK_SPINS: u32 = 1 << 18;
 /// [`FLAG_SHORT_NAPS_FOR`], with the thread's timer slack lowered to [`FLAG_NAP_SLACK_NS`].
 /// Without MPS a flag comes a GPU context switch after its send (100–200 µs), and at the
 /// default slack of 50 µs a nap of 4 µs lasts 60 µs: the receive overshot the flag by
-/// 10–20 µs (runs AJ, AM).
+/// 10–30 µs (runs AJ, AM).
 const FLAG_SHORT_NAP: Duration = Duration::from_micros(4);
 /// How long the short naps go on before the naps double: a few context switches' worth.
 /// Not longer: in a VM a short nap is mostly the timer's own exits to the host, and the
