@@ -584,11 +584,11 @@ fn gpuring_ping_pong(g: &mut Group<'_>, ready: GpuReady, spin: bool) {
     tx.set_wait_policy(policy);
     rx.set_wait_policy(policy);
     let flags = ready == GpuReady::HostFlag;
-    let waits = if spin { "spin" } else { "default" };
-    let role = format!("echo{}{}", ["", "-flag"][flags as usize], ["-default", ""][spin as usize]);
-    let echo = peer(&role, &name, 0, false);
+    let (role_flag, id_flag) = if flags { ("-flag", "_host_flags") } else { ("", "") };
+    let (role_waits, id_waits) = if spin { ("", "spin") } else { ("-default", "default") };
+    let echo = peer(&format!("echo{role_flag}{role_waits}"), &name, 0, false);
     let mut seq = 0u64;
-    let id = format!("gpuring_spsc_{waits}{}", ["", "_host_flags"][flags as usize]);
+    let id = format!("gpuring_spsc_{id_waits}{id_flag}");
     g.bench_function(&id, |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
