@@ -400,7 +400,7 @@ const STALL: Duration = Duration::from_secs(10);
 fn run_peer(role: &str) {
     pin(cpus().get(1 + peer_index()).copied());
     let name = std::env::var(NAME).unwrap();
-    let (ctx, s) = setup_on(peer_device());
+    let (_, s) = setup_on(peer_device());
     match role {
         role if role.starts_with("floor-") => {
             let order = Order::from_tag(&role["floor-".len()..]);
@@ -479,19 +479,19 @@ fn run_peer(role: &str) {
             let flags = role.starts_with("echo-flag");
             let ready = if flags { GpuReady::HostFlag } else { GpuReady::Event };
             let policy = if role.ends_with("-default") { WaitPolicy::default() } else { SPIN };
-            let ch_ab = Channel::builder(format!("{name}-ab")).cuda(&ctx).open().unwrap();
-            let ch_ba = Channel::builder(format!("{name}-ba")).cuda(&ctx).ready(ready).open();
+            let ch_ab = Channel::builder(format!("{name}-ab")).cuda(&s).open().unwrap();
+            let ch_ba = Channel::builder(format!("{name}-ba")).cuda(&s).ready(ready).open();
             let ch_ba = ch_ba.unwrap();
             let mut rx = ch_ab.receiver().unwrap();
             let mut tx = ch_ba.sender().unwrap();
             rx.set_wait_policy(policy);
             tx.set_wait_policy(policy);
             loop {
-                let m = rx.recv_on(&s).unwrap();
+                let m = rx.recv().unwrap();
                 if m.tag() == STOP {
                     return;
                 }
-                let lease = tx.acquire_on(&s).unwrap();
+                let lease = tx.acquire().unwrap();
                 copy_word(lease.device_ptr(), m.device_ptr(), &s);
                 // The reply first, then the message goes (its release record is then off
                 // the reply's path; the copy that reads it is queued before either).
@@ -500,11 +500,11 @@ fn run_peer(role: &str) {
             }
         }
         "sink" => {
-            let ch = Channel::builder(&name).cuda(&ctx).open().unwrap();
+            let ch = Channel::builder(&name).cuda(&s).open().unwrap();
             let mut rx = ch.receiver().unwrap();
             rx.set_wait_policy(SPIN);
             loop {
-                let m = rx.recv_on(&s).unwrap();
+                let m = rx.recv().unwrap();
                 if m.tag() == STOP {
                     return;
                 }
@@ -516,7 +516,7 @@ fn run_peer(role: &str) {
 
 /// Leases a slot on `s`, writes `v` into its first word, sends it tagged `tag`.
 fn send_word(tx: &Sender<Cuda>, s: &Arc<CudaStream>, v: u32, tag: u64) {
-    let mut lease = tx.acquire_on(s).unwrap();
+    let mut lease = tx.acquire().unwrap();
     memset(lease.device_ptr(), v, s);
     lease.set_tag(tag);
     tx.send(lease, TensorMeta::bytes(4)).unwrap();
@@ -571,11 +571,11 @@ fn floor(g: &mut Group<'_>, order: Order) {
 /// gpuring's ping-pong, its senders signalling as `ready` says, both ends spinning without
 /// end, or (`spin == false`) on the default [`WaitPolicy`], as an application's would be.
 fn gpuring_ping_pong(g: &mut Group<'_>, ready: GpuReady, spin: bool) {
-    let (ctx, s) = setup();
+    let (_, s) = setup();
     let name = unique("gpupp");
     let make = |suffix: &str| {
         let b = Channel::builder(format!("{name}-{suffix}")).capacity(16).slots(4, 4096);
-        b.cuda(&ctx).ready(ready).create()
+        b.cuda(&s).ready(ready).create()
     };
     let (ab, ba) = (make("ab").unwrap(), make("ba").unwrap());
     let mut tx = ab.sender().unwrap();
@@ -595,7 +595,7 @@ fn gpuring_ping_pong(g: &mut Group<'_>, ready: GpuReady, spin: bool) {
             for _ in 0..iters {
                 seq += 1;
                 send_word(&tx, &s, seq as u32, 0);
-                let m = rx.recv_on(&s).unwrap();
+                let m = rx.recv().unwrap();
                 assert_eq!(read_word(m.device_ptr(), &s), seq as u32);
             }
             t.elapsed() / 2
@@ -730,9 +730,9 @@ impl Watchdog {
 
 /// gpuring's stream, its sender signalling as `ready` says.
 fn gpuring_stream(g: &mut Group<'_>, ready: GpuReady) {
-    let (ctx, s) = setup();
+    let (_, s) = setup();
     let name = unique("gpustream");
-    let ch = Channel::builder(&name).capacity(256).slots(64, 4096).cuda(&ctx).ready(ready);
+    let ch = Channel::builder(&name).capacity(256).slots(64, 4096).cuda(&s).ready(ready);
     let ch = ch.create().unwrap();
     let mut tx = ch.sender().unwrap();
     tx.set_wait_policy(SPIN);

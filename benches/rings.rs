@@ -27,9 +27,7 @@ use common::floor::{
 use common::{Group, NAME, PEER, Peer, Samples, cpus, ice, peer, pin, unique};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use gpuring::internal::spsc;
-use gpuring::{
-    Descriptor, MpmcRing, RingOptions, SpscConsumer, SpscProducer, SpscRing, WaitPolicy,
-};
+use gpuring::{Descriptor, MpmcRing, SpscConsumer, SpscProducer, SpscRing, WaitPolicy};
 
 /// Elements per slice in the batched throughput rows (`push_slice` / `pop_into`).
 const BATCH: usize = 32;
@@ -37,10 +35,8 @@ const BATCH: usize = 32;
 /// The bench's side of a one-way stream: the producer of `{name}-ping` (1024 cells) and
 /// the consumer of `{name}-pong` (4 cells, for acknowledgements).
 fn stream_rings<T: bytemuck::Pod + Send>(name: &str) -> (SpscProducer<T>, SpscConsumer<T>) {
-    let data = SpscRing::<T>::create_with(&RingOptions::new(format!("{name}-ping")).capacity(1024))
-        .unwrap();
-    let ack =
-        SpscRing::<T>::create_with(&RingOptions::new(format!("{name}-pong")).capacity(4)).unwrap();
+    let data = SpscRing::<T>::builder(format!("{name}-ping")).capacity(1024).create().unwrap();
+    let ack = SpscRing::<T>::builder(format!("{name}-pong")).capacity(4).create().unwrap();
     (data.producer().unwrap(), ack.consumer().unwrap())
 }
 
@@ -48,18 +44,15 @@ fn stream_rings<T: bytemuck::Pod + Send>(name: &str) -> (SpscProducer<T>, SpscCo
 /// consumes), 64 cells each.
 fn ping_pong_rings(name: &str) -> (SpscRing<Descriptor>, SpscRing<Descriptor>) {
     let ring = |side: &str| {
-        SpscRing::<Descriptor>::create_with(
-            &RingOptions::new(format!("{name}-{side}")).capacity(64),
-        )
-        .unwrap()
+        SpscRing::<Descriptor>::builder(format!("{name}-{side}")).capacity(64).create().unwrap()
     };
     (ring("ping"), ring("pong"))
 }
 
 /// The peer's side of `{name}-ping` / `{name}-pong`: its consumer and its producer.
 fn peer_ends<T: bytemuck::Pod + Send>(name: &str) -> (SpscConsumer<T>, SpscProducer<T>) {
-    let ping = SpscRing::<T>::open(&format!("{name}-ping")).unwrap();
-    let pong = SpscRing::<T>::open(&format!("{name}-pong")).unwrap();
+    let ping = SpscRing::<T>::builder(format!("{name}-ping")).open().unwrap();
+    let pong = SpscRing::<T>::builder(format!("{name}-pong")).open().unwrap();
     (ping.consumer().unwrap(), pong.producer().unwrap())
 }
 
@@ -134,8 +127,8 @@ fn run_peer(role: &str) {
         "mpmc-producer" | "mpmc-producer-batch" => {
             // One at a time, or in slices of BATCH (`push_slice`: one claim of `tail` per
             // slice).
-            let data = MpmcRing::<Descriptor>::open(&format!("{name}-data")).unwrap();
-            let cmd = MpmcRing::<u64>::open(&format!("{name}-cmd")).unwrap();
+            let data = MpmcRing::<Descriptor>::builder(format!("{name}-data")).open().unwrap();
+            let cmd = MpmcRing::<u64>::builder(format!("{name}-cmd")).open().unwrap();
             let (tx, cmds) = (data.producer().unwrap(), cmd.consumer().unwrap());
             let batch = if role.ends_with("batch") { BATCH as u64 } else { 1 };
             let mut buf = [Descriptor::default(); BATCH];
@@ -156,8 +149,8 @@ fn run_peer(role: &str) {
             }
         }
         "mpmc-consumer" | "mpmc-consumer-batch" => {
-            let data = MpmcRing::<Descriptor>::open(&format!("{name}-data")).unwrap();
-            let ack = MpmcRing::<u64>::open(&format!("{name}-ack")).unwrap();
+            let data = MpmcRing::<Descriptor>::builder(format!("{name}-data")).open().unwrap();
+            let ack = MpmcRing::<u64>::builder(format!("{name}-ack")).open().unwrap();
             let (rx, acks) = (data.consumer().unwrap(), ack.producer().unwrap());
             let batch = if role.ends_with("batch") { BATCH } else { 1 };
             let mut buf = [Descriptor::default(); BATCH];
@@ -259,7 +252,7 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         // side really slept in each.
         let mut slept = [(0u64, 0u64); 2];
         g.run(label, DESC, |iters| {
-            let waits = gpuring::wait_stats().futex_waits;
+            let waits = gpuring::internal::wait_stats().futex_waits;
             let t = Instant::now();
             for _ in 0..iters {
                 seq += 1;
@@ -269,7 +262,7 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
             }
             let took = t.elapsed();
             let tally = &mut slept[(iters == 1) as usize];
-            tally.0 += gpuring::wait_stats().futex_waits - waits;
+            tally.0 += gpuring::internal::wait_stats().futex_waits - waits;
             tally.1 += iters;
             one_way(took)
         });
@@ -324,10 +317,10 @@ fn latency(c: &mut Criterion, samples: &mut Samples) {
         tx.set_wait_policy(WaitPolicy::SLEEP);
         let quiet: Vec<_> = (0..3)
             .map(|i| {
-                SpscRing::<Descriptor>::create_with(
-                    &RingOptions::new(format!("{name}-quiet{i}")).capacity(4),
-                )
-                .unwrap()
+                SpscRing::<Descriptor>::builder(format!("{name}-quiet{i}"))
+                    .capacity(4)
+                    .create()
+                    .unwrap()
             })
             .collect();
         let _quiet_tx: Vec<_> = quiet.iter().map(|r| r.producer().unwrap()).collect();
@@ -598,16 +591,12 @@ fn throughput(c: &mut Criterion) {
 
     for (label, suffix) in [("gpuring_mpmc", ""), ("gpuring_mpmc_batch32", "-batch")] {
         let name = unique("mpmc");
-        let _data = MpmcRing::<Descriptor>::create_with(
-            &RingOptions::new(format!("{name}-data")).capacity(1024),
-        )
-        .unwrap();
-        let cmd =
-            MpmcRing::<u64>::create_with(&RingOptions::new(format!("{name}-cmd")).capacity(16))
-                .unwrap();
-        let ack =
-            MpmcRing::<u64>::create_with(&RingOptions::new(format!("{name}-ack")).capacity(16))
-                .unwrap();
+        let _data = MpmcRing::<Descriptor>::builder(format!("{name}-data"))
+            .capacity(1024)
+            .create()
+            .unwrap();
+        let cmd = MpmcRing::<u64>::builder(format!("{name}-cmd")).capacity(16).create().unwrap();
+        let ack = MpmcRing::<u64>::builder(format!("{name}-ack")).capacity(16).create().unwrap();
         let (cmds, acks) = (cmd.producer().unwrap(), ack.consumer().unwrap());
         let _peers: Vec<Peer> = (0..4)
             .map(|i| {
@@ -721,7 +710,7 @@ fn main() {
         return;
     }
     pin(cpus().first().copied());
-    eprintln!("wake-up barrier mode: {:?}", gpuring::barrier_mode());
+    eprintln!("wake-up barrier mode: {:?}", gpuring::internal::barrier_mode());
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))

@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         size_of::<Descriptor>()
     );
     println!("(host descriptors only: the GPU path arrives with the CUDA slot pool)");
-    println!("wake-up barrier: {:?}\n", gpuring::barrier_mode());
+    println!("wake-up barrier: {:?}\n", gpuring::internal::barrier_mode());
 
     let ring = measure_ring(pings, messages)?;
     let pipe = measure_pipe(pings, messages)?;
@@ -91,8 +91,8 @@ fn stream_tag(seq: u64, messages: u64) -> u64 {
 
 fn measure_ring(pings: u64, messages: u64) -> Result<Figures, Box<dyn std::error::Error>> {
     let name = format!("gpuring-demo-{}", std::process::id());
-    let to_peer = SpscRing::<Descriptor>::create(&format!("{name}-a"), 1024)?;
-    let from_peer = SpscRing::<Descriptor>::create(&format!("{name}-b"), 1024)?;
+    let to_peer = SpscRing::<Descriptor>::builder(format!("{name}-a")).capacity(1024).create()?;
+    let from_peer = SpscRing::<Descriptor>::builder(format!("{name}-b")).capacity(1024).create()?;
     let (mut tx, mut rx) = (to_peer.producer()?, from_peer.consumer()?);
     let mut child = Command::new(std::env::current_exe()?).env(ROLE, &name).spawn()?;
 
@@ -122,8 +122,8 @@ fn measure_ring(pings: u64, messages: u64) -> Result<Figures, Box<dyn std::error
 }
 
 fn ring_peer(name: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let from_parent = SpscRing::<Descriptor>::open(&format!("{name}-a"))?;
-    let to_parent = SpscRing::<Descriptor>::open(&format!("{name}-b"))?;
+    let from_parent = SpscRing::<Descriptor>::builder(format!("{name}-a")).open()?;
+    let to_parent = SpscRing::<Descriptor>::builder(format!("{name}-b")).open()?;
     let (mut rx, mut tx) = (from_parent.consumer()?, to_parent.producer()?);
     tx.set_demote(true); // this side only answers, one message at a time
     let mut counted = 0;

@@ -7,10 +7,6 @@
 //! it. Blocking waits spin, then sleep on a shared futex, and the fast path makes no
 //! syscall while nobody sleeps.
 //!
-//! ```text
-//! cargo add gpuring
-//! ```
-//!
 //! ```no_run
 //! use std::time::Duration;
 //! use gpuring::{Channel, DType, TensorMeta};
@@ -42,25 +38,28 @@
 //! hold the slots and reserves them ([`ShmError::NoSpace`] otherwise). `gpuring list`
 //! and `gpuring clean` (the `gpuring-cli` crate) show and remove what a crash left.
 //!
-//! GPU tensors (feature `cuda`): `Channel::builder(..).cuda(&ctx)` makes a
-//! `Channel<Cuda>`, whose slots are device memory handed off in stream order
-//! (`Cuda` has an example). [`SpscRing`] and [`MpmcRing`] are the rings under the
-//! channels, usable on their own for any `Pod` element.
+//! GPU tensors (feature `cuda`): `Channel::builder(..).cuda(&stream)` makes a
+//! `Channel<Cuda>`, whose slots are device memory handed off in the order of each
+//! endpoint's CUDA stream (`Cuda` has an example); `.pinned(&ctx)` a `Channel<Pinned>`,
+//! host slots registered with CUDA for stream-ordered copies. The same calls serve every
+//! backend. [`SpscRing`] and [`MpmcRing`] are the rings under the channels, usable on their
+//! own for any `Pod` element, made the same way (`SpscRing::<T>::builder(name)`).
 //!
 //! ## The API at a glance
 //!
 //! | what | types |
 //! |---|---|
-//! | channels of slots | [`Channel`], [`ChannelBuilder`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`], [`Host`], `Cuda` |
-//! | rings of `Pod` values | [`Ring`]: [`SpscRing`], [`MpmcRing`]; [`RingOptions`], their producer and consumer ends |
+//! | channels of slots | [`Channel`], [`ChannelBuilder`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`]; backends [`Host`], `Cuda`, `Pinned` |
+//! | rings of `Pod` values | [`Ring`]: [`SpscRing`], [`MpmcRing`]; [`RingBuilder`], their producer and consumer ends |
 //! | what travels | [`Descriptor`], [`TensorMeta`], [`DType`] |
-//! | waiting | [`WaitPolicy`], [`LIVENESS_TICK`], [`wait_stats`], [`barrier_mode`]; async (feature `async`): `recv_async`, `send_async`, `push_async`, ..., `Messages`, `select_async`, `select`, `waiter_stats` |
-//! | errors | [`ChannelError`], [`AcquireError`], [`SendError`], [`RecvError`]; [`RingError`], [`AttachError`], [`PushError`], [`PopError`], ...; [`ShmError`], [`Corrupted`] |
-//! | tools | [`inspect`] (`inspect`, `list`, `clean`, `remove`), `cuda` (contexts, counters) |
+//! | waiting | [`WaitPolicy`], [`LIVENESS_TICK`]; several sources at once: [`select`], [`try_select`], [`select_timeout`], [`select_deadline`]; async (feature `async`): `recv_async`, `send_async`, `push_async`, ..., `Messages`, `select_async` |
+//! | errors | one type per call form: [`RecvError`] / [`TryRecvError`] / [`RecvTimeoutError`], the same for [`SendError`], [`AcquireError`], [`PushError`], [`PopError`]; [`ChannelError`], [`RingError`], [`AttachError`], [`ShmError`], [`Corrupted`] |
+//! | tools | [`inspect`] (`inspect`, `list`, `clean`, `remove`), `cuda` (contexts, counters, where two processes' GPU work meets) |
 //!
 //! Every blocking operation comes in four forms that mean the same on every type:
 //! `try_x` (never waits), `x` (waits as long as it takes), `x_timeout(.., Duration)` and
-//! `x_deadline(.., Instant)`. A wait gives up with a `Disconnected` error once every peer
+//! `x_deadline(.., Instant)`; each returns an error type with the variants it can produce
+//! (`recv` never says `Timeout`, `try_recv` says `Empty`, `recv_timeout` says `Timeout`). A wait gives up with a `Disconnected` error once every peer
 //! it waits for has left (seen at once), or `PeerDead` once they have died (noticed within
 //! a [`LIVENESS_TICK`]); receivers and ring consumers have `iter()` / `try_iter()`, which
 //! end there. With the `async` feature (on by default) each wait also has an `x_async`
@@ -77,13 +76,13 @@
 //! |---|---|
 //! | `sync`, `fault` | the one import of atomics (loom's under `--cfg loom`); crash-test kill points |
 //! | `descriptor`, `wait` | [`Descriptor`], [`DType`], [`TensorMeta`]; spin → yield → shared futex, the one deadline type, the `blocking!` forms; async waits (parked futures, waiter threads), one thread asleep on many words (the blocking `select`), `Selectable` |
-//! | `layout`, `bus_guard` | `#[repr(C)]` shared-memory structures, one file per segment kind, [`Corrupted`]; the SIGBUS guard for segments truncated under us |
+//! | `layout`, `bus_guard` | `#[repr(C)]` shared-memory structures, one file per segment kind, their typed views, [`Corrupted`]; the SIGBUS guard for segments truncated under us |
 //! | `shm` | named segments: exclusive create (space checked and reserved), checked open, who has them open and removal by the last one out, byte locks; [`ShmError`] |
 //! | `liveness` | participants and their locks, SPSC roles, the process probe, the tick loop; [`AttachError`] |
 //! | `ring` | the SPSC and MPMC algorithms over any storage; slices; MPMC repair; rings placed in segments |
-//! | `named`, `pool` | [`SpscRing`] / [`MpmcRing`] and their endpoints, [`RingError`]; the lease protocol, pools in shared memory, device pools, [`AcquireError`], [`CudaError`] |
-//! | `channel` | [`Channel`], builder, pool table, senders, receivers, the GPU backend; channel errors |
-//! | [`inspect`] | reading segments from outside, for tools |
+//! | `named`, `pool` | [`SpscRing`] / [`MpmcRing`], their builder and endpoints, [`RingError`]; the lease protocol, pools in shared memory and the typed views of their parts |
+//! | `channel` | [`Channel`], builder, pool table, senders, receivers, the [`Backend`] trait and [`Host`]; channel errors. Nothing of CUDA |
+//! | `cuda`, [`inspect`] | the GPU wing (feature `cuda`): device pools, events and flags, pinned registration and lanes, the `Cuda` and `Pinned` backends, `CudaError`; reading segments from outside, for tools |
 //!
 //! ## Safety
 //!
@@ -107,10 +106,22 @@
 // Loom builds only the algorithms (its atomics cannot live in a mapping): what serves the
 // shared-memory layers alone is unused there.
 #![cfg_attr(loom, allow(dead_code, unused_imports, unused_macros))]
+// Without the GPU wing (feature `cuda`), the seams it plugs into go unused; the default
+// build, which has it, is the one whose dead code the lints check.
+#![cfg_attr(all(not(feature = "cuda"), not(loom)), allow(dead_code))]
 
 /// Writes `From<Inner> for Outer` for each `Variant(Inner)` listed: how `?` carries a lower
 /// layer's error into this layer's.
 macro_rules! error_from {
+    ($outer:ident<$g:ident: $bound:path> { $($variant:ident($inner:ty)),+ $(,)? }) => {
+        $(
+            impl<$g: $bound> From<$inner> for $outer<$g> {
+                fn from(e: $inner) -> Self {
+                    $outer::$variant(e)
+                }
+            }
+        )+
+    };
     ($outer:ident { $($variant:ident($inner:ty)),+ $(,)? }) => {
         $(
             impl From<$inner> for $outer {
@@ -119,6 +130,220 @@ macro_rules! error_from {
                 }
             }
         )+
+    };
+}
+
+/// Writes the error types of one blocking operation from one list of its failures, so that
+/// each call form returns a type with exactly the variants it can produce:
+///
+/// - `$base`, for the form that waits as long as it takes (`x`, `x_async`): the failures;
+/// - `$timeout`, for the forms with a deadline (`x_timeout`, `x_deadline`): the failures,
+///   and `Timeout` (carrying back what the call was given, where it takes something);
+/// - optionally `$try`, for the form that does not wait (`try_x`): the failures, and the
+///   variant that says nothing could be done now (`Empty`, `Full`, `Exhausted`).
+///
+/// A wait is written once, returning `$timeout` (its "nothing now" of `Deadline::Now` said
+/// as `Timeout`); each form converts with `from_timeout`. Every variant's message is
+/// written once; `source` gives a variant's `Error::source` (the cause it wraps and does not
+/// display, or the source of the cause it displays), `None` where not given.
+macro_rules! wait_errors {
+    // With a `try` form: the two other types as below, then the `try` type.
+    (
+        generics [$($decl:tt)*] [$($params:tt)*] [$($args:tt)*];
+        derive($($derive:path),*);
+        $(#[$base_meta:meta])* base $base:ident;
+        $(#[$timeout_meta:meta])* timeout $timeout:ident {
+            $(#[$t_meta:meta])* Timeout $(($t_bind:ident: $t_ty:ty))? => $t_msg:expr
+        }
+        $(#[$try_meta:meta])* try $try:ident {
+            $(#[$y_meta:meta])* $y_variant:ident $(($y_bind:ident: $y_ty:ty))? => $y_msg:expr
+        }
+        fmt |$f:ident|;
+        variants {
+            $(
+                $(#[$v_meta:meta])*
+                $variant:ident $(($bind:ident: $ty:ty))?
+                    $({ $($(#[$f_meta:meta])* $field:ident: $field_ty:ty),* $(,)? })?
+                    => $msg:expr $(, source $source:expr)?;
+            )*
+        }
+    ) => {
+        wait_errors! {
+            generics [$($decl)*] [$($params)*] [$($args)*];
+            derive($($derive),*);
+            $(#[$base_meta])* base $base;
+            $(#[$timeout_meta])* timeout $timeout {
+                $(#[$t_meta])* Timeout $(($t_bind: $t_ty))? => $t_msg
+            }
+            fmt |$f|;
+            variants {
+                $(
+                    $(#[$v_meta])*
+                    $variant $(($bind: $ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?
+                        => $msg $(, source $source)?;
+                )*
+            }
+        }
+
+        $(#[$try_meta])*
+        #[derive($($derive),*)]
+        #[non_exhaustive]
+        pub enum $try<$($decl)*> {
+            $(#[$y_meta])* $y_variant $(($y_ty))?,
+            $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
+        }
+
+        impl<$($params)*> core::fmt::Display for $try<$($args)*> {
+            #[allow(unused_variables)]
+            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                match self {
+                    Self::$y_variant $(($y_bind))? => $y_msg,
+                    $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
+                }
+            }
+        }
+
+        impl<$($params)*> std::error::Error for $try<$($args)*> where Self: core::fmt::Debug {
+            #[allow(unused_variables, unreachable_code)]
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                match self {
+                    Self::$y_variant $(($y_bind))? => None,
+                    $(Self::$variant $(($bind))? $({ $($field),* })? => {
+                        $(return $source;)?
+                        None
+                    })*
+                }
+            }
+        }
+
+        impl<$($params)*> From<$base<$($args)*>> for $try<$($args)*> {
+            fn from(e: $base<$($args)*>) -> Self {
+                match e {
+                    $($base::$variant $(($bind))? $({ $($field),* })?
+                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
+                }
+            }
+        }
+
+        impl<$($params)*> $try<$($args)*> {
+            /// The outcome of one attempt (`Deadline::Now`), whose "nothing now" the wait
+            /// says as `Timeout`.
+            pub(crate) fn from_timeout(e: $timeout<$($args)*>) -> Self {
+                match e {
+                    $timeout::Timeout $(($y_bind))? => Self::$y_variant $(($y_bind))?,
+                    $($timeout::$variant $(($bind))? $({ $($field),* })?
+                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
+                }
+            }
+        }
+    };
+    // The form that waits as long as it takes, and the forms with a deadline.
+    (
+        generics [$($decl:tt)*] [$($params:tt)*] [$($args:tt)*];
+        derive($($derive:path),*);
+        $(#[$base_meta:meta])* base $base:ident;
+        $(#[$timeout_meta:meta])* timeout $timeout:ident {
+            $(#[$t_meta:meta])* Timeout $(($t_bind:ident: $t_ty:ty))? => $t_msg:expr
+        }
+        fmt |$f:ident|;
+        variants {
+            $(
+                $(#[$v_meta:meta])*
+                $variant:ident $(($bind:ident: $ty:ty))?
+                    $({ $($(#[$f_meta:meta])* $field:ident: $field_ty:ty),* $(,)? })?
+                    => $msg:expr $(, source $source:expr)?;
+            )*
+        }
+    ) => {
+        $(#[$base_meta])*
+        #[derive($($derive),*)]
+        #[non_exhaustive]
+        pub enum $base<$($decl)*> {
+            $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
+        }
+
+        $(#[$timeout_meta])*
+        #[derive($($derive),*)]
+        #[non_exhaustive]
+        pub enum $timeout<$($decl)*> {
+            $(#[$t_meta])* Timeout $(($t_ty))?,
+            $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
+        }
+
+        impl<$($params)*> core::fmt::Display for $base<$($args)*> {
+            #[allow(unused_variables)]
+            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                match self {
+                    $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
+                }
+            }
+        }
+
+        impl<$($params)*> core::fmt::Display for $timeout<$($args)*> {
+            #[allow(unused_variables)]
+            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                match self {
+                    Self::Timeout $(($t_bind))? => $t_msg,
+                    $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
+                }
+            }
+        }
+
+        impl<$($params)*> std::error::Error for $base<$($args)*> where Self: core::fmt::Debug {
+            #[allow(unused_variables, unreachable_code)]
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                match self {
+                    $(Self::$variant $(($bind))? $({ $($field),* })? => {
+                        $(return $source;)?
+                        None
+                    })*
+                }
+            }
+        }
+
+        impl<$($params)*> std::error::Error for $timeout<$($args)*> where Self: core::fmt::Debug {
+            #[allow(unused_variables, unreachable_code)]
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                match self {
+                    Self::Timeout $(($t_bind))? => None,
+                    $(Self::$variant $(($bind))? $({ $($field),* })? => {
+                        $(return $source;)?
+                        None
+                    })*
+                }
+            }
+        }
+
+        impl<$($params)*> From<$base<$($args)*>> for $timeout<$($args)*> {
+            fn from(e: $base<$($args)*>) -> Self {
+                match e {
+                    $($base::$variant $(($bind))? $({ $($field),* })?
+                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
+                }
+            }
+        }
+
+        impl<$($params)*> $base<$($args)*> {
+            /// The failure of a wait that had no deadline (it cannot have timed out).
+            #[allow(dead_code, unused_variables)]
+            pub(crate) fn from_timeout(e: $timeout<$($args)*>) -> Self {
+                match e {
+                    $timeout::Timeout $(($t_bind))? => {
+                        unreachable!("a wait without a deadline ends only in success or failure")
+                    }
+                    $($timeout::$variant $(($bind))? $({ $($field),* })?
+                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
+                }
+            }
+        }
+
+        impl<$($params)*> $timeout<$($args)*> {
+            /// Itself (the deadline forms' conversion, for `blocking!`).
+            #[allow(dead_code)]
+            pub(crate) fn from_timeout(e: Self) -> Self {
+                e
+            }
+        }
     };
 }
 
@@ -135,6 +360,9 @@ mod wait;
 
 #[cfg(not(loom))]
 mod channel;
+#[cfg(all(feature = "cuda", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub mod cuda;
 #[cfg(not(loom))]
 pub mod inspect;
 #[cfg(not(loom))]
@@ -147,65 +375,43 @@ pub use layout::{
     Corrupted, MAX_CAPACITY, MAX_PARTICIPANTS, MAX_POOLS as MAX_SENDERS, MAX_SLOT_SIZE, MAX_SLOTS,
 };
 pub use liveness::{AttachError, LIVENESS_TICK, Role};
-pub use pool::{AcquireError, CudaError};
-pub use ring::{PopError, PushError, TryPopError, TryPushError};
-#[cfg(all(feature = "async", not(loom)))]
-#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub use wait::reactor::{Selectable, WaiterStats, waiter_stats};
-pub use wait::{BarrierMode, WaitPolicy, WaitStats, barrier_mode, wait_stats};
+pub use ring::{PopError, PopTimeoutError, PushError, PushTimeoutError, TryPopError, TryPushError};
+pub use wait::WaitPolicy;
+#[cfg(not(loom))]
+pub use wait::reactor::Selectable;
 
 #[cfg(not(loom))]
 pub use channel::{
-    Backend, Channel, ChannelBuilder, ChannelError, Flavor, Host, Lease, MAX_CHANNEL_NAME, Message,
-    PoolInfo, PoolState, Receiver, RecvError, SendError, Sender,
+    AcquireError, AcquireTimeoutError, Backend, Channel, ChannelBuilder, ChannelError, Flavor,
+    Host, HostMemory, Lease, MAX_CHANNEL_NAME, Message, PoolError, PoolInfo, PoolState, Receiver,
+    RecvError, RecvTimeoutError, SendError, SendTimeoutError, Sender, TryAcquireError,
+    TryRecvError, TrySendError, select, select_deadline, select_timeout, try_select,
 };
-#[cfg(all(feature = "cuda", not(loom)))]
-#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-pub use channel::{Cuda, DeviceView, GpuReady};
 #[cfg(all(feature = "async", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
-pub use channel::{Messages, Selected, select, select_async, select_timeout};
-#[cfg(all(feature = "async", feature = "cuda", not(loom)))]
-#[cfg_attr(docsrs, doc(cfg(all(feature = "async", feature = "cuda"))))]
-pub use channel::{SelectedOn, select_on, select_on_async};
+pub use channel::{Messages, select_async};
+#[cfg(all(feature = "cuda", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub use cuda::{Cuda, CudaError, DeviceView, GpuReady, Pinned};
 #[cfg(not(loom))]
 pub use named::{
-    Mpmc, MpmcConsumer, MpmcProducer, MpmcRing, Ring, RingError, RingFlavor, RingOptions, Spsc,
+    Mpmc, MpmcConsumer, MpmcProducer, MpmcRing, Ring, RingBuilder, RingError, RingFlavor, Spsc,
     SpscConsumer, SpscProducer, SpscRing,
 };
 #[cfg(not(loom))]
 pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};
 
-/// CUDA helpers (feature `cuda`): a context for a device, whether a driver is present, the
-/// count of IPC handles this process has opened, and where two processes' GPU work meets
-/// ([`device_info`](cuda::device_info), [`GpuPath`](cuda::GpuPath): one GPU time-sliced
-/// between the processes, one GPU under CUDA MPS, or two GPUs; docs/GPU.md says what each
-/// costs). cudarc loads the driver at run time, so this builds everywhere and says
-/// [`CudaError::Unavailable`] where there is no driver.
-///
-/// ```no_run
-/// let ctx = gpuring::cuda::context(0)?; // the primary context of device 0
-/// let stream = ctx.new_stream()?;
-/// # let _ = stream;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[cfg(all(feature = "cuda", not(loom)))]
-#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-pub mod cuda {
-    pub use crate::pool::CudaError;
-    pub use crate::pool::cuda::{CudaContext, CudaStream, available, context, ipc_opens};
-    pub use crate::pool::pinned::{host_registered, host_registrations};
-    pub use crate::pool::setup::{DeviceInfo, GpuPath, MPS_HINT, device_info};
-}
-
-/// Not API: what the crate's own tests, fuzz targets and benchmarks need of its insides.
-/// No stability promise of any kind.
+/// Not API: what the crate's own tests, fuzz targets and benchmarks need of its insides,
+/// and the counters they read. No stability promise of any kind.
 #[doc(hidden)]
 pub mod internal {
     pub use crate::layout::*;
     pub use crate::liveness::{Gone, ProcessState, Unwatched, Watch, process_state};
     pub use crate::pool::{HeapPool, PoolCore, SlotRef, heap_pool};
     pub use crate::ring::{Heap, Storage, mpmc, repair, spsc};
+    #[cfg(not(loom))]
+    pub use crate::wait::reactor::{WaiterStats, waiter_stats};
+    pub use crate::wait::{BarrierMode, WaitStats, barrier_mode, wait_stats};
 
     #[cfg(not(loom))]
     pub use crate::shm::Segment;
@@ -227,7 +433,7 @@ pub mod internal {
         tx: &crate::Sender<B>,
         d: crate::Descriptor,
     ) -> Result<(), crate::PushError<()>> {
-        tx.push_raw(d)
+        tx.push_raw(d).map_err(crate::PushError::from_timeout)
     }
 }
 

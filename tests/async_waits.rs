@@ -8,9 +8,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Peer, announce, die, now_ns, ring_name, role, unique_name};
+use gpuring::internal::waiter_stats;
 use gpuring::{
     AcquireError, Channel, Descriptor, MpmcRing, PopError, RecvError, Selectable, SpscRing,
-    TensorMeta, select, select_async, select_timeout, waiter_stats,
+    TensorMeta, select, select_async, select_timeout,
 };
 
 fn d(seq: u64) -> Descriptor {
@@ -42,7 +43,10 @@ fn the_futures_are_send() {
     send(&rx.stream());
     let mut both = [&mut rx];
     send(&select_async(&mut both));
-    let ring = MpmcRing::<Descriptor>::create(&unique_name("async-send-ring"), 4).unwrap();
+    let ring = MpmcRing::<Descriptor>::builder(unique_name("async-send-ring"))
+        .capacity(4)
+        .create()
+        .unwrap();
     let (p, c) = (ring.producer().unwrap(), ring.consumer().unwrap());
     send(&p.push_async(d(0)));
     send(&c.pop_async());
@@ -55,7 +59,7 @@ fn the_futures_are_send() {
 #[test]
 fn a_ring_pop_async_is_woken_by_a_push_from_another_thread() {
     let name = unique_name("async-ring");
-    let ring = SpscRing::<Descriptor>::create(&name, 8).unwrap();
+    let ring = SpscRing::<Descriptor>::builder(&name).capacity(8).create().unwrap();
     let mut tx = ring.producer().unwrap();
     let mut rx = ring.consumer().unwrap();
     let pusher = std::thread::spawn(move || {
@@ -79,7 +83,7 @@ fn a_ring_pop_async_is_woken_by_a_push_from_another_thread() {
 #[test]
 fn an_mpmc_push_async_waits_for_room() {
     let name = unique_name("async-mpmc");
-    let ring = MpmcRing::<Descriptor>::create(&name, 4).unwrap();
+    let ring = MpmcRing::<Descriptor>::builder(&name).capacity(4).create().unwrap();
     let tx = ring.producer().unwrap();
     let rx = ring.consumer().unwrap();
     runtime().block_on(async move {
@@ -122,7 +126,7 @@ fn slices_move_through_async_waits() {
     let values: Vec<u64> = (0..N).collect();
     let rt = runtime();
 
-    let ring = SpscRing::<u64>::create(&unique_name("async-slices"), 16).unwrap();
+    let ring = SpscRing::<u64>::builder(unique_name("async-slices")).capacity(16).create().unwrap();
     let (mut tx, mut rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
     let vals = values.clone();
     let pushing = rt.spawn(async move {
@@ -133,7 +137,8 @@ fn slices_move_through_async_waits() {
     check(|buf| futures::executor::block_on(rx.pop_into_async(buf)));
     rt.block_on(pushing).unwrap();
 
-    let ring = MpmcRing::<u64>::create(&unique_name("async-slices-mpmc"), 16).unwrap();
+    let ring =
+        MpmcRing::<u64>::builder(unique_name("async-slices-mpmc")).capacity(16).create().unwrap();
     let (tx, rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
     let pushing = rt.spawn(async move {
         let mut rest = &values[..];
@@ -151,7 +156,8 @@ fn slices_move_through_async_waits() {
 /// `push_slice_async` reports how many it pushed when the consumer has gone.
 #[test]
 fn dropped_slice_futures_move_nothing() {
-    let ring = SpscRing::<u64>::create(&unique_name("async-slices-cancel"), 4).unwrap();
+    let ring =
+        SpscRing::<u64>::builder(unique_name("async-slices-cancel")).capacity(4).create().unwrap();
     let (mut tx, mut rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
     runtime().block_on(async {
         let mut buf = [0u64; 4];
@@ -367,8 +373,10 @@ fn select_takes_from_whichever_receiver_has_a_message() {
 #[test]
 fn select_takes_from_ring_consumers() {
     type Pop = Result<u64, PopError>;
-    let spsc = SpscRing::<u64>::create(&unique_name("async-sel-spsc"), 8).unwrap();
-    let mpmc = MpmcRing::<u64>::create(&unique_name("async-sel-mpmc"), 8).unwrap();
+    let spsc =
+        SpscRing::<u64>::builder(unique_name("async-sel-spsc")).capacity(8).create().unwrap();
+    let mpmc =
+        MpmcRing::<u64>::builder(unique_name("async-sel-mpmc")).capacity(8).create().unwrap();
     let (mut a, b) = (spsc.consumer().unwrap(), mpmc.consumer().unwrap());
     let (mut ta, tb) = (spsc.producer().unwrap(), mpmc.producer().unwrap());
     let mut b = b;
@@ -415,7 +423,12 @@ fn select_takes_from_ring_consumers() {
 
     // Homogeneous, async, under tokio: three SPSC rings, one value each.
     let rings: Vec<_> = (0..3)
-        .map(|i| SpscRing::<u64>::create(&unique_name(&format!("async-sel-r{i}")), 4).unwrap())
+        .map(|i| {
+            SpscRing::<u64>::builder(unique_name(&format!("async-sel-r{i}")))
+                .capacity(4)
+                .create()
+                .unwrap()
+        })
         .collect();
     let mut rxs: Vec<_> = rings.iter().map(|r| r.consumer().unwrap()).collect();
     let mut txs: Vec<_> = rings.iter().map(|r| r.producer().unwrap()).collect();
@@ -624,7 +637,12 @@ fn select_sleeps_on_every_word_and_hears_of_a_death() {
 #[test]
 fn select_over_more_sources_than_one_futex_waitv_takes() {
     let rings: Vec<_> = (0..130)
-        .map(|i| SpscRing::<u64>::create(&unique_name(&format!("sel-many{i}")), 2).unwrap())
+        .map(|i| {
+            SpscRing::<u64>::builder(unique_name(&format!("sel-many{i}")))
+                .capacity(2)
+                .create()
+                .unwrap()
+        })
         .collect();
     let mut rxs: Vec<_> = rings.iter().map(|r| r.consumer().unwrap()).collect();
     let mut tx = rings[128].producer().unwrap();

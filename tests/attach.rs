@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::unique_name;
 use gpuring::internal::{LAYOUT_VERSION, RingLayout, SegmentKind, ring_segment};
 use gpuring::{
-    AttachError, Descriptor, MpmcRing, RingError, RingOptions, Role, ShmError, SpscRing,
+    AttachError, Descriptor, MpmcRing, PopTimeoutError, RingError, Role, ShmError, SpscRing,
 };
 
 fn path(name: &str) -> String {
@@ -26,19 +26,19 @@ fn poke(name: &str, offset: u64, bytes: &[u8]) {
 #[test]
 fn created_segment_is_private_and_exclusive() {
     let name = unique_name("mode");
-    let ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    let ring = SpscRing::<Descriptor>::builder(&name).capacity(64).create().unwrap();
     let meta = fs::metadata(path(&name)).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     let layout = RingLayout::new(64, size_of::<Descriptor>()).unwrap();
     assert_eq!(meta.len(), layout.total_size as u64);
     assert!(matches!(
-        SpscRing::<Descriptor>::create(&name, 64),
+        SpscRing::<Descriptor>::builder(&name).capacity(64).create(),
         Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
     drop(ring);
     assert!(fs::metadata(path(&name)).is_err(), "the owner unlinks on drop");
     assert!(matches!(
-        SpscRing::<Descriptor>::open(&name),
+        SpscRing::<Descriptor>::builder(&name).open(),
         Err(RingError::Segment(ShmError::NotFound { .. }))
     ));
 }
@@ -46,16 +46,16 @@ fn created_segment_is_private_and_exclusive() {
 #[test]
 fn bad_arguments() {
     assert!(matches!(
-        SpscRing::<u64>::create("a/b", 8),
+        SpscRing::<u64>::builder("a/b").capacity(8).create(),
         Err(RingError::Segment(ShmError::InvalidName { .. }))
     ));
     assert!(matches!(
-        SpscRing::<u64>::create("", 8),
+        SpscRing::<u64>::builder("").capacity(8).create(),
         Err(RingError::Segment(ShmError::InvalidName { .. }))
     ));
     let name = unique_name("cap");
     assert!(matches!(
-        SpscRing::<u64>::create(&name, 12),
+        SpscRing::<u64>::builder(&name).capacity(12).create(),
         Err(RingError::InvalidCapacity { capacity: 12 })
     ));
     assert!(fs::metadata(path(&name)).is_err(), "a failed create leaves nothing behind");
@@ -64,11 +64,11 @@ fn bad_arguments() {
 #[test]
 fn wrong_size_is_size_mismatch() {
     let name = unique_name("size");
-    let _ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    let _ring = SpscRing::<Descriptor>::builder(&name).capacity(64).create().unwrap();
     let expected = RingLayout::new(64, size_of::<Descriptor>()).unwrap().total_size as u64;
     let f = OpenOptions::new().write(true).open(path(&name)).unwrap();
     f.set_len(expected + 4096).unwrap();
-    match SpscRing::<Descriptor>::open(&name) {
+    match SpscRing::<Descriptor>::builder(&name).open() {
         Err(RingError::Segment(ShmError::SizeMismatch { expected: e, found })) => {
             assert_eq!((e, found), (expected, expected + 4096))
         }
@@ -79,15 +79,15 @@ fn wrong_size_is_size_mismatch() {
 #[test]
 fn bad_magic_and_wrong_version() {
     let name = unique_name("magic");
-    let _ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    let _ring = SpscRing::<Descriptor>::builder(&name).capacity(64).create().unwrap();
     poke(&name, 8, &(LAYOUT_VERSION + 1).to_le_bytes());
     assert!(matches!(
-        SpscRing::<Descriptor>::open(&name),
+        SpscRing::<Descriptor>::builder(&name).open(),
         Err(RingError::Segment(ShmError::VersionMismatch { expected: LAYOUT_VERSION, found })) if found == LAYOUT_VERSION + 1
     ));
     poke(&name, 0, b"NOTOURS!");
     assert!(matches!(
-        SpscRing::<Descriptor>::open(&name),
+        SpscRing::<Descriptor>::builder(&name).open(),
         Err(RingError::Segment(ShmError::BadMagic { found })) if found == u64::from_le_bytes(*b"NOTOURS!")
     ));
 }
@@ -95,9 +95,9 @@ fn bad_magic_and_wrong_version() {
 #[test]
 fn mode_0644_is_refused() {
     let name = unique_name("perm");
-    let _ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    let _ring = SpscRing::<Descriptor>::builder(&name).capacity(64).create().unwrap();
     fs::set_permissions(path(&name), fs::Permissions::from_mode(0o644)).unwrap();
-    match SpscRing::<Descriptor>::open(&name) {
+    match SpscRing::<Descriptor>::builder(&name).open() {
         Err(RingError::Segment(ShmError::PermissionDenied { reason, .. })) => {
             assert!(reason.contains("0644"), "{reason}")
         }
@@ -111,19 +111,17 @@ fn a_pre_created_foreign_object_is_refused_not_adopted() {
     let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path(&name)).unwrap();
     f.set_len(4096).unwrap();
     // All zeros: the header never becomes ready.
-    let r = SpscRing::<u64>::open_with(
-        &RingOptions::new(&name).open_timeout(Duration::from_millis(30)),
-    );
+    let r = SpscRing::<u64>::builder(&name).open_timeout(Duration::from_millis(30)).open();
     assert!(matches!(r, Err(RingError::Segment(ShmError::NotInitialized { .. }))), "{r:?}");
     // Someone else's data.
     f.write_all_at(&[0xAB; 64], 0).unwrap();
     assert!(matches!(
-        SpscRing::<u64>::open(&name),
+        SpscRing::<u64>::builder(&name).open(),
         Err(RingError::Segment(ShmError::BadMagic { .. }))
     ));
     // `create` will not take it over either.
     assert!(matches!(
-        SpscRing::<u64>::create(&name, 8),
+        SpscRing::<u64>::builder(&name).capacity(8).create(),
         Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
     fs::remove_file(path(&name)).unwrap();
@@ -132,16 +130,16 @@ fn a_pre_created_foreign_object_is_refused_not_adopted() {
 #[test]
 fn kind_and_element_type_must_match() {
     let name = unique_name("kind");
-    let _ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    let _ring = SpscRing::<u64>::builder(&name).capacity(8).create().unwrap();
     assert!(matches!(
-        MpmcRing::<u64>::open(&name),
+        MpmcRing::<u64>::builder(&name).open(),
         Err(RingError::Segment(ShmError::KindMismatch {
             expected: SegmentKind::MpmcRing,
             found: 1
         }))
     ));
     assert!(matches!(
-        SpscRing::<u32>::open(&name),
+        SpscRing::<u32>::builder(&name).open(),
         Err(RingError::ElementMismatch { expected: (4, 4), found: (8, 8) })
     ));
 }
@@ -149,12 +147,12 @@ fn kind_and_element_type_must_match() {
 #[test]
 fn forged_capacity_is_corrupted() {
     let name = unique_name("capforge");
-    let _ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    let _ring = SpscRing::<u64>::builder(&name).capacity(8).create().unwrap();
     poke(&name, 128, &3u64.to_le_bytes());
-    assert!(matches!(SpscRing::<u64>::open(&name), Err(RingError::Corrupted(_))));
+    assert!(matches!(SpscRing::<u64>::builder(&name).open(), Err(RingError::Corrupted(_))));
     poke(&name, 128, &16u64.to_le_bytes());
     assert!(matches!(
-        SpscRing::<u64>::open(&name),
+        SpscRing::<u64>::builder(&name).open(),
         Err(RingError::Segment(ShmError::SizeMismatch { .. }))
     ));
 }
@@ -162,7 +160,7 @@ fn forged_capacity_is_corrupted() {
 #[test]
 fn scribbled_head_is_corrupted_and_roles_are_exclusive() {
     let name = unique_name("head");
-    let ring = SpscRing::<Descriptor>::create(&name, 64).unwrap();
+    let ring = SpscRing::<Descriptor>::builder(&name).capacity(64).create().unwrap();
     {
         let mut tx = ring.producer().unwrap();
         assert!(matches!(
@@ -172,7 +170,7 @@ fn scribbled_head_is_corrupted_and_roles_are_exclusive() {
         tx.try_push(Descriptor::default()).unwrap();
     }
     // The role came back with the drop, and the element is still there.
-    let peer = SpscRing::<Descriptor>::open(&name).unwrap();
+    let peer = SpscRing::<Descriptor>::builder(&name).open().unwrap();
     let mut rx = peer.consumer().unwrap();
     assert!(rx.try_pop().is_ok());
     drop(rx);
@@ -194,9 +192,9 @@ fn scribbled_head_is_corrupted_and_roles_are_exclusive() {
 /// blocked endpoint reports `Corrupted` at its next tick.
 #[test]
 fn a_segment_truncated_under_us_is_corrupted_not_a_crash() {
-    use gpuring::{PopError, TryPopError};
+    use gpuring::TryPopError;
     let name = unique_name("truncate");
-    let ring = SpscRing::<u64>::create(&name, 4096).unwrap();
+    let ring = SpscRing::<u64>::builder(&name).capacity(4096).create().unwrap();
     let mut tx = ring.producer().unwrap();
     let mut rx = ring.consumer().unwrap();
     for v in 1..=3000 {
@@ -225,7 +223,7 @@ fn a_segment_truncated_under_us_is_corrupted_not_a_crash() {
     assert_eq!(rx.try_pop(), Ok(7));
     assert!(ring_segment(&ring).truncated());
     match rx.pop_timeout(Duration::from_secs(2)) {
-        Err(PopError::Corrupted(c)) => assert!(c.what.contains("truncated"), "{c}"),
+        Err(PopTimeoutError::Corrupted(c)) => assert!(c.what.contains("truncated"), "{c}"),
         other => panic!("expected Corrupted, got {other:?}"),
     }
 }
@@ -243,12 +241,12 @@ fn write_fuzz_seeds() {
         fs::write(format!("{dir}/seed-v{LAYOUT_VERSION}-{tag}-{pick}"), bytes).unwrap();
     };
     let spsc = unique_name("seed-spsc");
-    let ring = SpscRing::<Descriptor>::create(&spsc, 4).unwrap();
+    let ring = SpscRing::<Descriptor>::builder(&spsc).capacity(4).create().unwrap();
     let mut tx = ring.producer().unwrap();
     tx.try_push(Descriptor::default()).unwrap();
     tx.try_push(Descriptor::default()).unwrap();
     let mpmc = unique_name("seed-mpmc");
-    let mring = MpmcRing::<u64>::create(&mpmc, 4).unwrap();
+    let mring = MpmcRing::<u64>::builder(&mpmc).capacity(4).create().unwrap();
     let mtx = mring.producer().unwrap();
     for v in 0..3 {
         mtx.try_push(v).unwrap();
@@ -292,7 +290,7 @@ fn rss_shmem_kib() -> u64 {
 #[test]
 fn forged_sparse_objects_commit_nothing_before_the_size_check() {
     let name = unique_name("sparse-src");
-    let ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    let ring = SpscRing::<u64>::builder(&name).capacity(8).create().unwrap();
     let image = fs::read(path(&name)).unwrap();
     drop(ring);
     for claimed in [1u64 << 30, 1 << 40] {
@@ -309,7 +307,7 @@ fn forged_sparse_objects_commit_nothing_before_the_size_check() {
         f.set_len(claimed).unwrap();
         let blocks = |f: &fs::File| std::os::unix::fs::MetadataExt::blocks(&f.metadata().unwrap());
         let (blocks_before, rss_before) = (blocks(&f), rss_shmem_kib());
-        match SpscRing::<u64>::open(&forged) {
+        match SpscRing::<u64>::builder(&forged).open() {
             Err(RingError::Segment(ShmError::SizeMismatch { expected, found })) => {
                 assert_eq!(found, claimed);
                 assert_eq!(expected, image.len() as u64);

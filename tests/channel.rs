@@ -10,8 +10,9 @@ use std::time::Duration;
 use common::{ring_name, role, spawn, unique_name, wait_all, wait_for};
 use gpuring::internal::push_raw;
 use gpuring::{
-    AcquireError, AttachError, Channel, ChannelError, DType, Descriptor, Flavor, PoolState,
-    RecvError, SendError, ShmError, TensorMeta, WaitPolicy,
+    AcquireTimeoutError, AttachError, Channel, ChannelError, DType, Descriptor, Flavor, PoolState,
+    RecvTimeoutError, SendError, SendTimeoutError, ShmError, TensorMeta, TryAcquireError,
+    TryRecvError, TrySendError, WaitPolicy,
 };
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -109,7 +110,7 @@ fn spsc_round_trip_in_one_process() {
     assert_eq!((ch.capacity(), ch.slots()), (4, (2, 4096)));
     let tx = ch.sender().unwrap();
     let rx = ch.receiver().unwrap();
-    assert!(matches!(rx.try_recv(), Err(RecvError::Empty)));
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
 
     let meta = TensorMeta::contiguous(DType::F32, &[4, 8]).unwrap();
     let mut lease = tx.acquire().unwrap();
@@ -150,8 +151,11 @@ fn leases_back_pressure_and_errors() {
 
     let a = tx.try_acquire().unwrap();
     let b = tx.try_acquire().unwrap();
-    assert_eq!(tx.try_acquire().unwrap_err(), AcquireError::Exhausted);
-    assert_eq!(tx.acquire_timeout(Duration::from_millis(10)).unwrap_err(), AcquireError::Timeout);
+    assert_eq!(tx.try_acquire().unwrap_err(), TryAcquireError::Exhausted);
+    assert_eq!(
+        tx.acquire_timeout(Duration::from_millis(10)).unwrap_err(),
+        AcquireTimeoutError::Timeout
+    );
     drop(a); // never sent: back to the pool
     assert_eq!(tx.free_slots(), 1);
 
@@ -167,17 +171,17 @@ fn leases_back_pressure_and_errors() {
     // The ring (capacity 1) is full: try_send and send_timeout give the lease back.
     let c = tx.try_acquire().unwrap();
     let c = match tx.try_send(c, TensorMeta::bytes(1)) {
-        Err(SendError::Full(lease)) => lease,
+        Err(TrySendError::Full(lease)) => lease,
         other => panic!("expected Full, got {other:?}"),
     };
     let c = match tx.send_timeout(c, TensorMeta::bytes(1), Duration::from_millis(10)) {
-        Err(SendError::Timeout(lease)) => lease,
+        Err(SendTimeoutError::Timeout(lease)) => lease,
         other => panic!("expected Timeout, got {other:?}"),
     };
     assert_eq!(rx.recv().unwrap()[0], 42);
     tx.send(c, TensorMeta::bytes(1)).unwrap();
     assert_eq!(rx.recv().unwrap().seq(), 1, "a failed send does not use up a sequence number");
-    assert!(matches!(rx.recv_timeout(Duration::from_millis(10)), Err(RecvError::Timeout)));
+    assert!(matches!(rx.recv_timeout(Duration::from_millis(10)), Err(RecvTimeoutError::Timeout)));
     assert_eq!(tx.free_slots(), 2);
 }
 
@@ -217,7 +221,7 @@ fn builder_and_open_checks() {
 
     // A plain ring is not a channel.
     let ring_name = unique_name("ch-ring");
-    let _ring = gpuring::SpscRing::<Descriptor>::create(&ring_name, 4).unwrap();
+    let _ring = gpuring::SpscRing::<Descriptor>::builder(&ring_name).capacity(4).create().unwrap();
     assert!(matches!(
         Channel::builder(&ring_name).open(),
         Err(ChannelError::Segment(ShmError::KindMismatch { .. }))
@@ -277,7 +281,7 @@ fn forged_descriptors_are_rejected_and_the_pool_is_untouched() {
     for (d, what) in &cases {
         push_raw(&tx, *d).unwrap();
         match rx.try_recv() {
-            Err(RecvError::Corrupted(c)) => assert_eq!(c.what, *what, "{d:?}"),
+            Err(TryRecvError::Corrupted(c)) => assert_eq!(c.what, *what, "{d:?}"),
             other => panic!("forged {d:?} gave {other:?}, expected Corrupted({what})"),
         }
         assert_eq!(tx.free_slots(), 3, "a rejected descriptor leaves the pool alone ({what})");
@@ -288,7 +292,7 @@ fn forged_descriptors_are_rejected_and_the_pool_is_untouched() {
     assert_eq!(tx.free_slots(), 4);
     // A slot returned cannot be returned again by replaying its descriptor.
     push_raw(&tx, good).unwrap();
-    assert!(matches!(rx.try_recv(), Err(RecvError::Corrupted(_))));
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Corrupted(_))));
     assert_eq!(tx.free_slots(), 4);
     let mut lease = tx.acquire().unwrap();
     fill(&mut lease[..10], 6);
@@ -419,7 +423,7 @@ fn mpmc_three_sender_and_two_receiver_processes_exactly_once() {
             // Until every sender has left (the parent's, last) and all was received.
             loop {
                 let m = match rx.recv_timeout(LIMIT) {
-                    Err(RecvError::Disconnected) => break,
+                    Err(RecvTimeoutError::Disconnected) => break,
                     m => m.unwrap(),
                 };
                 let (s, i) = (m.tag() >> 32, m.tag() & 0xffff_ffff);

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{ring_name, role, spawn, unique_name, wait_all, wait_for};
-use gpuring::{Descriptor, MpmcRing, PushError, RingOptions, SpscRing, WaitPolicy, wait_stats};
+use gpuring::internal::wait_stats;
+use gpuring::{Descriptor, MpmcRing, PushTimeoutError, SpscRing, WaitPolicy};
 
 const WATCHDOG: Duration = Duration::from_secs(120);
 const POP_LIMIT: Duration = Duration::from_secs(60);
@@ -29,7 +30,7 @@ fn check(d: &Descriptor, seq: u64) {
 fn spsc_one_million_descriptors_in_order() {
     const N: u64 = 1_000_000;
     if role().as_deref() == Some("consumer") {
-        let ring = SpscRing::<Descriptor>::open(&ring_name()).unwrap();
+        let ring = SpscRing::<Descriptor>::builder(ring_name()).open().unwrap();
         let mut rx = ring.consumer().unwrap();
         for seq in 0..N {
             check(&rx.pop_timeout(POP_LIMIT).unwrap(), seq);
@@ -38,7 +39,7 @@ fn spsc_one_million_descriptors_in_order() {
         return;
     }
     let name = unique_name("spsc1m");
-    let ring = SpscRing::<Descriptor>::create(&name, 1024).unwrap();
+    let ring = SpscRing::<Descriptor>::builder(&name).capacity(1024).create().unwrap();
     let mut tx = ring.producer().unwrap();
     let mut peers = [spawn("spsc_one_million_descriptors_in_order", "consumer", &name, &[])];
     for seq in 0..N {
@@ -55,7 +56,7 @@ fn mpmc_three_producer_and_two_consumer_processes_exactly_once() {
     match role().as_deref() {
         Some(r) if r.starts_with("producer") => {
             let p: u64 = r["producer".len()..].parse().unwrap();
-            let ring = MpmcRing::<Descriptor>::open(&ring_name()).unwrap();
+            let ring = MpmcRing::<Descriptor>::builder(ring_name()).open().unwrap();
             let tx = ring.producer().unwrap();
             for i in 0..PER_PRODUCER {
                 tx.push_timeout(descriptor((p << 32) | i), POP_LIMIT).unwrap();
@@ -63,7 +64,7 @@ fn mpmc_three_producer_and_two_consumer_processes_exactly_once() {
             return;
         }
         Some(r) if r.starts_with("consumer") => {
-            let ring = MpmcRing::<Descriptor>::open(&ring_name()).unwrap();
+            let ring = MpmcRing::<Descriptor>::builder(ring_name()).open().unwrap();
             let rx = ring.consumer().unwrap();
             let mut got = Vec::new();
             loop {
@@ -82,7 +83,7 @@ fn mpmc_three_producer_and_two_consumer_processes_exactly_once() {
     }
     let test = "mpmc_three_producer_and_two_consumer_processes_exactly_once";
     let name = unique_name("mpmc");
-    let ring = MpmcRing::<Descriptor>::create(&name, 256).unwrap();
+    let ring = MpmcRing::<Descriptor>::builder(&name).capacity(256).create().unwrap();
     let tx = ring.producer().unwrap();
     let dir = std::env::temp_dir();
     let outs: Vec<_> = (0..2).map(|c| dir.join(format!("{name}-consumer{c}.bin"))).collect();
@@ -124,7 +125,7 @@ fn mpmc_three_producer_and_two_consumer_processes_exactly_once() {
 fn sleeping_consumer_is_woken_by_a_push() {
     match role().as_deref() {
         Some("consumer") => {
-            let ring = SpscRing::<Descriptor>::open(&ring_name()).unwrap();
+            let ring = SpscRing::<Descriptor>::builder(ring_name()).open().unwrap();
             let mut rx = ring.consumer().unwrap();
             rx.set_wait_policy(WaitPolicy::SLEEP);
             let d = rx.pop_timeout(POP_LIMIT).unwrap();
@@ -134,7 +135,7 @@ fn sleeping_consumer_is_woken_by_a_push() {
             return;
         }
         Some("producer") => {
-            let ring = SpscRing::<Descriptor>::open(&ring_name()).unwrap();
+            let ring = SpscRing::<Descriptor>::builder(ring_name()).open().unwrap();
             let mut tx = ring.producer().unwrap();
             // Push only once the consumer is registered as a sleeper.
             wait_for("consumer asleep", POP_LIMIT, || ring.sleepers().0 == 1);
@@ -152,7 +153,7 @@ fn sleeping_consumer_is_woken_by_a_push() {
     }
     let test = "sleeping_consumer_is_woken_by_a_push";
     let name = unique_name("sleep");
-    let _ring = SpscRing::<Descriptor>::create(&name, 16).unwrap();
+    let _ring = SpscRing::<Descriptor>::builder(&name).capacity(16).create().unwrap();
     let mut peers = [spawn(test, "consumer", &name, &[]), spawn(test, "producer", &name, &[])];
     wait_all(&mut peers, WATCHDOG);
 }
@@ -163,7 +164,7 @@ fn busy_ring_makes_no_futex_syscall() {
     let spin = WaitPolicy::spin_then_sleep(u32::MAX, 0);
     match role().as_deref() {
         Some("consumer") => {
-            let ring = SpscRing::<Descriptor>::open(&ring_name()).unwrap();
+            let ring = SpscRing::<Descriptor>::builder(ring_name()).open().unwrap();
             let mut rx = ring.consumer().unwrap();
             rx.set_wait_policy(spin);
             for seq in 0..N {
@@ -173,7 +174,7 @@ fn busy_ring_makes_no_futex_syscall() {
             return;
         }
         Some("producer") => {
-            let ring = SpscRing::<Descriptor>::open(&ring_name()).unwrap();
+            let ring = SpscRing::<Descriptor>::builder(ring_name()).open().unwrap();
             let mut tx = ring.producer().unwrap();
             tx.set_wait_policy(spin);
             for seq in 0..N {
@@ -190,7 +191,7 @@ fn busy_ring_makes_no_futex_syscall() {
     }
     let test = "busy_ring_makes_no_futex_syscall";
     let name = unique_name("busy");
-    let _ring = SpscRing::<Descriptor>::create_with(&RingOptions::new(&name).capacity(64)).unwrap();
+    let _ring = SpscRing::<Descriptor>::builder(&name).capacity(64).create().unwrap();
     let mut peers = [spawn(test, "consumer", &name, &[]), spawn(test, "producer", &name, &[])];
     wait_all(&mut peers, WATCHDOG);
 }
@@ -202,7 +203,7 @@ fn roles_pass_between_processes_and_nothing_sent_is_lost() {
     const N: u64 = 10_000;
     if let Some(r) = role() {
         let (from, to): (u64, u64) = if r == "first" { (0, N / 2) } else { (N / 2, N) };
-        let ring = SpscRing::<Descriptor>::open(&ring_name()).unwrap();
+        let ring = SpscRing::<Descriptor>::builder(ring_name()).open().unwrap();
         let mut rx = ring.consumer().unwrap();
         for seq in from..to {
             check(&rx.pop_timeout(POP_LIMIT).unwrap(), seq);
@@ -211,7 +212,7 @@ fn roles_pass_between_processes_and_nothing_sent_is_lost() {
     }
     let test = "roles_pass_between_processes_and_nothing_sent_is_lost";
     let name = unique_name("roles");
-    let ring = SpscRing::<Descriptor>::create(&name, 32).unwrap();
+    let ring = SpscRing::<Descriptor>::builder(&name).capacity(32).create().unwrap();
     let mut tx = ring.producer().unwrap();
     let mut first = [spawn(test, "first", &name, &[])];
     for seq in 0..N / 2 {
@@ -229,7 +230,7 @@ fn roles_pass_between_processes_and_nothing_sent_is_lost() {
         loop {
             match tx.push_timeout(d, POP_LIMIT) {
                 Ok(()) => break,
-                Err(PushError::Disconnected(back)) => {
+                Err(PushTimeoutError::Disconnected(back)) => {
                     assert_eq!(back.seq, seq, "the descriptor comes back");
                     disconnected += 1;
                     d = back;
@@ -250,8 +251,8 @@ fn sleeping_ping_pong_never_loses_a_wake_up() {
     // re-check in asymmetric mode, so it shows as a timeout here (or the watchdog).
     const ROUND_TRIPS: u64 = 20_000;
     if role().as_deref() == Some("echo") {
-        let ping = SpscRing::<Descriptor>::open(&format!("{}-ping", ring_name())).unwrap();
-        let pong = SpscRing::<Descriptor>::open(&format!("{}-pong", ring_name())).unwrap();
+        let ping = SpscRing::<Descriptor>::builder(format!("{}-ping", ring_name())).open().unwrap();
+        let pong = SpscRing::<Descriptor>::builder(format!("{}-pong", ring_name())).open().unwrap();
         let (mut rx, mut tx) = (ping.consumer().unwrap(), pong.producer().unwrap());
         rx.set_wait_policy(WaitPolicy::SLEEP);
         tx.set_wait_policy(WaitPolicy::SLEEP);
@@ -264,8 +265,10 @@ fn sleeping_ping_pong_never_loses_a_wake_up() {
         return;
     }
     let name = unique_name("pingpong");
-    let ping = SpscRing::<Descriptor>::create(&format!("{name}-ping"), 4).unwrap();
-    let pong = SpscRing::<Descriptor>::create(&format!("{name}-pong"), 4).unwrap();
+    let ping =
+        SpscRing::<Descriptor>::builder(format!("{name}-ping")).capacity(4).create().unwrap();
+    let pong =
+        SpscRing::<Descriptor>::builder(format!("{name}-pong")).capacity(4).create().unwrap();
     let (mut tx, mut rx) = (ping.producer().unwrap(), pong.consumer().unwrap());
     tx.set_wait_policy(WaitPolicy::SLEEP);
     rx.set_wait_policy(WaitPolicy::SLEEP);

@@ -11,7 +11,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Peer, announce, assert_noticed, now_ns, ring_name, role, unique_name};
-use gpuring::{Channel, MpmcRing, PopError, Receiver, RecvError, TensorMeta, WaitPolicy};
+use gpuring::{
+    Channel, MpmcRing, PopTimeoutError, Receiver, RecvError, TensorMeta, TryRecvError, WaitPolicy,
+};
 
 const SLOTS: u32 = 8;
 
@@ -65,7 +67,7 @@ const STEADY: u64 = 2 << 32;
 /// The steady producer of the MPMC tests: `count` elements, one a millisecond, then it
 /// leaves cleanly (its entry cleared, not dead).
 fn push_steadily(count: u64) {
-    let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+    let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
     let tx = ring.producer().unwrap();
     for seq in 0..count {
         tx.push(STEADY | seq).unwrap();
@@ -172,7 +174,7 @@ fn receiver_killed_holding_a_slot() {
         assert!(
             matches!(
                 tx.acquire_timeout(Duration::from_secs(5)),
-                Err(gpuring::AcquireError::PeerDead)
+                Err(gpuring::AcquireTimeoutError::PeerDead)
             ),
             "{flavor}: the held slot is not reclaimed while its message waits"
         );
@@ -189,7 +191,7 @@ fn receiver_killed_holding_a_slot() {
         println!("{flavor}: the dead receiver's message taken over in {:?}", t.elapsed());
         assert_eq!(m[..8], 2u64.to_le_bytes(), "{flavor}");
         drop(m);
-        assert!(matches!(rx.try_recv(), Err(RecvError::Empty)));
+        assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
         let leases: Vec<_> =
             (0..4).map(|_| tx.acquire_timeout(Duration::from_secs(5)).unwrap()).collect();
         drop(leases);
@@ -247,7 +249,7 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
     const STEADY_COUNT: u64 = 300;
     match role().as_deref() {
         Some("victim") => {
-            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
             let tx = ring.producer().unwrap();
             for seq in 0..MESSAGES {
                 tx.push(VICTIM | seq).unwrap();
@@ -256,7 +258,7 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
             panic!("the fault point was never reached");
         }
         Some("victim-slices") => {
-            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
             let tx = ring.producer().unwrap();
             for run in 0..MESSAGES {
                 let slice: Vec<u64> = (0..RUN).map(|i| VICTIM | (run * RUN + i)).collect();
@@ -288,7 +290,7 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
         let name = unique_name("mpmc-fault");
         // Slices get room enough that no run is ever cut short by a full ring.
         let cells = if role == "victim" { 8 } else { 64 };
-        let ring = MpmcRing::<u64>::create(&name, cells).unwrap();
+        let ring = MpmcRing::<u64>::builder(&name).capacity(cells).create().unwrap();
         let mut rx = ring.consumer().unwrap();
         rx.set_wait_policy(WaitPolicy::SLEEP);
         let test = "mpmc_producer_killed_holding_a_claimed_cell";
@@ -301,7 +303,7 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
             // behind the dead cell): a timeout here is that failure, not a hang.
             match rx.pop_timeout(Duration::from_secs(5)) {
                 Ok(v) => got.push((v, now_ns())),
-                Err(PopError::PeerDead) => break,
+                Err(PopTimeoutError::PeerDead) => break,
                 Err(e) => panic!("{point}:{n}: {e} after {} elements", got.len()),
             }
         }
@@ -350,7 +352,7 @@ fn mpmc_producer_killed_holding_a_claimed_cell() {
 #[test]
 fn mpmc_consumer_killed_holding_a_claimed_cell() {
     if role().as_deref() == Some("victim") {
-        let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+        let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
         let rx = ring.consumer().unwrap();
         loop {
             let v = rx.pop().unwrap();
@@ -358,7 +360,7 @@ fn mpmc_consumer_killed_holding_a_claimed_cell() {
         }
     }
     let name = unique_name("mpmc-fault-rx");
-    let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+    let ring = MpmcRing::<u64>::builder(&name).capacity(4).create().unwrap();
     let tx = ring.producer().unwrap();
     let rx = ring.consumer().unwrap();
     let fault = [("GPURING_FAULT", "pop_after_claim:3".to_owned())];
@@ -392,7 +394,7 @@ fn mpmc_consumer_killed_holding_a_claimed_cell() {
 #[test]
 fn mpmc_slice_consumer_killed_holding_a_run() {
     if role().as_deref() == Some("victim") {
-        let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+        let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
         let rx = ring.consumer().unwrap();
         let mut buf = [0u64; 8];
         loop {
@@ -402,7 +404,7 @@ fn mpmc_slice_consumer_killed_holding_a_run() {
     }
     for single in [false, true] {
         let name = unique_name("mpmc-fault-run");
-        let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+        let ring = MpmcRing::<u64>::builder(&name).capacity(4).create().unwrap();
         let tx = ring.producer().unwrap();
         let rx = ring.consumer().unwrap();
         tx.push_slice(&[0, 1, 2, 3]).unwrap();
@@ -438,13 +440,13 @@ fn mpmc_slice_consumer_killed_holding_a_run() {
 fn reused_entry_of_a_dead_claimant_settles_its_cell() {
     match role().as_deref() {
         Some("victim") => {
-            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
             ring.producer().unwrap().push(1).unwrap();
             panic!("the fault point was never reached");
         }
         Some("victim-slice") => {
             // One claim of a run of three cells, dying before writing any.
-            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
             ring.producer().unwrap().push_slice(&[1, 2, 3]).unwrap();
             panic!("the fault point was never reached");
         }
@@ -452,7 +454,7 @@ fn reused_entry_of_a_dead_claimant_settles_its_cell() {
     }
     for (role, dead_cells) in [("victim", 1), ("victim-slice", 3)] {
         let name = unique_name("mpmc-reuse");
-        let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+        let ring = MpmcRing::<u64>::builder(&name).capacity(4).create().unwrap();
         let rx = ring.consumer().unwrap();
         // 63 entries held here; the victim takes the last one.
         let held: Vec<_> = (0..62).map(|_| ring.producer().unwrap()).collect();
@@ -486,7 +488,7 @@ fn mpmc_random_kills_over_a_long_stream() {
     const STEADY_COUNT: u64 = 200;
     match role().as_deref() {
         Some("victim") => {
-            let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+            let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
             let tx = ring.producer().unwrap();
             for seq in 0.. {
                 tx.push(VICTIM | seq).unwrap();
@@ -502,7 +504,7 @@ fn mpmc_random_kills_over_a_long_stream() {
             state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         let kill_after = 1_000 + (state >> 33) % 40_000;
         let name = unique_name("mpmc-stream");
-        let ring = MpmcRing::<u64>::create(&name, 64).unwrap();
+        let ring = MpmcRing::<u64>::builder(&name).capacity(64).create().unwrap();
         let rx = ring.consumer().unwrap();
         let test = "mpmc_random_kills_over_a_long_stream";
         let mut victim = Peer::spawn(test, "victim", &name);
@@ -522,7 +524,7 @@ fn mpmc_random_kills_over_a_long_stream() {
                         times.push(t);
                     }
                 }
-                Err(PopError::PeerDead) => break,
+                Err(PopTimeoutError::PeerDead) => break,
                 Err(e) => panic!(
                     "round {round}: {e} (victim {}, steady {})",
                     victim_got.len(),
@@ -559,13 +561,13 @@ fn mpmc_random_kills_over_a_long_stream() {
 #[test]
 fn entry_of_a_dead_consumer_waits_for_the_adoption() {
     if role().as_deref() == Some("victim") {
-        let ring = MpmcRing::<u64>::open(&ring_name()).unwrap();
+        let ring = MpmcRing::<u64>::builder(ring_name()).open().unwrap();
         let rx = ring.consumer().unwrap();
         rx.pop().unwrap();
         panic!("the fault point was never reached");
     }
     let name = unique_name("mpmc-reuse-rx");
-    let ring = MpmcRing::<u64>::create(&name, 4).unwrap();
+    let ring = MpmcRing::<u64>::builder(&name).capacity(4).create().unwrap();
     let tx = ring.producer().unwrap();
     let rx = ring.consumer().unwrap();
     let held: Vec<_> = (0..61).map(|_| ring.producer().unwrap()).collect(); // 63 entries
@@ -627,7 +629,7 @@ fn receiver_killed_returning_a_slot() {
             let rx = ch.receiver().unwrap();
             send(&tx, 100);
             assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap()[..8], 100u64.to_le_bytes());
-            assert!(matches!(rx.try_recv(), Err(RecvError::Empty)), "nothing twice");
+            assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)), "nothing twice");
         }
     }
 }

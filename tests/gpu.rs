@@ -48,11 +48,11 @@ fn cuda_absent_is_a_typed_error() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn host_and_gpu_channels_do_not_mix() {
-    let (ctx, stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-mix");
-    let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let ch = Channel::builder(&name).slots(2, 4096).cuda(&stream).create().unwrap();
     let tx = ch.sender().unwrap();
-    let lease = tx.acquire_on(&stream).unwrap();
+    let lease = tx.acquire().unwrap();
     assert_eq!((lease.capacity(), lease.device_ptr() % 256), (4096, 0));
     drop(lease);
     assert_eq!(tx.free_slots(), 2);
@@ -62,7 +62,7 @@ fn host_and_gpu_channels_do_not_mix() {
     // And a host channel opened as a GPU one.
     let host_name = unique_name("gpu-host");
     let _host = Channel::builder(&host_name).slots(1, 64).create().unwrap();
-    let opened = Channel::builder(&host_name).cuda(&ctx).open().map(drop);
+    let opened = Channel::builder(&host_name).cuda(&stream).open().map(drop);
     assert!(matches!(opened, Err(ChannelError::WrongBackend { channel: "host", asked: "cuda" })));
 }
 
@@ -84,16 +84,16 @@ fn gpu_host_flags_receiver_in_the_senders_own_process() {
 }
 
 fn same_process(ready: GpuReady) {
-    let (ctx, stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-same-process");
-    let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).ready(ready).create().unwrap();
+    let ch = Channel::builder(&name).slots(2, 4096).cuda(&stream).ready(ready).create().unwrap();
     let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
     let opens = cuda::ipc_opens();
     for seq in 0..10u64 {
-        let lease = tx.acquire_on(&stream).unwrap();
+        let lease = tx.acquire().unwrap();
         memset(lease.device_ptr(), value(seq), 1024, &stream);
         tx.send(lease, TensorMeta::bytes(4096)).unwrap();
-        let msg: Message<Cuda> = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+        let msg: Message<Cuda> = rx.recv_timeout(LIMIT).unwrap();
         let mut words = [0u32; 2];
         read_words(msg.device_ptr(), &mut words, &stream);
         assert_eq!(words, [value(seq); 2], "message {seq}");
@@ -101,9 +101,9 @@ fn same_process(ready: GpuReady) {
     assert_eq!(cuda::ipc_opens(), opens, "nothing opened for the process's own pool");
 }
 
-/// The async GPU forms across processes: the sender's task leases with `acquire_on_async`
+/// The async GPU forms across processes: the sender's task leases with `acquire_async`
 /// (2 slots, so it waits for returns) and sends with `send_async` under `futures`'
-/// executor; the receiver's task receives with `recv_on_async` under tokio; every
+/// executor; the receiver's task receives with `recv_async` under tokio; every
 /// message's words checked in stream order.
 #[test]
 #[cfg(feature = "async")]
@@ -111,33 +111,30 @@ fn same_process(ready: GpuReady) {
 fn gpu_async_forms_between_processes() {
     const N: u64 = 2_000;
     if role().as_deref() == Some("receiver") {
-        let (ctx, stream) = setup();
-        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let (_, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
         let mut rx = ch.receiver().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let mut words = [0u32; 2];
             for seq in 0..N {
-                let msg = rx.recv_on_async(&stream).await.unwrap();
+                let msg = rx.recv_async().await.unwrap();
                 assert_eq!(msg.seq(), seq);
                 read_words(msg.device_ptr(), &mut words, &stream);
                 assert_eq!(words, [value(seq); 2], "message {seq}");
             }
-            assert!(matches!(
-                rx.recv_on_async(&stream).await,
-                Err(gpuring::RecvError::Disconnected)
-            ));
+            assert!(matches!(rx.recv_async().await, Err(gpuring::RecvError::Disconnected)));
         });
         return;
     }
-    let (ctx, stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-async");
-    let ch = Channel::builder(&name).capacity(4).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let ch = Channel::builder(&name).capacity(4).slots(2, 4096).cuda(&stream).create().unwrap();
     let mut tx = ch.sender().unwrap();
     let mut peer = [spawn("gpu_async_forms_between_processes", "receiver", &name, &[])];
     futures::executor::block_on(async {
         for seq in 0..N {
-            let lease = tx.acquire_on_async(&stream).await.unwrap();
+            let lease = tx.acquire_async().await.unwrap();
             memset(lease.device_ptr(), value(seq), 1024, &stream);
             tx.send_async(lease, TensorMeta::bytes(4096)).await.unwrap();
         }
@@ -146,15 +143,15 @@ fn gpu_async_forms_between_processes() {
     wait_all(&mut peer, WATCHDOG);
 }
 
-/// `select_on` over two GPU channels: takes each message from the receiver whose sender
+/// `select` over two GPU channels: takes each message from the receiver whose sender
 /// sent it, onto the given stream (words checked), then `Disconnected` per receiver.
 #[test]
 #[cfg(feature = "async")]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
-fn gpu_select_on_two_channels() {
-    let (ctx, stream) = setup();
+fn gpu_select_over_two_channels() {
+    let (_, stream) = setup();
     let names = [unique_name("gpu-sel-a"), unique_name("gpu-sel-b")];
-    let chans = names.map(|n| Channel::builder(n).slots(4, 4096).cuda(&ctx).create().unwrap());
+    let chans = names.map(|n| Channel::builder(n).slots(4, 4096).cuda(&stream).create().unwrap());
     let mut rxs = [chans[0].receiver().unwrap(), chans[1].receiver().unwrap()];
     let txs = [chans[0].sender().unwrap(), chans[1].sender().unwrap()];
     let mut live: Vec<_> = rxs.iter_mut().collect();
@@ -162,10 +159,10 @@ fn gpu_select_on_two_channels() {
     let mut got = [0u64; 2];
     for round in 0..20u64 {
         let c = (round % 2) as usize;
-        let lease = txs[c].acquire_on(&stream).unwrap();
+        let lease = txs[c].acquire().unwrap();
         memset(lease.device_ptr(), value(round * 2 + c as u64), 1024, &stream);
         txs[c].send(lease, TensorMeta::bytes(4096)).unwrap();
-        let (i, msg) = gpuring::select_on(&mut live, &stream);
+        let (i, msg) = gpuring::select(&mut live);
         let msg = msg.unwrap();
         assert_eq!(ids[i], c, "taken from the channel it was sent on");
         let mut words = [0u32; 2];
@@ -175,7 +172,7 @@ fn gpu_select_on_two_channels() {
     }
     drop(txs);
     while !live.is_empty() {
-        let (i, r) = gpuring::select_on(&mut live, &stream);
+        let (i, r) = gpuring::select(&mut live);
         assert!(matches!(r, Err(gpuring::RecvError::Disconnected)), "{r:?}");
         live.remove(i);
         ids.remove(i);
@@ -205,8 +202,8 @@ fn hundred_k(test: &str, ready: GpuReady) {
     const BYTES: usize = 64 << 10;
     const WORDS: usize = BYTES / 4;
     if role().as_deref() == Some("receiver") {
-        let (ctx, stream) = setup();
-        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let (_, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
         let rx = ch.receiver().unwrap();
         let mut words = [0u32; 1];
         let check = |m: &Message<Cuda>, seq: u64, words: &mut [u32; 1]| {
@@ -216,7 +213,7 @@ fn hundred_k(test: &str, ready: GpuReady) {
                 assert_eq!(words[0], value(seq), "seq {seq} word {at}");
             }
         };
-        let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+        let m = rx.recv_timeout(LIMIT).unwrap();
         check(&m, 0, &mut words);
         {
             // The cudarc view: a borrowed slice of the payload, dropped without freeing.
@@ -231,7 +228,7 @@ fn hundred_k(test: &str, ready: GpuReady) {
         let (opens, allocs) = (cuda::ipc_opens(), allocations());
         assert_eq!(opens, 1 + 2 * 8, "one memory handle and two events per slot, once");
         for seq in 1..N {
-            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let m = rx.recv_timeout(LIMIT).unwrap();
             check(&m, seq, &mut words);
         }
         assert_eq!(cuda::ipc_opens(), opens, "an IPC handle opened after warm-up");
@@ -239,15 +236,15 @@ fn hundred_k(test: &str, ready: GpuReady) {
         assert_eq!(n, 0, "{n} heap allocations in the receiver's steady state");
         return;
     }
-    let (ctx, stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-100k");
-    let ch = Channel::builder(&name).capacity(64).slots(8, BYTES as u64).cuda(&ctx);
+    let ch = Channel::builder(&name).capacity(64).slots(8, BYTES as u64).cuda(&stream);
     let ch = ch.ready(ready).create().unwrap();
     let tx = ch.sender().unwrap();
     let mut peer = [spawn(test, "receiver", &name, &[])];
     let meta = TensorMeta::contiguous(gpuring::DType::U32, &[WORDS as u64]).unwrap();
     let send = |seq: u64| {
-        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        let lease = tx.acquire_timeout(LIMIT).unwrap();
         memset(lease.device_ptr(), value(seq), WORDS, &stream);
         tx.send_timeout(lease, meta, LIMIT).unwrap();
     };
@@ -290,12 +287,12 @@ fn slow_write(test: &str, ready: GpuReady) {
     if role().as_deref() == Some("receiver") {
         let (ctx, stream) = setup();
         let unordered = ctx.new_stream().unwrap();
-        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
         let rx = ch.receiver().unwrap();
         let (mut ordered_word, mut raced_word) = ([0u32; 1], [0u32; 1]);
         let mut stale = 0;
         for seq in 0..MESSAGES {
-            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let m = rx.recv_timeout(LIMIT).unwrap();
             let last = m.device_ptr() + (WORDS as u64 - 1) * 4;
             read_words(last, &mut raced_word, &unordered);
             read_words(last, &mut ordered_word, &stream);
@@ -313,16 +310,16 @@ fn slow_write(test: &str, ready: GpuReady) {
         eprintln!("unordered control read a stale value in {stale} of {MESSAGES} messages");
         return;
     }
-    let (ctx, stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-slow");
     // MPMC here (the other tests are SPSC); the receiver opens without naming the flavor.
-    let ch = Channel::builder(&name).mpmc().slots(4, BYTES as u64).cuda(&ctx).ready(ready);
+    let ch = Channel::builder(&name).mpmc().slots(4, BYTES as u64).cuda(&stream).ready(ready);
     let tx = ch.create().unwrap().sender().unwrap();
     let env: &[(&str, String)] =
         if ready == GpuReady::HostFlag { &[("GPURING_TEST_FLAGS", String::new())] } else { &[] };
     let mut peer = [spawn(test, "receiver", &name, env)];
     for seq in 0..MESSAGES {
-        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        let lease = tx.acquire_timeout(LIMIT).unwrap();
         for pass in 0..PASSES {
             memset(lease.device_ptr(), pass, WORDS, &stream);
         }
@@ -357,8 +354,8 @@ fn slot_reuse(test: &str, ready: GpuReady) {
     const WORDS: usize = BYTES / 4;
     const READS: u32 = 2048;
     if role().as_deref() == Some("receiver") {
-        let (ctx, stream) = setup();
-        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let (_, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
         let rx = ch.receiver().unwrap();
         // SAFETY: plain device allocations for the test's copies.
         let scratch = unsafe { result::malloc_sync(BYTES) }.unwrap();
@@ -367,7 +364,7 @@ fn slot_reuse(test: &str, ready: GpuReady) {
         let mut word = [0u32; 1];
         let mut overwritten = 0;
         for round in 0..ROUNDS {
-            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let m = rx.recv_timeout(LIMIT).unwrap();
             let src = m.device_ptr() + (WORDS as u64 - 1) * 4;
             let control = round % 2 == 1;
             if control {
@@ -389,19 +386,19 @@ fn slot_reuse(test: &str, ready: GpuReady) {
         eprintln!("control read the overwritten slot in {overwritten} of {} rounds", ROUNDS / 2);
         return;
     }
-    let (ctx, stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-reuse");
-    let ch = Channel::builder(&name).slots(1, BYTES as u64).cuda(&ctx).ready(ready);
+    let ch = Channel::builder(&name).slots(1, BYTES as u64).cuda(&stream).ready(ready);
     let tx = ch.create().unwrap().sender().unwrap();
     let mut peer = [spawn(test, "receiver", &name, &[])];
     for round in 0..ROUNDS {
-        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        let lease = tx.acquire_timeout(LIMIT).unwrap();
         memset(lease.device_ptr(), value(round), WORDS, &stream);
         tx.send_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
         // The next round's lease: its overwrite is what the receiver must not see.
     }
     // A last lease and overwrite, so the final round has a write to race with.
-    let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+    let lease = tx.acquire_timeout(LIMIT).unwrap();
     memset(lease.device_ptr(), 0xDEAD, WORDS, &stream);
     drop(lease);
     wait_all(&mut peer, WATCHDOG);
@@ -430,24 +427,24 @@ fn gpu_receiver_on_the_last_device() {
         let last = result::device::get_count().unwrap() as usize - 1;
         let ctx = cuda::context(last).unwrap();
         let stream = ctx.new_stream().unwrap();
-        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
         let rx = ch.receiver().unwrap();
         let mut w = [0u32; 1];
         for seq in 0..N {
-            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let m = rx.recv_timeout(LIMIT).unwrap();
             read_words(m.device_ptr() + 4096 - 4, &mut w, &stream);
             assert_eq!(w[0], value(seq), "seq {seq}");
         }
         eprintln!("receiver on device {last} of {}: {N} messages checked", last + 1);
         return;
     }
-    let (ctx, stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-dev");
-    let ch = Channel::builder(&name).slots(4, 4096).cuda(&ctx).create().unwrap();
+    let ch = Channel::builder(&name).slots(4, 4096).cuda(&stream).create().unwrap();
     let tx = ch.sender().unwrap();
     let mut peer = [spawn("gpu_receiver_on_the_last_device", "receiver", &name, &[])];
     for seq in 0..N {
-        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        let lease = tx.acquire_timeout(LIMIT).unwrap();
         memset(lease.device_ptr(), value(seq), 1024, &stream);
         tx.send_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
     }
@@ -461,21 +458,21 @@ fn gpu_receiver_on_the_last_device() {
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
 fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
     if role().as_deref() == Some("holder") {
-        let (ctx, stream) = setup();
-        let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+        let (_, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
         let rx = ch.receiver().unwrap();
-        let held: Vec<_> = (0..2).map(|_| rx.recv_on_timeout(&stream, LIMIT).unwrap()).collect();
+        let held: Vec<_> = (0..2).map(|_| rx.recv_timeout(LIMIT).unwrap()).collect();
         assert_eq!(held.len(), 2);
         announce("holding");
         die();
     }
-    let (ctx, stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-reclaim");
-    let ch = Channel::builder(&name).capacity(8).slots(4, 4096).cuda(&ctx).create().unwrap();
+    let ch = Channel::builder(&name).capacity(8).slots(4, 4096).cuda(&stream).create().unwrap();
     let tx = ch.sender().unwrap();
     let mut peer = Peer::spawn("gpu_slots_of_a_killed_receiver_are_reclaimed", "holder", &name);
     for seq in 0..2 {
-        let lease = tx.acquire_on_timeout(&stream, LIMIT).unwrap();
+        let lease = tx.acquire_timeout(LIMIT).unwrap();
         memset(lease.device_ptr(), value(seq), 1024, &stream);
         tx.send_timeout(lease, TensorMeta::bytes(4096), LIMIT).unwrap();
     }
@@ -483,7 +480,7 @@ fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
     assert_eq!(tx.free_slots(), 2);
     peer.died(); // reaped: the process has exited
     let t = std::time::Instant::now();
-    let leases: Vec<_> = (0..4).map(|_| tx.acquire_on_timeout(&stream, LIMIT).unwrap()).collect();
+    let leases: Vec<_> = (0..4).map(|_| tx.acquire_timeout(LIMIT).unwrap()).collect();
     assert!(t.elapsed() < Duration::from_millis(500), "reclaimed in {:?}", t.elapsed());
     drop(leases);
     assert_eq!(tx.free_slots(), 4, "every device slot is free again");
@@ -505,11 +502,11 @@ fn gpu_messages_of_an_exited_sender_are_refused_unread() {
     let gone_marker = |name: &str| std::env::temp_dir().join(format!("{name}.sender-gone"));
     match role().as_deref() {
         Some("sender") => {
-            let (ctx, stream) = setup();
-            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
             let tx = ch.sender().unwrap();
             for seq in 0..4u64 {
-                let lease = tx.acquire_on(&stream).unwrap();
+                let lease = tx.acquire().unwrap();
                 memset(lease.device_ptr(), value(seq), WORDS, &stream);
                 tx.send(lease, TensorMeta::bytes((WORDS * 4) as u64)).unwrap();
             }
@@ -519,11 +516,11 @@ fn gpu_messages_of_an_exited_sender_are_refused_unread() {
             return;
         }
         Some("receiver") => {
-            let (ctx, stream) = setup();
-            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
             let rx = ch.receiver().unwrap();
             announce("ready");
-            let first = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let first = rx.recv_timeout(LIMIT).unwrap();
             let mut words = [0u32; 2];
             read_words(first.device_ptr(), &mut words, &stream);
             assert_eq!(words, [value(0); 2], "a message read while its sender is there");
@@ -531,20 +528,20 @@ fn gpu_messages_of_an_exited_sender_are_refused_unread() {
             // The test process says when the sender has exited.
             common::wait_for("the sender's exit", LIMIT, || gone_marker(&ring_name()).exists());
             for seq in 1..4 {
-                match rx.recv_on_timeout(&stream, LIMIT) {
-                    Err(gpuring::RecvError::SenderGone) => {}
+                match rx.recv_timeout(LIMIT) {
+                    Err(gpuring::RecvTimeoutError::SenderGone) => {}
                     other => panic!("message {seq}: expected SenderGone, got {other:?}"),
                 }
             }
-            assert!(matches!(rx.recv_on(&stream), Err(gpuring::RecvError::Disconnected)));
+            assert!(matches!(rx.recv(), Err(gpuring::RecvError::Disconnected)));
             announce("refused");
             return;
         }
         _ => {}
     }
-    let (ctx, _stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-gone");
-    let _ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&ctx).create().unwrap();
+    let _ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&stream).create().unwrap();
     let mut receiver = Peer::spawn(TEST, "receiver", &name);
     receiver.expect("ready");
     let mut sender = Peer::spawn(TEST, "sender", &name);
@@ -562,7 +559,7 @@ fn gpu_messages_of_an_exited_sender_are_refused_unread() {
 /// sender registers in the channel, which closes the dead sender's pool table entry and
 /// retires its pool, a receiver refuses those messages with `SenderGone`, reading nothing,
 /// and then gets the new sender's message. Before, it imported the dead pool and got
-/// `RecvError::Cuda` (the IPC handle of a dead process does not open). All ends run in
+/// `RecvError::Device` (the IPC handle of a dead process does not open). All ends run in
 /// children (see `gpu_messages_of_an_exited_sender_are_refused_unread`).
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
@@ -571,40 +568,40 @@ fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
     const TEST: &str = "gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it";
     let replaced = |name: &str| std::env::temp_dir().join(format!("{name}.replaced"));
     let send = |tx: &gpuring::Sender<Cuda>, stream: &Arc<CudaStream>, seq: u64| {
-        let lease = tx.acquire_on(stream).unwrap();
+        let lease = tx.acquire().unwrap();
         memset(lease.device_ptr(), value(seq), WORDS, stream);
         tx.send(lease, TensorMeta::bytes((WORDS * 4) as u64)).unwrap();
     };
     match role().as_deref() {
         Some("victim") => {
-            let (ctx, stream) = setup();
-            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
             let tx = ch.sender().unwrap();
             (0..3).for_each(|seq| send(&tx, &stream, seq));
             stream.synchronize().unwrap();
             die();
         }
         Some("replacement") => {
-            let (ctx, stream) = setup();
-            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
             let tx = ch.sender().unwrap();
             send(&tx, &stream, 100);
             announce("sent");
             return; // the drop waits for the message to come back
         }
         Some("receiver") => {
-            let (ctx, stream) = setup();
-            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
             let rx = ch.receiver().unwrap();
             announce("ready");
             common::wait_for("the replacement", LIMIT, || replaced(&ring_name()).exists());
             for seq in 0..3 {
-                match rx.recv_on_timeout(&stream, LIMIT) {
-                    Err(gpuring::RecvError::SenderGone) => {}
+                match rx.recv_timeout(LIMIT) {
+                    Err(gpuring::RecvTimeoutError::SenderGone) => {}
                     other => panic!("message {seq}: expected SenderGone, got {other:?}"),
                 }
             }
-            let m = rx.recv_on_timeout(&stream, LIMIT).unwrap();
+            let m = rx.recv_timeout(LIMIT).unwrap();
             let mut words = [0u32; 2];
             read_words(m.device_ptr(), &mut words, &stream);
             assert_eq!(words, [value(100); 2], "the replacement's message");
@@ -613,9 +610,9 @@ fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
         }
         _ => {}
     }
-    let (ctx, _stream) = setup();
+    let (_, stream) = setup();
     let name = unique_name("gpu-killed");
-    let _ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&ctx).create().unwrap();
+    let _ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&stream).create().unwrap();
     let mut receiver = Peer::spawn(TEST, "receiver", &name);
     receiver.expect("ready");
     Peer::spawn(TEST, "victim", &name).died();
@@ -642,14 +639,14 @@ fn gpu_host_flags_receiver_sees_its_senders_death() {
     const TEST: &str = "gpu_host_flags_receiver_sees_its_senders_death";
     match role().as_deref() {
         Some("sender") => {
-            let (ctx, stream) = setup();
-            let ch = Channel::builder(ring_name()).cuda(&ctx).ready(GpuReady::HostFlag).open();
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).ready(GpuReady::HostFlag).open();
             let tx = ch.unwrap().sender().unwrap();
             // SAFETY: a plain device word, zeroed before the stream waits on it.
             let never = unsafe { result::malloc_sync(4) }.unwrap();
             memset(never, 0, 1, &stream);
             stream.synchronize().unwrap();
-            let lease = tx.acquire_on(&stream).unwrap();
+            let lease = tx.acquire().unwrap();
             let eq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
             // SAFETY: a live device word of ours and our live stream; the wait never ends
             // (nothing writes 1), which is the point.
@@ -664,8 +661,8 @@ fn gpu_host_flags_receiver_sees_its_senders_death() {
             die();
         }
         Some(role @ ("receiver" | "receiver-spin")) => {
-            let (ctx, stream) = setup();
-            let ch = Channel::builder(ring_name()).cuda(&ctx).open().unwrap();
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
             let mut rx = ch.receiver().unwrap();
             if role == "receiver-spin" {
                 // Never sleeps: the flag wait spins too, and must still see the death.
@@ -673,8 +670,8 @@ fn gpu_host_flags_receiver_sees_its_senders_death() {
             }
             announce("ready");
             let started = std::time::Instant::now();
-            match rx.recv_on_timeout(&stream, LIMIT) {
-                Err(gpuring::RecvError::PeerDead) => {}
+            match rx.recv_timeout(LIMIT) {
+                Err(gpuring::RecvTimeoutError::PeerDead) => {}
                 other => panic!("expected PeerDead, got {:?}", other.map(|m| m.seq())),
             }
             eprintln!("{role}: PeerDead after {:?}", started.elapsed());
@@ -683,10 +680,10 @@ fn gpu_host_flags_receiver_sees_its_senders_death() {
         }
         _ => {}
     }
-    let (ctx, _stream) = setup();
+    let (_, stream) = setup();
     for role in ["receiver", "receiver-spin"] {
         let name = unique_name("gpu-flag-dead");
-        let _ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+        let _ch = Channel::builder(&name).slots(2, 4096).cuda(&stream).create().unwrap();
         let mut receiver = Peer::spawn(TEST, role, &name);
         receiver.expect("ready");
         let mut sender = Peer::spawn(TEST, "sender", &name);

@@ -1,7 +1,8 @@
 //! The house's shape, checked: every module of `src/` imports only the layers below it
-//! (the table in `src/lib.rs` and docs/DESIGN.md), and inside `channel/` each file only
-//! the files before it; and those two tables list exactly these layers. Reads the sources as
-//! text; a violation names the file and line.
+//! (the table in `src/lib.rs` and docs/DESIGN.md), and inside `channel/` and `cuda/` (the GPU
+//! wing) each file only the files before it, so that no import runs in a circle; those
+//! tables list exactly these layers; and CUDA appears only in the GPU wing. Reads the
+//! sources as text; a violation names the file and line.
 
 use std::path::{Path, PathBuf};
 
@@ -16,13 +17,27 @@ const LAYERS: &[&[&str]] = &[
     &["ring"],
     &["named", "pool"],
     &["channel"],
-    &["inspect"],
+    &["cuda", "inspect"],
 ];
 
-/// The files of `channel/`, in the order they may use each other (`mod.rs`, the facade
-/// that declares and re-exports them, is left out).
-const CHANNEL: &[&str] =
-    &["error", "backend", "table", "builder", "sender", "receiver", "gpu", "staging", "select"];
+/// The folders whose files are ordered, each file using only those before it (`mod.rs`,
+/// the facade that declares and re-exports them, is left out).
+const FOLDERS: &[(&str, &[&str])] = &[
+    (
+        "channel",
+        &[
+            "producer", "backend", "lease", "error", "table", "builder", "message", "sender",
+            "receiver", "select",
+        ],
+    ),
+    (
+        "cuda",
+        &[
+            "slack", "register", "lane", "events", "device", "flag", "backend", "returns",
+            "pinned", "setup",
+        ],
+    ),
+];
 
 fn layer(module: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&module))
@@ -89,9 +104,10 @@ fn each_layer_imports_only_the_layers_below_it() {
             continue; // the facade
         }
         let mine = layer(&module).unwrap_or_else(|| panic!("{module} is in no layer"));
-        let channel_file = (module == "channel" && parts.len() == 2)
-            .then(|| parts[1].trim_end_matches(".rs").to_owned())
-            .filter(|f| f != "mod");
+        let folder = FOLDERS.iter().find(|(f, _)| *f == module && parts.len() == 2);
+        let ordered = folder
+            .map(|(_, files)| (*files, parts[1].trim_end_matches(".rs").to_owned()))
+            .filter(|(_, f)| f != "mod");
         for (n, line) in std::fs::read_to_string(file).unwrap().lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             for target in targets(code, "crate::") {
@@ -100,13 +116,16 @@ fn each_layer_imports_only_the_layers_below_it() {
                     violations.push(format!("{}:{}: {module} uses {target}", rel.display(), n + 1));
                 }
             }
-            let Some(me) = &channel_file else { continue };
-            let my_rank = CHANNEL.iter().position(|f| f == me).expect("a listed channel file");
+            let Some((files, me)) = &ordered else { continue };
+            let my_rank = files
+                .iter()
+                .position(|f| f == me)
+                .unwrap_or_else(|| panic!("{module}/{me}.rs is not in FOLDERS"));
             for target in targets(code, "super::") {
-                let rank = CHANNEL.iter().position(|f| *f == target);
+                let rank = files.iter().position(|f| *f == target);
                 if rank.is_some_and(|r| r >= my_rank) {
                     violations.push(format!(
-                        "{}:{}: channel/{me} uses {target}",
+                        "{}:{}: {module}/{me} uses {target}",
                         rel.display(),
                         n + 1
                     ));
@@ -171,4 +190,41 @@ fn the_documented_tables_are_the_checked_layers() {
             "layer module {m} has no file"
         );
     }
+}
+
+#[test]
+fn cuda_lives_in_the_gpu_wing() {
+    // Outside `cuda/`, the feature is named only where the wing is declared and re-exported
+    // (`lib.rs`), and no file names the driver's crate.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut outside = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap();
+        if rel.starts_with("cuda") {
+            continue;
+        }
+        for (n, line) in std::fs::read_to_string(file).unwrap().lines().enumerate() {
+            let gated = line.contains("feature = \"cuda\"") && rel != Path::new("lib.rs");
+            if gated || line.contains("cudarc") {
+                outside.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(outside.is_empty(), "CUDA outside the GPU wing:\n{}", outside.join("\n"));
+}
+
+#[test]
+fn no_source_file_is_over_600_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let long: Vec<_> = files
+        .iter()
+        .map(|f| (f, std::fs::read_to_string(f).unwrap().lines().count()))
+        .filter(|(_, n)| *n > 600)
+        .map(|(f, n)| format!("{}: {n} lines", f.strip_prefix(&src).unwrap().display()))
+        .collect();
+    assert!(long.is_empty(), "files to split by concern:\n{}", long.join("\n"));
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{ring_name, role, spawn, unique_name, wait_all, watchdog};
 use gpuring::{
-    AcquireError, Channel, MpmcRing, PopError, PushError, RecvError, RingOptions, SendError,
-    SpscRing, TensorMeta, TryPopError, TryPushError,
+    AcquireError, Channel, MpmcRing, PopError, PopTimeoutError, PushError, RecvError, SendError,
+    SpscRing, TensorMeta, TryAcquireError, TryPopError, TryPushError, TryRecvError,
 };
 
 const N: u64 = 2_000;
@@ -20,11 +20,11 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 /// then leaves (drops the producer) cleanly.
 fn produce(name: &str, mpmc: bool, from: u64, to: u64) {
     if mpmc {
-        let ring = MpmcRing::<u64>::open(name).unwrap();
+        let ring = MpmcRing::<u64>::builder(name).open().unwrap();
         let tx = ring.producer().unwrap();
         (from..to).for_each(|i| tx.push(i).unwrap());
     } else {
-        let ring = SpscRing::<u64>::open(name).unwrap();
+        let ring = SpscRing::<u64>::builder(name).open().unwrap();
         let mut tx = ring.producer().unwrap();
         (from..to).for_each(|i| tx.push(i).unwrap());
     }
@@ -37,7 +37,7 @@ fn spsc_ring_consumer_gets_everything_then_disconnected() {
     }
     let test = "spsc_ring_consumer_gets_everything_then_disconnected";
     let name = unique_name("bye-spsc");
-    let ring = SpscRing::<u64>::create_with(&RingOptions::new(&name).capacity(64)).unwrap();
+    let ring = SpscRing::<u64>::builder(&name).capacity(64).create().unwrap();
     let mut rx = ring.consumer().unwrap();
     // Before any producer came, an empty ring is only empty.
     assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
@@ -47,7 +47,7 @@ fn spsc_ring_consumer_gets_everything_then_disconnected() {
     wait_all(&mut producer, WATCHDOG);
     assert_eq!(got, (0..N).collect::<Vec<_>>(), "everything, in order, then the end");
     assert_eq!(rx.pop(), Err(PopError::Disconnected));
-    assert_eq!(rx.pop_timeout(Duration::from_secs(5)), Err(PopError::Disconnected));
+    assert_eq!(rx.pop_timeout(Duration::from_secs(5)), Err(PopTimeoutError::Disconnected));
     assert_eq!(rx.try_pop(), Err(TryPopError::Disconnected));
     assert!(rx.try_iter().next().is_none(), "try_iter ends quietly too");
 }
@@ -60,7 +60,7 @@ fn mpmc_ring_consumer_gets_everything_then_disconnected() {
     }
     let test = "mpmc_ring_consumer_gets_everything_then_disconnected";
     let name = unique_name("bye-mpmc");
-    let ring = MpmcRing::<u64>::create_with(&RingOptions::new(&name).capacity(64)).unwrap();
+    let ring = MpmcRing::<u64>::builder(&name).capacity(64).create().unwrap();
     let rx = ring.consumer().unwrap();
     // A producer of ours keeps the ring connected while the two processes come and go
     // (one may leave before the other attaches); it leaves once both are done.
@@ -83,14 +83,14 @@ fn mpmc_ring_consumer_gets_everything_then_disconnected() {
 #[test]
 fn ring_producer_is_told_when_its_consumer_has_left() {
     if role().as_deref() == Some("consumer") {
-        let ring = SpscRing::<u64>::open(&ring_name()).unwrap();
+        let ring = SpscRing::<u64>::builder(ring_name()).open().unwrap();
         let mut rx = ring.consumer().unwrap();
         assert_eq!(rx.pop().unwrap(), 1);
         return; // leaves cleanly
     }
     let test = "ring_producer_is_told_when_its_consumer_has_left";
     let name = unique_name("bye-consumer");
-    let ring = SpscRing::<u64>::create_with(&RingOptions::new(&name).capacity(4)).unwrap();
+    let ring = SpscRing::<u64>::builder(&name).capacity(4).create().unwrap();
     let mut tx = ring.producer().unwrap();
     tx.push(1).unwrap();
     let mut consumer = [spawn(test, "consumer", &name, &[])];
@@ -132,7 +132,7 @@ fn channel_receiver_gets_everything_then_disconnected() {
         let builder = Channel::builder(&name).capacity(16).slots(8, 64);
         let ch = if mpmc { builder.mpmc() } else { builder }.create().unwrap();
         let rx = ch.receiver().unwrap();
-        assert!(matches!(rx.try_recv(), Err(RecvError::Empty)), "no sender yet: empty");
+        assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)), "no sender yet: empty");
         let mut sender = [spawn(test, "sender", &name, &[])];
         let mut tags = Vec::new();
         let _dog = watchdog("iter()", WATCHDOG);
@@ -144,7 +144,7 @@ fn channel_receiver_gets_everything_then_disconnected() {
         wait_all(&mut sender, WATCHDOG);
         assert_eq!(tags, (0..N).collect::<Vec<_>>(), "mpmc {mpmc}: all, in order, then the end");
         assert!(matches!(rx.recv(), Err(RecvError::Disconnected)));
-        assert!(matches!(rx.try_recv(), Err(RecvError::Disconnected)));
+        assert!(matches!(rx.try_recv(), Err(TryRecvError::Disconnected)));
         assert!(rx.try_iter().next().is_none());
     }
 }
@@ -168,7 +168,7 @@ fn channel_sender_is_told_when_every_receiver_has_left() {
     wait_all(&mut receiver, WATCHDOG);
     let _dog = watchdog("acquire() and send() after the receiver left", WATCHDOG);
     assert!(matches!(tx.acquire(), Err(AcquireError::Disconnected)));
-    assert!(matches!(tx.try_acquire(), Err(AcquireError::Disconnected)));
+    assert!(matches!(tx.try_acquire(), Err(TryAcquireError::Disconnected)));
     // A lease taken before the receiver left comes back from the send, intact.
     let rx = ch.receiver().unwrap();
     let mut lease = tx.acquire().unwrap();

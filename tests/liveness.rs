@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::{Peer, announce, assert_noticed, die, now_ns, ring_name, role, unique_name};
 use gpuring::{
-    AttachError, Channel, ChannelError, Descriptor, PopError, RecvError, RingError, RingOptions,
-    SendError, ShmError, SpscRing, TensorMeta,
+    AttachError, Channel, ChannelError, Descriptor, PopError, RecvError, RecvTimeoutError,
+    RingError, SendError, ShmError, SpscRing, TensorMeta, TryRecvError,
 };
 
 const SENT: u64 = 40;
@@ -58,14 +58,19 @@ fn receiver_drains_a_killed_senders_messages_then_gets_peer_dead() {
     let ring = gpuring::inspect::inspect(&name).unwrap().ring.unwrap();
     let pid = peer.child.id();
     assert!(
-        ring.participants.iter().any(|p| p.role == "producer" && p.pid == pid && !p.alive),
+        ring.participants
+            .iter()
+            .any(|p| p.role == Some(gpuring::Role::Producer) && p.pid == pid && !p.alive),
         "{ring:?}"
     );
-    assert!(ring.participants.iter().any(|p| p.role == "consumer" && p.alive), "{ring:?}");
+    assert!(
+        ring.participants.iter().any(|p| p.role == Some(gpuring::Role::Consumer) && p.alive),
+        "{ring:?}"
+    );
     assert_eq!(ring.producer, Some((pid, Some(false))), "the role holder is known dead");
     // Nothing more arrives, and the error stays.
-    assert!(matches!(rx.try_recv(), Err(RecvError::Empty)));
-    assert!(matches!(rx.recv_timeout(Duration::from_millis(200)), Err(RecvError::PeerDead)));
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+    assert!(matches!(rx.recv_timeout(Duration::from_millis(200)), Err(RecvTimeoutError::PeerDead)));
 }
 
 #[test]
@@ -150,7 +155,7 @@ fn slots_held_by_a_killed_receiver_go_back_to_the_pool() {
     let short: Vec<_> = (0..2).map(|_| tx.acquire().unwrap()).collect();
     assert!(matches!(
         tx.acquire_timeout(Duration::from_millis(20)),
-        Err(gpuring::AcquireError::Timeout)
+        Err(gpuring::AcquireTimeoutError::Timeout)
     ));
     let died = peer.died();
     // Blocking acquires wait in ticks and take back the dead receiver's slots.
@@ -186,7 +191,7 @@ fn sender_waiting_for_slots_gets_peer_dead_when_every_receiver_died() {
         tx.send(tx.acquire().unwrap(), TensorMeta::bytes(8)).unwrap();
     }
     match tx.acquire_timeout(Duration::from_secs(5)) {
-        Err(gpuring::AcquireError::PeerDead) => assert_noticed("acquire", died, now_ns()),
+        Err(gpuring::AcquireTimeoutError::PeerDead) => assert_noticed("acquire", died, now_ns()),
         other => panic!("expected PeerDead, got {other:?}"),
     }
     // A live receiver attaching again makes the slots flow: it drains the ring.
@@ -200,7 +205,7 @@ fn sender_waiting_for_slots_gets_peer_dead_when_every_receiver_died() {
 #[test]
 fn ring_of_a_killed_creator_is_drained_then_replaced() {
     if role().as_deref() == Some("creator") {
-        let ring = SpscRing::<Descriptor>::create(&ring_name(), 8).unwrap();
+        let ring = SpscRing::<Descriptor>::builder(ring_name()).capacity(8).create().unwrap();
         let mut tx = ring.producer().unwrap();
         for seq in 1..=3 {
             tx.push(Descriptor { seq, ..Default::default() }).unwrap();
@@ -214,7 +219,7 @@ fn ring_of_a_killed_creator_is_drained_then_replaced() {
 
     // Nothing published is lost with its creator: the ring stays while elements wait, and
     // opening it drains them; then the dead producer is reported.
-    let ring = SpscRing::<Descriptor>::open(&name).unwrap();
+    let ring = SpscRing::<Descriptor>::builder(&name).open().unwrap();
     let mut rx = ring.consumer().unwrap();
     for seq in 1..=3 {
         assert_eq!(rx.pop().unwrap().seq, seq);
@@ -234,20 +239,16 @@ fn ring_of_a_killed_creator_is_drained_then_replaced() {
 
     // `create` does not replace it unless asked to.
     assert!(matches!(
-        SpscRing::<Descriptor>::create_with(&RingOptions::new(&name).capacity(8)),
+        SpscRing::<Descriptor>::builder(&name).capacity(8).create(),
         Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
-    let fresh = SpscRing::<Descriptor>::create_with(
-        &RingOptions::new(&name).capacity(8).replace_stale(true),
-    )
-    .unwrap();
+    let fresh =
+        SpscRing::<Descriptor>::builder(&name).capacity(8).replace_stale(true).create().unwrap();
     let mut rx = fresh.consumer().unwrap();
     assert_eq!(rx.try_pop(), Err(gpuring::TryPopError::Empty), "a fresh ring");
     // A segment in use is never replaced.
     assert!(matches!(
-        SpscRing::<Descriptor>::create_with(
-            &RingOptions::new(&name).capacity(8).replace_stale(true)
-        ),
+        SpscRing::<Descriptor>::builder(&name).capacity(8).replace_stale(true).create(),
         Err(RingError::Segment(ShmError::AlreadyExists { .. }))
     ));
     drop((rx, fresh));

@@ -6,7 +6,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpuring::{Channel, Descriptor, MpmcRing, SpscRing, TensorMeta, wait_stats};
+use gpuring::internal::wait_stats;
+use gpuring::{Channel, Descriptor, MpmcRing, SpscRing, TensorMeta};
 
 struct Counting;
 
@@ -42,13 +43,15 @@ fn allocations_during(f: impl FnOnce()) -> u64 {
 // One test function, so that no other test's allocations run concurrently in this binary.
 #[test]
 fn push_and_pop_allocate_nothing() {
-    let spsc =
-        SpscRing::<Descriptor>::create(&format!("gpuring-noalloc-s-{}", std::process::id()), 64)
-            .unwrap();
+    let spsc = SpscRing::<Descriptor>::builder(format!("gpuring-noalloc-s-{}", std::process::id()))
+        .capacity(64)
+        .create()
+        .unwrap();
     let (mut tx, mut rx) = (spsc.producer().unwrap(), spsc.consumer().unwrap());
-    let mpmc =
-        MpmcRing::<Descriptor>::create(&format!("gpuring-noalloc-m-{}", std::process::id()), 64)
-            .unwrap();
+    let mpmc = MpmcRing::<Descriptor>::builder(format!("gpuring-noalloc-m-{}", std::process::id()))
+        .capacity(64)
+        .create()
+        .unwrap();
     let (mtx, mrx) = (mpmc.producer().unwrap(), mpmc.consumer().unwrap());
     let d = Descriptor::default();
 

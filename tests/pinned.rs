@@ -90,8 +90,8 @@ fn pinned_gpu_to_cpu_process_in_stream_order() {
         Some("sender") => {
             let (ctx, stream) = setup();
             let ch = Channel::builder(ring_name()).pinned(&ctx).open().unwrap();
+            // A `Sender<Pinned>`: made only once its pool is registered.
             let tx = ch.sender().unwrap();
-            assert!(tx.is_pinned());
             assert_eq!((cuda::host_registrations(), cuda::host_registered()), (1, 1));
             let src = device_buffer(BYTES);
             let meta = TensorMeta::contiguous(DType::U32, &[WORDS as u64]).unwrap();
@@ -235,7 +235,7 @@ fn pinned_registration_once_per_pool_mapping() {
     let lease = tx.acquire().unwrap();
     tx.send(lease, TensorMeta::bytes(8)).unwrap();
     let m = rx.recv().unwrap();
-    assert!(!tx.is_pinned() && !m.is_pinned());
+    // A `Channel<Host>`: its endpoints have no CUDA side to ask.
     drop((m, tx, rx, ch));
     assert_eq!(cuda::host_registrations(), 0, "without `pinned` nothing is registered");
 

@@ -82,7 +82,7 @@ fn replace_stale_then_clean_leaves_nothing_of_the_old_instance() {
     write_object(&old_pool, &image);
     let all = gpuring::inspect::list().unwrap();
     let info = all.iter().find(|i| i.name == old_pool).unwrap();
-    assert_eq!(info.state(&all), "orphaned pool");
+    assert_eq!(info.state(&all), gpuring::inspect::SegmentState::OrphanedPool);
     let cleaned = gpuring::inspect::clean(false, false, &name).unwrap();
     let names: Vec<&str> = cleaned.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, [old_pool.as_str()], "clean removed the old pool and nothing else");
@@ -100,13 +100,13 @@ fn replace_stale_then_clean_leaves_nothing_of_the_old_instance() {
 fn a_role_whose_dead_holder_had_our_pid_is_taken_over() {
     use gpuring::{AttachError, SpscRing};
     let name = unique_name("pid-reuse");
-    let ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    let ring = SpscRing::<u64>::builder(&name).capacity(8).create().unwrap();
     let (mut tx, mut rx) = (ring.producer().unwrap(), ring.consumer().unwrap());
     tx.try_push(7).unwrap();
     let image = std::fs::read(format!("/dev/shm/{name}")).unwrap();
     let copy = unique_name("pid-reuse-copy");
     write_object(&copy, &image);
-    let copied = SpscRing::<u64>::open(&copy).unwrap();
+    let copied = SpscRing::<u64>::builder(&copy).open().unwrap();
     let mut rx2 = copied.consumer().expect("the copy's dead consumer (our pid) is taken over");
     let _tx2 = copied.producer().expect("the copy's dead producer (our pid) is taken over");
     assert_eq!(rx2.try_pop(), Ok(7), "what the copy holds");
@@ -285,7 +285,7 @@ fn the_last_receiver_out_removes_a_dead_senders_pool() {
     drop(ch); // the receiver alone holds the channel now
     Peer::spawn("the_last_receiver_out_removes_a_dead_senders_pool", "victim", &name).died();
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 7);
-    assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvError::PeerDead)));
+    assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvTimeoutError::PeerDead)));
     assert_eq!(leftovers(&name).len(), 2, "the channel and the dead sender's pool");
     drop(rx);
     assert_eq!(leftovers(&name), Vec::<String>::new(), "the last one out took both");

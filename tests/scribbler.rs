@@ -16,7 +16,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
 use common::{Peer, announce, ring_name, role, unique_name};
-use gpuring::{Channel, RecvError, TensorMeta};
+use gpuring::{Channel, RecvTimeoutError, TensorMeta};
 
 const SLOT_SIZE: usize = 256;
 
@@ -110,7 +110,7 @@ fn receiver_survives_a_scribbler() {
                 }
                 let mut lease = match tx.acquire_timeout(Duration::from_millis(50)) {
                     Ok(lease) => lease,
-                    Err(gpuring::AcquireError::Corrupted(_)) => {
+                    Err(gpuring::AcquireTimeoutError::Corrupted(_)) => {
                         corrupted += 1;
                         continue;
                     }
@@ -118,7 +118,8 @@ fn receiver_survives_a_scribbler() {
                 };
                 lease[..8].copy_from_slice(&seq.to_le_bytes());
                 let sent = tx.send_timeout(lease, TensorMeta::bytes(8), Duration::from_millis(50));
-                corrupted += u64::from(matches!(sent, Err(gpuring::SendError::Corrupted(_))));
+                corrupted +=
+                    u64::from(matches!(sent, Err(gpuring::SendTimeoutError::Corrupted(_))));
             }
             unreachable!();
         }
@@ -160,8 +161,8 @@ fn receiver_survives_a_scribbler() {
                     std::hint::black_box(sum);
                     received += 1;
                 }
-                Err(RecvError::Corrupted(_)) => corrupted += 1,
-                Err(RecvError::Timeout) => timeouts += 1,
+                Err(RecvTimeoutError::Corrupted(_)) => corrupted += 1,
+                Err(RecvTimeoutError::Timeout) => timeouts += 1,
                 Err(e) => other.push(e.to_string()),
             }
             if last_inspect.elapsed() > Duration::from_millis(100) {

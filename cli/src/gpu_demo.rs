@@ -53,7 +53,7 @@ pub(super) fn channel(
         Channel::builder(format!("{name}-{suffix}"))
             .capacity(cap)
             .slots(slots, size as u64)
-            .cuda(&ctx)
+            .cuda(&s)
             .ready(ready)
             .create()
     };
@@ -64,10 +64,10 @@ pub(super) fn channel(
     let mut samples = Vec::with_capacity(pings as usize);
     for seq in 0..=pings {
         let t = Instant::now();
-        let lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
+        let lease = tx.acquire_timeout(Duration::from_secs(10))?;
         memset_word(lease.device_ptr(), seq as u32, &s)?;
         tx.send(lease, meta)?;
-        let m = rx.recv_on_timeout(&s, Duration::from_secs(10))?;
+        let m = rx.recv_timeout(Duration::from_secs(10))?;
         path.get_or_insert_with(|| cuda::GpuPath::between(&m.descriptor().device_uuid, &here));
         if read_word(m.device_ptr(), &s)? != seq as u32 {
             return Err("echo returned the wrong word".into());
@@ -77,7 +77,7 @@ pub(super) fn channel(
             samples.push(t.elapsed() / 2);
         }
     }
-    let mut stop = tx.acquire_on(&s)?;
+    let mut stop = tx.acquire()?;
     stop.set_tag(STOP);
     tx.send(stop, TensorMeta::bytes(0))?;
     finish(child)?;
@@ -88,7 +88,7 @@ pub(super) fn channel(
     let child = spawn_peer("sink-gpu", &name, size, false)?;
     let label = if flags { "gpuring (GPU, host flags)" } else { "gpuring (GPU)" };
     let figures = stream_figures_of(label, (messages, latency), (&tx, child), meta, |seq| {
-        let lease = tx.acquire_on_timeout(&s, Duration::from_secs(10))?;
+        let lease = tx.acquire_timeout(Duration::from_secs(10))?;
         memset_word(lease.device_ptr(), seq as u32, &s)?;
         Ok(lease)
     })?;
@@ -103,27 +103,27 @@ pub(super) fn pipe(messages: u64, size: usize, pings: u64) -> Result<Figures, Er
 }
 
 pub(super) fn peer(role: &str, name: &str, size: usize) -> Result<(), Error> {
-    let (ctx, s) = setup()?;
+    let (_, s) = setup()?;
     if role == "sink-gpu" {
-        let sc = Channel::builder(format!("{name}-s")).cuda(&ctx).open()?;
+        let sc = Channel::builder(format!("{name}-s")).cuda(&s).open()?;
         let rx = sc.receiver()?;
         loop {
-            let m = rx.recv_on_timeout(&s, Duration::from_secs(30))?;
+            let m = rx.recv_timeout(Duration::from_secs(30))?;
             if m.tag() == STOP {
                 return Ok(());
             }
         }
     }
     let ready = if role == "echo-gpu-flags" { GpuReady::HostFlag } else { GpuReady::Event };
-    let ab = Channel::builder(format!("{name}-ab")).cuda(&ctx).open()?;
-    let ba = Channel::builder(format!("{name}-ba")).cuda(&ctx).ready(ready).open()?;
+    let ab = Channel::builder(format!("{name}-ab")).cuda(&s).open()?;
+    let ba = Channel::builder(format!("{name}-ba")).cuda(&s).ready(ready).open()?;
     let (rx, tx) = (ab.receiver()?, ba.sender()?);
     loop {
-        let m = rx.recv_on_timeout(&s, Duration::from_secs(30))?;
+        let m = rx.recv_timeout(Duration::from_secs(30))?;
         if m.tag() == STOP {
             return Ok(());
         }
-        let lease = tx.acquire_on_timeout(&s, Duration::from_secs(30))?;
+        let lease = tx.acquire_timeout(Duration::from_secs(30))?;
         // SAFETY: both are live device slots of at least 4 bytes, in stream order.
         unsafe { result::memcpy_dtod_async(lease.device_ptr(), m.device_ptr(), 4, s.cu_stream()) }?;
         drop(m);

@@ -1,6 +1,9 @@
 //! `gpuring inspect`, `list` and `clean`: segments seen from outside.
 
-use gpuring::inspect::{self, Inspection};
+use gpuring::Role;
+use gpuring::inspect::{
+    self, CleanReason, Inspection, PoolState, ReadySignal, SegmentState, SlotMemory,
+};
 
 use crate::{Error, bytes, say, table};
 
@@ -33,10 +36,16 @@ fn print_inspection(i: Inspection) {
             r.tail,
             r.depth()
         );
+        let senders_for_slots: u32 = i.pools.iter().filter_map(|p| p.waiting_senders).sum();
         say!(
-            "waiters   {} receiver(s) asleep, {} sender(s) asleep",
-            r.waiting_consumers,
-            r.waiting_producers
+            "waiters   {}; {} for room in the ring{}",
+            count(r.waiting_consumers, "receiver asleep", "receivers asleep"),
+            count(r.waiting_producers, "sender asleep", "senders asleep"),
+            if i.pools.is_empty() {
+                String::new()
+            } else {
+                format!(", {senders_for_slots} for a free slot")
+            }
         );
         if i.moving {
             say!("note      the ring moved while it was read: these figures are no snapshot");
@@ -50,16 +59,18 @@ fn print_inspection(i: Inspection) {
             say!(
                 "attached  #{} {} pid {} ({})",
                 p.index,
-                p.role,
+                match p.role {
+                    Some(Role::Producer) => "producer",
+                    Some(Role::Consumer) => "consumer",
+                    None => "unknown role",
+                },
                 p.pid,
                 if p.alive { "alive" } else { "dead: its process died attached" }
             );
         }
     }
     #[cfg(feature = "cuda")]
-    if i.pools.iter().any(|p| p.backend == gpuring::internal::BACKEND_CUDA)
-        && crate::demo::gpu_present()
-    {
+    if i.pools.iter().any(|p| p.memory == SlotMemory::Cuda) && crate::demo::gpu_present() {
         for line in crate::gpu_demo::machine_lines() {
             say!("{line}");
         }
@@ -75,10 +86,26 @@ fn print_inspection(i: Inspection) {
             };
             t.add_row([
                 format!("{}.{}", p.index, p.instance),
-                p.state.to_owned(),
+                match p.state {
+                    PoolState::Registering => "registering",
+                    PoolState::Active => "active",
+                    PoolState::Closed => "closed",
+                }
+                .to_owned(),
                 format!("{} ({})", p.owner.0, alive(p.owner.1)),
-                if p.backend == 2 { "cuda" } else { "host" }.to_owned(),
-                p.ready.unwrap_or("-").to_owned(),
+                match p.memory {
+                    SlotMemory::Host => "host".to_owned(),
+                    SlotMemory::Cuda => "cuda".to_owned(),
+                    SlotMemory::Unknown(code) => format!("unknown ({code})"),
+                    _ => "?".to_owned(),
+                },
+                match p.ready {
+                    Some(ReadySignal::Events) => "events",
+                    Some(ReadySignal::HostFlags) => "host flags",
+                    Some(ReadySignal::Corrupt) => "corrupt",
+                    _ => "-",
+                }
+                .to_owned(),
                 p.slot_count.to_string(),
                 bytes(p.slot_size),
                 counts(|c| c.free),
@@ -106,7 +133,7 @@ pub(crate) fn list() -> Result<(), Error> {
             bytes(s.size),
             s.age.map_or("-".to_owned(), |a| format!("{}s", a.as_secs())),
             s.creator_pid.to_string(),
-            if s.initialized { s.state(&all) } else { "not initialised".to_owned() },
+            state(s.state(&all)),
         ]);
     }
     say!("{t}");
@@ -117,8 +144,38 @@ pub(crate) fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<(), Err
     let removed = inspect::clean(dry_run, queued, prefix)?;
     let verb = if dry_run { "would remove" } else { "removed" };
     for c in &removed {
-        say!("{verb} {}: {}", c.name, c.why);
+        say!("{verb} {}: {}", c.name, reason(c.why));
     }
-    say!("{verb} {} segment(s) no process uses", removed.len());
+    say!("{verb} {} no process uses", count(removed.len() as u32, "segment", "segments"));
     Ok(())
+}
+
+/// `n` and the noun that goes with it.
+fn count(n: u32, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn state(s: SegmentState) -> String {
+    match s {
+        SegmentState::NotInitialized => "not initialised".to_owned(),
+        SegmentState::InUse => "in use".to_owned(),
+        SegmentState::Unknown => "unknown".to_owned(),
+        SegmentState::PoolOfChannel => "pool of a channel".to_owned(),
+        SegmentState::OrphanedPool => "orphaned pool".to_owned(),
+        SegmentState::Waiting { queued } => format!("waiting: {queued} queued"),
+        SegmentState::LeftOver => "left over".to_owned(),
+        _ => "?".to_owned(),
+    }
+}
+
+fn reason(why: CleanReason) -> String {
+    match why {
+        CleanReason::OtherVersion => "another layout version, not in use".to_owned(),
+        CleanReason::NeverInitialized => "never initialised, not in use".to_owned(),
+        CleanReason::LeftOver => "left over (nothing queued, not in use)".to_owned(),
+        CleanReason::Queued(n) => format!("{n} queued, nobody attached"),
+        CleanReason::UnreadablePositions => "unreadable positions, not in use".to_owned(),
+        CleanReason::OrphanedPool => "orphaned pool (the channel that made it is gone)".to_owned(),
+        _ => "?".to_owned(),
+    }
 }

@@ -125,7 +125,7 @@ fn bad_arguments_and_missing_segments_are_one_line_errors() {
 #[test]
 fn a_closed_stdout_ends_the_tool_quietly() {
     let name = unique_name("cli-pipe");
-    let _ring = SpscRing::<u64>::create(&name, 8).unwrap();
+    let _ring = SpscRing::<u64>::builder(&name).capacity(8).create().unwrap();
     for args in [vec!["inspect", name.as_str()], vec!["list"]] {
         let mut child = Command::new(gpuring_bin())
             .args(&args)
@@ -145,7 +145,7 @@ fn a_closed_stdout_ends_the_tool_quietly() {
 fn list_tells_in_use_from_left_over_and_clean_removes_only_what_nobody_uses() {
     let test = "list_tells_in_use_from_left_over_and_clean_removes_only_what_nobody_uses";
     if let Some(r) = role() {
-        let ring = SpscRing::<u64>::create(&ring_name(), 8).unwrap();
+        let ring = SpscRing::<u64>::builder(ring_name()).capacity(8).create().unwrap();
         if r == "queued" {
             let mut tx = ring.producer().unwrap();
             tx.push(1).unwrap();
@@ -168,7 +168,7 @@ fn list_tells_in_use_from_left_over_and_clean_removes_only_what_nobody_uses() {
     assert!(std::fs::metadata(path(&dead)).is_ok(), "a killed creator leaves its segment");
 
     let live = unique_name("cli-live");
-    let _ring = SpscRing::<u64>::create(&live, 8).unwrap();
+    let _ring = SpscRing::<u64>::builder(&live).capacity(8).create().unwrap();
     let out = gpuring(&["list"]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
@@ -240,9 +240,9 @@ fn gpu_demo_says_whether_the_gpu_is_time_sliced_or_shared_through_mps() {
 fn gpu_inspect_of_a_gpu_channel_says_each_gpus_mps_state() {
     let pipe_dir = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or("/tmp/nvidia-mps".into());
     let mps = std::path::Path::new(&pipe_dir).join("control").exists();
-    let ctx = gpuring::cuda::context(0).unwrap();
+    let stream = gpuring::cuda::context(0).unwrap().new_stream().unwrap();
     let name = unique_name("cli-gpu-inspect");
-    let ch = Channel::builder(&name).slots(2, 4096).cuda(&ctx).create().unwrap();
+    let ch = Channel::builder(&name).slots(2, 4096).cuda(&stream).create().unwrap();
     let tx = ch.sender().unwrap(); // a device pool in the table
     let out = gpuring(&["inspect", &name]);
     let (stdout, stderr) = text(&out);
@@ -257,7 +257,7 @@ fn gpu_inspect_of_a_gpu_channel_says_each_gpus_mps_state() {
     }
     assert_eq!(&pool_cells(&stdout, tx.pool_name())[3..5], ["cuda", "events"]);
     let flagged = unique_name("cli-gpu-inspect-flags");
-    let ch2 = Channel::builder(&flagged).slots(2, 4096).cuda(&ctx);
+    let ch2 = Channel::builder(&flagged).slots(2, 4096).cuda(&stream);
     let ch2 = ch2.ready(gpuring::GpuReady::HostFlag).create().unwrap();
     let tx2 = ch2.sender().unwrap();
     let out = gpuring(&["inspect", &flagged]);

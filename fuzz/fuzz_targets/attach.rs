@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use gpuring::{Channel, Descriptor, MpmcRing, RingOptions, SpscRing};
+use gpuring::{Channel, Descriptor, MpmcRing, SpscRing};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     match pick % 4 {
         0 => {
             if let Ok(ring) =
-                SpscRing::<Descriptor>::open_with(&RingOptions::new(&name).open_timeout(zero))
+                SpscRing::<Descriptor>::builder(&name).open_timeout(zero).open()
             {
                 if let Ok(mut rx) = ring.consumer() {
                     for _ in 0..4 {
@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
         }
         1 => {
             if let Ok(ring) =
-                MpmcRing::<u64>::open_with(&RingOptions::new(&name).open_timeout(zero))
+                MpmcRing::<u64>::builder(&name).open_timeout(zero).open()
             {
                 if let Ok(rx) = ring.consumer() {
                     for _ in 0..4 {

@@ -1,10 +1,10 @@
 //! Descriptor validation: any 384 bytes, pushed raw into a live channel whose slots are
-//! all free (none in flight), are refused by the receiver with `RecvError::Corrupted`,
+//! all free (none in flight), are refused by the receiver with `TryRecvError::Corrupted`,
 //! whatever they say; the pool is left as it was (no slot lost or doubled), and nothing
 //! panics. `Descriptor::meta` is checked on the same bytes on the way.
 #![no_main]
 
-use gpuring::{Channel, Descriptor, Receiver, RecvError, Sender};
+use gpuring::{Channel, Descriptor, Receiver, Sender, TryRecvError};
 use libfuzzer_sys::fuzz_target;
 
 struct Pair {
@@ -44,7 +44,7 @@ fn check(p: &Pair, mut d: Descriptor, extra: Option<u8>) {
             // A forged descriptor that passes names a slot that is not in flight: it cannot.
             panic!("a forged descriptor was accepted: {} bytes", m.len());
         }
-        Err(RecvError::Corrupted(_)) => {}
+        Err(TryRecvError::Corrupted(_)) => {}
         Err(e) => panic!("expected Corrupted, got {e}"),
     }
     assert_eq!(p.tx.free_slots(), 4, "the pool is untouched");

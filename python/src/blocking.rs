@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
-use crate::errors::raise;
+use crate::errors::{Class, raise};
 
 /// The longest a wait runs without the GIL before it checks for signals.
 pub(crate) const SLICE: Duration = Duration::from_millis(50);
@@ -29,7 +29,7 @@ impl Until {
             }
             Some(t) => Err(raise(
                 py,
-                "ConfigError",
+                Class::ConfigError,
                 format!("timeout {t} is not a number of seconds >= 0"),
             )),
         }

@@ -4,13 +4,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use gpuring::{
-    Channel, ChannelBuilder, ChannelError, Cuda, Flavor, GpuReady, Host, ShmError, WaitPolicy,
+    Backend, Channel, ChannelBuilder, ChannelError, Cuda, Flavor, GpuReady, Host, Pinned, ShmError,
+    WaitPolicy,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 use crate::blocking::{Step, Until, wait};
-use crate::errors::{self, closed};
+use crate::errors::{Class, ClassOf, Raised, closed, raise};
 use crate::gpu::Gpu;
 use crate::receiver::PyReceiver;
 use crate::sender::PySender;
@@ -20,13 +21,27 @@ use crate::sender::PySender;
 type Reduced<'py> =
     (Bound<'py, PyAny>, (String, Option<i32>, Option<f64>, bool, Option<&'static str>));
 
-/// A channel of either kind.
+/// A channel of any backend.
 #[derive(Clone)]
 pub(crate) enum AnyChannel {
-    /// A host channel, and the GPU whose driver pins its pools in this process
-    /// (``pinned=True``).
-    Host(Channel<Host>, Option<Arc<Gpu>>),
+    /// A host channel.
+    Host(Channel<Host>),
+    /// A host channel whose pools this process pins (``pinned=True``), with the GPU whose
+    /// driver pins them.
+    Pinned(Channel<Pinned>, Arc<Gpu>),
+    /// A GPU channel, and its device.
     Cuda(Channel<Cuda>, Arc<Gpu>),
+}
+
+/// Runs `$body` with `$c` bound to the channel of whatever backend `$any` holds.
+macro_rules! each_channel {
+    ($any:expr, $c:ident => $body:expr) => {
+        match $any {
+            AnyChannel::Host($c) => $body,
+            AnyChannel::Pinned($c, _) => $body,
+            AnyChannel::Cuda($c, _) => $body,
+        }
+    };
 }
 
 /// A named channel: a ring of descriptors in shared memory, and one slot pool per sender
@@ -52,25 +67,22 @@ pub(crate) struct PyChannel {
 
 impl PyChannel {
     fn new(ch: AnyChannel, ready: Option<GpuReady>) -> Self {
-        let (name, device, flavor, capacity, (slots, slot_bytes), max_senders) = match &ch {
-            AnyChannel::Host(c, _) => {
-                (c.name().to_owned(), None, c.flavor(), c.capacity(), c.slots(), c.max_senders())
-            }
-            AnyChannel::Cuda(c, g) => (
-                c.name().to_owned(),
-                Some(g.ordinal),
-                c.flavor(),
-                c.capacity(),
-                c.slots(),
-                c.max_senders(),
-            ),
+        let (name, flavor, capacity, (slots, slot_bytes), max_senders) = each_channel!(&ch, c => (
+            c.name().to_owned(),
+            c.flavor(),
+            c.capacity(),
+            c.slots(),
+            c.max_senders(),
+        ));
+        let device = match &ch {
+            AnyChannel::Cuda(_, g) => Some(g.ordinal),
+            _ => None,
         };
-        let mpmc = flavor == Flavor::Mpmc;
         PyChannel {
             ch: Mutex::new(Some(ch)),
             name,
             device,
-            mpmc,
+            mpmc: flavor == Flavor::Mpmc,
             capacity,
             slots,
             slot_bytes,
@@ -92,7 +104,7 @@ fn policy(spins: Option<u32>, yields: Option<u32>) -> WaitPolicy {
 }
 
 fn gpu(py: Python<'_>, device: Option<i32>) -> PyResult<Option<Arc<Gpu>>> {
-    device.map(|d| Gpu::new(d).map_err(|e| errors::cuda(py, e))).transpose()
+    device.map(|d| Gpu::new(d).map_err(|e| e.err(py))).transpose()
 }
 
 /// The GPU whose driver pins a host channel's pools (`pinned=True`: device 0; pinning is
@@ -101,7 +113,9 @@ fn pinning(py: Python<'_>, pinned: bool, device: Option<i32>) -> PyResult<Option
     match (pinned, device) {
         (false, _) => Ok(None),
         (true, None) => gpu(py, Some(0)),
-        (true, Some(_)) => Err(pyo3::exceptions::PyValueError::new_err(
+        (true, Some(_)) => Err(raise(
+            py,
+            Class::ConfigError,
             "pinned=True is for host channels (device=None): device slots need no pinning",
         )),
     }
@@ -109,17 +123,21 @@ fn pinning(py: Python<'_>, pinned: bool, device: Option<i32>) -> PyResult<Option
 
 /// The `ready=` argument: how this process's senders of a GPU channel signal a send.
 /// `None` for a host channel (where giving one is an error), else the event by default.
-fn ready(device: Option<i32>, ready: Option<&str>) -> PyResult<Option<GpuReady>> {
+fn ready(py: Python<'_>, device: Option<i32>, ready: Option<&str>) -> PyResult<Option<GpuReady>> {
     match (device, ready) {
         (None, None) => Ok(None),
-        (None, Some(_)) => Err(pyo3::exceptions::PyValueError::new_err(
+        (None, Some(_)) => Err(raise(
+            py,
+            Class::ConfigError,
             "ready= is for GPU channels (device=N): host slots are ready when send returns",
         )),
         (Some(_), None | Some("event")) => Ok(Some(GpuReady::Event)),
         (Some(_), Some("flag")) => Ok(Some(GpuReady::HostFlag)),
-        (Some(_), Some(other)) => Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "ready={other:?}: expected \"event\" or \"flag\""
-        ))),
+        (Some(_), Some(other)) => Err(raise(
+            py,
+            Class::ConfigError,
+            format!("ready={other:?}: expected \"event\" or \"flag\""),
+        )),
     }
 }
 
@@ -131,22 +149,39 @@ fn ready_name(r: GpuReady) -> &'static str {
     }
 }
 
-/// A GPU channel's builder from `b`: on `g`'s context, its senders signalling by `ready`.
-fn cuda(b: ChannelBuilder<Host>, g: &Gpu, ready: Option<GpuReady>) -> ChannelBuilder<Cuda> {
-    b.cuda(&g.ctx).ready(ready.unwrap_or_default())
-}
-
-/// A host channel from `b`, its pools pinned with `pin`'s driver if given.
-fn host(
+/// Makes the channel of `b`'s options for this process's setup (host, pinned by `pin`, or
+/// on `gpu` with its senders signalling by `ready`), `create` or `open`ing it: the error
+/// as what to raise, or `None` for a name not there (yet).
+fn make(
     b: ChannelBuilder<Host>,
     pin: &Option<Arc<Gpu>>,
-    make: impl FnOnce(ChannelBuilder<Host>) -> Result<Channel<Host>, ChannelError>,
-) -> Result<AnyChannel, ChannelError> {
-    let b = match pin {
-        Some(g) => b.pinned(&g.ctx),
-        None => b,
-    };
-    make(b).map(|c| AnyChannel::Host(c, pin.clone()))
+    gpu: &Option<Arc<Gpu>>,
+    ready: Option<GpuReady>,
+    create: bool,
+) -> Result<AnyChannel, Option<Raised>> {
+    fn done<B: Backend>(
+        r: Result<Channel<B>, ChannelError<B>>,
+        wrap: impl FnOnce(Channel<B>) -> AnyChannel,
+    ) -> Result<AnyChannel, Option<Raised>> {
+        r.map(wrap).map_err(|e| match e {
+            ChannelError::Segment(ShmError::NotFound { .. } | ShmError::NotInitialized { .. }) => {
+                None
+            }
+            e => Some(e.raised()),
+        })
+    }
+    match (pin, gpu) {
+        (_, Some(g)) => {
+            // The channel handle's stream: the legacy default one; each call sets its own.
+            let b = b.cuda(&g.stream(0)).ready(ready.unwrap_or_default());
+            done(if create { b.create() } else { b.open() }, |c| AnyChannel::Cuda(c, g.clone()))
+        }
+        (Some(g), None) => {
+            let b = b.pinned(&g.ctx);
+            done(if create { b.create() } else { b.open() }, |c| AnyChannel::Pinned(c, g.clone()))
+        }
+        (None, None) => done(if create { b.create() } else { b.open() }, AnyChannel::Host),
+    }
 }
 
 #[pymethods]
@@ -196,7 +231,7 @@ impl PyChannel {
         pinned: bool,
         ready: Option<&str>,
     ) -> PyResult<Self> {
-        let signal = self::ready(device, ready)?;
+        let signal = self::ready(py, device, ready)?;
         let pin = pinning(py, pinned, device)?;
         let gpu = gpu(py, device)?;
         let mut b = Channel::builder(name)
@@ -209,11 +244,10 @@ impl PyChannel {
         if let Some(n) = max_senders {
             b = b.max_senders(n);
         }
-        let made = py.detach(|| match &gpu {
-            None => host(b, &pin, |b| b.create()),
-            Some(g) => cuda(b, g, signal).create().map(|c| AnyChannel::Cuda(c, g.clone())),
-        });
-        made.map(|c| PyChannel::new(c, signal)).map_err(|e| errors::channel(py, e))
+        let made = py.detach(|| make(b, &pin, &gpu, signal, true));
+        made.map(|c| PyChannel::new(c, signal)).map_err(|e| {
+            e.map_or_else(|| raise(py, Class::NotFound, "the channel vanished"), |e| e.into_err(py))
+        })
     }
 
     /// Opens channel ``name``, waiting up to ``timeout`` seconds for it to exist (``None``:
@@ -235,32 +269,28 @@ impl PyChannel {
         pinned: bool,
         ready: Option<&str>,
     ) -> PyResult<Self> {
-        let signal = self::ready(device, ready)?;
+        let signal = self::ready(py, device, ready)?;
         let until = Until::new(py, timeout)?;
         let pin = pinning(py, pinned, device)?;
         let gpu = gpu(py, device)?;
-        let builder = Channel::builder(name);
-        let step = |_: Option<ChannelError>, slice: Duration| {
-            let b: ChannelBuilder<Host> = builder.clone().open_timeout(slice);
-            let r = match &gpu {
-                None => host(b, &pin, |b| b.open()),
-                Some(g) => cuda(b, g, signal).open().map(|c| AnyChannel::Cuda(c, g.clone())),
-            };
-            match r {
-                Err(
-                    e @ ChannelError::Segment(
-                        ShmError::NotFound { .. } | ShmError::NotInitialized { .. },
-                    ),
-                ) => Step::Again(Some(e)),
-                r => Step::Done(r),
-            }
+        let builder = Channel::builder(name.clone());
+        let step = |(), slice: Duration| match make(
+            builder.clone().open_timeout(slice),
+            &pin,
+            &gpu,
+            signal,
+            false,
+        ) {
+            Err(None) => Step::Again(()),
+            r => Step::Done(r),
         };
-        match wait(py, until, None, step)? {
-            Ok(r) => r.map(|c| PyChannel::new(c, signal)).map_err(|e| errors::channel(py, e)),
-            Err(last) => Err(errors::channel(
-                py,
-                last.unwrap_or(ChannelError::InvalidConfig { reason: "no channel of this name" }),
+        match wait(py, until, (), step)? {
+            Ok(Ok(c)) => Ok(PyChannel::new(c, signal)),
+            Ok(Err(e)) => Err(e.map_or_else(
+                || raise(py, Class::NotFound, format!("no channel {name:?}")),
+                |e| e.into_err(py),
             )),
+            Err(()) => Err(raise(py, Class::NotFound, format!("no channel {name:?} (timed out)"))),
         }
     }
 
@@ -392,6 +422,7 @@ impl PyChannel {
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let this = slf.get();
         let open = slf.get_type().cast_into::<PyType>()?.getattr("open")?;
+        // Pinning is each process's choice (a CPU-only child needs no CUDA): not pickled.
         Ok((open, (this.name.clone(), this.device, None, false, this.ready.map(ready_name))))
     }
 }

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::errors::raise;
+use crate::errors::{Class, raise};
 
 static TORCH_TENSOR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static TORCH_STRIDED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -123,7 +123,7 @@ impl<'py> Source<'py> {
             py.import("numpy")?.call_method1("ascontiguousarray", (obj,))?
         };
         Self::read_once(&contiguous, cuda_stream)?.ok_or_else(|| {
-            raise(py, "DTypeError", "the tensor stays non-contiguous after .contiguous()")
+            raise(py, Class::DTypeError, "the tensor stays non-contiguous after .contiguous()")
         })
     }
 
@@ -178,13 +178,13 @@ impl<'py> Source<'py> {
         if size.len() > MAX_DIMS {
             // MetaError::TooManyDims, said as TooLarge.
             let e = gpuring::MetaError::TooManyDims { ndim: size.len() };
-            return Err(raise(py, "TooLarge", e));
+            return Err(raise(py, Class::TooLarge, e));
         }
         for (d, n) in shape.iter_mut().zip(size.iter()) {
             *d = n.extract()?;
         }
         let meta = TensorMeta::contiguous(dtype, &shape[..size.len()])
-            .map_err(|e| raise(py, "TooLarge", e))?;
+            .map_err(|e| raise(py, Class::TooLarge, e))?;
         let ptr: usize = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
         Ok(Some(Source { _keep: t, ptr, meta, place }))
     }
@@ -198,7 +198,7 @@ impl<'py> Source<'py> {
             let ty = obj.get_type().name()?;
             return Err(raise(
                 py,
-                "DTypeError",
+                Class::DTypeError,
                 format!(
                     "a {ty} is not a tensor or array: gpuring sends objects with __dlpack__ (torch tensors, numpy arrays, ...)"
                 ),
@@ -241,7 +241,7 @@ impl<'py> Source<'py> {
                     let major = m.version.major;
                     return Err(raise(
                         py,
-                        "DTypeError",
+                        Class::DTypeError,
                         format!("DLPack version {major} is not 1"),
                     ));
                 }
@@ -251,7 +251,7 @@ impl<'py> Source<'py> {
             } else {
                 return Err(raise(
                     py,
-                    "DTypeError",
+                    Class::DTypeError,
                     format!("__dlpack__ gave a capsule named {name:?}"),
                 ));
             }
@@ -262,7 +262,7 @@ impl<'py> Source<'py> {
             other => {
                 return Err(raise(
                     py,
-                    "DTypeError",
+                    Class::DTypeError,
                     format!("DLPack device type {other} is neither host nor CUDA memory"),
                 ));
             }
@@ -271,7 +271,7 @@ impl<'py> Source<'py> {
         if ndim > MAX_DIMS {
             return Err(raise(
                 py,
-                "TooLarge",
+                Class::TooLarge,
                 format!("{} dimensions, at most {MAX_DIMS}", tensor.ndim),
             ));
         }
@@ -283,7 +283,7 @@ impl<'py> Source<'py> {
         let Some(dtype) = DType::from_dlpack(dl) else {
             return Err(raise(
                 py,
-                "DTypeError",
+                Class::DTypeError,
                 format!(
                     "gpuring carries no element type of DLPack code {}, {} bits, {} lanes",
                     dl.code, dl.bits, dl.lanes
@@ -300,8 +300,8 @@ impl<'py> Source<'py> {
                 let s = if tensor.strides.is_null() { None } else { Some(*tensor.strides.add(d)) };
                 (*tensor.shape.add(d), s)
             };
-            shape[d] =
-                u64::try_from(n).map_err(|_| raise(py, "DTypeError", "a negative dimension"))?;
+            shape[d] = u64::try_from(n)
+                .map_err(|_| raise(py, Class::DTypeError, "a negative dimension"))?;
             if let Some(s) = s
                 && n != 1
                 && s != step
@@ -314,8 +314,8 @@ impl<'py> Source<'py> {
         if !contiguous && !shape[..ndim].contains(&0) {
             return Ok(None);
         }
-        let meta =
-            TensorMeta::contiguous(dtype, &shape[..ndim]).map_err(|e| raise(py, "TooLarge", e))?;
+        let meta = TensorMeta::contiguous(dtype, &shape[..ndim])
+            .map_err(|e| raise(py, Class::TooLarge, e))?;
         let ptr = (tensor.data as usize).wrapping_add(tensor.byte_offset as usize);
         Ok(Some(Source { _keep: capsule, ptr, meta, place }))
     }
@@ -327,7 +327,8 @@ fn refused(py: Python<'_>, e: PyErr) -> PyErr {
     if !e.is_instance_of::<PyBufferError>(py) {
         return e;
     }
-    let ours = raise(py, "DTypeError", format!("the tensor cannot be read through DLPack: {e}"));
+    let ours =
+        raise(py, Class::DTypeError, format!("the tensor cannot be read through DLPack: {e}"));
     ours.set_cause(py, Some(e));
     ours
 }

@@ -5,7 +5,7 @@ use gpuring::{DType, TensorMeta};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::errors::raise;
+use crate::errors::{Class, raise};
 
 /// Every element type gpuring carries, by the name numpy and torch give it.
 pub(crate) const NAMES: [(DType, &str); 17] = [
@@ -62,7 +62,7 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
         let known: Vec<&str> = NAMES.iter().map(|(_, n)| *n).collect();
         raise(
             py,
-            "DTypeError",
+            Class::DTypeError,
             format!("unknown dtype {text:?}: gpuring carries {}", known.join(", ")),
         )
     })
@@ -76,10 +76,10 @@ pub(crate) fn meta(obj: &Bound<'_, PyAny>, dtype: DType) -> PyResult<TensorMeta>
         Ok(n) => vec![n],
         Err(_) => obj
             .extract::<Vec<u64>>()
-            .map_err(|_| raise(py, "ConfigError", "a shape is a sequence of ints >= 0"))?,
+            .map_err(|_| raise(py, Class::ConfigError, "a shape is a sequence of ints >= 0"))?,
     };
     // More than MAX_DIMS dimensions: MetaError::TooManyDims, said as TooLarge.
-    TensorMeta::contiguous(dtype, &shape).map_err(|e| raise(py, "TooLarge", e))
+    TensorMeta::contiguous(dtype, &shape).map_err(|e| raise(py, Class::TooLarge, e))
 }
 
 /// A shape as a Python tuple.

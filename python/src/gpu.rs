@@ -16,6 +16,7 @@ use pyo3::types::PyDict;
 pub(crate) enum Dir {
     DeviceToDevice,
     HostToDevice,
+    DeviceToHost,
 }
 
 /// A device's primary context, and the last foreign stream wrapped for it.
@@ -71,8 +72,9 @@ impl Gpu {
 
     /// Enqueues a copy of `n` bytes from `src` to `dst` on `stream`, in the direction
     /// given (the direction-specific calls skip the pointer lookup of `cuMemcpyAsync`).
-    /// From or to pageable host memory the driver stages the copy, and the call returns
-    /// once the host side is done.
+    /// From pageable host memory the driver stages the copy, and the call returns once the
+    /// host side is read; to pageable host memory, once the copy (after the work queued
+    /// on `stream`) is done.
     pub(crate) fn copy(
         &self,
         dir: Dir,
@@ -90,6 +92,9 @@ impl Gpu {
                 Dir::DeviceToDevice => sys::cuMemcpyDtoDAsync_v2(dst, src, n, s),
                 Dir::HostToDevice => {
                     sys::cuMemcpyHtoDAsync_v2(dst, src as *const std::ffi::c_void, n, s)
+                }
+                Dir::DeviceToHost => {
+                    sys::cuMemcpyDtoHAsync_v2(dst as *mut std::ffi::c_void, src, n, s)
                 }
             }
         };

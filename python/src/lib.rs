@@ -9,7 +9,7 @@
 //! | `dlpack.rs` | DLPack both ways: reading a caller's tensor, exporting a slot |
 //! | `gpu.rs` | contexts, torch's current stream, copies, ordering streams |
 //! | `blocking.rs` | waits with the GIL released, in slices, interruptible |
-//! | `dtypes.rs`, `errors.rs` | dtype names; Rust errors as `gpuring.errors` exceptions |
+//! | `dtypes.rs`, `errors.rs` | dtype names; gpuring's exception classes, and which stands for each Rust error |
 //!
 //! Tensors cross by DLPack only: no pickle, no copy beyond the one `send` makes (and
 //! none for a lease).
@@ -55,5 +55,6 @@ fn _gpuring(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ipc_opens, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     m.add("MAX_DIMS", gpuring::MAX_DIMS)?;
+    errors::register(m)?;
     Ok(())
 }

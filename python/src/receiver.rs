@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use cudarc::driver::CudaStream;
-use gpuring::{Cuda, Host, Message, Receiver, RecvError, TensorMeta, WaitPolicy};
+use gpuring::{
+    Backend, Cuda, Host, Message, Pinned, Receiver, RecvTimeoutError, TensorMeta, WaitPolicy,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
@@ -14,43 +16,68 @@ use crate::blocking::{Step, Until, lock_for, wait};
 use crate::channel::AnyChannel;
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA};
 use crate::dtypes;
-use crate::errors::{self, closed};
+use crate::errors::{Class, ClassOf, Raised, closed};
 use crate::gpu::{self, Gpu};
 
-/// A receiver of either kind (a GPU receiver's device is `PyReceiver::gpu`).
+/// A receiver of any backend (a GPU receiver's device is `PyReceiver::gpu`).
 enum AnyReceiver {
     Host(Receiver<Host>),
+    Pinned(Receiver<Pinned>),
     Cuda(Receiver<Cuda>),
 }
 
-/// A received message of either kind.
+/// A received message of any backend.
 enum AnyMessage {
-    Host(HostMessage),
+    Host(Message<Host>),
+    Pinned(PinnedMessage),
     Cuda(Message<Cuda>, Arc<Gpu>),
 }
 
-/// A host message. Received by a pinned receiver, its slot goes back in the order of the
-/// CUDA stream current when it was received (torch's, if torch is imported; else the
-/// legacy default stream, which follows every blocking stream): a copy out of the slot
-/// queued there (`torch.from_dlpack(msg).to("cuda", non_blocking=True)`) completes before
-/// the sender can overwrite it.
-struct HostMessage {
-    msg: Option<Message<Host>>,
-    after: Option<Arc<CudaStream>>,
+/// A message of a pinned receiver: its slot goes back in the order of the CUDA stream
+/// current when it was received (torch's, if torch is imported; else the legacy default
+/// stream, which follows every blocking stream), so that a copy out of the slot queued
+/// there (`torch.from_dlpack(msg).to("cuda", non_blocking=True)`) completes before the
+/// sender can overwrite it.
+struct PinnedMessage {
+    msg: Option<Message<Pinned>>,
+    after: Arc<CudaStream>,
 }
 
-impl HostMessage {
-    fn get(&self) -> &Message<Host> {
+impl PinnedMessage {
+    fn get(&self) -> &Message<Pinned> {
         self.msg.as_ref().expect("taken only by drop")
     }
 }
 
-impl Drop for HostMessage {
+impl Drop for PinnedMessage {
     fn drop(&mut self) {
-        if let (Some(m), Some(s)) = (self.msg.take(), &self.after) {
+        if let Some(m) = self.msg.take() {
             // On a failed enqueue this waits for the stream, then returns the slot.
-            let _ = m.release_on(s);
+            let _ = m.release_on(&self.after);
         }
+    }
+}
+
+/// Why a receive gave no message: the channel's end (every sender left), or another error.
+struct RecvFailed {
+    disconnected: bool,
+    raised: Raised,
+}
+
+impl<B: Backend> From<RecvTimeoutError<B>> for RecvFailed {
+    fn from(e: RecvTimeoutError<B>) -> Self {
+        RecvFailed { disconnected: matches!(e, RecvTimeoutError::Disconnected), raised: e.raised() }
+    }
+}
+
+/// One slice of a receive on `r`: `None` when it ran out.
+fn recv_slice<B: Backend>(
+    r: &Receiver<B>,
+    slice: Duration,
+) -> Option<Result<Message<B>, RecvFailed>> {
+    match r.recv_timeout(slice) {
+        Err(RecvTimeoutError::Timeout) => None,
+        got => Some(got.map_err(RecvFailed::from)),
     }
 }
 
@@ -59,29 +86,31 @@ impl Drop for HostMessage {
 #[pyclass(module = "gpuring._gpuring", name = "Receiver", frozen)]
 pub(crate) struct PyReceiver {
     rx: Mutex<Option<Arc<Mutex<AnyReceiver>>>>,
-    /// GPU channels: the channel's device (`Some` exactly for `AnyReceiver::Cuda`; read
-    /// without the receiver's lock).
+    /// GPU channels: the channel's device; pinned host channels: the device whose streams
+    /// order the slots' return (read without the receiver's lock).
     gpu: Option<Arc<Gpu>>,
-    /// Pinned host channels: the device whose streams order the slots' return.
-    pinned: Option<Arc<Gpu>>,
 }
 
 impl PyReceiver {
     pub(crate) fn new(py: Python<'_>, ch: AnyChannel, policy: WaitPolicy) -> PyResult<Self> {
         let made = py.detach(|| match &ch {
-            AnyChannel::Host(c, _) => c.receiver().map(AnyReceiver::Host),
-            AnyChannel::Cuda(c, _) => c.receiver().map(AnyReceiver::Cuda),
+            AnyChannel::Host(c) => c.receiver().map(AnyReceiver::Host).map_err(|e| e.raised()),
+            AnyChannel::Pinned(c, _) => {
+                c.receiver().map(AnyReceiver::Pinned).map_err(|e| e.raised())
+            }
+            AnyChannel::Cuda(c, _) => c.receiver().map(AnyReceiver::Cuda).map_err(|e| e.raised()),
         });
-        let mut rx = made.map_err(|e| errors::channel(py, e))?;
+        let mut rx = made.map_err(|e| e.into_err(py))?;
         match &mut rx {
             AnyReceiver::Host(r) => r.set_wait_policy(policy),
+            AnyReceiver::Pinned(r) => r.set_wait_policy(policy),
             AnyReceiver::Cuda(r) => r.set_wait_policy(policy),
         }
-        let (gpu, pinned) = match &ch {
-            AnyChannel::Host(_, p) => (None, p.clone()),
-            AnyChannel::Cuda(_, g) => (Some(g.clone()), None),
+        let gpu = match &ch {
+            AnyChannel::Host(_) => None,
+            AnyChannel::Pinned(_, g) | AnyChannel::Cuda(_, g) => Some(g.clone()),
         };
-        Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))), gpu, pinned })
+        Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))), gpu })
     }
 
     fn get(&self, py: Python<'_>) -> PyResult<Arc<Mutex<AnyReceiver>>> {
@@ -89,45 +118,44 @@ impl PyReceiver {
         rx.clone().ok_or_else(|| closed(py, "receiver"))
     }
 
-    /// Receives, waiting in slices with the GIL released; the Rust error as it is.
+    /// Receives, waiting in slices with the GIL released.
     fn receive(
         &self,
         py: Python<'_>,
         timeout: Option<f64>,
         stream: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Result<PyMessage, RecvError>> {
+    ) -> PyResult<Result<PyMessage, RecvFailed>> {
         let until = Until::new(py, timeout)?;
         let rx = self.get(py)?;
-        // The stream the message is received on, wrapped once for the whole wait.
-        // Pinned host channels: the stream the slot's return follows.
-        let after = match &self.pinned {
-            None => None,
-            Some(g) => Some(g.stream(gpu::stream_handle(py, stream, g.ordinal)?)),
-        };
+        // The stream the message is received on (GPU channels), or the one the slot's
+        // return follows (pinned host channels), wrapped once for the whole wait.
         let stream = match &self.gpu {
             None => None,
             Some(g) => Some((g, g.stream(gpu::stream_handle(py, stream, g.ordinal)?))),
         };
         let step = |(), slice: Duration| {
-            let Some(guard) = lock_for(&rx, slice) else { return Step::Again(()) };
-            let r = match (&*guard, &stream) {
-                (AnyReceiver::Host(r), _) => r.recv_timeout(slice).map(|m| {
-                    let after = after.clone().filter(|_| m.is_pinned());
-                    AnyMessage::Host(HostMessage { msg: Some(m), after })
+            let Some(mut guard) = lock_for(&rx, slice) else { return Step::Again(()) };
+            let got = match (&mut *guard, &stream) {
+                (AnyReceiver::Host(r), _) => recv_slice(r, slice).map(|r| r.map(AnyMessage::Host)),
+                (AnyReceiver::Pinned(r), Some((_, s))) => recv_slice(r, slice).map(|r| {
+                    r.map(|m| AnyMessage::Pinned(PinnedMessage { msg: Some(m), after: s.clone() }))
                 }),
                 (AnyReceiver::Cuda(r), Some((g, s))) => {
-                    r.recv_on_timeout(s, slice).map(|m| AnyMessage::Cuda(m, Arc::clone(g)))
+                    if r.cuda_stream().cu_stream() != s.cu_stream() {
+                        r.set_cuda_stream(s);
+                    }
+                    recv_slice(r, slice).map(|r| r.map(|m| AnyMessage::Cuda(m, Arc::clone(g))))
                 }
-                (AnyReceiver::Cuda(_), None) => unreachable!("a GPU receiver has its device"),
+                (_, None) => unreachable!("a GPU or pinned receiver has its device"),
             };
-            match r {
-                Err(RecvError::Timeout) => Step::Again(()),
-                r => Step::Done(r),
-            }
+            got.map_or(Step::Again(()), Step::Done)
         };
         Ok(match wait(py, until, (), step)? {
             Ok(r) => r.map(PyMessage::new),
-            Err(()) => Err(RecvError::Timeout),
+            Err(()) => Err(RecvFailed {
+                disconnected: false,
+                raised: Raised::new(Class::Timeout, "timed out waiting for a message"),
+            }),
         })
     }
 }
@@ -158,7 +186,7 @@ impl PyReceiver {
         timeout: Option<f64>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyMessage> {
-        self.receive(py, timeout, stream)?.map_err(|e| errors::recv(py, e))
+        self.receive(py, timeout, stream)?.map_err(|e| e.raised.into_err(py))
     }
 
     fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -170,8 +198,8 @@ impl PyReceiver {
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyMessage>> {
         match self.receive(py, None, None)? {
             Ok(m) => Ok(Some(m)),
-            Err(RecvError::Disconnected) => Ok(None),
-            Err(e) => Err(errors::recv(py, e)),
+            Err(e) if e.disconnected => Ok(None),
+            Err(e) => Err(e.raised.into_err(py)),
         }
     }
 
@@ -227,7 +255,7 @@ struct ForeignView {
 impl Drop for ForeignView {
     fn drop(&mut self) {
         if let AnyMessage::Cuda(m, g) = &self.held.0
-            && g.join(m.stream(), &self.stream).is_err()
+            && g.join(m.cuda_stream(), &self.stream).is_err()
         {
             // Without the join the slot could be written under pending reads: wait for
             // them instead (a failed driver call; never the normal path).
@@ -258,8 +286,11 @@ pub(crate) struct PyMessage {
 impl PyMessage {
     fn new(m: AnyMessage) -> Self {
         let (meta, seq, tag, place, ptr) = match &m {
-            AnyMessage::Host(h) => {
-                let m = h.get();
+            AnyMessage::Host(m) => {
+                (*m.meta(), m.seq(), m.tag(), (DEVICE_CPU, 0), m.as_ptr() as usize)
+            }
+            AnyMessage::Pinned(p) => {
+                let m = p.get();
                 (*m.meta(), m.seq(), m.tag(), (DEVICE_CPU, 0), m.as_ptr() as usize)
             }
             AnyMessage::Cuda(m, g) => {
@@ -289,14 +320,14 @@ impl PyMessage {
         let held = held.ok_or_else(|| closed(py, "message (released)"))?;
         let keep: dlpack::Keep = match &held.0 {
             AnyMessage::Cuda(m, g) => match dlpack::stream_arg(stream)? {
-                Some(raw) if raw != m.stream().cu_stream() as usize => {
+                Some(raw) if raw != m.cuda_stream().cu_stream() as usize => {
                     let s = g.stream(raw);
-                    m.wait_on(&s).map_err(|e| errors::cuda(py, e))?;
+                    m.wait_on(&s).map_err(|e| e.err(py))?;
                     Box::new(ForeignView { held: held.clone(), stream: s })
                 }
                 _ => Box::new(held.clone()),
             },
-            AnyMessage::Host(_) => Box::new(held.clone()),
+            AnyMessage::Host(_) | AnyMessage::Pinned(_) => Box::new(held.clone()),
         };
         let versioned = dlpack::wants_versioned(max_version)?;
         dlpack::export(py, self.ptr, self.place, &self.meta, versioned, keep)
@@ -309,7 +340,7 @@ impl PyMessage {
     /// The payload as a torch tensor: the same zero-copy view as
     /// ``torch.from_dlpack(msg)``, ordered on the stream the message was received on (for
     /// ``recv()`` without ``stream=``, torch's current stream then), made without the
-    /// stream look-ups of ``torch.from_dlpack``'s protocol path (a sixth of its cost in run S).
+    /// stream look-ups of ``torch.from_dlpack``'s protocol path (a sixth of its cost).
     /// Imports torch.
     fn torch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let held = self.held.lock().unwrap_or_else(PoisonError::into_inner).clone();

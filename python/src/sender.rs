@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use cudarc::driver::CudaStream;
-use gpuring::{AcquireError, Cuda, Host, Lease, SendError, Sender, TensorMeta, WaitPolicy};
+use gpuring::{
+    AcquireTimeoutError, Backend, Cuda, Host, Lease, Pinned, SendTimeoutError, Sender, TensorMeta,
+    WaitPolicy,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -14,13 +17,25 @@ use crate::blocking::{Step, Until, lock_for, wait};
 use crate::channel::AnyChannel;
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA, Place, Source};
 use crate::dtypes;
-use crate::errors::{self, closed, raise};
+use crate::errors::{Class, ClassOf, Raised, closed, raise};
 use crate::gpu::{self, Dir, Gpu};
 
-/// A sender of either kind (a GPU sender's device is `TxShared::gpu`).
+/// A sender of any backend (a GPU sender's device is `TxShared::gpu`).
 pub(crate) enum AnySender {
     Host(Sender<Host>),
+    Pinned(Sender<Pinned>),
     Cuda(Sender<Cuda>),
+}
+
+/// Runs `$body` with `$s` bound to the sender of whatever backend `$any` holds.
+macro_rules! each_sender {
+    ($any:expr, $s:ident => $body:expr) => {
+        match $any {
+            AnySender::Host($s) => $body,
+            AnySender::Pinned($s) => $body,
+            AnySender::Cuda($s) => $body,
+        }
+    };
 }
 
 /// What a Python sender, its leases and their exported views share: the Rust sender,
@@ -47,8 +62,8 @@ impl TxShared {
         }
         Err(raise(
             py,
-            "TooLarge",
-            format!("tensor spans {n} bytes, a slot holds {}", self.slot_bytes),
+            Class::TooLarge,
+            format!("the tensor spans {n} bytes, a slot holds {}", self.slot_bytes),
         ))
     }
 
@@ -57,17 +72,48 @@ impl TxShared {
         if let Some(g) = g.as_ref().filter(|g| g.ordinal == device) {
             return Ok(g.clone());
         }
-        let made = Gpu::new(device).map_err(|e| errors::cuda(py, e))?;
+        let made = Gpu::new(device).map_err(|e| e.err(py))?;
         *g = Some(made.clone());
         Ok(made)
     }
 }
 
-/// A leased slot of either kind, with the streams of CUDA views made on other streams
+/// A leased slot of any backend, with the streams of CUDA views made on other streams
 /// than the lease's (the send waits for their writes).
 enum AnyLease {
     Host(Lease<Host>),
+    Pinned(Lease<Pinned>),
     Cuda(Lease<Cuda>, Vec<Arc<CudaStream>>),
+}
+
+impl AnyLease {
+    fn set_tag(&mut self, tag: u64) {
+        match self {
+            AnyLease::Host(l) => l.set_tag(tag),
+            AnyLease::Pinned(l) => l.set_tag(tag),
+            AnyLease::Cuda(l, _) => l.set_tag(tag),
+        }
+    }
+
+    /// The slot's bytes, for a lease of host memory.
+    fn host_ptr(&mut self) -> Option<*mut u8> {
+        match self {
+            AnyLease::Host(l) => Some(l.as_mut_ptr()),
+            AnyLease::Pinned(l) => Some(l.as_mut_ptr()),
+            AnyLease::Cuda(..) => None,
+        }
+    }
+}
+
+/// One slice of a lease's wait on sender `s`: `None` when it ran out.
+fn lease_slice<B: Backend>(
+    s: &Sender<B>,
+    slice: Duration,
+) -> Option<Result<Lease<B>, AcquireTimeoutError<B>>> {
+    match s.acquire_timeout(slice) {
+        Err(AcquireTimeoutError::Timeout) => None,
+        r => Some(r),
+    }
 }
 
 /// Leases a slot, waiting (in slices, the GIL released) until `until`. For a GPU
@@ -75,23 +121,42 @@ enum AnyLease {
 fn acquire(py: Python<'_>, tx: &TxShared, until: Until, raw: usize) -> PyResult<AnyLease> {
     let stream = tx.gpu.as_ref().map(|g| g.stream(raw));
     let step = |(), slice: Duration| {
-        let Some(guard) = lock_for(&tx.tx, slice) else { return Step::Again(()) };
-        let r = match (&*guard, &stream) {
-            (AnySender::Host(s), _) => s.acquire_timeout(slice).map(AnyLease::Host),
+        let Some(mut guard) = lock_for(&tx.tx, slice) else { return Step::Again(()) };
+        let got = match (&mut *guard, &stream) {
+            (AnySender::Host(s), _) => {
+                lease_slice(s, slice).map(|r| r.map(AnyLease::Host).map_err(|e| e.raised()))
+            }
+            (AnySender::Pinned(s), _) => {
+                lease_slice(s, slice).map(|r| r.map(AnyLease::Pinned).map_err(|e| e.raised()))
+            }
             (AnySender::Cuda(s), Some(stream)) => {
-                s.acquire_on_timeout(stream, slice).map(|l| AnyLease::Cuda(l, Vec::new()))
+                if s.cuda_stream().cu_stream() != stream.cu_stream() {
+                    s.set_cuda_stream(stream);
+                }
+                lease_slice(s, slice)
+                    .map(|r| r.map(|l| AnyLease::Cuda(l, Vec::new())).map_err(|e| e.raised()))
             }
             (AnySender::Cuda(_), None) => unreachable!("a GPU sender has its device"),
         };
-        match r {
-            Err(AcquireError::Timeout) => Step::Again(()),
-            r => Step::Done(r),
-        }
+        got.map_or(Step::Again(()), Step::Done)
     };
     match wait(py, until, (), step)? {
-        Ok(r) => r.map_err(|e| errors::acquire(py, e)),
-        Err(()) => Err(errors::acquire(py, AcquireError::Timeout)),
+        Ok(r) => r.map_err(|e| e.into_err(py)),
+        Err(()) => Err(raise(py, Class::Timeout, "timed out waiting for a free slot")),
     }
+}
+
+/// One slice of a send of `lease` on sender `s`: the lease back when the slice ran out.
+fn send_slice<B: Backend>(
+    s: &Sender<B>,
+    lease: Lease<B>,
+    meta: TensorMeta,
+    slice: Duration,
+) -> Result<(), Result<Lease<B>, Raised>> {
+    s.send_timeout(lease, meta, slice).map_err(|e| match e {
+        SendTimeoutError::Timeout(l) => Ok(l),
+        e => Err(e.raised()),
+    })
 }
 
 /// Sends `lease` as a tensor of `meta` with `tag`, waiting for room in the ring.
@@ -99,41 +164,29 @@ fn send_lease(
     py: Python<'_>,
     tx: &TxShared,
     until: Until,
-    lease: AnyLease,
+    mut lease: AnyLease,
     meta: TensorMeta,
     tag: u64,
 ) -> PyResult<()> {
-    let lease = match lease {
-        AnyLease::Host(mut l) => {
-            l.set_tag(tag);
-            AnyLease::Host(l)
+    lease.set_tag(tag);
+    if let (AnyLease::Cuda(l, foreign), Some(g)) = (&mut lease, &tx.gpu) {
+        // The ready event is recorded on the lease's stream: make it follow the writes
+        // queued on the other streams views were made on.
+        for s in foreign.drain(..) {
+            g.join(l.cuda_stream(), &s).map_err(|e| e.err(py))?;
         }
-        AnyLease::Cuda(mut l, foreign) => {
-            l.set_tag(tag);
-            // The ready event is recorded on the lease's stream: make it follow the
-            // writes queued on the other streams views were made on.
-            if let Some(g) = &tx.gpu {
-                for s in &foreign {
-                    g.join(l.stream(), s).map_err(|e| errors::cuda(py, e))?;
-                }
-            }
-            AnyLease::Cuda(l, Vec::new())
-        }
-    };
+    }
     let step = |lease: AnyLease, slice: Duration| {
         let Some(guard) = lock_for(&tx.tx, slice) else { return Step::Again(lease) };
         let r = match (&*guard, lease) {
             (AnySender::Host(s), AnyLease::Host(l)) => {
-                s.send_timeout(l, meta, slice).map_err(|e| match e {
-                    SendError::Timeout(l) => Ok(AnyLease::Host(l)),
-                    e => Err(errors::send_parts(&e)),
-                })
+                send_slice(s, l, meta, slice).map_err(|e| e.map(AnyLease::Host))
+            }
+            (AnySender::Pinned(s), AnyLease::Pinned(l)) => {
+                send_slice(s, l, meta, slice).map_err(|e| e.map(AnyLease::Pinned))
             }
             (AnySender::Cuda(s), AnyLease::Cuda(l, f)) => {
-                s.send_timeout(l, meta, slice).map_err(|e| match e {
-                    SendError::Timeout(l) => Ok(AnyLease::Cuda(l, f)),
-                    e => Err(errors::send_parts(&e)),
-                })
+                send_slice(s, l, meta, slice).map_err(|e| e.map(|l| AnyLease::Cuda(l, f)))
             }
             _ => unreachable!("a lease is sent by the sender it came from"),
         };
@@ -145,8 +198,8 @@ fn send_lease(
     };
     match wait(py, until, lease, step)? {
         Ok(Ok(())) => Ok(()),
-        Ok(Err((class, msg))) => Err(raise(py, class, msg)),
-        Err(_lease) => Err(raise(py, "Timeout", "timed out waiting for room in the ring")),
+        Ok(Err(e)) => Err(e.into_err(py)),
+        Err(_lease) => Err(raise(py, Class::Timeout, "timed out waiting for room in the ring")),
     }
 }
 
@@ -164,23 +217,18 @@ pub(crate) struct PySender {
 impl PySender {
     pub(crate) fn new(py: Python<'_>, ch: AnyChannel, policy: WaitPolicy) -> PyResult<Self> {
         let made = py.detach(|| match &ch {
-            AnyChannel::Host(c, _) => c.sender().map(AnySender::Host),
-            AnyChannel::Cuda(c, _) => c.sender().map(AnySender::Cuda),
+            AnyChannel::Host(c) => c.sender().map(AnySender::Host).map_err(|e| e.raised()),
+            AnyChannel::Pinned(c, _) => c.sender().map(AnySender::Pinned).map_err(|e| e.raised()),
+            AnyChannel::Cuda(c, _) => c.sender().map(AnySender::Cuda).map_err(|e| e.raised()),
         });
-        let mut tx = made.map_err(|e| errors::channel(py, e))?;
-        let slot_bytes = match &mut tx {
-            AnySender::Host(s) => {
-                s.set_wait_policy(policy);
-                s.slot_size()
-            }
-            AnySender::Cuda(s) => {
-                s.set_wait_policy(policy);
-                s.slot_size()
-            }
-        };
+        let mut tx = made.map_err(|e| e.into_err(py))?;
+        let slot_bytes = each_sender!(&mut tx, s => {
+            s.set_wait_policy(policy);
+            s.slot_size()
+        });
         let gpu = match &ch {
-            AnyChannel::Host(..) => None,
             AnyChannel::Cuda(_, g) => Some(g.clone()),
+            _ => None,
         };
         let shared = TxShared {
             tx: Mutex::new(tx),
@@ -252,7 +300,7 @@ impl PySender {
             (Some(g), Place::Cuda(d)) if d != g.ordinal => {
                 return Err(raise(
                     py,
-                    "CudaError",
+                    Class::CudaError,
                     format!(
                         "the tensor is on cuda:{d}, the channel's slots on cuda:{}: move it there first",
                         g.ordinal
@@ -262,9 +310,9 @@ impl PySender {
             _ => {}
         }
         let mut lease = acquire(py, &tx, until, raw_stream)?;
-        match (&mut lease, src.place) {
-            (AnyLease::Host(l), Place::Host) => {
-                let dst = l.as_mut_ptr() as usize;
+        match (lease.host_ptr(), src.place) {
+            (Some(dst), Place::Host) => {
+                let dst = dst as usize;
                 // SAFETY: `n` bytes at `ptr` belong to the tensor, which `src` keeps alive;
                 // the lease holds at least `n` bytes (checked against the slot size). The
                 // two do not overlap (the slot is ours alone).
@@ -276,39 +324,43 @@ impl PySender {
                     )
                 });
             }
-            (AnyLease::Host(_), Place::Cuda(d)) => {
-                // One asynchronous copy into the slot on torch's stream, published by a
-                // lane thread when it is done: no host wait (into a pinned pool, DMA;
-                // into a plain one the driver makes the copy synchronous).
+            (Some(dst), Place::Cuda(d)) => {
                 let g = tx.source_gpu(py, d)?;
                 let s = g.stream(raw_stream);
-                let AnyLease::Host(mut l) = lease else { unreachable!("matched above") };
-                l.set_tag(tag);
-                let tx_ref: &TxShared = &tx;
-                let sent = py.detach(move || {
-                    let guard = tx_ref.lock();
-                    let AnySender::Host(sender) = &*guard else {
-                        unreachable!("a host lease comes from a host sender")
-                    };
-                    // SAFETY: `n` bytes at `ptr` belong to the CUDA tensor, read in the
-                    // order of torch's current stream `s`, after which torch may reuse its
-                    // memory (the copy is queued there first).
-                    unsafe { sender.send_from_device_on(l, ptr, meta, &s) }
-                });
-                drop(src);
-                return sent.map_err(|e| {
-                    let (class, msg) = errors::send_parts(&e);
-                    raise(py, class, msg)
-                });
+                if let AnyLease::Pinned(l) = lease {
+                    // One asynchronous DMA copy into the pinned slot on torch's stream,
+                    // published by a lane thread when it is done: no host wait.
+                    let mut l = l;
+                    l.set_tag(tag);
+                    let tx_ref: &TxShared = &tx;
+                    let sent = py.detach(move || {
+                        let guard = tx_ref.lock();
+                        let AnySender::Pinned(sender) = &*guard else {
+                            unreachable!("a pinned lease comes from a pinned sender")
+                        };
+                        // SAFETY: `n` bytes at `ptr` belong to the CUDA tensor, read in the
+                        // order of torch's current stream `s`, after which torch may reuse
+                        // its memory (the copy is queued there first).
+                        unsafe { sender.send_from_device_on(l, ptr, meta, &s) }
+                            .map_err(|e| SendTimeoutError::from(e).raised())
+                    });
+                    drop(src);
+                    return sent.map_err(|e| e.into_err(py));
+                }
+                // A plain (pageable) slot: the driver stages the copy, which is done (in
+                // the order of torch's stream) when the call returns; then a plain send.
+                g.copy(Dir::DeviceToHost, dst as u64, ptr, n as usize, &s)
+                    .map_err(|e| e.err(py))?;
             }
-            (AnyLease::Cuda(l, _), place) => {
+            (None, place) => {
+                let AnyLease::Cuda(l, _) = &lease else { unreachable!("a lease of device memory") };
                 let g = channel_gpu.as_ref().expect("a GPU lease comes from a GPU channel");
                 let dir = match place {
                     Place::Cuda(_) => Dir::DeviceToDevice,
                     Place::Host => Dir::HostToDevice,
                 };
-                g.copy(dir, l.device_ptr(), ptr, n as usize, l.stream())
-                    .map_err(|e| errors::cuda(py, e))?;
+                g.copy(dir, l.device_ptr(), ptr, n as usize, l.cuda_stream())
+                    .map_err(|e| e.err(py))?;
             }
         }
         drop(src);
@@ -352,8 +404,8 @@ impl PySender {
         };
         let mut lease = acquire(py, &tx, until, raw)?;
         let (ptr, place) = match &mut lease {
-            AnyLease::Host(l) => (l.as_mut_ptr() as usize, (DEVICE_CPU, 0)),
             AnyLease::Cuda(l, _) => (l.device_ptr() as usize, (DEVICE_CUDA, device.unwrap_or(0))),
+            host => (host.host_ptr().expect("host memory") as usize, (DEVICE_CPU, 0)),
         };
         Ok(PyLease {
             tx,
@@ -387,10 +439,7 @@ impl PySender {
     /// Slots free in this sender's pool now.
     #[getter]
     fn free_slots(&self, py: Python<'_>) -> PyResult<usize> {
-        Ok(match &*self.shared(py)?.lock() {
-            AnySender::Host(s) => s.free_slots(),
-            AnySender::Cuda(s) => s.free_slots(),
-        })
+        Ok(each_sender!(&*self.shared(py)?.lock(), s => s.free_slots()))
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -408,11 +457,11 @@ impl PySender {
         match s.as_ref() {
             None => "Sender(closed)".to_owned(),
             Some(tx) => match &*tx.lock() {
-                AnySender::Host(s) => format!("Sender(pool {:?}, host)", s.pool_name()),
                 AnySender::Cuda(s) => {
                     let d = tx.gpu.as_ref().map_or(-1, |g| g.ordinal);
                     format!("Sender(pool {:?}, cuda:{d})", s.pool_name())
                 }
+                host => each_sender!(host, s => format!("Sender(pool {:?}, host)", s.pool_name())),
             },
         }
     }
@@ -451,11 +500,11 @@ impl PyLease {
         };
         if let AnyLease::Cuda(l, foreign) = lease
             && let Some(raw) = raw
-            && raw != l.stream().cu_stream() as usize
+            && raw != l.cuda_stream().cu_stream() as usize
             && let Some(g) = &self.tx.gpu
         {
             let s = g.stream(raw);
-            g.join(&s, l.stream()).map_err(|e| errors::cuda(py, e))?;
+            g.join(&s, l.cuda_stream()).map_err(|e| e.err(py))?;
             foreign.push(s);
         }
         dlpack::export(py, self.ptr, self.place, &self.meta, versioned, Box::new(self.tx.clone()))

@@ -1,34 +1,39 @@
 //! Where a channel's slots live, as a type parameter: [`Host`] (shared memory, the
-//! default) or `Cuda` (device memory, feature `cuda`, in `gpu.rs`).
+//! default), and, from the GPU wing (`crate::cuda`, feature `cuda`), `Cuda` (device memory)
+//! and `Pinned` (host memory registered with CUDA).
 //!
 //! A `Channel<B>`, `Sender<B>`, `Receiver<B>`, `Lease<B>` and `Message<B>` are written
 //! once; what differs between backends is the sealed trait below: how a sender makes its
-//! pool and lets it go, how a receiver imports one and checks a descriptor's backend
-//! fields, what a lease and a message hold to reach their slot. A host call on a GPU
+//! pool, holds its ring and lets them go, how a lease reaches its slot, how a receiver
+//! imports a pool, checks a descriptor's backend fields and turns a taken slot into a
+//! message. The generic channel code knows nothing else of a backend; a host call on a GPU
 //! channel (or the reverse) does not compile, and opening a channel with the wrong backend
-//! is a typed error at `open` ([`ChannelError::WrongBackend`]).
+//! is a typed error at `open` ([`ChannelError::WrongBackend`](super::ChannelError::WrongBackend)).
 
+use std::cell::RefCell;
+use std::convert::Infallible;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
-use super::error::{ChannelError, RecvError};
+use super::producer::ProducerRing;
 use crate::descriptor::Descriptor;
 use crate::layout::{BACKEND_HOST, Corrupted};
-use crate::liveness::{ProcessState, process_state};
-use crate::pool::{CudaError, PoolSegment};
+use crate::pool::{PoolSegment, PoolSegmentError, SlotHold, SlotRef};
+use crate::wait::WaitPolicy;
 
-/// Where a channel's slots live: [`Host`] or `Cuda` (feature `cuda`). Sealed: the crate
-/// defines the two there are.
+/// Where a channel's slots live: [`Host`], or (feature `cuda`) `Cuda` and `Pinned`.
+/// Sealed: the crate defines the ones there are.
 ///
 /// The backend is part of every channel type, so a host call on a GPU channel does not
 /// compile (and opening a channel with the other backend's builder is a typed error):
 ///
 /// ```compile_fail
-/// fn lease(tx: &gpuring::Sender<gpuring::Cuda>) {
-///     let _ = tx.acquire(); // a host lease of device slots: no such method
+/// fn first_byte(msg: &gpuring::Message<gpuring::Cuda>) -> u8 {
+///     msg[0] // device memory: a GPU message does not deref to bytes
 /// }
 /// ```
 ///
-/// Generic code over both takes `B: Backend`:
+/// Generic code over every backend takes `B: Backend`:
 ///
 /// ```
 /// fn describe<B: gpuring::Backend>(rx: &gpuring::Receiver<B>) -> String {
@@ -39,19 +44,37 @@ pub trait Backend: sealed::Backend {}
 
 impl<B: sealed::Backend> Backend for B {}
 
+/// The backends whose slots are host memory ([`Host`], and `Pinned` with feature `cuda`):
+/// their leases and messages deref to the slot's bytes. Sealed.
+///
+/// ```
+/// fn checksum<B: gpuring::HostMemory>(msg: &gpuring::Message<B>) -> u32 {
+///     msg.iter().map(|&b| u32::from(b)).sum()
+/// }
+/// ```
+pub trait HostMemory: sealed::HostMemory {}
+
+impl<B: sealed::HostMemory> HostMemory for B {}
+
 pub(crate) mod sealed {
     use super::*;
 
     /// What a backend provides to the generic channel code. See the module docs.
-    pub trait Backend: Sized + Send + Sync + 'static {
+    pub trait Backend: Sized + Send + Sync + core::fmt::Debug + 'static {
         /// The code the channel header and pool table record.
         const CODE: u32;
         /// How errors name it.
         const NAME: &'static str;
-        /// What a channel handle of this backend carries (the CUDA context).
+        /// What its own calls fail with ([`Infallible`] for host memory).
+        type Error: std::error::Error + Clone + Send + Sync + 'static;
+        /// What a channel handle of this backend carries (a CUDA stream, a context).
         type Context: Clone + core::fmt::Debug + Send + Sync;
-        /// What a sender owns besides its pool segment (the device allocation).
-        type Exported: core::fmt::Debug + Send + Sync;
+        /// What making a sender's pool makes besides its segment (the device allocation).
+        type Made: Send;
+        /// What a sender owns: its ring's producer end and what the backend made.
+        type Sending: HoldsRing + Send;
+        /// What a receiver owns besides its ring's consumer end (its stream).
+        type Receiving: Send;
         /// What a receiver keeps per pool it has seen (the imported allocation).
         type Imported: Clone + core::fmt::Debug;
         /// What a lease holds to reach its slot.
@@ -66,17 +89,39 @@ pub(crate) mod sealed {
             name: &str,
             slot_count: u32,
             slot_size: u64,
-        ) -> Result<(PoolSegment, Self::Exported), ChannelError>;
+        ) -> Result<(PoolSegment, Self::Made), Unmade<Self::Error>>;
 
-        /// A sender leaves; its pool is closed.
-        fn retire(exported: Self::Exported, pool: &PoolSegment);
+        /// What the sender owns, from its ring's producer end and what `create_pool` made.
+        fn sending(ctx: &Self::Context, ring: ProducerRing, made: Self::Made) -> Self::Sending;
+
+        /// The sender leaves: its pool is closed ([`PoolSegment::close`]), in the order
+        /// the backend needs around its own departure.
+        fn leave(sending: &mut Self::Sending, pool: &PoolSegment);
 
         /// Whether a slot held by a receiver whose liveness lock is gone (its process
         /// `pid` died) may be reused now.
         fn holder_gone(pid: u32) -> bool;
 
+        /// What a new lease of `slot` in `pool` holds, after the backend's own steps (a
+        /// stream's wait for the slot's last reader). On an error the slot goes back.
+        fn lease(
+            sending: &Self::Sending,
+            pool: &Arc<PoolSegment>,
+            slot: SlotRef,
+        ) -> Result<Self::LeaseSlot, Self::Error>;
+
+        /// Writes the descriptor's backend fields for a send of `lease`'s slot `slot`
+        /// (after enqueueing what the send needs on the device).
+        fn fill(lease: &Self::LeaseSlot, slot: u32, d: &mut Descriptor) -> Result<(), Self::Error>;
+
+        /// What a new receiver owns besides its ring.
+        fn receiving(ctx: &Self::Context) -> Self::Receiving;
+
         /// A receiver sees pool `seg` for the first time.
-        fn import(ctx: &Self::Context, seg: &PoolSegment) -> Result<Self::Imported, RecvError>;
+        fn import(
+            ctx: &Self::Context,
+            seg: &Arc<PoolSegment>,
+        ) -> Result<Self::Imported, Refused<Self::Error>>;
 
         /// The checks of a descriptor's backend fields against its pool, after the common
         /// ones and before the slot is taken.
@@ -84,29 +129,92 @@ pub(crate) mod sealed {
 
         /// Whether messages of pool `seg` are refused, unread: before the pool is imported,
         /// and after each slot is taken. Host memory outlives its sender (never); device
-        /// memory does not (a retired pool, see `pool::cuda`).
-        fn refuse(seg: &PoolSegment) -> Result<(), RecvError> {
+        /// memory does not (a retired pool).
+        fn refuse(seg: &PoolSegment) -> Result<(), Refused<Self::Error>> {
             let _ = seg;
             Ok(())
         }
 
-        /// Writes the descriptor's backend fields for a send of `lease`'s slot `slot`
-        /// (after enqueueing what the send needs on the device).
-        fn fill(lease: &Self::LeaseSlot, slot: u32, d: &mut Descriptor) -> Result<(), CudaError>;
+        /// What a message of the slot `hold` holds, described by `d` (checked), once the
+        /// backend's steps are done (a stream's wait for the sender's writes); `policy` is
+        /// how the receiver waits. On an error the slot goes back unread (with `hold`).
+        fn deliver(
+            receiving: &Self::Receiving,
+            imported: &Self::Imported,
+            hold: &SlotHold,
+            d: &Descriptor,
+            policy: WaitPolicy,
+        ) -> Result<Self::MessageSlot, Refused<Self::Error>>;
+
+        /// A receiver that imported this pool is being dropped.
+        fn receiver_gone(imported: &Self::Imported) {
+            let _ = imported;
+        }
+    }
+
+    /// A backend whose slots are host memory.
+    pub trait HostMemory: Backend {
+        /// The slot's bytes a lease holds.
+        fn lease_bytes(slot: &Self::LeaseSlot) -> &HostSlot;
+        /// The payload's bytes a message holds.
+        fn message_bytes(slot: &Self::MessageSlot) -> &HostSlot;
+    }
+
+    /// How a sender reaches its ring's producer end: alone, or shared with the threads
+    /// that publish its stream-ordered sends.
+    pub trait HoldsRing {
+        /// Runs `f` on the producer end; never nested (no `f` calls back into the holder).
+        fn with_ring<R>(&self, f: impl FnOnce(&mut ProducerRing) -> R) -> R;
+    }
+}
+
+/// Why a backend could not make a sender's pool (the channel says it as `ChannelError`).
+#[derive(Debug)]
+pub enum Unmade<E> {
+    /// The pool segment.
+    Pool(PoolSegmentError),
+    /// The backend's own part.
+    Device(E),
+}
+
+impl<E> From<PoolSegmentError> for Unmade<E> {
+    fn from(e: PoolSegmentError) -> Self {
+        Unmade::Pool(e)
+    }
+}
+
+/// Why a backend refused a message, or its pool (the receiver says it as `RecvError`).
+#[derive(Debug)]
+pub enum Refused<E> {
+    /// A value in the pool segment is impossible.
+    Corrupted(Corrupted),
+    /// A call of the backend failed.
+    Device(E),
+    /// The message's sender has left, and its memory with it.
+    SenderGone,
+    /// The message's sender has died before the message was complete.
+    PeerDead,
+}
+
+/// A producer end used by its sender's thread alone (a `Sender` is not `Sync`).
+#[derive(Debug)]
+pub struct OwnedRing(RefCell<ProducerRing>);
+
+impl OwnedRing {
+    pub(crate) fn new(ring: ProducerRing) -> Self {
+        Self(RefCell::new(ring))
+    }
+}
+
+impl sealed::HoldsRing for OwnedRing {
+    fn with_ring<R>(&self, f: impl FnOnce(&mut ProducerRing) -> R) -> R {
+        f(&mut self.0.borrow_mut())
     }
 }
 
 /// Slots in host shared memory: the default backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Host;
-
-/// What a host channel handle carries: the CUDA context its pools are pinned with, when it
-/// was made with `pinned(&ctx)` (feature `cuda`). Not nameable outside the crate.
-#[derive(Debug, Clone, Default)]
-pub struct HostContext {
-    #[cfg(feature = "cuda")]
-    pub(crate) pinned: Option<std::sync::Arc<crate::pool::cuda::CudaContext>>,
-}
 
 /// A host slot's bytes, inside the pool's mapping (kept alive by the lease or message).
 #[derive(Debug)]
@@ -121,68 +229,105 @@ unsafe impl Send for HostSlot {}
 // SAFETY: shared references give only `&[u8]` (see `Lease` and `Message`).
 unsafe impl Sync for HostSlot {}
 
+impl HostSlot {
+    /// The bytes of `slot` in `pool` (a host pool), all of them.
+    pub(crate) fn of_slot(pool: &PoolSegment, slot: u32) -> Self {
+        Self { ptr: pool.slot_ptr(slot), len: pool.slot_size() }
+    }
+
+    /// The payload `d` describes in the slot `hold` holds (`byte_offset + len` checked
+    /// against the slot by the receiver).
+    pub(crate) fn of_payload(hold: &SlotHold, d: &Descriptor) -> Self {
+        debug_assert!(d.byte_offset + d.len <= hold.pool.slot_size() as u64);
+        // SAFETY: byte_offset + len <= slot_size (checked in `check_and_hold`), inside the
+        // slot.
+        let ptr = unsafe { hold.pool.slot_ptr(hold.held.slot).add(d.byte_offset as usize) };
+        Self { ptr, len: d.len as usize }
+    }
+}
+
+/// The descriptor checks of host memory: no device named.
+pub(crate) fn check_host(d: &Descriptor) -> Result<(), Corrupted> {
+    if d.device_ordinal != -1 {
+        return Err(Corrupted { what: "descriptor names a device, the pool is host memory" });
+    }
+    Ok(())
+}
+
 impl sealed::Backend for Host {
     const CODE: u32 = BACKEND_HOST;
     const NAME: &'static str = "host";
-    type Context = HostContext;
-    type Exported = ();
-    // Why this process could not pin the pool (`pinned(&ctx)`), if it could not: the pool
-    // is read unpinned then (pinning is a matter of speed, and the message is there).
-    type Imported = Option<CudaError>;
+    type Error = Infallible;
+    type Context = ();
+    type Made = ();
+    type Sending = OwnedRing;
+    type Receiving = ();
+    type Imported = ();
     type LeaseSlot = HostSlot;
     type MessageSlot = HostSlot;
 
     fn create_pool(
-        ctx: &HostContext,
+        _: &(),
         name: &str,
         slot_count: u32,
         slot_size: u64,
-    ) -> Result<(PoolSegment, ()), ChannelError> {
+    ) -> Result<(PoolSegment, ()), Unmade<Infallible>> {
         let pool = PoolSegment::create(name, BACKEND_HOST, slot_count, slot_size, |_, _| {})?;
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &ctx.pinned {
-            if let Err(e) = pool.pin(cuda) {
-                pool.close(); // nothing was leased: this unlinks it
-                return Err(ChannelError::Cuda(e));
-            }
-        }
-        #[cfg(not(feature = "cuda"))]
-        let _ = ctx;
         Ok((pool, ()))
     }
 
-    fn retire(_: (), _: &PoolSegment) {}
+    fn sending(_: &(), ring: ProducerRing, _: ()) -> OwnedRing {
+        OwnedRing::new(ring)
+    }
+
+    fn leave(_: &mut OwnedRing, pool: &PoolSegment) {
+        pool.close();
+    }
 
     fn holder_gone(_pid: u32) -> bool {
         // Its lock is gone, so it runs no more code: its slots are free to reuse at once.
         true
     }
 
-    fn import(ctx: &HostContext, seg: &PoolSegment) -> Result<Option<CudaError>, RecvError> {
-        #[cfg(feature = "cuda")]
-        if let Some(cuda) = &ctx.pinned {
-            return Ok(seg.pin(cuda).err());
-        }
-        let _ = (ctx, seg);
-        Ok(None)
+    fn lease(
+        _: &OwnedRing,
+        pool: &Arc<PoolSegment>,
+        slot: SlotRef,
+    ) -> Result<HostSlot, Infallible> {
+        Ok(HostSlot::of_slot(pool, slot.slot))
     }
 
-    fn check(_: &Option<CudaError>, d: &Descriptor) -> Result<(), Corrupted> {
-        if d.device_ordinal != -1 {
-            return Err(Corrupted { what: "descriptor names a device, the pool is host memory" });
-        }
+    fn fill(_: &HostSlot, _: u32, _: &mut Descriptor) -> Result<(), Infallible> {
         Ok(())
     }
 
-    fn fill(_: &HostSlot, _: u32, _: &mut Descriptor) -> Result<(), CudaError> {
+    fn receiving(_: &()) {}
+
+    fn import(_: &(), _: &Arc<PoolSegment>) -> Result<(), Refused<Infallible>> {
         Ok(())
+    }
+
+    fn check(_: &(), d: &Descriptor) -> Result<(), Corrupted> {
+        check_host(d)
+    }
+
+    fn deliver(
+        _: &(),
+        _: &(),
+        hold: &SlotHold,
+        d: &Descriptor,
+        _: WaitPolicy,
+    ) -> Result<HostSlot, Refused<Infallible>> {
+        Ok(HostSlot::of_payload(hold, d))
     }
 }
 
-/// Whether a dead receiver's device slots may be reused: only once its process has exited
-/// (gone, or a zombie), when the driver has torn its context down, so that no kernel of it
-/// can still touch the slot. Unknown counts as not exited.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn process_exited(pid: u32) -> bool {
-    process_state(pid) == ProcessState::Exited
+impl sealed::HostMemory for Host {
+    fn lease_bytes(slot: &HostSlot) -> &HostSlot {
+        slot
+    }
+
+    fn message_bytes(slot: &HostSlot) -> &HostSlot {
+        slot
+    }
 }

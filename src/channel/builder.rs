@@ -14,8 +14,8 @@ use super::table::{self, ChannelSegment, check_name, last_out, nonce};
 use super::{Channel, Flavor};
 use crate::descriptor::Descriptor;
 use crate::layout::{
-    BACKEND_CUDA, BACKEND_HOST, ChannelHeader, ChannelLayout, Corrupted, MAX_POOLS, MpmcCell,
-    PoolLayout, SegmentHeader, SegmentKind, SpscCell,
+    BACKEND_CUDA, BACKEND_HOST, ChannelHeader, ChannelLayout, ChannelView, Corrupted, MAX_POOLS,
+    MpmcCell, PoolLayout, SegmentHeader, SegmentKind, SpscCell, view,
 };
 use crate::ring::RingSegment;
 use crate::shm::{SegmentOptions, ShmError, segment_options};
@@ -41,8 +41,8 @@ impl Flavor {
 ///
 /// `create` uses every option; `open` uses the name, the flavor if one was set (else it
 /// takes what it finds), the backend and how the segment is opened: capacity and slots are
-/// the creator's. `cuda(&ctx)` (feature `cuda`) makes the builder one
-/// of a GPU channel.
+/// the creator's. `cuda(&stream)` and `pinned(&ctx)` (feature `cuda`) make the builder one
+/// of a GPU channel, or of a host channel whose slots this process pins.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -58,13 +58,13 @@ impl Flavor {
 /// ```
 #[derive(Debug, Clone)]
 pub struct ChannelBuilder<B: Backend = Host> {
-    pub(super) segment: SegmentOptions,
-    pub(super) flavor: Option<Flavor>,
-    pub(super) capacity: u64,
-    pub(super) slot_count: u32,
-    pub(super) slot_size: u64,
-    pub(super) max_senders: Option<u32>,
-    pub(super) ctx: B::Context,
+    segment: SegmentOptions,
+    flavor: Option<Flavor>,
+    capacity: u64,
+    slot_count: u32,
+    slot_size: u64,
+    max_senders: Option<u32>,
+    pub(crate) ctx: B::Context,
 }
 
 impl ChannelBuilder<Host> {
@@ -77,8 +77,17 @@ impl ChannelBuilder<Host> {
             slot_count: 8,
             slot_size: 1 << 20,
             max_senders: None,
-            ctx: super::backend::HostContext::default(),
+            ctx: (),
         }
+    }
+
+    /// The same options for the backend `C`, whose context is `ctx` (the GPU wing's
+    /// builders).
+    pub(crate) fn with_backend<C: Backend>(self, ctx: C::Context) -> ChannelBuilder<C> {
+        let ChannelBuilder {
+            segment, flavor, capacity, slot_count, slot_size, max_senders, ..
+        } = self;
+        ChannelBuilder { segment, flavor, capacity, slot_count, slot_size, max_senders, ctx }
     }
 }
 
@@ -130,7 +139,7 @@ impl<B: Backend> ChannelBuilder<B> {
     /// [`ShmError::InvalidName`] (also beyond [`MAX_CHANNEL_NAME`](crate::MAX_CHANNEL_NAME)
     /// bytes), [`ShmError::AlreadyExists`], [`ShmError::NoSpace`],
     /// [`ShmError::PermissionDenied`] or [`ShmError::Io`].
-    pub fn create(&self) -> Result<Channel<B>, ChannelError> {
+    pub fn create(&self) -> Result<Channel<B>, ChannelError<B>> {
         let base = check_name(&self.segment.name)?;
         let flavor = self.flavor.unwrap_or(Flavor::Spsc);
         let max_pools = self.max_senders.unwrap_or(match flavor {
@@ -155,9 +164,8 @@ impl<B: Backend> ChannelBuilder<B> {
         }
         let nonce = nonce();
         let segment = self.segment.create(flavor.kind(), layout.total_size, |seg| {
-            // SAFETY: offset from `layout`, which sized the segment; ours alone until
-            // `create` publishes it.
-            let h = unsafe { seg.at::<ChannelHeader>(layout.header).as_ref() };
+            // Ours alone until `create` publishes it; `layout` sized the segment.
+            let h = ChannelView::with_layout(seg, layout).expect("sized by its layout").header;
             // Relaxed: published by the Release store of `init` in `Segment::create`.
             h.max_pools.store(max_pools, Ordering::Relaxed);
             h.slot_count.store(slot_count, Ordering::Relaxed);
@@ -195,13 +203,13 @@ impl<B: Backend> ChannelBuilder<B> {
     /// # Errors
     ///
     /// [`ChannelError::WrongBackend`] (a GPU channel opened without
-    /// `cuda(&ctx)`, or the reverse), [`ChannelError::Corrupted`];
+    /// `cuda(&stream)`, or the reverse), [`ChannelError::Corrupted`];
     /// [`ChannelError::Segment`] with [`ShmError::NotFound`],
     /// [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`], [`ShmError::BadMagic`],
     /// [`ShmError::VersionMismatch`], [`ShmError::NotInitialized`],
     /// [`ShmError::KindMismatch`] (not a channel, or not the flavor asked for) or
     /// [`ShmError::Io`].
-    pub fn open(&self) -> Result<Channel<B>, ChannelError> {
+    pub fn open(&self) -> Result<Channel<B>, ChannelError<B>> {
         let base = check_name(&self.segment.name)?;
         let kinds = match self.flavor {
             Some(f) => vec![f.kind()],
@@ -210,12 +218,10 @@ impl<B: Backend> ChannelBuilder<B> {
         let (segment, kind) = self.segment.open(&kinds)?;
         let flavor = if kind == SegmentKind::MpmcChannel { Flavor::Mpmc } else { Flavor::Spsc };
         let header_end = ChannelLayout::new(1, 1, 0).expect("valid").pools;
-        if segment.len() < header_end {
+        let Some(h) = view::<ChannelHeader>(&segment, size_of::<SegmentHeader>()) else {
             let (expected, found) = (header_end as u64, segment.len() as u64);
             return Err(ShmError::SizeMismatch { expected, found }.into());
-        }
-        // SAFETY: inside the mapping (checked just above); atomics only.
-        let h = unsafe { segment.at::<ChannelHeader>(size_of::<SegmentHeader>()).as_ref() };
+        };
         // Relaxed: `Segment::open` synchronised with the creator through `init`. Each
         // field is read once, then checked.
         let max_pools = h.max_pools.load(Ordering::Relaxed);

@@ -10,58 +10,64 @@
 //! | file | what lives there |
 //! |---|---|
 //! | `mod.rs` | [`Channel`], [`Flavor`] |
-//! | `builder.rs` | [`ChannelBuilder`]: options, create, open |
+//! | `producer.rs` | a channel ring's producer end, as a sender holds it |
+//! | `backend.rs` | where slots live, as a type: [`Backend`], [`HostMemory`], [`Host`] |
+//! | `lease.rs` | [`Lease`] |
+//! | `error.rs` | [`ChannelError`], [`PoolError`], and each operation's errors per call form |
 //! | `table.rs` | the channel segment and its pool table; [`PoolInfo`] |
-//! | `backend.rs` | where slots live, as a type: [`Backend`], [`Host`] |
-//! | `sender.rs` | [`Sender`], [`Lease`] |
-//! | `receiver.rs` | [`Receiver`], [`Message`] |
-//! | `gpu.rs` | the `Cuda` backend: device leases and messages in stream order |
-//! | `staging.rs` | host channels and the GPU: pinned pools, stream-ordered copies into and out of host slots |
-//! | `select.rs` | waiting on several receivers (or ring consumers) at once, async and blocking (feature `async`) |
-//! | `error.rs` | [`ChannelError`], [`SendError`], [`RecvError`] |
+//! | `builder.rs` | [`ChannelBuilder`]: options, create, open |
+//! | `message.rs` | [`Message`] |
+//! | `sender.rs` | [`Sender`] |
+//! | `receiver.rs` | [`Receiver`] |
+//! | `select.rs` | waiting on several receivers (or ring consumers) at once |
+//!
+//! Each file imports only the files above it (`tests/layers.rs` checks it).
+//!
+//! The generic code here knows nothing of CUDA: the GPU backends (`crate::cuda`) plug in
+//! through the sealed [`Backend`] trait.
 //!
 //! ## Lifetimes of names
 //!
-//! The channel's creator unlinks the channel name when it drops; processes that opened it
-//! keep working. A pool's name outlives its sender while any of its slots is in flight:
-//! the sender marks the pool closed, and whoever then sees it closed with every slot free
-//! (the sender itself, or the receiver returning the last slot) unlinks it. So a sender may
-//! send and exit at once, and its messages still reach a receiver that has the channel
-//! open.
+//! A channel lives while any process has it open, or a message waits in it; the last user
+//! out removes it (and its pools). A pool's name outlives its sender while any of its slots
+//! is in flight: the sender marks the pool closed, and whoever then sees it closed with
+//! every slot free (the sender itself, or the receiver returning the last slot) unlinks it.
+//! So a sender may send and exit at once, and its messages still reach a receiver that
+//! opens the channel later.
 
 use std::sync::Arc;
 
-mod backend;
+pub(crate) mod backend;
 mod builder;
 mod error;
-#[cfg(feature = "cuda")]
-mod gpu;
+mod lease;
+mod message;
+pub(crate) mod producer;
 mod receiver;
-#[cfg(feature = "async")]
 mod select;
 mod sender;
-#[cfg(feature = "cuda")]
-mod staging;
 mod table;
 
-pub use backend::{Backend, Host};
+pub use backend::{Backend, Host, HostMemory};
 pub use builder::ChannelBuilder;
-pub use error::{ChannelError, RecvError, SendError};
-#[cfg(feature = "cuda")]
-pub use gpu::{Cuda, DeviceView, GpuReady};
+pub use error::{
+    AcquireError, AcquireTimeoutError, ChannelError, PoolError, RecvError, RecvTimeoutError,
+    SendError, SendTimeoutError, TryAcquireError, TryRecvError, TrySendError,
+};
+pub use lease::Lease;
+pub use message::Message;
 #[cfg(feature = "async")]
 pub use receiver::Messages;
-pub use receiver::{Message, Receiver};
+pub use receiver::Receiver;
 #[cfg(feature = "async")]
-pub use select::{Selected, select, select_async, select_timeout};
-#[cfg(all(feature = "async", feature = "cuda"))]
-pub use select::{SelectedOn, select_on, select_on_async};
-pub use sender::{Lease, Sender};
+pub use select::select_async;
+pub use select::{select, select_deadline, select_timeout, try_select};
+pub use sender::Sender;
+pub(crate) use table::ChannelSegment;
 pub use table::{MAX_CHANNEL_NAME, PoolInfo, PoolState};
 pub(crate) use table::{channel_layout, remove_pools_of};
 
 use backend::sealed;
-use table::ChannelSegment;
 
 /// One sender and one receiver, or any number of each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +81,8 @@ pub enum Flavor {
 /// A channel segment, created or opened; makes [`Sender`]s and [`Receiver`]s. Cloning the
 /// handle shares the one mapping.
 ///
-/// The creating handle unlinks the channel name when it and everything made from it are
-/// dropped.
+/// The channel lives while any process has it open or a message waits in it, whoever
+/// created it: the last user out removes it, with its pools.
 ///
 /// ```no_run
 /// use gpuring::{Channel, TensorMeta};
@@ -117,7 +123,14 @@ impl<B: Backend> core::fmt::Debug for Channel<B> {
 }
 
 impl Channel<Host> {
-    /// Options for channel `name` (host slots; `.cuda(&ctx)` for device slots).
+    /// Options for channel `name` (host slots; `.cuda(&stream)` for device slots, feature
+    /// `cuda`).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").capacity(64).slots(8, 1 << 20).create()?;
+    /// # drop(ch);
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn builder(name: impl Into<String>) -> ChannelBuilder {
         ChannelBuilder::new(name)
     }
@@ -125,31 +138,69 @@ impl Channel<Host> {
 
 impl<B: Backend> Channel<B> {
     /// SPSC or MPMC.
+    ///
+    /// ```no_run
+    /// use gpuring::{Channel, Flavor};
+    /// let ch = Channel::builder("jobs").mpmc().create()?;
+    /// assert_eq!(ch.flavor(), Flavor::Mpmc);
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn flavor(&self) -> Flavor {
         self.inner.flavor
     }
 
     /// Descriptor ring cells.
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").capacity(64).create()?;
+    /// assert_eq!(ch.capacity(), 64);
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn capacity(&self) -> usize {
         self.inner.ring.capacity()
     }
 
     /// Each sender's pool: (slot count, bytes per slot).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").slots(4, 4096).create()?;
+    /// assert_eq!(ch.slots(), (4, 4096));
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn slots(&self) -> (u32, u64) {
         (self.inner.slot_count, self.inner.slot_size)
     }
 
-    /// Pool table entries.
+    /// Pool table entries: how many senders may have pools at once.
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("jobs").mpmc().max_senders(8).create()?;
+    /// assert_eq!(ch.max_senders(), 8);
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn max_senders(&self) -> u32 {
         self.inner.max_pools()
     }
 
     /// The channel segment's object name, with its leading `/`.
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// assert_eq!(ch.name(), "/frames");
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn name(&self) -> &str {
         self.inner.segment.name()
     }
 
     /// The pool table's entries in use (a snapshot, for diagnostics).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// let tx = ch.sender()?;
+    /// assert_eq!(ch.pools()[0].name, tx.pool_name());
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn pools(&self) -> Vec<PoolInfo> {
         self.inner.pools()
     }

@@ -1,5 +1,5 @@
-//! The receiving side: [`Receiver`] (the consumer end of the channel's ring, and the pools
-//! it has mapped) and [`Message`] (a received slot, returned on drop).
+//! The receiving side: [`Receiver`], the consumer end of the channel's ring and the pools
+//! it has mapped (messages are `message.rs`'s).
 //!
 //! **Validation.** Before any use a receiver checks, from the descriptor read once: pool
 //! index inside the table; the entry active or closed with the same instance (else "unknown
@@ -16,29 +16,26 @@
 //! message for the next receiver, which takes the slot over from the dead holder.
 
 use std::cell::RefCell;
-use std::ops::Deref;
 use std::sync::Arc;
 
-use super::backend::sealed::Backend;
-use super::backend::{Host, HostSlot};
-use super::error::{RecvError, corrupt};
+use super::backend::{Backend, Host};
+use super::error::{RecvError, RecvTimeoutError, TryRecvError, corrupt};
+use super::message::Message;
 use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::{MpmcCell, SpscCell};
 use crate::liveness::AttachError;
-use crate::pool::{PoolSegment, SlotRef};
-use crate::ring::{PopError, ShmStorage, mpmc, spsc};
-use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
+use crate::pool::{PoolSegment, SlotHold};
+use crate::ring::{PopTimeoutError, ShmStorage, mpmc, spsc};
 #[cfg(feature = "async")]
-use crate::{
-    liveness::Role,
-    wait::reactor::{Park, Parked},
-};
+use crate::wait::reactor::Parked;
+use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
+use crate::{liveness::Role, wait::reactor::Park};
 
 /// The consumer end of a channel's descriptor ring.
 enum Rx {
-    // As `sender::Tx`: the SPSC consumer caches positions; no method re-enters.
+    // The SPSC consumer caches positions (`&mut`); no method re-enters.
     Spsc(RefCell<spsc::Consumer<Descriptor, ShmStorage<SpscCell<Descriptor>>>>),
     Mpmc(mpmc::Consumer<Descriptor, ShmStorage<MpmcCell<Descriptor>>>),
 }
@@ -55,10 +52,10 @@ impl Rx {
 
 /// A pool a receiver has mapped (and the backend imported).
 #[derive(Debug)]
-pub(super) struct CachedPool<B: Backend> {
+struct CachedPool<B: Backend> {
     instance: u32,
-    pub(super) seg: Arc<PoolSegment>,
-    pub(super) imported: B::Imported,
+    seg: Arc<PoolSegment>,
+    imported: B::Imported,
 }
 
 impl<B: Backend> Clone for CachedPool<B> {
@@ -70,8 +67,9 @@ impl<B: Backend> Clone for CachedPool<B> {
 /// The receiving end of a channel: pops descriptors, checks them, maps pools on first
 /// sight, and hands out [`Message`]s that read the sender's slot in place.
 ///
-/// `Send` but not `Sync`. In MPMC, make one receiver per thread. On a GPU channel
-/// (`Receiver<Cuda>`) messages are received onto a CUDA stream with `recv_on`.
+/// `Send` but not `Sync`. In MPMC, make one receiver per thread. The same calls serve
+/// every backend: on a GPU channel (`Receiver<Cuda>`) a message is received in the order
+/// of the receiver's CUDA stream (the channel handle's, or the one given to `set_cuda_stream`).
 ///
 /// ```no_run
 /// use gpuring::Channel;
@@ -88,6 +86,8 @@ pub struct Receiver<B: Backend = Host> {
     // the last-out removal of the channel's pools must not find them open by us.
     pools: RefCell<Box<[Option<CachedPool<B>>]>>,
     rx: Rx,
+    /// What the backend keeps besides the ring (a GPU receiver's stream).
+    pub(crate) receiving: B::Receiving,
     channel: Arc<ChannelSegment<B>>,
 }
 
@@ -101,63 +101,70 @@ impl<B: Backend> core::fmt::Debug for Receiver<B> {
 
 impl<B: Backend> Drop for Receiver<B> {
     fn drop(&mut self) {
-        // Slot returns queued on streams (`Message::release_on`) run first (up to 5 s), so
-        // that their host functions do not hold the last reference to a pool mapping.
-        #[cfg(feature = "cuda")]
         for pool in self.pools.get_mut().iter().flatten() {
-            pool.seg.settle(std::time::Duration::from_secs(5));
+            B::receiver_gone(&pool.imported);
         }
     }
-}
-
-/// A descriptor that passed the checks, its slot taken.
-pub(super) struct Taken<B: Backend> {
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // GPU receives use its import
-    pub(super) pool: CachedPool<B>,
-    pub(super) hold: SlotHold,
-    pub(super) desc: Descriptor,
-    pub(super) meta: TensorMeta,
 }
 
 impl<B: Backend> Channel<B> {
     /// A receiver; for SPSC, claims the consumer role.
     ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let rx = ch.receiver()?;
+    /// # drop(rx);
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`ChannelError::Attach`](super::ChannelError::Attach) (SPSC: another receiver
     /// lives; or the ring's positions are impossible).
-    pub fn receiver(&self) -> Result<Receiver<B>, super::ChannelError> {
+    pub fn receiver(&self) -> Result<Receiver<B>, super::ChannelError<B>> {
         let rx = Rx::attach(&self.inner)?;
         let pools = (0..self.inner.max_pools()).map(|_| None).collect();
-        Ok(Receiver { pools: RefCell::new(pools), rx, channel: self.inner.clone() })
+        Ok(Receiver {
+            pools: RefCell::new(pools),
+            rx,
+            receiving: B::receiving(&self.inner.ctx),
+            channel: self.inner.clone(),
+        })
     }
 }
 
 impl<B: Backend> Receiver<B> {
     /// Pops a descriptor, waiting until `deadline`, checks it and takes its slot, all
     /// before the descriptor leaves the ring (SPSC: before `head` moves; MPMC: before its
-    /// cell is freed). A receiver killed in between leaves the message for the next
-    /// receiver (SPSC: the next pop; MPMC: a waiting receiver adopts it within a tick),
-    /// which takes the slot over from the dead holder (`PoolCore::receive`).
-    pub(super) fn take(&self, deadline: Deadline) -> Result<Taken<B>, RecvError> {
+    /// cell is freed); then the backend makes the message. A receiver killed in between
+    /// leaves the message for the next receiver (SPSC: the next pop; MPMC: a waiting
+    /// receiver adopts it within a tick), which takes the slot over from the dead holder
+    /// (`PoolCore::receive`).
+    fn recv_until(&self, deadline: Deadline) -> Result<Message<B>, RecvTimeoutError<B>> {
         let then = |d| self.check_and_hold(d);
         let popped = match &self.rx {
             Rx::Spsc(c) => c.borrow_mut().pop_then_until(deadline, then),
             Rx::Mpmc(c) => c.pop_then_until(deadline, then),
         };
-        match popped {
-            Ok(taken) => taken,
-            Err(PopError::Timeout) if deadline == Deadline::Now => Err(RecvError::Empty),
-            Err(PopError::Timeout) => Err(RecvError::Timeout),
-            Err(PopError::Disconnected) => Err(RecvError::Disconnected),
-            Err(PopError::PeerDead) => Err(RecvError::PeerDead),
-            Err(PopError::Corrupted(c)) => Err(RecvError::Corrupted(c)),
-        }
+        let (pool, hold, desc, meta) = popped.map_err(|e| match e {
+            PopTimeoutError::Timeout => RecvTimeoutError::Timeout,
+            PopTimeoutError::Disconnected => RecvTimeoutError::Disconnected,
+            PopTimeoutError::PeerDead => RecvTimeoutError::PeerDead,
+            PopTimeoutError::Corrupted(c) => RecvTimeoutError::Corrupted(c),
+        })??;
+        // On an error the hold goes, and the slot back unread.
+        let policy = self.wait_policy();
+        let view = B::deliver(&self.receiving, &pool.imported, &hold, &desc, policy)?;
+        Ok(Message::new(hold, desc, meta, view))
     }
 
     /// Checks a popped descriptor against the pool table, its pool and the backend, then
     /// claims its slot.
-    fn check_and_hold(&self, d: Descriptor) -> Result<Taken<B>, RecvError> {
+    #[allow(clippy::type_complexity)]
+    fn check_and_hold(
+        &self,
+        d: Descriptor,
+    ) -> Result<(CachedPool<B>, SlotHold, Descriptor, TensorMeta), RecvTimeoutError<B>> {
         let (index, instance) = (d.pool_id & 0xFFFF, d.pool_id >> 16);
         if index >= self.channel.max_pools() {
             return Err(corrupt("descriptor names an unknown pool"));
@@ -182,12 +189,12 @@ impl<B: Backend> Receiver<B> {
         B::refuse(&hold.pool)?;
         // The slot is ours and the descriptor still in the ring.
         crate::fault::point("recv_holding");
-        Ok(Taken { pool, hold, desc: d, meta })
+        Ok((pool, hold, d, meta))
     }
 
     /// The pool at table row `index`, registration `instance`: cached, or mapped (and
     /// imported) now.
-    fn pool_for(&self, index: u32, instance: u32) -> Result<CachedPool<B>, RecvError> {
+    fn pool_for(&self, index: u32, instance: u32) -> Result<CachedPool<B>, RecvTimeoutError<B>> {
         let mut pools = self.pools.borrow_mut();
         let cached = &mut pools[index as usize];
         if let Some(pool) = cached {
@@ -203,8 +210,12 @@ impl<B: Backend> Receiver<B> {
         Ok(pool)
     }
 
-    /// Where an async receive parks: the ring's `not_empty` word.
-    #[cfg(feature = "async")]
+    /// The imports of the pools mapped so far (diagnostics of the backends).
+    pub(crate) fn imported(&self) -> Vec<B::Imported> {
+        self.pools.borrow().iter().flatten().map(|p| p.imported.clone()).collect()
+    }
+
+    /// Where an async receive or a select parks: the ring's `not_empty` word.
     pub(super) fn park(&self) -> Park {
         match &self.rx {
             Rx::Spsc(c) => c.borrow().storage().park(Role::Consumer),
@@ -212,35 +223,24 @@ impl<B: Backend> Receiver<B> {
         }
     }
 
-    /// One poll of an async receive by `recv` (a receive form of this receiver, given its
-    /// deadline) parked in `parked`: the one place an async receive is written (futures,
-    /// streams, `select_async`).
-    #[cfg(feature = "async")]
-    pub(super) fn poll_recv<R>(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        parked: &mut Parked,
-        mut recv: impl FnMut(&Self, Deadline) -> Result<R, RecvError>,
-    ) -> std::task::Poll<Result<R, RecvError>> {
-        parked.poll(cx, self, Self::park, |r, d| match recv(r, d) {
-            Err(RecvError::Empty | RecvError::Timeout) => None,
-            done => Some(done),
-        })
-    }
-
-    /// Waits without blocking the thread for `recv` (a receive form of this receiver, given
-    /// its deadline) to get a message or a final error.
-    #[cfg(feature = "async")]
-    pub(super) async fn recv_async_with<R>(
-        &mut self,
-        mut recv: impl FnMut(&Self, Deadline) -> Result<R, RecvError>,
-    ) -> Result<R, RecvError> {
-        let mut parked = Parked::default();
-        std::future::poll_fn(|cx| self.poll_recv(cx, &mut parked, &mut recv)).await
+    /// One attempt, or one wait until `deadline`, as a select's take: `None` when there
+    /// was nothing (`Timeout`, also for nothing now).
+    pub(super) fn take(&mut self, deadline: Deadline) -> Option<Result<Message<B>, RecvError<B>>> {
+        match self.recv_until(deadline) {
+            Err(RecvTimeoutError::Timeout) => None,
+            done => Some(done.map_err(RecvError::from_timeout)),
+        }
     }
 
     /// Sets how this receiver waits for a message (and, on a GPU channel, for a host ready
     /// flag: see `GpuReady::HostFlag`, feature `cuda`).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let mut rx = ch.receiver()?;
+    /// rx.set_wait_policy(gpuring::WaitPolicy::SLEEP); // sleep at once, never spin
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
         match &mut self.rx {
             Rx::Spsc(c) => c.get_mut().set_wait_policy(policy),
@@ -249,26 +249,43 @@ impl<B: Backend> Receiver<B> {
     }
 
     /// How this receiver waits (as last set; [`WaitPolicy::default`] until then).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let rx = ch.receiver()?;
+    /// assert_eq!(rx.wait_policy(), gpuring::WaitPolicy::default());
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
     pub fn wait_policy(&self) -> WaitPolicy {
         match &self.rx {
             Rx::Spsc(c) => c.borrow().wait_policy(),
             Rx::Mpmc(c) => c.wait_policy(),
         }
     }
-}
 
-impl Receiver<Host> {
     blocking! {
-        /// Receives a message, waiting (spin, then sleep) until one arrives.
+        /// Receives a message, waiting (spin, then sleep) until one arrives. On a GPU
+        /// channel, work queued on the receiver's stream after this call sees the sender's
+        /// writes (see `GpuReady` for how).
+        ///
+        /// ```no_run
+        /// let ch = gpuring::Channel::builder("frames").open()?;
+        /// let rx = ch.receiver()?;
+        /// let msg = rx.recv()?;
+        /// println!("{} bytes", msg.len());
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         ///
         /// # Errors
         ///
         /// [`RecvError::Disconnected`] once every sender has left and all they sent was
         /// received; [`RecvError::PeerDead`] the same when one of them died;
         /// [`RecvError::Corrupted`] (the descriptor was refused; the next receive carries
-        /// on); [`RecvError::Pool`]. (`try_recv`: [`RecvError::Empty`].)
-        pub fn recv, recv_timeout, recv_deadline, try try_recv(&self)
-            -> Result<Message, RecvError> => recv_until;
+        /// on); [`RecvError::Pool`]; [`RecvError::Device`] and (GPU channels)
+        /// [`RecvError::SenderGone`]. (`try_recv`: [`TryRecvError::Empty`].)
+        pub fn recv -> RecvError<B>, recv_timeout, recv_deadline -> RecvTimeoutError<B>,
+            try try_recv -> TryRecvError<B>;
+            (&self) -> Message<B> => recv_until;
     }
 
     /// The messages as they arrive, until every sender has left and all they sent has been
@@ -286,18 +303,39 @@ impl Receiver<Host> {
     /// println!("every sender left; {bytes} bytes received");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn iter(&self) -> impl Iterator<Item = Result<Message, RecvError>> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = Result<Message<B>, RecvError<B>>> + '_ {
         receive_iter(|| self.recv(), |e| matches!(e, RecvError::Disconnected))
     }
 
     /// The messages there now: ends quietly when the ring is empty
-    /// ([`RecvError::Empty`]) or every sender has left ([`RecvError::Disconnected`]); any
-    /// other error is yielded, and ends it.
-    pub fn try_iter(&self) -> impl Iterator<Item = Result<Message, RecvError>> + '_ {
+    /// ([`TryRecvError::Empty`]) or every sender has left
+    /// ([`TryRecvError::Disconnected`]); any other error is yielded, and ends it.
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let rx = ch.receiver()?;
+    /// let waiting = rx.try_iter().filter(Result::is_ok).count();
+    /// println!("{waiting} messages were waiting");
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn try_iter(&self) -> impl Iterator<Item = Result<Message<B>, TryRecvError<B>>> + '_ {
         receive_iter(
             || self.try_recv(),
-            |e| matches!(e, RecvError::Empty | RecvError::Disconnected),
+            |e| matches!(e, TryRecvError::Empty | TryRecvError::Disconnected),
         )
+    }
+}
+
+#[cfg(feature = "async")]
+impl<B: Backend> Receiver<B> {
+    /// One poll of an async receive parked in `parked`: the one place an async receive is
+    /// written (futures, streams).
+    fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        parked: &mut Parked,
+    ) -> std::task::Poll<Result<Message<B>, RecvError<B>>> {
+        parked.poll(cx, self, Self::park, |r, d| r.take(d))
     }
 
     /// Receives a message, waiting without blocking the thread (feature `async`): the
@@ -322,9 +360,9 @@ impl Receiver<Host> {
     /// # Errors
     ///
     /// As [`recv`](Self::recv).
-    #[cfg(feature = "async")]
-    pub async fn recv_async(&mut self) -> Result<Message, RecvError> {
-        self.recv_async_with(Self::recv_until).await
+    pub async fn recv_async(&mut self) -> Result<Message<B>, RecvError<B>> {
+        let mut parked = Parked::default();
+        std::future::poll_fn(|cx| self.poll_recv(cx, &mut parked)).await
     }
 
     /// The messages as a [`Stream`](futures_core::Stream) (feature `async`): as
@@ -343,33 +381,24 @@ impl Receiver<Host> {
     /// }
     /// # Ok(()) }
     /// ```
-    #[cfg(feature = "async")]
-    pub fn stream(&mut self) -> Messages<'_> {
+    pub fn stream(&mut self) -> Messages<'_, B> {
         Messages { rx: self, parked: Parked::default(), ended: false }
-    }
-
-    pub(super) fn recv_until(&self, deadline: Deadline) -> Result<Message, RecvError> {
-        let Taken { hold, desc, meta, .. } = self.take(deadline)?;
-        // SAFETY: byte_offset + len <= slot_size (checked in `check_and_hold`), inside the
-        // slot.
-        let ptr = unsafe { hold.pool.slot_ptr(hold.held.slot).add(desc.byte_offset as usize) };
-        Ok(Message::new(hold, desc, meta, HostSlot { ptr, len: desc.len as usize }))
     }
 }
 
-/// The messages of a host [`Receiver`] as a [`Stream`](futures_core::Stream) (from
+/// The messages of a [`Receiver`] as a [`Stream`](futures_core::Stream) (from
 /// [`Receiver::stream`]).
 #[cfg(feature = "async")]
 #[derive(Debug)]
-pub struct Messages<'a> {
-    rx: &'a mut Receiver<Host>,
+pub struct Messages<'a, B: Backend = Host> {
+    rx: &'a mut Receiver<B>,
     parked: Parked,
     ended: bool,
 }
 
 #[cfg(feature = "async")]
-impl futures_core::Stream for Messages<'_> {
-    type Item = Result<Message, RecvError>;
+impl<B: Backend> futures_core::Stream for Messages<'_, B> {
+    type Item = Result<Message<B>, RecvError<B>>;
 
     fn poll_next(
         self: std::pin::Pin<&mut Self>,
@@ -380,7 +409,7 @@ impl futures_core::Stream for Messages<'_> {
         if *ended {
             return Poll::Ready(None);
         }
-        match rx.poll_recv(cx, parked, Receiver::recv_until) {
+        match rx.poll_recv(cx, parked) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(m)) => Poll::Ready(Some(Ok(m))),
             Poll::Ready(Err(e)) => {
@@ -393,155 +422,8 @@ impl futures_core::Stream for Messages<'_> {
 }
 
 #[cfg(feature = "async")]
-impl futures_core::FusedStream for Messages<'_> {
+impl<B: Backend> futures_core::FusedStream for Messages<'_, B> {
     fn is_terminated(&self) -> bool {
         self.ended
-    }
-}
-
-/// A slot held by a receiver, returned to its pool on drop.
-#[derive(Debug)]
-pub(super) struct SlotHold {
-    pub(super) pool: Arc<PoolSegment>,
-    pub(super) held: SlotRef,
-}
-
-impl SlotHold {
-    /// The pool and the slot, without returning it: the caller does.
-    #[cfg(feature = "cuda")]
-    pub(super) fn into_parts(self) -> (Arc<PoolSegment>, SlotRef) {
-        let hold = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `hold` is never used or dropped again; its pool is moved out once.
-        (unsafe { std::ptr::read(&hold.pool) }, hold.held)
-    }
-}
-
-impl Drop for SlotHold {
-    fn drop(&mut self) {
-        if self.pool.core.release(self.held) {
-            self.pool.unlink_if_drained();
-        }
-    }
-}
-
-/// A received message: its metadata and a view of its slot, read in place. Dropping it
-/// returns the slot to the sender's pool (and wakes the sender if it waits for one).
-///
-/// A host message (`Message`, `Message<Host>`) derefs to the payload's bytes; a GPU
-/// message (`Message<Cuda>`) gives the payload's device address, valid in the order of the
-/// stream it was received on.
-///
-/// ```no_run
-/// use gpuring::Channel;
-/// let ch = Channel::builder("frames").open()?;
-/// let rx = ch.receiver()?;
-/// let msg = rx.recv()?;
-/// let first = f32::from_le_bytes(msg[..4].try_into()?);
-/// assert_eq!(msg.meta().nbytes(), msg.len() as u64);
-/// # let _ = first;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub struct Message<B: Backend = Host> {
-    // Dropped first: a GPU message records its release event before the slot goes back.
-    slot: B::MessageSlot,
-    hold: SlotHold,
-    desc: Descriptor,
-    meta: TensorMeta,
-}
-
-impl<B: Backend> core::fmt::Debug for Message<B> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Message")
-            .field("seq", &self.desc.seq)
-            .field("tag", &self.desc.tag)
-            .field("pool_id", &self.desc.pool_id)
-            .field("slot", &self.hold.held.slot)
-            .field("generation", &self.hold.held.generation)
-            .field("meta", &self.meta)
-            .field("memory", &self.slot)
-            .finish()
-    }
-}
-
-impl<B: Backend> Message<B> {
-    pub(super) fn new(
-        hold: SlotHold,
-        desc: Descriptor,
-        meta: TensorMeta,
-        slot: B::MessageSlot,
-    ) -> Self {
-        Self { slot, hold, desc, meta }
-    }
-
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // GPU messages read their view
-    pub(super) fn slot_view(&self) -> &B::MessageSlot {
-        &self.slot
-    }
-
-    /// The tensor metadata (checked).
-    pub fn meta(&self) -> &TensorMeta {
-        &self.meta
-    }
-
-    /// The sender's sequence number.
-    pub fn seq(&self) -> u64 {
-        self.desc.seq
-    }
-
-    /// The application tag.
-    pub fn tag(&self) -> u64 {
-        self.desc.tag
-    }
-
-    /// Bytes of payload.
-    pub fn len(&self) -> usize {
-        self.desc.len as usize
-    }
-
-    /// Whether the payload is empty.
-    pub fn is_empty(&self) -> bool {
-        self.desc.len == 0
-    }
-
-    /// The descriptor as it arrived (already validated).
-    pub fn descriptor(&self) -> &Descriptor {
-        &self.desc
-    }
-}
-
-impl Message<Host> {
-    /// The pool mapping this message's slot lives in.
-    #[cfg(feature = "cuda")]
-    pub(super) fn pool(&self) -> &Arc<PoolSegment> {
-        &self.hold.pool
-    }
-
-    /// The payload's bytes in the slot.
-    #[cfg(feature = "cuda")]
-    pub(super) fn host_view(&self) -> &HostSlot {
-        &self.slot
-    }
-
-    /// The slot's pool and reference, for a return the caller makes.
-    #[cfg(feature = "cuda")]
-    pub(super) fn into_held(self) -> (Arc<PoolSegment>, SlotRef) {
-        self.hold.into_parts()
-    }
-}
-
-impl Receiver<Host> {
-    /// The first pool mapped so far that could not be pinned: why.
-    #[cfg(feature = "cuda")]
-    pub(super) fn first_import_error(&self) -> Option<crate::pool::CudaError> {
-        self.pools.borrow().iter().flatten().find_map(|p| p.imported)
-    }
-}
-
-impl Deref for Message<Host> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `len` bytes from `ptr` lie inside the slot (checked in `check_and_hold`),
-        // in a mapping the pool keeps alive; this message holds the slot until it drops.
-        unsafe { std::slice::from_raw_parts(self.slot.ptr.as_ptr(), self.slot.len) }
     }
 }

@@ -1,9 +1,9 @@
-//! Waiting on several sources at once (feature `async`): [`select_async`] polls each
-//! source's async take (a host [`Receiver`]'s receive, a ring consumer's pop), parked on its
-//! own wait word, and returns the first that has something (or a final error); [`select`]
-//! and [`select_timeout`] block the calling thread, asleep on every source's word at once
-//! (`reactor::block_on_any`). `select_on_async` and `select_on` do the same for GPU
-//! receivers. What can be selected is the sealed [`Selectable`] (in `wait::reactor`, below
+//! Waiting on several sources at once: [`select`] and its [`try_select`],
+//! [`select_timeout`] and [`select_deadline`] forms block the calling thread, asleep on every
+//! source's wait word at once (`reactor::block_on_any`); [`select_async`] (feature `async`)
+//! polls each source's async take, parked on its own word, and returns the first that has
+//! something (or a final error). Sources are channel [`Receiver`]s of any backend, or ring
+//! consumers: what can be selected is the sealed [`Selectable`] (in `wait::reactor`, below
 //! the layers whose types implement it).
 
 use std::future::Future;
@@ -13,21 +13,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use super::backend::Host;
+use super::backend::Backend;
 use super::error::RecvError;
-#[cfg(feature = "cuda")]
-use super::gpu::Cuda;
-use super::receiver::{Message, Receiver};
-#[cfg(feature = "cuda")]
-use crate::pool::cuda::CudaStream;
+use super::message::Message;
+use super::receiver::Receiver;
 use crate::wait::Deadline;
 use crate::wait::reactor::{self, Park, Parked, Selectable, sealed};
 
-impl sealed::Selectable for Receiver<Host> {
-    type Output = Result<Message, RecvError>;
+impl<B: Backend> sealed::Selectable for Receiver<B> {
+    type Output = Result<Message<B>, RecvError<B>>;
 
     fn take(&mut self, deadline: Deadline) -> Option<Self::Output> {
-        taken(self.recv_until(deadline))
+        Receiver::take(self, deadline)
     }
 
     fn park(&self) -> Park {
@@ -35,24 +32,12 @@ impl sealed::Selectable for Receiver<Host> {
     }
 }
 
-/// A receive's outcome as a take: `None` when it found nothing (`Empty`, or `Timeout` for
-/// `Deadline::Tick`).
-fn taken<M>(r: Result<M, RecvError>) -> Option<Result<M, RecvError>> {
-    match r {
-        Err(RecvError::Empty | RecvError::Timeout) => None,
-        done => Some(done),
-    }
-}
-
-/// What a select returns: the index of the receiver it took from, and what it took.
-pub type Selected = (usize, Result<Message, RecvError>);
-
 /// Where the scans of successive selects start, so that a busy receiver early in the list
 /// cannot starve the others.
 static START: AtomicUsize = AtomicUsize::new(0);
 
 /// Takes from whichever of `sources` has something first, waiting without blocking the
-/// thread (feature `async`): receivers of host channels, or consumers of rings (see
+/// thread (feature `async`): channel receivers, or consumers of rings (see
 /// [`Selectable`]). Each source parks on its own ring's wait word; a message on any wakes
 /// the task, which takes it from that source alone. A source whose senders (producers)
 /// have all left answers `(i, Err(..::Disconnected))` at once: take it out of the list and
@@ -79,27 +64,10 @@ static START: AtomicUsize = AtomicUsize::new(0);
 /// # Panics
 ///
 /// If `sources` is empty.
+#[cfg(feature = "async")]
 pub async fn select_async<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> (usize, S::Output) {
     select_with(sources, S::take, S::park).await
 }
-
-/// As [`select_async`], for the receivers of GPU channels: the message taken is received
-/// onto `stream` (as [`Receiver::recv_on`]).
-///
-/// # Panics
-///
-/// If `receivers` is empty.
-#[cfg(feature = "cuda")]
-pub async fn select_on_async(
-    receivers: &mut [&mut Receiver<Cuda>],
-    stream: &Arc<CudaStream>,
-) -> SelectedOn {
-    select_with(receivers, |r, d| taken(r.recv_on_until(stream, d)), Receiver::park).await
-}
-
-/// What a select over GPU receivers returns (see [`Selected`]).
-#[cfg(feature = "cuda")]
-pub type SelectedOn = (usize, Result<Message<Cuda>, RecvError>);
 
 /// The select of every source, async: `take` tries one source (see
 /// [`sealed::Selectable::take`]), `park` says where it parks.
@@ -161,10 +129,12 @@ fn rotation(n: usize) -> impl Fn(usize) -> usize + Copy {
 }
 
 /// Takes from whichever of `sources` has something first, blocking the calling thread
-/// until one has (feature `async`). The thread sleeps on every source's wait word at once
-/// (`futex_waitv`; up to 127 sources, Linux ≥ 5.16; beyond, it waits as a task would, on
-/// this process's waiter threads). As [`select_async`]: `(i, Err(..::Disconnected))` when
-/// source `i`'s senders (producers) have all left.
+/// until one has. The thread sleeps on every source's wait word at once (`futex_waitv`; up
+/// to 127 sources, Linux ≥ 5.16; beyond, it waits as a task would, on this process's
+/// waiter threads). A source whose senders (producers) have all left answers
+/// `(i, Err(..::Disconnected))` at once: take it out of the list and select again. Scans
+/// start at a different source each call, so that a busy one early in the list cannot
+/// starve the others.
 ///
 /// ```no_run
 /// use gpuring::{Channel, select};
@@ -187,19 +157,40 @@ pub fn select<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> (usize, S::Outp
     select_blocking(sources, None, S::take, S::park).expect("no deadline")
 }
 
-/// As [`select`], for the receivers of GPU channels, receiving onto `stream`.
+/// As [`select`], without waiting: one try of each source (no syscall), `None` when none
+/// had anything.
+///
+/// ```no_run
+/// use gpuring::{Channel, try_select};
+/// let (a, b) = (Channel::builder("cams-0").open()?, Channel::builder("cams-1").open()?);
+/// let (mut a, mut b) = (a.receiver()?, b.receiver()?);
+/// if let Some((i, msg)) = try_select(&mut [&mut a, &mut b]) {
+///     println!("camera {i}: {} bytes", msg?.len());
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// # Panics
 ///
-/// If `receivers` is empty.
-#[cfg(feature = "cuda")]
-pub fn select_on(receivers: &mut [&mut Receiver<Cuda>], stream: &Arc<CudaStream>) -> SelectedOn {
-    let take = |r: &mut Receiver<Cuda>, d| taken(r.recv_on_until(stream, d));
-    select_blocking(receivers, None, take, Receiver::park).expect("no deadline")
+/// If `sources` is empty.
+pub fn try_select<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> Option<(usize, S::Output)> {
+    reactor::try_each(sources, rotation(sources.len()), &mut S::take)
 }
 
 /// As [`select`], giving up after `timeout`: `None` when no source had something (or a
 /// final error) by then.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use gpuring::{Channel, select_timeout};
+/// let (a, b) = (Channel::builder("cams-0").open()?, Channel::builder("cams-1").open()?);
+/// let (mut a, mut b) = (a.receiver()?, b.receiver()?);
+/// match select_timeout(&mut [&mut a, &mut b], Duration::from_millis(100)) {
+///     Some((i, msg)) => println!("camera {i}: {} bytes", msg?.len()),
+///     None => println!("no frame within 100 ms"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// # Panics
 ///
@@ -209,6 +200,30 @@ pub fn select_timeout<S: Selectable + ?Sized>(
     timeout: Duration,
 ) -> Option<(usize, S::Output)> {
     select_blocking(sources, Instant::now().checked_add(timeout), S::take, S::park)
+}
+
+/// As [`select`], giving up at `deadline`: one deadline for several calls.
+///
+/// ```no_run
+/// use std::time::{Duration, Instant};
+/// use gpuring::{Channel, select_deadline};
+/// let (a, b) = (Channel::builder("cams-0").open()?, Channel::builder("cams-1").open()?);
+/// let (mut a, mut b) = (a.receiver()?, b.receiver()?);
+/// let until = Instant::now() + Duration::from_secs(1);
+/// while let Some((i, msg)) = select_deadline(&mut [&mut a, &mut b], until) {
+///     println!("camera {i}: {} bytes", msg?.len());
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Panics
+///
+/// If `sources` is empty.
+pub fn select_deadline<S: Selectable + ?Sized>(
+    sources: &mut [&mut S],
+    deadline: Instant,
+) -> Option<(usize, S::Output)> {
+    select_blocking(sources, Some(deadline), S::take, S::park)
 }
 
 /// Wakes a thread parked in [`block_on`].

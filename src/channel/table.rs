@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use super::Flavor;
 use super::backend::sealed::Backend;
-use super::error::{ChannelError, RecvError, corrupt};
+use super::error::{ChannelError, PoolError, RecvTimeoutError, corrupt};
 use crate::layout::{
-    ChannelHeader, ChannelLayout, LAYOUT_VERSION, POOL_NAME_BYTES, ParticipantId, PoolEntry,
-    SegmentHeader, SegmentKind, load_bytes, store_bytes,
+    ChannelHeader, ChannelLayout, ChannelView, LAYOUT_VERSION, POOL_NAME_BYTES, ParticipantId,
+    PoolEntry, SegmentKind, load_bytes, store_bytes,
 };
-use crate::pool::{PoolError, PoolSegment};
+use crate::pool::{PoolSegment, PoolSegmentError};
 use crate::ring::RingSegment;
 use crate::shm::{Segment, ShmError, object_name};
 use crate::sync::Ordering;
@@ -59,7 +59,7 @@ pub(super) struct Registered<B: Backend> {
     pub(super) index: u32,
     pub(super) instance: u32,
     pub(super) pool: PoolSegment,
-    pub(super) exported: B::Exported,
+    pub(super) made: B::Made,
 }
 
 /// A channel segment, created or opened, with its parameters read once and checked.
@@ -79,16 +79,18 @@ pub(crate) struct ChannelSegment<B: Backend> {
 }
 
 impl<B: Backend> ChannelSegment<B> {
+    /// The header and the table, as the checked layout places them.
+    fn view(&self) -> ChannelView<'_> {
+        ChannelView::with_layout(&*self.segment, self.layout)
+            .expect("the layout was checked against the mapping at create or open")
+    }
+
     fn header(&self) -> &ChannelHeader {
-        // SAFETY: offset from the checked layout; atomics only.
-        unsafe { self.segment.at::<ChannelHeader>(self.layout.header).as_ref() }
+        self.view().header
     }
 
     fn entry(&self, index: u32) -> &PoolEntry {
-        assert!((index as usize) < self.layout.max_pools, "pool index checked by the caller");
-        let offset = self.layout.pools + index as usize * size_of::<PoolEntry>();
-        // SAFETY: index < max_pools, so the entry lies in the table; atomics only.
-        unsafe { self.segment.at::<PoolEntry>(offset).as_ref() }
+        self.view().entry(index)
     }
 
     pub(super) fn max_pools(&self) -> u32 {
@@ -116,7 +118,7 @@ impl<B: Backend> ChannelSegment<B> {
         &self,
         me: ParticipantId,
         queued: &dyn Fn(u32, u32, u32) -> bool,
-    ) -> Result<Registered<B>, ChannelError> {
+    ) -> Result<Registered<B>, ChannelError<B>> {
         self.close_dead_owners(me, queued);
         if let Some(registered) = self.claim(me)? {
             return Ok(registered);
@@ -131,7 +133,7 @@ impl<B: Backend> ChannelSegment<B> {
 
     /// Claims an entry that is empty, or closed with its pool gone, and makes the pool
     /// there; `None` when there is no such entry.
-    fn claim(&self, me: ParticipantId) -> Result<Option<Registered<B>>, ChannelError> {
+    fn claim(&self, me: ParticipantId) -> Result<Option<Registered<B>>, ChannelError<B>> {
         for index in 0..self.max_pools() {
             let entry = self.entry(index);
             // Acquire: pairs with the Release store of the state by the entry's last
@@ -170,14 +172,14 @@ impl<B: Backend> ChannelSegment<B> {
             // above, and names are never made twice).
             entry.instance.store(instance, Ordering::Relaxed);
             let name = self.pool_name(index, instance);
-            let (pool, exported) =
+            let (pool, made) =
                 match B::create_pool(&self.ctx, &name, self.slot_count, self.slot_size) {
                     Ok(made) => made,
                     Err(e) => {
                         // Release: pairs with the Acquire loads above. (The instance written
                         // names no pool: the entry is as reusable as it was.)
                         entry.state.store(state, Ordering::Release);
-                        return Err(e);
+                        return Err(e.into());
                     }
                 };
             // A death here leaves the entry CLAIMED by a sender that is gone, and a pool
@@ -192,7 +194,7 @@ impl<B: Backend> ChannelSegment<B> {
             // Release: pairs with the Acquire load of the state in `open_pool`; the fields
             // above are visible to a receiver that sees ACTIVE.
             entry.state.store(PoolEntry::state(PoolEntry::ACTIVE, me), Ordering::Release);
-            return Ok(Some(Registered { index, instance, pool, exported }));
+            return Ok(Some(Registered { index, instance, pool, made }));
         }
         Ok(None)
     }
@@ -271,7 +273,7 @@ impl<B: Backend> ChannelSegment<B> {
         instance: u32,
         sender_dead: bool,
         queued: &dyn Fn(u32, u32, u32) -> bool,
-    ) -> Result<(), PoolError> {
+    ) -> Result<(), PoolSegmentError> {
         let pool_id = instance << 16 | index;
         PoolSegment::close_orphaned(
             &self.pool_name(index, instance),
@@ -301,9 +303,13 @@ impl<B: Backend> ChannelSegment<B> {
     ///
     /// # Errors
     ///
-    /// [`RecvError::Corrupted`] for an entry that is not that pool, or a pool that is gone;
-    /// [`RecvError::Pool`] when mapping it fails.
-    pub(super) fn open_pool(&self, index: u32, instance: u32) -> Result<PoolSegment, RecvError> {
+    /// `Corrupted` for an entry that is not that pool, or a pool that is gone; `Pool` when
+    /// mapping it fails.
+    pub(super) fn open_pool(
+        &self,
+        index: u32,
+        instance: u32,
+    ) -> Result<PoolSegment, RecvTimeoutError<B>> {
         let entry = self.entry(index);
         // Acquire: pairs with the Release store of ACTIVE in `register_pool`.
         let state = entry.state.load(Ordering::Acquire);
@@ -326,16 +332,16 @@ impl<B: Backend> ChannelSegment<B> {
         }
         let opened =
             PoolSegment::open(&name, B::CODE, self.slot_count, self.slot_size, self.open_timeout);
-        match opened.map_err(ChannelError::from) {
-            Ok(pool) => Ok(pool),
-            Err(ChannelError::Segment(ShmError::NotFound { .. })) => {
-                Err(corrupt("descriptor names a pool that no longer exists"))
+        opened.map_err(|e| match e {
+            PoolSegmentError::Segment(ShmError::NotFound { .. }) => {
+                corrupt("descriptor names a pool that no longer exists")
             }
-            Err(ChannelError::Segment(ShmError::Corrupted(c)) | ChannelError::Corrupted(c)) => {
-                Err(RecvError::Corrupted(c))
+            PoolSegmentError::Segment(ShmError::Corrupted(c)) | PoolSegmentError::Corrupted(c) => {
+                RecvTimeoutError::Corrupted(c)
             }
-            Err(e) => Err(RecvError::Pool(e)),
-        }
+            PoolSegmentError::Segment(e) => RecvTimeoutError::Pool(PoolError::Segment(e)),
+            PoolSegmentError::Attach(e) => RecvTimeoutError::Pool(PoolError::Attach(e)),
+        })
     }
 
     /// The pool table's entries in use (a snapshot, for diagnostics).
@@ -386,11 +392,8 @@ pub(crate) fn last_out(seg: &Segment, layout: &ChannelLayout, base: &str, nonce:
 /// Removes every pool that the table of channel `seg` names and nobody has open: for the
 /// channel's last user out, and tools removing a channel.
 pub(crate) fn remove_pools(seg: &Segment, layout: &ChannelLayout, base: &str, nonce: u32) {
-    for index in 0..layout.max_pools as u32 {
-        let offset = layout.pools + index as usize * size_of::<PoolEntry>();
-        // SAFETY: inside the table of a checked layout (`at` checks the bounds); atomics
-        // only.
-        let entry = unsafe { seg.at::<PoolEntry>(offset).as_ref() };
+    let Some(view) = ChannelView::with_layout(seg, *layout) else { return };
+    for (index, entry) in (0u32..).zip(view.entries) {
         // Acquire: pairs with the Release store of the state in `register_pool`.
         if entry.state.load(Ordering::Acquire) == PoolEntry::EMPTY {
             continue;
@@ -405,12 +408,9 @@ pub(crate) fn remove_pools(seg: &Segment, layout: &ChannelLayout, base: &str, no
 /// its capacity) and nonce, from its header, checked against the mapping: for tools and
 /// removals that look at a segment without opening it as a channel.
 pub(crate) fn channel_layout(seg: &Segment) -> Option<(ChannelLayout, u32)> {
-    // SAFETY: the mapping holds at least a header (every open checks); `at` checks the
-    // bounds of what follows; atomics only.
-    let ch = unsafe { seg.at::<ChannelHeader>(size_of::<SegmentHeader>()).as_ref() };
-    // Relaxed: a snapshot of values the creator published before `init`.
-    let layout = ChannelLayout::new(ch.max_pools.load(Ordering::Relaxed), 1, 0)?;
-    (layout.ring.cells <= seg.len()).then_some((layout, ch.nonce.load(Ordering::Relaxed)))
+    let view = ChannelView::read(seg)?;
+    // Relaxed: a snapshot of a value the creator published before `init`.
+    Some((view.layout, view.header.nonce.load(Ordering::Relaxed)))
 }
 
 /// Removes the pools of channel segment `seg` (named `name`) that nobody has open: the

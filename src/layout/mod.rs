@@ -9,22 +9,30 @@
 //! | `ring.rs` | a ring: [`RingHeader`], [`RingControl`], [`Participants`], cells ([`RingLayout`]) |
 //! | `channel.rs` | a channel: [`ChannelHeader`], the pool table, then a ring ([`ChannelLayout`]) |
 //! | `pool.rs` | a slot pool: [`PoolHeader`], slot records, a free ring, slots or CUDA handles ([`PoolLayout`]) |
+//! | `view.rs` | typed views of a mapped segment: where an offset becomes a reference |
 //!
 //! Everything a peer can write is an atomic (or sits in a cell that the ring protocol hands
 //! from one side to the other), and everything read from here is untrusted: the modules
 //! above read each value once and check it. Offsets are derived from the header's
 //! parameters by the `*Layout::new` functions, never stored, so there is no offset to
-//! forge.
+//! forge. Code above reads a segment through the views of `view.rs` (or, for ring cells
+//! and slot bytes, the raw pointers its ring and pool own), never by an offset of its own.
 //!
 //! Changing any of these types changes [`LAYOUT_VERSION`].
 
 mod channel;
 mod pool;
 mod ring;
+#[cfg(not(loom))]
+mod view;
 
 pub use channel::*;
 pub use pool::*;
 pub use ring::*;
+#[cfg(not(loom))]
+pub(crate) use view::{
+    ChannelView, HeaderBytes, Mapping, PoolView, RingView, header, view, view_slice,
+};
 
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 

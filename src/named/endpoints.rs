@@ -10,13 +10,14 @@ use bytemuck::Pod;
 
 use crate::descriptor::Descriptor;
 use crate::layout::{Corrupted, MpmcCell, SpscCell};
-use crate::ring::{PopError, PushError, ShmStorage, TryPopError, TryPushError, mpmc, spsc};
+use crate::liveness::Role;
+use crate::ring::{
+    PopError, PopTimeoutError, PushError, PushTimeoutError, ShmStorage, TryPopError, TryPushError,
+    mpmc, spsc,
+};
 use crate::wait::{WaitPolicy, blocking, receive_iter};
 #[cfg(feature = "async")]
-use crate::{
-    liveness::{Blocked, Role},
-    wait::reactor::wait,
-};
+use crate::{liveness::Blocked, wait::reactor::wait};
 
 /// What every end tells of its ring.
 macro_rules! end_ops {
@@ -61,8 +62,8 @@ macro_rules! producer_ops {
             /// [`PushError::Disconnected`] with the value back when the ring stays full and
             /// every consumer has left ([`PushError::PeerDead`] when one of them died);
             /// [`PushError::Corrupted`].
-            pub fn push, push_timeout, push_deadline(&$($mut)? self, value: T)
-                -> Result<(), PushError<T>> => inner.push_until;
+            pub fn push -> PushError<T>, push_timeout, push_deadline -> PushTimeoutError<T>;
+                (&$($mut)? self, value: T) -> () => inner.push_until;
         }
 
         /// Pushes `value`, waiting for room without blocking the thread (feature `async`):
@@ -79,8 +80,8 @@ macro_rules! producer_ops {
         pub async fn push_async(&$($mut)? self, value: T) -> Result<(), PushError<T>> {
             let mut end = &$($mut)? self.inner;
             wait(&mut end, |e| e.storage().park(Role::Producer), |e, d| match e.push_until(value, d) {
-                Err(PushError::Timeout(_)) => None,
-                done => Some(done),
+                Err(PushTimeoutError::Timeout(_)) => None,
+                done => Some(done.map_err(PushError::from_timeout)),
             })
             .await
         }
@@ -106,8 +107,9 @@ macro_rules! producer_ops {
             /// [`PushError::PeerDead`] with how many were pushed, when the ring stays
             /// full and every consumer has died; [`PushError::Corrupted`]. A `Timeout`
             /// carries how many were pushed.
-            pub fn push_slice, push_slice_timeout, push_slice_deadline(&$($mut)? self, values: &[T])
-                -> Result<(), PushError<usize>> => inner.push_slice_until;
+            pub fn push_slice -> PushError<usize>,
+                push_slice_timeout, push_slice_deadline -> PushTimeoutError<usize>;
+                (&$($mut)? self, values: &[T]) -> () => inner.push_slice_until;
         }
 
         /// Pushes all of `values` as [`push_slice`](Self::push_slice) does, waiting for
@@ -153,7 +155,7 @@ macro_rules! producer_ops {
             let mut end = &$($mut)? self.inner;
             wait(&mut end, |e| e.storage().park(Role::Producer), |e, d| match e.push_some_until(values, d) {
                 Err(Blocked::Timeout) => None,
-                Err(b) => Some(Err(PushError::from_blocked(b, 0))),
+                Err(b) => Some(Err(PushError::from_timeout(PushTimeoutError::from_blocked(b, 0)))),
                 Ok(n) => Some(Ok(n)),
             })
             .await
@@ -202,8 +204,8 @@ macro_rules! consumer_ops {
             /// [`PopError::Disconnected`] once every producer has left and all they
             /// published is taken ([`PopError::PeerDead`] when one of them died);
             /// [`PopError::Corrupted`].
-            pub fn pop, pop_timeout, pop_deadline(&$($mut)? self) -> Result<T, PopError>
-                => inner.pop_until;
+            pub fn pop -> PopError, pop_timeout, pop_deadline -> PopTimeoutError;
+                (&$($mut)? self) -> T => inner.pop_until;
         }
 
         /// Pops the oldest element, waiting for one without blocking the thread (feature
@@ -221,8 +223,8 @@ macro_rules! consumer_ops {
         pub async fn pop_async(&$($mut)? self) -> Result<T, PopError> {
             let mut end = &$($mut)? self.inner;
             wait(&mut end, |e| e.storage().park(Role::Consumer), |e, d| match e.pop_until(d) {
-                Err(PopError::Timeout) => None,
-                done => Some(done),
+                Err(PopTimeoutError::Timeout) => None,
+                done => Some(done.map_err(PopError::from_timeout)),
             })
             .await
         }
@@ -262,8 +264,8 @@ macro_rules! consumer_ops {
             /// # Errors
             ///
             /// As [`pop`](Self::pop).
-            pub fn pop_into, pop_into_timeout, pop_into_deadline(&$($mut)? self, out: &mut [T])
-                -> Result<usize, PopError> => inner.pop_into_until;
+            pub fn pop_into -> PopError, pop_into_timeout, pop_into_deadline -> PopTimeoutError;
+                (&$($mut)? self, out: &mut [T]) -> usize => inner.pop_into_until;
         }
 
         /// Pops at least one and up to `out.len()` elements into `out`, as
@@ -284,8 +286,8 @@ macro_rules! consumer_ops {
             }
             let mut end = &$($mut)? self.inner;
             wait(&mut end, |e| e.storage().park(Role::Consumer), |e, d| match e.pop_into_until(out, d) {
-                Err(PopError::Timeout) => None,
-                done => Some(done),
+                Err(PopTimeoutError::Timeout) => None,
+                done => Some(done.map_err(PopError::from_timeout)),
             })
             .await
         }
@@ -307,7 +309,7 @@ macro_rules! consumer_ops {
 ///
 /// ```no_run
 /// use gpuring::{Descriptor, DType, SpscRing, TensorMeta};
-/// let ring = SpscRing::<Descriptor>::create("frames", 1024)?;
+/// let ring = SpscRing::<Descriptor>::builder("frames").capacity(1024).create()?;
 /// let mut tx = ring.producer()?;
 /// let meta = TensorMeta::contiguous(DType::F16, &[3, 224, 224])?;
 /// tx.push(Descriptor::new(0, &meta).with_tag(7))?; // waits while the ring is full
@@ -327,7 +329,7 @@ impl<T: Pod + Send> SpscProducer<T> {
 /// ```no_run
 /// use std::time::Duration;
 /// use gpuring::{Descriptor, SpscRing};
-/// let ring = SpscRing::<Descriptor>::open("frames")?;
+/// let ring = SpscRing::<Descriptor>::builder("frames").open()?;
 /// let mut rx = ring.consumer()?;
 /// let d = rx.pop_timeout(Duration::from_secs(1))?;
 /// let meta = d.meta()?; // every field checked: peers are untrusted
@@ -349,7 +351,7 @@ impl<T: Pod + Send> SpscConsumer<T> {
 ///
 /// ```no_run
 /// use gpuring::MpmcRing;
-/// let ring = MpmcRing::<u64>::open("work")?;
+/// let ring = MpmcRing::<u64>::builder("work").open()?;
 /// let tx = ring.producer()?;
 /// let workers: Vec<_> = (0..4u64)
 ///     .map(|w| {
@@ -379,7 +381,7 @@ impl<T: Pod + Send> MpmcProducer<T> {
 ///
 /// ```no_run
 /// use gpuring::MpmcRing;
-/// let ring = MpmcRing::<u64>::open("work")?;
+/// let ring = MpmcRing::<u64>::builder("work").open()?;
 /// let rx = ring.consumer()?;
 /// let mut batch = [0u64; 32];
 /// let n = rx.pop_into(&mut batch)?; // at least one, up to 32, in one claim
@@ -396,7 +398,6 @@ impl<T: Pod + Send> MpmcConsumer<T> {
 }
 
 /// Ring consumers in a [`select`](crate::select): each take is a pop.
-#[cfg(feature = "async")]
 macro_rules! selectable_consumer {
     ($($end:ident),*) => {$(
         impl<T: Pod + Send> crate::wait::reactor::sealed::Selectable for $end<T> {
@@ -404,8 +405,8 @@ macro_rules! selectable_consumer {
 
             fn take(&mut self, deadline: crate::wait::Deadline) -> Option<Self::Output> {
                 match self.inner.pop_until(deadline) {
-                    Err(PopError::Timeout) => None,
-                    done => Some(done),
+                    Err(PopTimeoutError::Timeout) => None,
+                    done => Some(done.map_err(PopError::from_timeout)),
                 }
             }
 
@@ -415,5 +416,4 @@ macro_rules! selectable_consumer {
         }
     )*};
 }
-#[cfg(feature = "async")]
 selectable_consumer!(SpscConsumer, MpmcConsumer);

@@ -77,38 +77,105 @@ impl std::error::Error for RingError {
 
 error_from!(RingError { Segment(ShmError) });
 
-/// Options for creating or opening a ring: capacity and how the segment is created and
-/// opened. [`Ring::create_with`] and [`Ring::open_with`] take them.
+/// Options for creating or opening a [`Ring`], as for a channel: the name, then
+/// `create()` or `open()`. From [`Ring::builder`].
+///
+/// `create` uses every option; `open` uses the name and how the segment is opened (the
+/// capacity is the creator's). The element type and the flavor are the builder's type
+/// parameters: the ring's endpoints differ by flavor (an MPMC end is `Clone` and used
+/// through `&self`, an SPSC end through `&mut self`), so the flavor is chosen where the
+/// types are.
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use gpuring::{Descriptor, MpmcRing, RingOptions};
-/// let ring = MpmcRing::<Descriptor>::create_with(&RingOptions::new("jobs").capacity(4096))?;
-/// let peer = MpmcRing::<Descriptor>::open_with(
-///     &RingOptions::new("jobs").open_timeout(Duration::from_secs(5)),
-/// )?;
+/// use gpuring::{Descriptor, MpmcRing};
+/// let ring = MpmcRing::<Descriptor>::builder("jobs").capacity(4096).create()?;
+/// let peer = MpmcRing::<Descriptor>::builder("jobs").open_timeout(Duration::from_secs(5)).open()?;
 /// # Ok::<(), gpuring::RingError>(())
 /// ```
-#[derive(Debug, Clone)]
-pub struct RingOptions {
+#[derive(Debug)]
+pub struct RingBuilder<T, F> {
     segment: SegmentOptions,
     capacity: u64,
+    _ring: PhantomData<fn() -> Ring<T, F>>,
 }
 
-impl RingOptions {
-    /// Options for ring `name` (a shared-memory object name; a leading `/` is optional):
-    /// capacity 1024, open timeout [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT).
-    pub fn new(name: impl Into<String>) -> Self {
-        Self { segment: SegmentOptions::new(name.into()), capacity: 1024 }
+impl<T, F> Clone for RingBuilder<T, F> {
+    fn clone(&self) -> Self {
+        Self { segment: self.segment.clone(), capacity: self.capacity, _ring: PhantomData }
     }
+}
 
-    /// Number of cells, a power of two in `1..=2^24` (`2..` for MPMC; checked by `create`).
+impl<T: Pod + Send, F: RingFlavor> RingBuilder<T, F> {
+    /// Number of cells, a power of two in `1..=2^24` (`2..` for MPMC; checked by `create`;
+    /// default 1024).
     pub fn capacity(mut self, capacity: u64) -> Self {
         self.capacity = capacity;
         self
     }
 
     segment_options!();
+
+    /// Creates the ring, exclusively, mode 0600.
+    ///
+    /// The ring lives while any process has it open or an element waits in it: the last
+    /// handle out removes it if it is empty.
+    ///
+    /// # Errors
+    ///
+    /// [`RingError::InvalidCapacity`]; [`RingError::Segment`] with
+    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`], [`ShmError::NoSpace`],
+    /// [`ShmError::PermissionDenied`] or [`ShmError::Io`].
+    pub fn create(&self) -> Result<Ring<T, F>, RingError> {
+        let capacity = self.capacity;
+        let layout = layout::<T, F>(capacity).ok_or(RingError::InvalidCapacity { capacity })?;
+        let segment = self.segment.create(F::KIND, layout.total_size, |seg| {
+            if F::STAMPED {
+                RingSegment::init_in::<T, _>(seg, &layout, |i| MpmcCell::<T>::new(i as u64));
+            } else {
+                RingSegment::init_in::<T, _>(seg, &layout, |_| SpscCell::<T>::new());
+            }
+            Ok::<_, ShmError>(())
+        })?;
+        Ok(Ring::view(segment, layout))
+    }
+
+    /// Opens the ring, waiting up to the open timeout (default
+    /// [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)) for the name to appear and
+    /// its creator to finish (a consumer that may start first sets a longer
+    /// [`open_timeout`](Self::open_timeout)). Checks owner, mode, size, magic, version and
+    /// the element type.
+    ///
+    /// # Errors
+    ///
+    /// [`RingError::ElementMismatch`], [`RingError::Corrupted`]; [`RingError::Segment`] with
+    /// [`ShmError::NotFound`], [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`],
+    /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
+    /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`] or [`ShmError::Io`].
+    pub fn open(&self) -> Result<Ring<T, F>, RingError> {
+        let (segment, _) = self.segment.open(&[F::KIND])?;
+        // The segment is at least a header long; the ring header and the table follow it.
+        let min = RingLayout::new(1, 0).expect("valid").cells;
+        if segment.len() < min {
+            let (expected, found) = (min as u64, segment.len() as u64);
+            return Err(ShmError::SizeMismatch { expected, found }.into());
+        }
+        let (found, capacity) = RingSegment::read_params(&segment, size_of::<SegmentHeader>())
+            .map_err(RingError::Corrupted)?;
+        let expected = (size_of::<T>() as u32, align_of::<T>() as u32);
+        if found != expected {
+            return Err(RingError::ElementMismatch { expected, found });
+        }
+        let layout = layout::<T, F>(capacity).ok_or(RingError::Corrupted(Corrupted {
+            what: "ring capacity is not a power of two in range",
+        }))?;
+        if layout.total_size != segment.len() {
+            let (expected, found) = (layout.total_size as u64, segment.len() as u64);
+            return Err(ShmError::SizeMismatch { expected, found }.into());
+        }
+        segment.populate();
+        Ok(Ring::view(segment, layout))
+    }
 }
 
 /// One producer and one consumer: the flavor of an [`SpscRing`].
@@ -170,18 +237,18 @@ fn layout<T, F: RingFlavor>(capacity: u64) -> Option<RingLayout> {
 /// ```no_run
 /// use gpuring::{MpmcRing, SpscRing};
 /// // Process A: create the ring (mode 0600, exclusive) and claim the producer role.
-/// let ring = SpscRing::<u64>::create("ticks", 256)?;
+/// let ring = SpscRing::<u64>::builder("ticks").capacity(256).create()?;
 /// let mut tx = ring.producer()?;
 /// assert!(ring.producer().is_err(), "one producer only");
 /// tx.push(1)?;
 ///
 /// // Process B: open it (checks owner, mode, size, magic, version, element type).
-/// let ring = SpscRing::<u64>::open("ticks")?;
+/// let ring = SpscRing::<u64>::builder("ticks").open()?;
 /// let mut rx = ring.consumer()?;
 /// assert_eq!(rx.pop()?, 1);
 ///
 /// // Many producers and consumers: the same API; their ends are `Clone`.
-/// let work = MpmcRing::<u64>::create("work", 1024)?;
+/// let work = MpmcRing::<u64>::builder("work").create()?;
 /// let (tx, rx) = (work.producer()?, work.consumer()?);
 /// let tx2 = tx.clone(); // another producer, e.g. for another thread
 /// tx.push(5)?;
@@ -201,80 +268,20 @@ pub type SpscRing<T = Descriptor> = Ring<T, Spsc>;
 pub type MpmcRing<T = Descriptor> = Ring<T, Mpmc>;
 
 impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
-    /// Creates ring `name` with `capacity` cells (a power of two; at least 2 for MPMC),
-    /// mode 0600, exclusively. [`create_with`](Self::create_with) takes more options.
+    /// Options for ring `name` (a shared-memory object name; a leading `/` is optional):
+    /// capacity 1024, open timeout [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT).
     ///
-    /// # Errors
-    ///
-    /// [`RingError::InvalidCapacity`]; [`RingError::Segment`] with
-    /// [`ShmError::InvalidName`], [`ShmError::AlreadyExists`], [`ShmError::NoSpace`],
-    /// [`ShmError::PermissionDenied`] or [`ShmError::Io`].
-    pub fn create(name: &str, capacity: u64) -> Result<Self, RingError> {
-        Self::create_with(&RingOptions::new(name).capacity(capacity))
-    }
-
-    /// Creates a ring as `options` say.
-    ///
-    /// # Errors
-    ///
-    /// As [`create`](Self::create).
-    pub fn create_with(options: &RingOptions) -> Result<Self, RingError> {
-        let capacity = options.capacity;
-        let layout = layout::<T, F>(capacity).ok_or(RingError::InvalidCapacity { capacity })?;
-        let segment = options.segment.create(F::KIND, layout.total_size, |seg| {
-            if F::STAMPED {
-                RingSegment::init_in::<T, _>(seg, &layout, |i| MpmcCell::<T>::new(i as u64));
-            } else {
-                RingSegment::init_in::<T, _>(seg, &layout, |_| SpscCell::<T>::new());
-            }
-            Ok::<_, ShmError>(())
-        })?;
-        Ok(Self::view(segment, layout))
-    }
-
-    /// Opens ring `name`, waiting up to [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)
-    /// for the name to appear and its creator to finish. [`open_with`](Self::open_with)
-    /// takes more options (a longer [`open_timeout`](RingOptions::open_timeout) for a
-    /// consumer that may start first).
-    ///
-    /// # Errors
-    ///
-    /// [`RingError::ElementMismatch`], [`RingError::Corrupted`]; [`RingError::Segment`] with
-    /// [`ShmError::NotFound`], [`ShmError::PermissionDenied`], [`ShmError::SizeMismatch`],
-    /// [`ShmError::BadMagic`], [`ShmError::VersionMismatch`],
-    /// [`ShmError::NotInitialized`], [`ShmError::KindMismatch`] or [`ShmError::Io`].
-    pub fn open(name: &str) -> Result<Self, RingError> {
-        Self::open_with(&RingOptions::new(name))
-    }
-
-    /// Opens a ring as `options` say (the capacity is the creator's).
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](Self::open).
-    pub fn open_with(options: &RingOptions) -> Result<Self, RingError> {
-        let (segment, _) = options.segment.open(&[F::KIND])?;
-        // The segment is at least a header long; the ring header and the table follow it.
-        let min = RingLayout::new(1, 0).expect("valid").cells;
-        if segment.len() < min {
-            let (expected, found) = (min as u64, segment.len() as u64);
-            return Err(ShmError::SizeMismatch { expected, found }.into());
+    /// ```no_run
+    /// let ring = gpuring::SpscRing::<u64>::builder("ticks").capacity(256).create()?;
+    /// # drop(ring);
+    /// # Ok::<(), gpuring::RingError>(())
+    /// ```
+    pub fn builder(name: impl Into<String>) -> RingBuilder<T, F> {
+        RingBuilder {
+            segment: SegmentOptions::new(name.into()),
+            capacity: 1024,
+            _ring: PhantomData,
         }
-        let (found, capacity) = RingSegment::read_params(&segment, size_of::<SegmentHeader>())
-            .map_err(RingError::Corrupted)?;
-        let expected = (size_of::<T>() as u32, align_of::<T>() as u32);
-        if found != expected {
-            return Err(RingError::ElementMismatch { expected, found });
-        }
-        let layout = layout::<T, F>(capacity).ok_or(RingError::Corrupted(Corrupted {
-            what: "ring capacity is not a power of two in range",
-        }))?;
-        if layout.total_size != segment.len() {
-            let (expected, found) = (layout.total_size as u64, segment.len() as u64);
-            return Err(ShmError::SizeMismatch { expected, found }.into());
-        }
-        segment.populate();
-        Ok(Self::view(segment, layout))
     }
 
     fn view(mut segment: Segment, layout: RingLayout) -> Self {

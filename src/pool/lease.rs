@@ -29,7 +29,7 @@ use std::ops::Deref;
 
 use crate::layout::{Corrupted, MpmcCell, SlotRecord};
 use crate::liveness::{Blocked, Watch};
-use crate::ring::{Heap, PopError, Storage, mpmc};
+use crate::ring::{Heap, PopTimeoutError, Storage, mpmc};
 use crate::sync::Ordering;
 use crate::wait::Deadline;
 
@@ -97,44 +97,6 @@ pub struct SlotRef {
     pub generation: u32,
 }
 
-/// Why no slot was leased.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AcquireError {
-    /// `try_acquire`: every slot is in use.
-    Exhausted,
-    /// The deadline passed with every slot still in use.
-    Timeout,
-    /// The pool's shared state is impossible.
-    Corrupted(Corrupted),
-    /// Enqueueing the wait for the slot's release on the caller's stream failed (GPU
-    /// channels).
-    Cuda(super::CudaError),
-    /// Every slot is in use and every receiver that took slots from this pool has died
-    /// (their liveness locks are gone), so none will come back.
-    PeerDead,
-    /// Every receiver of the channel has left (cleanly): nobody would read what is sent.
-    /// Not for ever: a receiver that attaches later makes leasing work again.
-    Disconnected,
-}
-
-impl core::fmt::Display for AcquireError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            AcquireError::Exhausted => f.write_str("every slot of the pool is in use"),
-            AcquireError::Timeout => f.write_str("timed out waiting for a free slot"),
-            AcquireError::Corrupted(c) => c.fmt(f),
-            AcquireError::Cuda(e) => e.fmt(f),
-            AcquireError::PeerDead => {
-                f.write_str("every slot is in use and every receiver holding them has died")
-            }
-            AcquireError::Disconnected => f.write_str("every receiver of the channel has left"),
-        }
-    }
-}
-
-impl std::error::Error for AcquireError {}
-
 /// The lease protocol: slot records plus the free ring, over any storage.
 ///
 /// `R` gives the records (a slice of [`SlotRecord`]); `S` holds the free ring.
@@ -180,6 +142,11 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         Ok(Self { records, free_tx, free_rx })
     }
 
+    /// The slot records.
+    pub(crate) fn records(&self) -> &[SlotRecord] {
+        &self.records
+    }
+
     /// Number of slots.
     pub fn slot_count(&self) -> u32 {
         self.records.len() as u32
@@ -213,14 +180,18 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     }
 
     /// Leases a free slot without waiting (models and tests; channels lease through
-    /// [`lease_until`](Self::lease_until)).
+    /// [`lease_until`](Self::lease_until)): `None` when every slot is in use.
     ///
     /// # Errors
     ///
-    /// [`AcquireError::Exhausted`], or [`AcquireError::Corrupted`] when the free ring hands
-    /// out a slot index out of range or a slot that is not free.
-    pub fn try_lease(&self) -> Result<SlotRef, AcquireError> {
-        self.lease_until(&self.free_rx, Deadline::Now, || Ok(false))
+    /// [`Corrupted`] when the free ring hands out a slot index out of range or a slot
+    /// that is not free.
+    pub fn try_lease(&self) -> Result<Option<SlotRef>, Corrupted> {
+        match self.lease_until(&self.free_rx, Deadline::Now, || Ok(false)) {
+            Ok(slot) => Ok(Some(slot)),
+            Err(PopTimeoutError::Corrupted(c)) => Err(c),
+            Err(_) => Ok(None),
+        }
     }
 
     /// A handle on the free ring's taking side, to lease through with a wait policy of
@@ -240,29 +211,24 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     ///
     /// # Errors
     ///
-    /// [`AcquireError::Exhausted`] (with [`Deadline::Now`]), [`AcquireError::Timeout`],
-    /// [`AcquireError::PeerDead`] (every slot out, every receiver holding them dead),
-    /// [`AcquireError::Disconnected`], [`AcquireError::Corrupted`].
+    /// As the free ring's pop: `Timeout` (also for nothing free with [`Deadline::Now`]),
+    /// `PeerDead` (every slot out, every receiver holding them dead), `Disconnected`,
+    /// `Corrupted` (also for a slot index out of range, or a slot that is not free).
     pub(crate) fn lease_until(
         &self,
         free: &mpmc::Consumer<u32, S>,
         deadline: Deadline,
         tick: impl FnMut() -> Result<bool, Blocked>,
-    ) -> Result<SlotRef, AcquireError> {
-        match free.pop_then_ticking(deadline, |slot| slot, tick) {
-            Ok(slot) => self.lease_popped(slot),
-            Err(PopError::Timeout) if deadline == Deadline::Now => Err(AcquireError::Exhausted),
-            Err(PopError::Timeout) => Err(AcquireError::Timeout),
-            Err(PopError::PeerDead) => Err(AcquireError::PeerDead),
-            Err(PopError::Disconnected) => Err(AcquireError::Disconnected),
-            Err(PopError::Corrupted(c)) => Err(AcquireError::Corrupted(c)),
-        }
+    ) -> Result<SlotRef, PopTimeoutError> {
+        let slot = free.pop_then_ticking(deadline, |slot| slot, tick)?;
+        self.lease_popped(slot).map_err(PopTimeoutError::Corrupted)
     }
 
-    fn lease_popped(&self, slot: u32) -> Result<SlotRef, AcquireError> {
-        let record = self.records.get(slot as usize).ok_or(AcquireError::Corrupted(Corrupted {
-            what: "free ring holds a slot index out of range",
-        }))?;
+    fn lease_popped(&self, slot: u32) -> Result<SlotRef, Corrupted> {
+        let record = self
+            .records
+            .get(slot as usize)
+            .ok_or(Corrupted { what: "free ring holds a slot index out of range" })?;
         // Relaxed: the slot's bytes are handed over by the free ring (Release push by the
         // returner, Acquire pop above); this word only guards against double returns.
         let word = record.state.load(Ordering::Relaxed);
@@ -279,9 +245,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
                 )
                 .is_err()
         {
-            return Err(AcquireError::Corrupted(Corrupted {
-                what: "free ring handed out a slot that is not free",
-            }));
+            return Err(Corrupted { what: "free ring handed out a slot that is not free" });
         }
         Ok(next)
     }
@@ -536,7 +500,7 @@ mod tests {
     fn lease_send_receive_release() {
         let pool = heap_pool(3);
         assert_eq!(pool.free_slots(), 3);
-        let a = pool.try_lease().unwrap();
+        let a = pool.try_lease().unwrap().unwrap();
         assert_eq!(a, SlotRef { slot: 0, generation: 1 });
         pool.mark_sent(a);
         assert_eq!(pool.free_slots(), 2);
@@ -551,13 +515,16 @@ mod tests {
     #[test]
     fn exhaustion_and_generations() {
         let pool = heap_pool(2);
-        let a = pool.try_lease().unwrap();
-        let b = pool.try_lease().unwrap();
-        assert_eq!(pool.try_lease(), Err(AcquireError::Exhausted));
+        let a = pool.try_lease().unwrap().unwrap();
+        let b = pool.try_lease().unwrap().unwrap();
+        assert_eq!(pool.try_lease(), Ok(None));
         let soon = Deadline::after(std::time::Duration::from_millis(5));
-        assert_eq!(pool.lease_until(&pool.free_rx, soon, || Ok(false)), Err(AcquireError::Timeout));
+        assert_eq!(
+            pool.lease_until(&pool.free_rx, soon, || Ok(false)),
+            Err(PopTimeoutError::Timeout)
+        );
         pool.cancel(a);
-        let c = pool.try_lease().unwrap();
+        let c = pool.try_lease().unwrap().unwrap();
         assert_eq!((c.slot, c.generation), (a.slot, a.generation + 1), "reuse bumps");
         pool.mark_sent(b);
         pool.unmark_sent(b);
@@ -568,7 +535,7 @@ mod tests {
     #[test]
     fn forged_receives_leave_the_pool_alone() {
         let pool = heap_pool(4);
-        let a = pool.try_lease().unwrap();
+        let a = pool.try_lease().unwrap().unwrap();
         pool.mark_sent(a);
         let g = a.generation as u64;
         let what = |r: Result<SlotRef, Corrupted>| r.unwrap_err().what;

@@ -3,26 +3,23 @@
 //!
 //! | file | what lives there |
 //! |---|---|
-//! | `lease.rs` | the lease protocol ([`PoolCore`]): slot records and free ring over any storage; [`AcquireError`] |
-//! | `segment.rs` | a pool in shared memory ([`PoolSegment`]): records, free ring, host slots |
-//! | `cuda.rs` | device pools (feature `cuda`): the allocation, the slots' IPC events, export and import; [`CudaError`] |
-//! | `pinned.rs` | pinned host pools (feature `cuda`): registration with CUDA, host functions that return slots in stream order |
-//! | `setup.rs` | where two processes' GPU work meets (feature `cuda`): a device's MPS state, `GpuPath` |
+//! | `lease.rs` | the lease protocol ([`PoolCore`]): slot records and free ring over any storage |
+//! | `segment.rs` | a pool in shared memory ([`PoolSegment`]): records, free ring, host slots, and the typed views of a device pool's handles |
+//! | `hold.rs` | a slot in a sender's or a receiver's hands ([`SlotLease`], [`SlotHold`]), given back on drop |
 //!
 //! A pool belongs to one sender; any receiver of its channel maps it on first sight and
-//! returns slots to it.
+//! returns slots to it. What a backend adds to a pool (device memory, a registration with
+//! CUDA) is the backend's, in `crate::cuda`: a pool carries nothing of it.
 
-pub(crate) mod cuda;
+#[cfg(not(loom))]
+mod hold;
 mod lease;
-#[cfg(all(feature = "cuda", not(loom)))]
-pub(crate) mod pinned;
 #[cfg(not(loom))]
 mod segment;
-#[cfg(all(feature = "cuda", not(loom)))]
-pub(crate) mod setup;
 
-pub use cuda::CudaError;
-pub use lease::{AcquireError, HeapPool, PoolCore, SlotRef, heap_pool};
+#[cfg(not(loom))]
+pub(crate) use hold::{SlotHold, SlotLease};
+pub use lease::{HeapPool, PoolCore, SlotRef, heap_pool};
 pub(crate) use lease::{Phase, phase};
 #[cfg(not(loom))]
-pub(crate) use segment::{PoolError, PoolSegment};
+pub(crate) use segment::{PoolSegment, PoolSegmentError};

@@ -1,6 +1,6 @@
 //! A pool in shared memory: the slot records and the free ring of [`PoolCore`], then the
-//! slots themselves (host pools) or the CUDA handles of a device allocation (device pools,
-//! whose part lives in `cuda.rs`). See [`PoolLayout`].
+//! slots themselves (host pools) or the CUDA handles of a device allocation (device pools:
+//! typed views of them here, the driver calls in `crate::cuda`). See [`PoolLayout`].
 //!
 //! The sender creates the segment; receivers open it. Its handles do not remove it when
 //! they drop: the sender marks it closed, and whoever sees it closed with every slot free
@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use super::lease::PoolCore;
 use crate::layout::{
-    BACKEND_CUDA, BACKEND_HOST, Corrupted, MpmcCell, PoolHeader, PoolLayout, SegmentKind,
-    SlotRecord,
+    BACKEND_CUDA, BACKEND_HOST, Corrupted, CudaPoolInfo, Mapping, MpmcCell, PoolHeader, PoolLayout,
+    PoolView, RingView, SegmentKind, SlotEvents, SlotRecord, view, view_slice,
 };
 use crate::liveness::{AttachError, Role};
 use crate::ring::{RingSegment, ShmStorage};
@@ -55,21 +55,10 @@ unsafe impl Sync for ShmRecords {}
 /// itself, or the receiver returning the last slot in flight) unlinks it.
 #[derive(Debug)]
 pub struct PoolSegment {
-    /// Host pools made with `pinned`: this mapping's registration with CUDA. First, so
-    /// that it goes before the mapping does.
-    #[cfg(feature = "cuda")]
-    pub(super) pinned: std::sync::OnceLock<super::pinned::Pinned>,
-    /// Slots whose return waits for a stream (`release_after`), made on first use.
-    #[cfg(feature = "cuda")]
-    pub(super) deferred: std::sync::OnceLock<Box<[super::pinned::Deferred]>>,
-    /// Where those returns' host functions run, made on first use.
-    #[cfg(feature = "cuda")]
-    pub(super) lane: std::sync::OnceLock<super::pinned::Lane>,
     pub(crate) core: PoolCore<ShmRecords, ShmStorage<MpmcCell<u32>>>,
-    pub(super) segment: Arc<Segment>,
-    pub(super) layout: PoolLayout,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by device pools
-    pub(super) backend: u32,
+    segment: Arc<Segment>,
+    layout: PoolLayout,
+    backend: u32,
     // Host backend only: slot 0's bytes.
     data: Option<NonNull<u8>>,
 }
@@ -94,14 +83,13 @@ impl PoolSegment {
         slot_count: u32,
         slot_size: u64,
         init: impl FnOnce(&Segment, &PoolLayout),
-    ) -> Result<Self, PoolError> {
+    ) -> Result<Self, PoolSegmentError> {
         let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
             .expect("pool parameters are checked when the channel is created or opened");
         let n = slot_count as usize;
         let segment = Segment::create(name, kind(backend), layout.total_size, false, |seg| {
-            // SAFETY: offsets from `layout`, which sized the segment; ours alone until
-            // `create` publishes it.
-            let header = unsafe { seg.at::<PoolHeader>(layout.header).as_ref() };
+            // Ours alone until `create` publishes it; `layout` sized the segment.
+            let header = PoolView::of(seg, &layout).expect("sized by its layout").header;
             // Relaxed: published by the Release store of `init` in `Segment::create`.
             header.slot_count.store(slot_count, Ordering::Relaxed);
             header.backend.store(backend, Ordering::Relaxed);
@@ -112,9 +100,8 @@ impl PoolSegment {
             RingSegment::init_in::<u32, MpmcCell<u32>>(seg, &layout.free_ring, |i| {
                 if i < n { MpmcCell::written(i as u64, i as u32) } else { MpmcCell::new(i as u64) }
             });
-            // SAFETY: as above.
-            let control =
-                unsafe { seg.at::<crate::layout::RingControl>(layout.free_ring.control).as_ref() };
+            let free_ring = RingView::at(seg, layout.free_ring.ring_header);
+            let control = free_ring.expect("sized by its layout").control;
             control.tail.store(n as u64, Ordering::Relaxed);
             init(seg, &layout);
             Ok::<_, ShmError>(())
@@ -130,7 +117,7 @@ impl PoolSegment {
         slot_count: u32,
         slot_size: u64,
         timeout: Duration,
-    ) -> Result<Self, PoolError> {
+    ) -> Result<Self, PoolSegmentError> {
         Self::open_as(name, backend, (slot_count, slot_size), timeout, true)
     }
 
@@ -148,10 +135,10 @@ impl PoolSegment {
         sender_dead: bool,
         exited: impl Fn(u32) -> bool,
         queued: impl Fn(u32, u32) -> bool,
-    ) -> Result<(), PoolError> {
+    ) -> Result<(), PoolSegmentError> {
         let params = (slot_count, slot_size);
         let pool = match Self::open_as(name, backend, params, Duration::ZERO, false) {
-            Err(PoolError::Segment(ShmError::NotFound { .. })) => return Ok(()),
+            Err(PoolSegmentError::Segment(ShmError::NotFound { .. })) => return Ok(()),
             opened => opened?,
         };
         if sender_dead && backend == BACKEND_CUDA {
@@ -170,18 +157,17 @@ impl PoolSegment {
         (slot_count, slot_size): (u32, u64),
         timeout: Duration,
         populate: bool,
-    ) -> Result<Self, PoolError> {
+    ) -> Result<Self, PoolSegmentError> {
         let segment = Segment::open(name, kind(backend), timeout)?;
         let layout = PoolLayout::for_backend(backend, slot_count, slot_size)
             .ok_or(Corrupted { what: "pool table entry holds impossible slot parameters" })?;
         if segment.len() != layout.total_size {
-            return Err(PoolError::Segment(ShmError::SizeMismatch {
+            return Err(PoolSegmentError::Segment(ShmError::SizeMismatch {
                 expected: layout.total_size as u64,
                 found: segment.len() as u64,
             }));
         }
-        // SAFETY: inside the mapping (its size equals the layout's); atomics only.
-        let header = unsafe { segment.at::<PoolHeader>(layout.header).as_ref() };
+        let header = PoolView::of(&segment, &layout).expect("its size is the layout's").header;
         // Relaxed: `Segment::open` synchronised with the creator through `init`.
         let found = (
             header.slot_count.load(Ordering::Relaxed),
@@ -208,29 +194,17 @@ impl PoolSegment {
         layout: PoolLayout,
         backend: u32,
         role: Role,
-    ) -> Result<Self, PoolError> {
-        // SAFETY: offsets from the layout that sized the segment (`at` checks bounds
-        // and alignment).
-        let records = unsafe { segment.at::<SlotRecord>(layout.records) };
+    ) -> Result<Self, PoolSegmentError> {
+        let records = view_slice::<SlotRecord>(&*segment, layout.records, layout.slot_count)
+            .expect("the layout sized the segment");
+        let records = NonNull::from(records).cast::<SlotRecord>();
         // SAFETY: as above; host pools end with their slots.
         let data = (backend == BACKEND_HOST).then(|| unsafe { segment.at::<u8>(layout.data) });
         let records =
             ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
         let ring = RingSegment::view(segment.clone(), layout.free_ring, true);
         let core = PoolCore::new(records, ring.attached_storage::<MpmcCell<u32>>(role)?)?;
-        Ok(Self {
-            #[cfg(feature = "cuda")]
-            pinned: std::sync::OnceLock::new(),
-            #[cfg(feature = "cuda")]
-            deferred: std::sync::OnceLock::new(),
-            #[cfg(feature = "cuda")]
-            lane: std::sync::OnceLock::new(),
-            core,
-            segment,
-            layout,
-            backend,
-            data,
-        })
+        Ok(Self { core, segment, layout, backend, data })
     }
 
     /// The bytes of slot `slot` (`slot < slot_count`, checked by the caller's lease).
@@ -245,32 +219,61 @@ impl PoolSegment {
         unsafe { data.add(self.layout.slot_offset(slot as usize) - self.layout.data) }
     }
 
-    /// Registers this mapping's slots with CUDA in `ctx`'s driver (a host pool; once per
-    /// mapping: a second call does nothing).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn pin(
-        &self,
-        ctx: &std::sync::Arc<super::cuda::CudaContext>,
-    ) -> Result<(), super::CudaError> {
-        if self.pinned.get().is_some() {
-            return Ok(());
-        }
-        let data = self.data.expect("only host pools are pinned");
-        // The whole pages from slot 0 to the end of the mapping: the segment's last page
-        // is mapped whole.
+    /// The host slots' pages, from slot 0 to the end of the mapping (whose last page is
+    /// mapped whole), and the mapping they are in: what registering a host pool with a
+    /// device driver covers.
+    ///
+    /// # Panics
+    ///
+    /// On a device pool.
+    pub(crate) fn slot_pages(&self) -> (NonNull<u8>, usize, &Arc<Segment>) {
+        let data = self.data.expect("host slots live in host pools only");
         let page = rustix::param::page_size();
         let len = (self.segment.len() - self.layout.data).next_multiple_of(page);
-        let pinned = super::pinned::Pinned::register(ctx, data.as_ptr(), len)?;
-        // Called on a mapping nobody shares yet (a sender's new pool, a receiver's first
-        // sight of one), so nobody else has set it meanwhile.
-        let _ = self.pinned.set(pinned);
-        Ok(())
+        (data, len, &self.segment)
     }
 
-    /// Whether this mapping's slots are registered with CUDA in this process.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn is_pinned(&self) -> bool {
-        self.pinned.get().is_some()
+    /// The whole mapping, its length rounded up to whole pages, and the offset in it of
+    /// slot 0's ready word (records are `size_of::<SlotRecord>()` apart): what a device
+    /// pool signalled by host ready flags registers with its driver.
+    pub(crate) fn mapping(&self) -> (NonNull<u8>, usize, usize, &Arc<Segment>) {
+        let base = Mapping::base(&*self.segment);
+        let len = self.segment.len().next_multiple_of(rustix::param::page_size());
+        let ready = self.layout.records + std::mem::offset_of!(SlotRecord, ready);
+        (base, len, ready, &self.segment)
+    }
+
+    /// Slot `slot`'s record (`slot` checked by the caller).
+    ///
+    /// # Panics
+    ///
+    /// On a slot out of range.
+    pub(crate) fn record(&self, slot: u32) -> &SlotRecord {
+        &self.core.records()[slot as usize]
+    }
+
+    /// Device pools: the allocation's handle and device.
+    ///
+    /// # Panics
+    ///
+    /// On a host pool.
+    pub(crate) fn cuda_info(&self) -> &CudaPoolInfo {
+        self.view().cuda_info.expect("a device pool")
+    }
+
+    /// Device pools: every slot's event handles.
+    ///
+    /// # Panics
+    ///
+    /// On a host pool.
+    pub(crate) fn slot_events(&self) -> &[SlotEvents] {
+        assert_eq!(self.backend, BACKEND_CUDA, "a device pool");
+        self.view().slot_events
+    }
+
+    /// The pool's layout (checked when the segment was made or opened).
+    pub(crate) fn layout(&self) -> &PoolLayout {
+        &self.layout
     }
 
     /// Usable bytes per slot.
@@ -284,15 +287,21 @@ impl PoolSegment {
     }
 
     /// The process that made the pool, as its header says (untrusted: a pid only).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // host-flag receives watch it
+    #[allow(dead_code)] // device pools' receives watch it
     pub(crate) fn owner_pid(&self) -> u32 {
         // Relaxed: written before the segment was published; a pid, nothing guarded.
         self.header().owner_pid.load(Ordering::Relaxed)
     }
 
     fn header(&self) -> &PoolHeader {
-        // SAFETY: offset from the checked layout; atomics only.
-        unsafe { self.segment.at::<PoolHeader>(self.layout.header).as_ref() }
+        view(&*self.segment, self.layout.header)
+            .expect("the layout was checked against the mapping")
+    }
+
+    /// The pool's structures, as the checked layout places them.
+    fn view(&self) -> PoolView<'_> {
+        PoolView::of(&*self.segment, &self.layout)
+            .expect("the layout was checked against the mapping")
     }
 
     /// The sender is gone: mark the pool closed, and unlink it if nothing is in flight.
@@ -316,7 +325,7 @@ impl PoolSegment {
     /// Whether the sender has given its slots in flight up for lost (see `retire`). Called
     /// after taking a slot, so that a retiring sender that then finds no slot held knows
     /// that no receiver reads.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[allow(dead_code)] // device pools' receives ask
     pub(crate) fn retired(&self) -> bool {
         // SeqCst fence: orders the caller's slot CAS before this load, against the SeqCst
         // store in `retire` followed by the sender's SeqCst loads in
@@ -338,7 +347,7 @@ impl PoolSegment {
 
 /// Why a pool segment could not be made or mapped.
 #[derive(Debug)]
-pub(crate) enum PoolError {
+pub enum PoolSegmentError {
     /// Creating or opening the segment failed.
     Segment(ShmError),
     /// Attaching to its free ring failed.
@@ -347,4 +356,4 @@ pub(crate) enum PoolError {
     Corrupted(Corrupted),
 }
 
-error_from!(PoolError { Segment(ShmError), Attach(AttachError), Corrupted(Corrupted) });
+error_from!(PoolSegmentError { Segment(ShmError), Attach(AttachError), Corrupted(Corrupted) });

@@ -17,20 +17,28 @@ pub enum TryPushError<T> {
     Corrupted(Corrupted),
 }
 
-/// Why a blocking [`push`](crate::SpscProducer::push) did not push.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PushError<T> {
-    /// The deadline passed with the ring still full; here is the value back.
-    Timeout(T),
-    /// The ring is full and every consumer that attached to it has left cleanly (named
-    /// rings; seen at once); here is the value back.
-    Disconnected(T),
-    /// The ring is full and every consumer that attached to it has died (named rings:
-    /// their liveness locks are gone); here is the value back.
-    PeerDead(T),
-    /// The ring's shared state is impossible.
-    Corrupted(Corrupted),
+wait_errors! {
+    generics [T] [T] [T];
+    derive(Debug, Clone, Copy, PartialEq, Eq);
+    /// Why a blocking [`push`](crate::SpscProducer::push) (and `push_async`) did not push.
+    base PushError;
+    /// Why [`push_timeout`](crate::SpscProducer::push_timeout) (and `push_deadline`) did
+    /// not push.
+    timeout PushTimeoutError {
+        /// The deadline passed with the ring still full; here is the value back.
+        Timeout(value: T) => f.write_str("timed out waiting for room in the ring")
+    }
+    fmt |f|;
+    variants {
+        /// The ring is full and every consumer that attached to it has left cleanly (named
+        /// rings; seen at once); here is the value back.
+        Disconnected(value: T) => f.write_str("the ring is full and every consumer has left");
+        /// The ring is full and every consumer that attached to it has died (named rings:
+        /// their liveness locks are gone); here is the value back.
+        PeerDead(value: T) => f.write_str("the ring is full and every consumer has died");
+        /// The ring's shared state is impossible.
+        Corrupted(c: Corrupted) => c.fmt(f);
+    }
 }
 
 /// Why [`try_pop`](crate::SpscConsumer::try_pop) returned nothing.
@@ -46,21 +54,30 @@ pub enum TryPopError {
     Corrupted(Corrupted),
 }
 
-/// Why a blocking [`pop`](crate::SpscConsumer::pop) returned nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PopError {
-    /// The deadline passed with the ring still empty.
-    Timeout,
-    /// Every producer that attached to the ring has left cleanly and everything they
-    /// published has been taken (named rings; seen at once). Not for ever: a producer that
-    /// attaches later may push again.
-    Disconnected,
-    /// Every producer that attached to the ring has died, and everything they published
-    /// has been taken (named rings: their liveness locks are gone).
-    PeerDead,
-    /// The ring's shared state is impossible.
-    Corrupted(Corrupted),
+wait_errors! {
+    generics [] [] [];
+    derive(Debug, Clone, Copy, PartialEq, Eq);
+    /// Why a blocking [`pop`](crate::SpscConsumer::pop) (and `pop_async`, `iter`) returned
+    /// nothing.
+    base PopError;
+    /// Why [`pop_timeout`](crate::SpscConsumer::pop_timeout) (and `pop_deadline`) returned
+    /// nothing.
+    timeout PopTimeoutError {
+        /// The deadline passed with the ring still empty.
+        Timeout => f.write_str("timed out waiting for an element")
+    }
+    fmt |f|;
+    variants {
+        /// Every producer that attached to the ring has left cleanly and everything they
+        /// published has been taken (named rings; seen at once). Not for ever: a producer
+        /// that attaches later may push again.
+        Disconnected => f.write_str("every producer of the ring has left (all it published was taken)");
+        /// Every producer that attached to the ring has died, and everything they
+        /// published has been taken (named rings: their liveness locks are gone).
+        PeerDead => f.write_str("every producer of the ring has died (all it published was taken)");
+        /// The ring's shared state is impossible.
+        Corrupted(c: Corrupted) => c.fmt(f);
+    }
 }
 
 macro_rules! display_errors {
@@ -80,12 +97,6 @@ display_errors! {
         TryPopError::Disconnected => f.write_str("ring is empty and every producer has left"),
         TryPopError::Corrupted(c) => c.fmt(f),
     };
-    PopError => |s, f| match s {
-        PopError::Timeout => f.write_str("timed out waiting for a message"),
-        PopError::Disconnected => f.write_str("every producer of the ring has left (all it published was taken)"),
-        PopError::PeerDead => f.write_str("every producer of the ring has died (all it published was taken)"),
-        PopError::Corrupted(c) => c.fmt(f),
-    };
 }
 
 impl<T> core::fmt::Display for TryPushError<T> {
@@ -100,53 +111,49 @@ impl<T> core::fmt::Display for TryPushError<T> {
     }
 }
 
-impl<T> core::fmt::Display for PushError<T> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            PushError::Timeout(_) => f.write_str("timed out waiting for room in the ring"),
-            PushError::Disconnected(_) => {
-                f.write_str("the ring is full and every consumer has left")
-            }
-            PushError::PeerDead(_) => f.write_str("the ring is full and every consumer has died"),
-            PushError::Corrupted(c) => c.fmt(f),
-        }
-    }
-}
-
 impl<T: core::fmt::Debug> std::error::Error for TryPushError<T> {}
-impl<T: core::fmt::Debug> std::error::Error for PushError<T> {}
 impl std::error::Error for TryPopError {}
-impl std::error::Error for PopError {}
 
 impl<T> PushError<T> {
     /// The same error, carrying `f` of what it carries.
     #[cfg_attr(not(feature = "async"), allow(dead_code))]
     pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> PushError<U> {
         match self {
-            PushError::Timeout(v) => PushError::Timeout(f(v)),
             PushError::Disconnected(v) => PushError::Disconnected(f(v)),
             PushError::PeerDead(v) => PushError::PeerDead(f(v)),
             PushError::Corrupted(c) => PushError::Corrupted(c),
         }
     }
+}
+
+impl<T> PushTimeoutError<T> {
+    /// The same error, carrying `f` of what it carries.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> PushTimeoutError<U> {
+        match self {
+            PushTimeoutError::Timeout(v) => PushTimeoutError::Timeout(f(v)),
+            PushTimeoutError::Disconnected(v) => PushTimeoutError::Disconnected(f(v)),
+            PushTimeoutError::PeerDead(v) => PushTimeoutError::PeerDead(f(v)),
+            PushTimeoutError::Corrupted(c) => PushTimeoutError::Corrupted(c),
+        }
+    }
 
     pub(crate) fn from_blocked(blocked: Blocked, value: T) -> Self {
         match blocked {
-            Blocked::Timeout => PushError::Timeout(value),
-            Blocked::Disconnected => PushError::Disconnected(value),
-            Blocked::PeerDead => PushError::PeerDead(value),
-            Blocked::Corrupted(c) => PushError::Corrupted(c),
+            Blocked::Timeout => PushTimeoutError::Timeout(value),
+            Blocked::Disconnected => PushTimeoutError::Disconnected(value),
+            Blocked::PeerDead => PushTimeoutError::PeerDead(value),
+            Blocked::Corrupted(c) => PushTimeoutError::Corrupted(c),
         }
     }
 }
 
-impl From<Blocked> for PopError {
+impl From<Blocked> for PopTimeoutError {
     fn from(blocked: Blocked) -> Self {
         match blocked {
-            Blocked::Timeout => PopError::Timeout,
-            Blocked::Disconnected => PopError::Disconnected,
-            Blocked::PeerDead => PopError::PeerDead,
-            Blocked::Corrupted(c) => PopError::Corrupted(c),
+            Blocked::Timeout => PopTimeoutError::Timeout,
+            Blocked::Disconnected => PopTimeoutError::Disconnected,
+            Blocked::PeerDead => PopTimeoutError::PeerDead,
+            Blocked::Corrupted(c) => PopTimeoutError::Corrupted(c),
         }
     }
 }

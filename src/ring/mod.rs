@@ -8,6 +8,7 @@
 //! | `error.rs` | the errors of pushes and pops |
 //! | `spsc.rs` | single producer, single consumer (Lamport's ring, cached peer positions) |
 //! | `mpmc.rs` | bounded MPMC with a stamp per cell (as crossbeam's `ArrayQueue`), claimed in runs |
+//! | `runs.rs` | MPMC runs: the cells ready in a row for one side, claimed with one compare-and-swap |
 //! | `slices.rs` | pushing and popping many elements at once, on both |
 //! | `repair.rs` | MPMC cells whose winner died: skipped (producers) or adopted (consumers), and the consumer's wait that adopts |
 //! | `placed.rs` | a ring inside a mapped segment: [`ShmStorage`], creating and checking one |
@@ -35,12 +36,15 @@ pub mod mpmc;
 #[cfg(not(loom))]
 mod placed;
 mod repair;
+mod runs;
 mod slices;
 pub mod spsc;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-pub use error::{PopError, PushError, TryPopError, TryPushError};
+pub use error::{
+    PopError, PopTimeoutError, PushError, PushTimeoutError, TryPopError, TryPushError,
+};
 #[cfg(not(loom))]
 pub(crate) use placed::{RingSegment, ShmStorage};
 pub use repair::repair;

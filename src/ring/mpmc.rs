@@ -19,7 +19,7 @@
 //! [`Corrupted`]; so is a position at or above 2^62 (the stamps' flag bits).
 //!
 //! An endpoint that wins a cell and dies before stamping it would stall the ring there for
-//! ever. Each endpoint records every run it wins in its [`Claims`] line, right after the
+//! ever. Each endpoint records every run it wins in its `Claims` line, right after the
 //! winning CAS and before touching the cells, so that a blocked endpoint can tell such
 //! cells and repair them at its liveness ticks: `repair.rs`.
 
@@ -27,16 +27,14 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use super::repair::{REPAIR_SCAN, repair};
+use super::repair::repair;
 use super::{
-    Hint, Hints, PopError, PushError, Storage, TryPopError, TryPushError, cache_hint, cell_at,
-    peers_gone, peers_left, wait_for,
+    Hint, Hints, PopTimeoutError, PushTimeoutError, Storage, TryPopError, TryPushError, cache_hint,
+    cell_at, peers_gone, peers_left, wait_for,
 };
-use crate::layout::{
-    Claims, Corrupted, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED,
-};
-use crate::liveness::{Blocked, Role, Tick, Watch};
-use crate::sync::{AtomicU64, Ordering, spin_hint};
+use crate::layout::{Corrupted, MpmcCell, STAMP_FLAGS};
+use crate::liveness::{Blocked, Role, Tick};
+use crate::sync::Ordering;
 use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
 
 /// An in-process MPMC ring of `capacity` elements (a power of two) on the heap. Clone the
@@ -143,173 +141,8 @@ fn queued<S: Storage>(storage: &S, capacity: u64) -> Option<usize> {
     })?
 }
 
-/// The longest run of cells one push or pop claims with one compare-and-swap (a slice
-/// longer than this moves in several runs). No longer than the span one repair looks at,
-/// so that one liveness tick repairs the whole run of an endpoint that died holding it.
-pub const MAX_RUN: usize = 64;
-const _: () = assert!(MAX_RUN as u64 <= REPAIR_SCAN);
-const _: () = assert!(MAX_RUN as u64 <= MAX_CLAIM_RUN);
-
-/// Which side of the ring a run is claimed for.
-#[derive(Clone, Copy)]
-enum Turn {
-    /// Producers: a cell is ready at `p` when its stamp is `p` (free, no flag).
-    Write,
-    /// Consumers: a cell is ready at `p` when its stamp is `p + 1` (written or skipped).
-    Read,
-}
-
-/// A run of cells claimed (or found ready) from `first`: `n` cells; bit `i` of `skipped`
-/// set when the cell at `first + i` is stamped skipped (consumers only: its producer died
-/// before writing it). `n` ≤ [`MAX_RUN`] = 64, so the mask fits.
-#[derive(Clone, Copy)]
-struct Claimed {
-    first: u64,
-    n: u64,
-    skipped: u64,
-}
-
-/// What a look at the cells from a position found.
-enum Run {
-    /// The first `n` (≥ 1) cells are ready for this side; bit `i` of the mask: the cell at
-    /// `pos + i` is stamped skipped.
-    Ready(u64, u64),
-    /// The first cell is not ready yet: the ring is full (producers) or empty (consumers).
-    Wait,
-    /// The first cell was already taken by another endpoint: the position counter has moved
-    /// on, to this.
-    Moved(u64),
-}
-
-/// Looks at up to `want` cells from `pos` (which the caller read from its side's position
-/// counter) and says how many in a row are ready for `turn`. Each stamp is read with
-/// Acquire: pairs with the Release stamp store of the other side (a consumer's free, read
-/// by producers, orders its read of the old element before our write; a producer's
-/// publish, read by consumers, makes the element visible), or of a repairer or adopter.
-#[inline(always)]
-fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
-    storage: &S,
-    capacity: u64,
-    counter: &AtomicU64,
-    pos: u64,
-    want: u64,
-    turn: Turn,
-) -> Result<Run, Corrupted> {
-    let (offset, bad_flags, flagged, behind, ahead) = match turn {
-        Turn::Write => (
-            0,
-            STAMP_FLAGS,
-            "flagged stamp on a cell free for a producer",
-            "cell stamp more than one lap behind tail",
-            "cell stamp ahead of tail",
-        ),
-        Turn::Read => (
-            1,
-            STAMP_ADOPTED,
-            "adopted stamp on a cell not yet taken",
-            "cell stamp more than one lap behind head",
-            "cell stamp ahead of head",
-        ),
-    };
-    let mut n = 0;
-    let mut skipped = 0;
-    while n < want {
-        let at = pos.wrapping_add(n);
-        // Acquire: see above.
-        let raw = cell_at(storage, capacity, at).stamp.load(Ordering::Acquire);
-        let lag = (raw & !STAMP_FLAGS).wrapping_sub(at.wrapping_add(offset)) as i64;
-        if lag == 0 {
-            if raw & bad_flags != 0 {
-                return Err(Corrupted { what: flagged });
-            }
-            // Producers never get here with the flag (it is in `bad_flags`).
-            skipped |= u64::from(raw & STAMP_SKIPPED != 0) << n;
-            n += 1;
-        } else if lag < -(capacity as i64) {
-            return Err(Corrupted { what: behind });
-        } else if n > 0 {
-            // The run ends here (not yet ready, or already taken: the CAS will tell).
-            break;
-        } else if lag < 0 {
-            // Producers: the cell still holds the previous lap's element (stamp p - capacity
-            // + 1), or that lap's producer has won it and not yet written it (p - capacity).
-            // Consumers: not yet written for this lap (stamp p), or the previous lap's
-            // consumer has won it and not yet freed it (p - capacity + 1).
-            return Ok(Run::Wait);
-        } else {
-            // Another endpoint of this side won `pos` and already stamped it, so the
-            // counter has moved on. Acquire: as the first load in `claim_run`.
-            let current = counter.load(Ordering::Acquire);
-            if current == pos {
-                // The Acquire stamp load above saw a store made after the counter passed
-                // `pos`, so it cannot still read `pos`: the stamp is forged.
-                return Err(Corrupted { what: ahead });
-            }
-            return Ok(Run::Moved(current));
-        }
-    }
-    Ok(Run::Ready(n, skipped))
-}
-
-/// Claims a run of up to `want` (≥ 1) cells ready for `turn` from the side's position
-/// counter, records it in the endpoint's claim line, and returns it; `None` when the first
-/// cell is not ready (full / empty).
-#[inline(always)]
-fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
-    storage: &S,
-    capacity: u64,
-    want: u64,
-    turn: Turn,
-) -> Result<Option<Claimed>, Corrupted> {
-    let control = storage.control();
-    let counter = match turn {
-        Turn::Write => &control.tail,
-        Turn::Read => &control.head,
-    };
-    // Acquire: pairs with the Release CAS of the endpoint that moved the counter here (a
-    // release sequence: every earlier winner's CAS too). So whatever each winner saw of its
-    // cells before winning, this endpoint sees as well, and a stamp more than a lap behind
-    // the position read here is truly impossible, never a stale view (`ready_run`).
-    let mut pos = counter.load(Ordering::Acquire);
-    loop {
-        let (n, skipped) = match ready_run(storage, capacity, counter, pos, want, turn)? {
-            Run::Ready(n, skipped) => (n, skipped),
-            Run::Wait => return Ok(None),
-            Run::Moved(current) => {
-                pos = current;
-                spin_hint();
-                continue;
-            }
-        };
-        // Ownership of the cells is handed over by their stamps, not by the counter. A
-        // cell of the run cannot change under us before the CAS: only the winner of its
-        // position (which moves the counter past it, failing our CAS) or a repair of a cell
-        // of an earlier, dead winner (never a ready one) touches it. Release on success,
-        // Acquire on failure: pairs with the counter loads above and in `ready_run` (the
-        // stamps this endpoint read before winning are visible to whoever reads the new
-        // position).
-        match counter.compare_exchange_weak(
-            pos,
-            pos.wrapping_add(n),
-            Ordering::Release,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => {
-                if let Some(claims) = storage.watch().claims() {
-                    let line = match turn {
-                        Turn::Write => &claims.push,
-                        Turn::Read => &claims.pop,
-                    };
-                    // Relaxed: read only by a repairer after this process died (its
-                    // liveness lock gone); nothing is published through it.
-                    line.store(Claims::word(pos, n), Ordering::Relaxed);
-                }
-                return Ok(Some(Claimed { first: pos, n, skipped }));
-            }
-            Err(current) => pos = current,
-        }
-    }
-}
+pub use super::runs::MAX_RUN;
+use super::runs::{Claimed, Turn, claim_run};
 
 /// Pushes up to [`MAX_RUN`] of `values` (from the front) into the run of free cells at
 /// `tail`, with one compare-and-swap. Returns how many (0: full).
@@ -444,10 +277,14 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     }
 
     /// Pushes `value`, waiting for room as the [`WaitPolicy`] says until `deadline`.
-    pub(crate) fn push_until(&self, value: T, deadline: Deadline) -> Result<(), PushError<T>> {
+    pub(crate) fn push_until(
+        &self,
+        value: T,
+        deadline: Deadline,
+    ) -> Result<(), PushTimeoutError<T>> {
         self.push_some_until(std::slice::from_ref(&value), deadline)
             .map(drop)
-            .map_err(|b| PushError::from_blocked(b, value))
+            .map_err(|b| PushTimeoutError::from_blocked(b, value))
     }
 
     /// Pushes one run of `values` (at least one element), waiting for room as the
@@ -558,12 +395,12 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         &self,
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
-    ) -> Result<R, PopError> {
+    ) -> Result<R, PopTimeoutError> {
         self.pop_then_ticking(deadline, then, || Ok(false))
     }
 
     /// Pops the oldest element, waiting for one until `deadline`.
-    pub(crate) fn pop_until(&self, deadline: Deadline) -> Result<T, PopError> {
+    pub(crate) fn pop_until(&self, deadline: Deadline) -> Result<T, PopTimeoutError> {
         self.pop_then_until(deadline, |v| v)
     }
 

@@ -30,7 +30,6 @@ pub(crate) struct ShmStorage<C> {
     /// The close count of the segment at which this endpoint's async waits last probed
     /// their peers and found nothing (`u64::MAX`: never); shared by clones, which play the
     /// same role.
-    #[cfg(feature = "async")]
     clear_at: Arc<std::sync::atomic::AtomicU64>,
     _cell: PhantomData<C>,
 }
@@ -40,7 +39,6 @@ impl<C> Clone for ShmStorage<C> {
         Self {
             ring: self.ring.clone(),
             attachment: self.attachment.clone(),
-            #[cfg(feature = "async")]
             clear_at: self.clear_at.clone(),
             _cell: PhantomData,
         }
@@ -70,9 +68,8 @@ unsafe impl<C> Storage for ShmStorage<C> {
     }
 }
 
-#[cfg(feature = "async")]
 impl<C> ShmStorage<C> {
-    /// Where an async wait of the endpoint playing `me` parks: the word its blocking form
+    /// Where an async wait (or a select) of the endpoint playing `me` parks: the word its blocking form
     /// sleeps on (producers on `not_full`, consumers on `not_empty`), kept mapped by the
     /// ring's segment, whose closes tell of peers that may have died.
     pub(crate) fn park(&self, me: Role) -> crate::wait::reactor::Park {
@@ -271,7 +268,6 @@ impl RingSegment {
         ShmStorage {
             ring: self.clone(),
             attachment: Arc::new(attachment),
-            #[cfg(feature = "async")]
             clear_at: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
             _cell: PhantomData,
         }

@@ -28,7 +28,7 @@
 use bytemuck::Pod;
 
 use super::mpmc::{Consumer, Producer, try_pop_in};
-use super::{PopError, Storage, cell_at, wait_for};
+use super::{PopTimeoutError, Storage, cell_at, wait_for};
 use crate::layout::{Claims, Corrupted, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
 use crate::liveness::{Blocked, Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering};
@@ -195,7 +195,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
         mut tick: impl FnMut() -> Result<bool, Blocked>,
-    ) -> Result<R, PopError> {
+    ) -> Result<R, PopTimeoutError> {
         // `then` runs once: only a successful pop or adoption calls it, and that ends the
         // wait.
         let then = std::cell::Cell::new(Some(then));
@@ -238,13 +238,13 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         deadline: Deadline,
         attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
         mut adopt: impl FnMut() -> Tick<R>,
-    ) -> Result<R, PopError> {
+    ) -> Result<R, PopTimeoutError> {
         let on_tick = || {
             repair(&self.storage);
             adopt()
         };
         wait_for(&self.storage, Role::Consumer, self.policy, deadline, attempt, on_tick)
-            .map_err(PopError::from)
+            .map_err(PopTimeoutError::from)
     }
 
     /// Takes the element of a cell whose consumer died before freeing it, running `then`

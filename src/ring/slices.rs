@@ -13,7 +13,7 @@ use bytemuck::Pod;
 use super::mpmc::{self, MAX_RUN, fill};
 use super::repair::try_adopt_in;
 use super::spsc::{self, Local};
-use super::{Hint, PopError, PushError, Storage, cache_hint, cell_at, wait_for};
+use super::{Hint, PopTimeoutError, PushTimeoutError, Storage, cache_hint, cell_at, wait_for};
 use crate::layout::{Corrupted, MpmcCell, SpscCell};
 use crate::liveness::{Blocked, Role, Tick};
 use crate::sync::Ordering;
@@ -94,10 +94,10 @@ fn try_pop_into_in<T: Pod, S: Storage<Cell = SpscCell<T>>>(
 fn push_all<T>(
     values: &[T],
     mut run: impl FnMut(&[T]) -> Result<usize, Blocked>,
-) -> Result<(), PushError<usize>> {
+) -> Result<(), PushTimeoutError<usize>> {
     let mut done = 0;
     while done < values.len() {
-        done += run(&values[done..]).map_err(|b| PushError::from_blocked(b, done))?;
+        done += run(&values[done..]).map_err(|b| PushTimeoutError::from_blocked(b, done))?;
     }
     Ok(())
 }
@@ -124,7 +124,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> spsc::Producer<T, S> {
         &mut self,
         values: &[T],
         deadline: Deadline,
-    ) -> Result<(), PushError<usize>> {
+    ) -> Result<(), PushTimeoutError<usize>> {
         push_all(values, |rest| self.push_some_until(rest, deadline))
     }
 
@@ -164,14 +164,14 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> spsc::Consumer<T, S> {
         &mut self,
         out: &mut [T],
         deadline: Deadline,
-    ) -> Result<usize, PopError> {
+    ) -> Result<usize, PopTimeoutError> {
         if out.is_empty() {
             return Ok(0);
         }
         let Self { storage, local, policy, .. } = self;
         let attempt = || try_pop_into_in(storage, local, out).map(|n| (n > 0).then_some(n));
         wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
-            .map_err(PopError::from)
+            .map_err(PopTimeoutError::from)
     }
 }
 
@@ -199,7 +199,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> mpmc::Producer<T, S> {
         &self,
         values: &[T],
         deadline: Deadline,
-    ) -> Result<(), PushError<usize>> {
+    ) -> Result<(), PushTimeoutError<usize>> {
         push_all(values, |rest| self.push_some_until(rest, deadline))
     }
 }
@@ -229,7 +229,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> mpmc::Consumer<T, S> {
         &self,
         out: &mut [T],
         deadline: Deadline,
-    ) -> Result<usize, PopError> {
+    ) -> Result<usize, PopTimeoutError> {
         if out.is_empty() {
             return Ok(0);
         }

@@ -14,8 +14,8 @@ use std::marker::PhantomData;
 use bytemuck::Pod;
 
 use super::{
-    Hint, Hints, PopError, PushError, Storage, TryPopError, TryPushError, cache_hint, cell_at,
-    peers_gone, peers_left, wait_for,
+    Hint, Hints, PopTimeoutError, PushTimeoutError, Storage, TryPopError, TryPushError, cache_hint,
+    cell_at, peers_gone, peers_left, wait_for,
 };
 use crate::layout::{Corrupted, SpscCell};
 use crate::liveness::{Blocked, Role, Tick};
@@ -249,11 +249,15 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     }
 
     /// Pushes `value`, waiting for room as the [`WaitPolicy`] says until `deadline`.
-    pub(crate) fn push_until(&mut self, value: T, deadline: Deadline) -> Result<(), PushError<T>> {
+    pub(crate) fn push_until(
+        &mut self,
+        value: T,
+        deadline: Deadline,
+    ) -> Result<(), PushTimeoutError<T>> {
         let Self { storage, local, policy, .. } = self;
         let attempt = || try_push_in(storage, local, value).map(Some).or_else(push_retry);
         wait_for(&*storage, Role::Producer, *policy, deadline, attempt, || Tick::Idle)
-            .map_err(|b| PushError::from_blocked(b, value))
+            .map_err(|b| PushTimeoutError::from_blocked(b, value))
     }
 
     /// Sets how blocking pushes wait.
@@ -372,7 +376,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
         &mut self,
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
-    ) -> Result<R, PopError> {
+    ) -> Result<R, PopTimeoutError> {
         let Self { storage, local, policy, .. } = self;
         let mut then = Some(then);
         // `then` runs once: only a successful pop calls it, and that ends the wait.
@@ -380,12 +384,12 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
             try_pop_in(storage, local, |v| then.take().map(|f| f(v))).map(Some).or_else(pop_retry)
         };
         wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
-            .map_err(PopError::from)
+            .map_err(PopTimeoutError::from)
             .map(|r| r.expect("then runs on the one successful pop"))
     }
 
     /// Pops the oldest element, waiting for one until `deadline`.
-    pub(crate) fn pop_until(&mut self, deadline: Deadline) -> Result<T, PopError> {
+    pub(crate) fn pop_until(&mut self, deadline: Deadline) -> Result<T, PopTimeoutError> {
         self.pop_then_until(deadline, |v| v)
     }
 

@@ -5,7 +5,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::mpmc::MAX_RUN;
-use super::{Heap, PopError, PushError, Storage, TryPopError, TryPushError, mpmc, spsc};
+use super::{
+    Heap, PopTimeoutError, PushTimeoutError, Storage, TryPopError, TryPushError, mpmc, spsc,
+};
 use crate::layout::{Corrupted, MpmcCell, SpscCell};
 use crate::sync::Ordering;
 use crate::wait::Deadline;
@@ -91,7 +93,7 @@ fn spsc_slices_fifo_across_laps_and_partial_batches() {
     assert_eq!(rx.pop_into_until(&mut out, ms(1)), Ok(5));
     tx.push_slice_until(&[1, 2, 3, 4, 5], Deadline::Never).unwrap();
     assert_eq!(rx.pop_into_until(&mut [0; 16], Deadline::Never), Ok(8));
-    assert_eq!(rx.pop_into_until(&mut out, ms(1)), Err(PopError::Timeout));
+    assert_eq!(rx.pop_into_until(&mut out, ms(1)), Err(PopTimeoutError::Timeout));
 }
 
 #[test]
@@ -109,10 +111,10 @@ fn spsc_pop_then_runs_before_the_element_leaves_the_ring() {
     assert!(!tx.any_queued(|&x| x == 1), "gone once `then` returned");
     assert!(tx.any_queued(|&x| x == 2));
     assert_eq!(rx.pop_then_until(ms(5), |v| v + 1), Ok(3));
-    assert_eq!(rx.pop_then_until(ms(5), |v| v), Err(PopError::Timeout));
+    assert_eq!(rx.pop_then_until(ms(5), |v| v), Err(PopTimeoutError::Timeout));
     assert_eq!(
         rx.pop_then_until(Deadline::Now, |_| unreachable!("not called when empty")),
-        Err::<(), _>(PopError::Timeout)
+        Err::<(), _>(PopTimeoutError::Timeout)
     );
 }
 
@@ -134,9 +136,9 @@ fn spsc_full_gives_the_value_back_and_empty_is_empty() {
 fn spsc_timeouts_hand_the_value_back() {
     let (mut tx, mut rx) = spsc::with_capacity::<u8>(1);
     tx.try_push(1).unwrap();
-    assert_eq!(tx.push_until(2, ms(5)), Err(PushError::Timeout(2)));
+    assert_eq!(tx.push_until(2, ms(5)), Err(PushTimeoutError::Timeout(2)));
     assert_eq!(rx.pop_until(ms(5)), Ok(1));
-    assert_eq!(rx.pop_until(ms(5)), Err(PopError::Timeout));
+    assert_eq!(rx.pop_until(ms(5)), Err(PopTimeoutError::Timeout));
 }
 
 #[test]
@@ -169,7 +171,7 @@ fn spsc_scribbled_positions_are_corrupted_not_a_panic() {
     rx.try_pop().unwrap();
     storage.control().tail.store(1 << 40, Ordering::Relaxed);
     assert!(matches!(rx.try_pop(), Err(TryPopError::Corrupted(_))));
-    assert!(matches!(rx.pop_until(ms(0)), Err(PopError::Corrupted(_))));
+    assert!(matches!(rx.pop_until(ms(0)), Err(PopTimeoutError::Corrupted(_))));
 }
 
 #[test]
@@ -352,7 +354,7 @@ fn mpmc_runs_stop_at_the_ring_edges_and_at_max_run() {
     assert_eq!(rx.try_pop_into(&mut out), Ok(1));
     assert_eq!(out[0], 4);
     assert_eq!(rx.try_pop_into(&mut out), Ok(0));
-    assert_eq!(rx.pop_into_until(&mut out, ms(1)), Err(PopError::Timeout));
+    assert_eq!(rx.pop_into_until(&mut out, ms(1)), Err(PopTimeoutError::Timeout));
 
     let (tx, rx) = mpmc::with_capacity::<u64>(256);
     let values: Vec<u64> = (0..200).collect();

@@ -30,6 +30,7 @@
 //! | file | what lives there |
 //! |---|---|
 //! | `mod.rs` | [`Segment`]: create, open, map |
+//! | `map.rs` | the system calls under create and open: `shm_open`'s errors, `mmap`, undoing a half-made object |
 //! | `presence.rs` | who has a segment open; the last one out removes it |
 //! | `space.rs` | whether `/dev/shm` can hold a segment, and reserving it |
 //! | `error.rs` | [`ShmError`] |
@@ -46,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::Mode;
 use rustix::io::Errno;
-use rustix::mm::{Advice, MapFlags, ProtFlags};
+use rustix::mm::Advice;
 use rustix::shm;
 
 use crate::layout::{Corrupted, INIT_READY, LAYOUT_VERSION, MAGIC, SegmentHeader, SegmentKind};
@@ -54,6 +55,7 @@ use crate::sync::Ordering;
 
 mod error;
 mod lock;
+mod map;
 mod options;
 mod presence;
 mod space;
@@ -62,6 +64,8 @@ pub use error::ShmError;
 use error::io_err;
 pub(crate) use lock::presence_held;
 use lock::{PRESENCE_BYTE, held_elsewhere, lock_byte, lock_byte_shared, unlock_byte};
+use map::map_object;
+use map::{OpenTry, UnlinkOnError, open_error};
 pub use options::DEFAULT_OPEN_TIMEOUT;
 pub(crate) use options::{SegmentOptions, segment_options};
 pub(crate) use presence::{LastOut, Removal};
@@ -118,8 +122,8 @@ pub struct Segment {
     last_out: Option<LastOut>,
     /// The SIGBUS guard of the mapping (`None` when the guard table is full).
     guard: Option<crate::bus_guard::Guard>,
-    /// The inotify watch of the object's closes, made for the first async wait on it.
-    #[cfg(feature = "async")]
+    /// The inotify watch of the object's closes, made for the first async wait or select
+    /// on it.
     closes: std::sync::OnceLock<std::sync::Arc<crate::wait::reactor::Closes>>,
 }
 
@@ -137,28 +141,14 @@ unsafe impl Send for Segment {}
 // access the ring protocol governs.
 unsafe impl Sync for Segment {}
 
-/// Unlinks a half-made object if creation fails before a `Segment` owns it.
-struct UnlinkOnError<'a>(Option<&'a CString>);
-
-impl Drop for UnlinkOnError<'_> {
-    fn drop(&mut self) {
-        if let Some(name) = self.0 {
-            let _ = shm::unlink(name.as_c_str());
-        }
+// SAFETY: `base..base + len` is the mapping made in `map_object` (page-aligned by mmap),
+// unmapped only when the segment drops; neither field changes.
+unsafe impl crate::layout::Mapping for Segment {
+    fn base(&self) -> NonNull<u8> {
+        self.base
     }
-}
-
-/// Why one try at opening a name did not give a segment.
-enum OpenTry {
-    /// No object of that name (yet), or the one found was removed: look again.
-    Missing,
-    /// A final error.
-    Failed(ShmError),
-}
-
-impl From<ShmError> for OpenTry {
-    fn from(e: ShmError) -> Self {
-        OpenTry::Failed(e)
+    fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -228,7 +218,7 @@ impl Segment {
         rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(io_err("fchmod"))?;
         rustix::fs::ftruncate(&fd, size as u64).map_err(io_err("ftruncate"))?;
         space::reserve(&fd, size as u64)?;
-        let base = map(&fd, size, true)?;
+        let base = map_object(&fd, size, true)?;
         guard.0 = None; // from here the Segment's Drop unlinks
         drop(guard);
         let guard = crate::bus_guard::register(base.as_ptr(), size);
@@ -238,7 +228,6 @@ impl Segment {
             len: size,
             fd,
             unlink_on_drop: true,
-            #[cfg(feature = "async")]
             closes: std::sync::OnceLock::new(),
             last_out: None,
             guard,
@@ -359,7 +348,7 @@ impl Segment {
         // Not populated: the size is only the object's own claim so far, and a forged
         // sparse object must not commit its pages before the caller has checked it
         // against what its header implies (`populate`).
-        let base = map(&fd, len, false)?;
+        let base = map_object(&fd, len, false)?;
         let guard = crate::bus_guard::register(base.as_ptr(), len);
         let segment = Segment {
             name: cname.clone(),
@@ -367,7 +356,6 @@ impl Segment {
             len,
             fd,
             unlink_on_drop: false,
-            #[cfg(feature = "async")]
             closes: std::sync::OnceLock::new(),
             last_out: None,
             guard,
@@ -437,9 +425,8 @@ impl Segment {
         };
     }
 
-    /// The closes of the object, by any process (how async waits learn that a peer may
-    /// have died): watched from the first call on.
-    #[cfg(feature = "async")]
+    /// The closes of the object, by any process (how async waits and selects learn that a
+    /// peer may have died): watched from the first call on.
     pub(crate) fn closes(&self) -> &std::sync::Arc<crate::wait::reactor::Closes> {
         use std::os::fd::AsFd;
         self.closes.get_or_init(|| crate::wait::reactor::Closes::watch(self.fd.as_fd()))
@@ -502,9 +489,7 @@ impl Segment {
 
     /// The segment header.
     pub fn header(&self) -> &SegmentHeader {
-        // SAFETY: the mapping is at least a header long (checked in create/open), page
-        // aligned (mmap), and SegmentHeader is all atomics, valid for any bytes.
-        unsafe { self.base.cast::<SegmentHeader>().as_ref() }
+        crate::layout::header(self)
     }
 
     /// A reference to the `U` at `offset`.
@@ -558,40 +543,6 @@ impl Segment {
             e => io_err("shm_unlink")(e),
         })
     }
-}
-
-/// What a failed `shm_open` of object `name` means.
-fn open_error(e: Errno, name: &str) -> ShmError {
-    let name = name.to_owned();
-    match e {
-        Errno::EXIST => ShmError::AlreadyExists { name },
-        Errno::NOENT => ShmError::NotFound { name },
-        Errno::ACCESS => {
-            ShmError::PermissionDenied { name, reason: "the kernel refused access (EACCES)".into() }
-        }
-        e => io_err("shm_open")(e),
-    }
-}
-
-fn map(fd: &OwnedFd, len: usize, populate: bool) -> Result<NonNull<u8>, ShmError> {
-    // POPULATE pre-faults the pages so the hot path takes no page fault (openers populate
-    // later, once the size is checked: `Segment::populate`).
-    let flags = if populate { MapFlags::SHARED | MapFlags::POPULATE } else { MapFlags::SHARED };
-    // SAFETY: a fresh shared mapping of `len` bytes of `fd` at an address of the kernel's
-    // choosing; it aliases nothing in this process.
-    let p = unsafe {
-        rustix::mm::mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ | ProtFlags::WRITE,
-            flags,
-            fd,
-            0,
-        )
-    }
-    .map_err(io_err("mmap"))?;
-    NonNull::new(p.cast())
-        .ok_or(ShmError::Io { op: "mmap", source: io::Error::other("mmap returned null") })
 }
 
 impl Drop for Segment {

@@ -30,7 +30,7 @@ use rustix::shm;
 
 use super::error::io_err;
 use super::lock::{PRESENCE_BYTE, lock_byte, lock_byte_shared, unlock_byte};
-use super::{MAX_SEGMENT, Segment, ShmError, map, object_name};
+use super::{MAX_SEGMENT, Segment, ShmError, map_object, object_name};
 use crate::layout::SegmentHeader;
 use crate::sync::Ordering;
 
@@ -131,7 +131,7 @@ impl Segment {
             return Ok(Removal::Removed);
         }
         let len = size as usize;
-        let base = map(&fd, len, false)?;
+        let base = map_object(&fd, len, false)?;
         let guard = crate::bus_guard::register(base.as_ptr(), len);
         let segment = Segment {
             name: cname,
@@ -141,7 +141,6 @@ impl Segment {
             unlink_on_drop: false,
             last_out: None,
             guard,
-            #[cfg(feature = "async")]
             closes: std::sync::OnceLock::new(),
         };
         // Acquire: pairs with the Release store of the mark in `remove_locked`. A segment

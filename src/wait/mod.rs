@@ -33,18 +33,20 @@
 //!
 //! Every blocking call of the crate is written against one [`Deadline`] (at once, never,
 //! or an instant), and its public forms (`x`, `x_timeout`, `x_deadline`) are made from that
-//! one entry point by the [`blocking!`] macro, so that they mean the same on every type.
+//! one entry point by the `blocking!` macro (`forms.rs`), so that they mean the same on
+//! every type.
 //!
 //! This module knows nothing about rings: it takes a closure that tries the operation.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::sync::{AtomicU32, Ordering, fence};
 
-#[cfg(all(feature = "async", not(loom)))]
+mod forms;
+#[cfg(not(loom))]
 pub mod reactor;
-#[cfg(feature = "cuda")]
-pub(crate) mod slack;
+
+pub(crate) use forms::{Deadline, TimedOut, blocking, receive_iter};
 
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
 pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);
@@ -178,183 +180,15 @@ static FUTEX_WAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 /// The futex syscalls this process has made so far.
 ///
 /// ```
-/// let before = gpuring::wait_stats();
+/// let before = gpuring::internal::wait_stats();
 /// // ... ring traffic with nobody asleep ...
-/// assert_eq!(gpuring::wait_stats().futex_wakes, before.futex_wakes);
+/// assert_eq!(gpuring::internal::wait_stats().futex_wakes, before.futex_wakes);
 /// ```
 pub fn wait_stats() -> WaitStats {
     WaitStats {
         futex_waits: FUTEX_WAITS.load(std::sync::atomic::Ordering::Relaxed),
         futex_wakes: FUTEX_WAKES.load(std::sync::atomic::Ordering::Relaxed),
     }
-}
-
-/// The deadline passed before the operation could proceed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TimedOut;
-
-/// When a blocking call gives up: the one deadline type under every blocking call.
-///
-/// `pub` only so that the sealed `Selectable` trait may name it: `wait` is a private
-/// module, so no user can.
-///
-/// `try_x` is `x` with [`Deadline::Now`] (one attempt, no clock read), `x` waits with
-/// [`Deadline::Never`], `x_timeout(t)` with [`Deadline::after`]`(t)` and `x_deadline(i)`
-/// with [`Deadline::At`]`(i)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Deadline {
-    /// Do not wait: one attempt.
-    Now,
-    /// Wait as long as it takes.
-    Never,
-    /// Give up at this instant.
-    At(Instant),
-    /// One attempt, then the work of one liveness tick (probe the peers, repair, take back
-    /// what the dead held), then give up: how an async future looks again after its
-    /// peers may have changed (the forms that map `Now` to `Full` or `Empty` say `Timeout`
-    /// here).
-    #[cfg_attr(not(feature = "async"), allow(dead_code))]
-    Tick,
-}
-
-impl Deadline {
-    /// `timeout` from now (a timeout too long to represent never passes).
-    pub(crate) fn after(timeout: Duration) -> Self {
-        Instant::now().checked_add(timeout).map_or(Deadline::Never, Deadline::At)
-    }
-
-    /// Whether the deadline has passed (reads the clock for `At` only).
-    pub(crate) fn passed(self) -> bool {
-        match self {
-            Deadline::Now | Deadline::Tick => true,
-            Deadline::Never => false,
-            Deadline::At(at) => Instant::now() >= at,
-        }
-    }
-
-    /// Time left: `None` for no deadline, `Some(ZERO)` once it has passed.
-    pub(crate) fn remaining(self) -> Option<Duration> {
-        match self {
-            Deadline::Now | Deadline::Tick => Some(Duration::ZERO),
-            Deadline::Never => None,
-            Deadline::At(at) => Some(at.saturating_duration_since(Instant::now())),
-        }
-    }
-
-    /// The earlier of this deadline and `tick` from now.
-    pub(crate) fn or_within(self, tick: Duration) -> Self {
-        let soon = Deadline::after(tick);
-        match (self, soon) {
-            (Deadline::At(a), Deadline::At(b)) => Deadline::At(a.min(b)),
-            (Deadline::Now | Deadline::Tick, _) => self,
-            (Deadline::Never, _) => soon,
-            (at, Deadline::Never | Deadline::Now | Deadline::Tick) => at,
-        }
-    }
-}
-
-/// Writes the blocking forms of an operation from its deadline form `$until` (a method of
-/// `self`, or of one of its fields: `inner.push_until`, taking the operation's arguments
-/// and a `Deadline`): `$name` waits as long as it takes, `$timeout` gives up after a
-/// `Duration`, `$deadline` at an `Instant`; with `try $try` at the end of the names,
-/// `$try` makes one attempt (for operations whose non-blocking form has the same error
-/// type). The operation's own documentation goes in, ending with its `# Errors` section;
-/// each form says how long it waits. One macro for every blocking call, so that the forms
-/// mean the same on every type.
-macro_rules! blocking {
-    (
-        $(#[doc = $doc:expr])*
-        $vis:vis fn $name:ident, $timeout:ident, $deadline:ident $(, try $try:ident)?
-            (&mut $self:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty => $($until:ident).+;
-    ) => {
-        $crate::wait::blocking!(@emit $self [&mut $self] [$(#[doc = $doc])*]
-            $vis $name $timeout $deadline [$($try)?] ($($arg: $ty),*) $ret, [$($until).+]);
-    };
-    (
-        $(#[doc = $doc:expr])*
-        $vis:vis fn $name:ident, $timeout:ident, $deadline:ident $(, try $try:ident)?
-            (&$self:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty => $($until:ident).+;
-    ) => {
-        $crate::wait::blocking!(@emit $self [&$self] [$(#[doc = $doc])*]
-            $vis $name $timeout $deadline [$($try)?] ($($arg: $ty),*) $ret, [$($until).+]);
-    };
-    (@emit $self:ident [$($recv:tt)*] [$($doc:tt)*] $vis:vis $name:ident
-        $timeout:ident $deadline:ident [$($try:ident)?] ($($arg:ident: $ty:ty),*) $ret:ty,
-        [$($until:tt)+]) => {
-        $crate::wait::blocking!(@try [$($try)?] $self [$($recv)*] $vis $name ($($arg: $ty),*)
-            $ret, [$($until)+]);
-
-        $($doc)*
-        ///
-        /// Never `Timeout`: it waits as long as it takes (the
-        #[doc = concat!("[`", stringify!($timeout), "`](Self::", stringify!($timeout), ")")]
-        /// and
-        #[doc = concat!("[`", stringify!($deadline), "`](Self::", stringify!($deadline), ")")]
-        /// forms give up in time).
-        $vis fn $name($($recv)* $(, $arg: $ty)*) -> $ret {
-            $self.$($until)+($($arg,)* $crate::wait::Deadline::Never)
-        }
-
-        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), giving up once `timeout` has passed.")]
-        ///
-        /// # Errors
-        ///
-        /// `Timeout` once `timeout` has passed (carrying back what the call was given,
-        /// where it takes something), or as
-        #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
-        $vis fn $timeout($($recv)* $(, $arg: $ty)*, timeout: ::std::time::Duration) -> $ret {
-            $self.$($until)+($($arg,)* $crate::wait::Deadline::after(timeout))
-        }
-
-        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), giving up at `deadline`: one deadline for several calls.")]
-        ///
-        /// # Errors
-        ///
-        /// `Timeout` once `deadline` has passed (carrying back what the call was given,
-        /// where it takes something), or as
-        #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
-        $vis fn $deadline($($recv)* $(, $arg: $ty)*, deadline: ::std::time::Instant) -> $ret {
-            $self.$($until)+($($arg,)* $crate::wait::Deadline::At(deadline))
-        }
-    };
-    (@try [] $($rest:tt)*) => {};
-    (@try [$try:ident] $self:ident [$($recv:tt)*] $vis:vis $name:ident
-        ($($arg:ident: $ty:ty),*) $ret:ty, [$($until:tt)+]) => {
-        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), without waiting: one attempt, and no clock read.")]
-        ///
-        /// # Errors
-        ///
-        /// The variant that says it cannot proceed now (`Exhausted`, `Full` or `Empty`),
-        /// or as
-        #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
-        $vis fn $try($($recv)* $(, $arg: $ty)*) -> $ret {
-            $self.$($until)+($($arg,)* $crate::wait::Deadline::Now)
-        }
-    };
-}
-pub(crate) use blocking;
-
-/// The iterator of a receiving end over one of its receive forms (`next`): yields what it
-/// receives; ends quietly when `next` says the other side has gone, or that nothing is
-/// there now (`quiet`); ends after yielding any other error, so that a `for` loop over it
-/// never spins on an error that stays.
-pub(crate) fn receive_iter<T, E>(
-    mut next: impl FnMut() -> Result<T, E>,
-    quiet: impl Fn(&E) -> bool,
-) -> impl Iterator<Item = Result<T, E>> {
-    let mut done = false;
-    std::iter::from_fn(move || {
-        if done {
-            return None;
-        }
-        match next() {
-            Ok(v) => Some(Ok(v)),
-            Err(e) => {
-                done = true;
-                (!quiet(&e)).then_some(Err(e))
-            }
-        }
-    })
 }
 
 /// How the two halves of the wake-up handshake are ordered in this process.

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, result, sys};
 
 use super::CudaError;
-use super::cuda::driver;
+use super::device::device_uuid;
+use super::driver;
 
 /// A device as this process sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +34,7 @@ pub struct DeviceInfo {
 /// [`CudaError::Driver`] when the driver cannot name the device.
 pub fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, CudaError> {
     let dev = ctx.cu_device();
-    let uuid = super::cuda::device_uuid(ctx)?;
+    let uuid = device_uuid(ctx)?;
     let name = result::device::get_name(dev).map_err(driver("cuDeviceGetName"))?;
     let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED;
     // SAFETY: a device of a live context; the attribute is a plain integer query. A driver

@@ -1,104 +1,27 @@
-//! Pinned host pools (feature `cuda`): a host pool's slots registered with CUDA in this
-//! process, and the host functions that make stream-ordered copies into and out of them
-//! safe without blocking a thread.
-//!
-//! `cuMemHostRegister(PORTABLE | DEVICEMAP)` pins one process's mapping only, so each
-//! process registers its own mapping of a pool: the sender on create, a receiver on first
-//! sight (once per mapping; [`host_registrations`] counts them). The registration lives in
-//! the [`PoolSegment`] that owns the mapping and goes (`cuMemHostUnregister`) just before
-//! it is unmapped, when the last holder lets the mapping go: a stream-ordered copy still
-//! pending holds it (its lease, or its deferred return, keeps the segment).
+//! Lanes: where the hand-offs that follow a stream run (a pinned sender's publish once its
+//! copy into the slot is done, a pinned receiver's return of a slot once the copy out of
+//! it is done), with no caller's thread blocked; and the preallocated entries that hand
+//! their arguments over ([`Handoff`]).
 //!
 //! A copy into or out of pinned memory is truly asynchronous, so the hand-off must follow
 //! the stream, not the call: a function run when the copy has completed publishes the
-//! descriptor (a send, `channel/staging.rs`) or returns the slot (a receive,
-//! [`PoolSegment::release_after`]), with no caller's thread blocked. It runs on a
-//! [`Lane`]'s thread (polling an event recorded after the copy), or as a host function
-//! (`cuLaunchHostFunc`) on a stream of another context than the lane's. Either way it keeps
-//! a host function's rules: it calls no CUDA, and touches only shared-memory atomics, a
-//! process-local lock, and (to wake a sleeper) a futex.
+//! descriptor or returns the slot. It runs on a [`Lane`]'s thread (polling an event
+//! recorded after the copy), or as a host function (`cuLaunchHostFunc`) on a stream of
+//! another context than the lane's. Either way it keeps a host function's rules: it calls
+//! no CUDA, and touches only shared-memory atomics, a process-local lock, and (to wake a
+//! sleeper) a futex.
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering as StdOrdering};
+use std::sync::atomic::{AtomicU32, Ordering as StdOrdering};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 
-use super::cuda::driver;
-use super::{CudaError, PoolSegment, SlotRef};
-
-static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
-static REGISTERED: AtomicU64 = AtomicU64::new(0);
-
-/// Host pool mappings this process has registered with CUDA (`cuMemHostRegister`) since it
-/// started: a pinned sender's pool once, once per pool a pinned receiver maps, and a
-/// device pool's segment once for a sender that signals by host ready flags
-/// (`GpuReady::HostFlag`). The count does not move per message.
-pub fn host_registrations() -> u64 {
-    REGISTRATIONS.load(StdOrdering::Relaxed)
-}
-
-/// Host pool mappings registered with CUDA in this process now (registered, not yet
-/// unregistered).
-pub fn host_registered() -> u64 {
-    REGISTERED.load(StdOrdering::Relaxed)
-}
-
-/// One mapping's slots, registered with CUDA in this process; unregistered on drop.
-#[derive(Debug)]
-pub(crate) struct Pinned {
-    ctx: Arc<CudaContext>,
-    ptr: *mut c_void,
-}
-
-// SAFETY: the registration is a driver-side property of an address range; the pointer is
-// only passed back to the driver (unregister), from any thread with the context bound.
-unsafe impl Send for Pinned {}
-// SAFETY: as above; no method reads through the pointer.
-unsafe impl Sync for Pinned {}
-
-impl Pinned {
-    /// Registers `len` bytes from `ptr` (the slots of a mapping that outlives the result)
-    /// with `ctx`'s driver, portable to every context and mapped for the device.
-    pub(crate) fn register(
-        ctx: &Arc<CudaContext>,
-        ptr: *mut u8,
-        len: usize,
-    ) -> Result<Self, CudaError> {
-        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-        // SAFETY: `ptr..ptr + len` is a live, page-aligned, read-write shared mapping (the
-        // caller's pool), which stays mapped until this registration drops.
-        let r = unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags) };
-        r.result().map_err(driver("cuMemHostRegister"))?;
-        REGISTRATIONS.fetch_add(1, StdOrdering::Relaxed);
-        REGISTERED.fetch_add(1, StdOrdering::Relaxed);
-        Ok(Self { ctx: ctx.clone(), ptr: ptr.cast() })
-    }
-
-    /// The device address of the registration's first byte (`cuMemHostGetDevicePointer`).
-    pub(crate) fn device_ptr(&self) -> Result<sys::CUdeviceptr, CudaError> {
-        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        let mut dev = 0;
-        // SAFETY: out-pointer valid; `ptr` is registered (device-mapped) while self lives.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, self.ptr, 0) };
-        r.result().map_err(driver("cuMemHostGetDevicePointer"))?;
-        Ok(dev)
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: our registration of a range still mapped (the owning `PoolSegment` drops
-        // this before its mapping); no copy is pending on it (each holds the segment).
-        let _ = unsafe { sys::cuMemHostUnregister(self.ptr) };
-        REGISTERED.fetch_sub(1, StdOrdering::Relaxed);
-    }
-}
+use super::CudaError;
+use super::driver;
 
 /// Enqueues `f(user)` on `stream`, after the work queued there.
 ///
@@ -124,18 +47,15 @@ pub(crate) unsafe fn launch_host_fn(
 /// half microsecond for the first [`SPIN_FOR`], then naps of an eighth of the time waited
 /// so far), never `cuEventSynchronize` on a blocking-sync event: such an event has the GPU
 /// raise an interrupt when it completes, and the interrupt and the wake-up it brings land
-/// on whichever CPU the system picks, the CPU of a thread launching kernels included.
-/// On one H100 VM, another thread's launch p99 (median of 12 rounds) was 2.14x idle beside
-/// a blocking waiter and 1.18x beside a polling one, the lanes 1.15x (BENCHMARKS run AD;
-/// other VMs showed no difference). A nap's timer fires on the lane's own CPU. What it
+/// on whichever CPU the system picks, the CPU of a thread launching kernels included, and
+/// stretch its launches (docs/GPU.md). A nap's timer fires on the lane's own CPU. What it
 /// costs: a hand-off is noticed up to an eighth later than it completes (past the spin),
 /// and a long copy is polled a few dozen times.
 ///
 /// Why not a host function (`cuLaunchHostFunc`): it needs one on a stream of its own, or it
-/// holds the work's stream until a driver thread has run it (~0.2 ms per 54 MB copy on the
-/// H100, 0.84x of the raw copy rate); and with one, each hand-off costs an event record, a
-/// stream wait and the host function, which stretched the launch calls of the process's
-/// other threads more (p99 1.85x and 2.52x idle on two H100 VMs, run AC).
+/// holds the work's stream until a driver thread has run it; and with one, each hand-off
+/// costs an event record, a stream wait and the host function, which stretches the launch
+/// calls of the process's other threads more.
 /// A hand-off is one event record and a push under an uncontended lock; the thread is
 /// woken (a futex) only when it sleeps for want of work.
 ///
@@ -325,7 +245,7 @@ impl LaneShared {
         let bound = self.ctx.bind_to_thread().is_ok();
         // Naps as long as asked (the default slack of 50 µs would stretch the shortest
         // ones tenfold). Best effort: without it, naps are only longer.
-        crate::wait::slack::set_timer_slack(1_000);
+        super::slack::set_timer_slack(1_000);
         loop {
             let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             q.running = false; // back from the previous entry's function
@@ -478,61 +398,4 @@ impl<T, H> core::fmt::Debug for Handoff<T, H> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Handoff").field("state", &self.state).finish_non_exhaustive()
     }
-}
-
-/// A receiver's slot whose return waits for a stream.
-pub(crate) type Deferred = Handoff<SlotRef, PoolSegment>;
-
-impl PoolSegment {
-    /// Returns `held` (a slot this process holds as a receiver) once the work queued on
-    /// `stream` so far has completed, without blocking: a host function does it. When the
-    /// driver refuses the host function, waits for the stream instead, returns the slot,
-    /// and says why.
-    pub(crate) fn release_after(
-        self: &Arc<Self>,
-        held: SlotRef,
-        stream: &CudaStream,
-    ) -> Result<(), CudaError> {
-        let slots = self.layout.slot_count;
-        let entries = self.deferred.get_or_init(|| Deferred::entries(slots));
-        let lane = Lane::in_cell(&self.lane, stream, slots)?;
-        let slot = held.slot as usize;
-        // SAFETY: the entry of a slot we hold: empty (its last host function emptied it
-        // before that slot came back to be held again), and nobody else fills it.
-        let user = unsafe { entries[slot].fill(held, self.clone()) };
-        // SAFETY: `release_deferred` calls no CUDA and does not unwind (`in_host_fn`); the
-        // entry lives in this pool, which the reference in it keeps until it has run.
-        match unsafe { lane.launch_after(stream, slot, release_deferred, user) } {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // Not enqueued: wait for the reads, then return the slot here.
-                let _ = stream.synchronize();
-                // SAFETY: the function never ran, so the entry is still full and ours.
-                unsafe { release_deferred(user) };
-                Err(e)
-            }
-        }
-    }
-
-    /// Waits, up to `limit`, for the slot returns enqueued on streams (a receiver's drop).
-    pub(crate) fn settle(&self, limit: Duration) -> bool {
-        self.lane.get().is_none_or(|lane| lane.settle(limit))
-    }
-}
-
-/// The host function of [`PoolSegment::release_after`]: empties the entry, then returns
-/// the slot (and unlinks the pool if its sender left and this was the last slot out).
-///
-/// # Safety
-///
-/// `user` is a full [`Deferred`] entry, filled by `release_after`.
-unsafe extern "C" fn release_deferred(user: *mut c_void) {
-    in_host_fn(|| {
-        // SAFETY: a full entry from `release_after`, taken once here.
-        let (held, pool) = unsafe { Deferred::take(user) };
-        if pool.core.release(held) {
-            pool.unlink_if_drained();
-        }
-        drop_outside_cuda(pool);
-    });
 }

@@ -1,0 +1,148 @@
+//! What a receive hands out: [`Message`], a received slot, read in place and returned on
+//! drop.
+
+use std::ops::Deref;
+
+use super::backend::sealed;
+use super::backend::{Backend, Host, HostMemory};
+use crate::descriptor::{Descriptor, TensorMeta};
+use crate::pool::SlotHold;
+
+/// A received message: its metadata and a view of its slot, read in place. Dropping it
+/// returns the slot to the sender's pool (and wakes the sender if it waits for one).
+///
+/// A message of host memory (`Message`, `Message<Host>`, `Message<Pinned>`) derefs to the
+/// payload's bytes; a GPU message (`Message<Cuda>`) gives the payload's device address,
+/// valid in the order of the stream it was received on.
+///
+/// ```no_run
+/// use gpuring::Channel;
+/// let ch = Channel::builder("frames").open()?;
+/// let rx = ch.receiver()?;
+/// let msg = rx.recv()?;
+/// let first = f32::from_le_bytes(msg[..4].try_into()?);
+/// assert_eq!(msg.meta().nbytes(), msg.len() as u64);
+/// println!("{first}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Message<B: Backend = Host> {
+    // Dropped first: a GPU message records its release event before the slot goes back.
+    pub(crate) slot: B::MessageSlot,
+    pub(crate) hold: SlotHold,
+    desc: Descriptor,
+    meta: TensorMeta,
+}
+
+impl<B: Backend> core::fmt::Debug for Message<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Message")
+            .field("seq", &self.desc.seq)
+            .field("tag", &self.desc.tag)
+            .field("pool_id", &self.desc.pool_id)
+            .field("slot", &self.hold.held.slot)
+            .field("generation", &self.hold.held.generation)
+            .field("meta", &self.meta)
+            .field("memory", &self.slot)
+            .finish()
+    }
+}
+
+impl<B: Backend> Message<B> {
+    pub(super) fn new(
+        hold: SlotHold,
+        desc: Descriptor,
+        meta: TensorMeta,
+        slot: B::MessageSlot,
+    ) -> Self {
+        Self { slot, hold, desc, meta }
+    }
+
+    /// The message as its parts, the slot not returned: for the backends' own ways of
+    /// giving it back (after a stream's work).
+    pub(crate) fn into_parts(self) -> (B::MessageSlot, SlotHold) {
+        (self.slot, self.hold)
+    }
+
+    /// The tensor metadata (checked).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let msg = ch.receiver()?.recv()?;
+    /// println!("{:?} of {:?}", msg.meta().shape(), msg.meta().dtype());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// The sender's sequence number (0, 1, 2, ... per sender).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let rx = ch.receiver()?;
+    /// let (a, b) = (rx.recv()?, rx.recv()?);
+    /// assert_eq!(b.seq(), a.seq() + 1); // one sender: in order
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn seq(&self) -> u64 {
+        self.desc.seq
+    }
+
+    /// The application tag the sender set ([`Lease::set_tag`](crate::Lease::set_tag)).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let msg = ch.receiver()?.recv()?;
+    /// println!("tag {}", msg.tag());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tag(&self) -> u64 {
+        self.desc.tag
+    }
+
+    /// Bytes of payload.
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let msg = ch.receiver()?.recv()?;
+    /// assert_eq!(msg.len() as u64, msg.meta().nbytes());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        self.desc.len as usize
+    }
+
+    /// Whether the payload is empty.
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let msg = ch.receiver()?.recv()?;
+    /// assert_eq!(msg.is_empty(), msg.len() == 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.desc.len == 0
+    }
+
+    /// The descriptor as it arrived (already validated).
+    ///
+    /// ```no_run
+    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let msg = ch.receiver()?.recv()?;
+    /// assert_eq!(msg.descriptor().seq, msg.seq());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+}
+
+impl<B: HostMemory> Deref for Message<B> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let slot = <B as sealed::HostMemory>::message_bytes(&self.slot);
+        // SAFETY: `len` bytes from `ptr` lie inside the slot (checked in `check_and_hold`),
+        // in a mapping the pool keeps alive; this message holds the slot until it drops.
+        unsafe { std::slice::from_raw_parts(slot.ptr.as_ptr(), slot.len) }
+    }
+}

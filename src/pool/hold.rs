@@ -1,0 +1,53 @@
+//! A slot in someone's hands, given back when the hand lets go: [`SlotLease`] (a sender's,
+//! returned unless it was sent) and [`SlotHold`] (a receiver's, returned when the message
+//! goes).
+
+use std::sync::Arc;
+
+use super::SlotRef;
+use super::segment::PoolSegment;
+
+/// A slot taken from a pool by its sender, and its return on drop unless it was sent.
+#[derive(Debug)]
+pub struct SlotLease {
+    /// The pool; `None` once sent (the receiver owns the slot then).
+    pub(crate) pool: Option<Arc<PoolSegment>>,
+    pub(crate) slot: SlotRef,
+    /// The application tag the descriptor will carry.
+    pub(crate) tag: u64,
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            if pool.core.cancel(self.slot) {
+                // The sender may have left while this lease was out.
+                pool.unlink_if_drained();
+            }
+        }
+    }
+}
+
+/// A slot held by a receiver, returned to its pool on drop.
+#[derive(Debug)]
+pub struct SlotHold {
+    pub(crate) pool: Arc<PoolSegment>,
+    pub(crate) held: SlotRef,
+}
+
+impl SlotHold {
+    /// The pool and the slot, without returning it: the caller does.
+    pub(crate) fn into_parts(self) -> (Arc<PoolSegment>, SlotRef) {
+        let hold = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `hold` is never used or dropped again; its pool is moved out once.
+        (unsafe { std::ptr::read(&hold.pool) }, hold.held)
+    }
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        if self.pool.core.release(self.held) {
+            self.pool.unlink_if_drained();
+        }
+    }
+}
