@@ -89,7 +89,9 @@ def gpuring_producer(name, device, size, n, mode, how, ready, ack):
     if device is not None:
         import torch
 
-        pool = [torch.full((size // 4,), float(i), device="cuda:%d" % device) for i in range(RING_SLOTS)]
+        pool = [
+            torch.full((size // 4,), float(i), device="cuda:%d" % device) for i in range(RING_SLOTS)
+        ]
         torch.cuda.synchronize()
     else:
         pool = [np.full(size, i, dtype=np.uint8) for i in range(RING_SLOTS)]
@@ -151,7 +153,9 @@ def gpuring_consumer(name, device, n, mode, view_by, spins, ack, out):
 def torch_producer(qkind, q, device, size, n, mode, ack):
     import torch
 
-    pool = [torch.full((size // 4,), float(i), device="cuda:%d" % device) for i in range(RING_SLOTS)]
+    pool = [
+        torch.full((size // 4,), float(i), device="cuda:%d" % device) for i in range(RING_SLOTS)
+    ]
     torch.cuda.synchronize()
     for i in range(n):
         q.put((now(), pool[i % RING_SLOTS]))
@@ -231,7 +235,9 @@ def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack", spins
 
         def make(mode, n, name=name, size=size, slot=slot):
             slots = HOST_SLOTS if device is None else GPU_SLOTS
-            ch = gpuring.Channel.create(name, capacity=64, slots=slots, slot_bytes=slot, device=device)
+            ch = gpuring.Channel.create(
+                name, capacity=64, slots=slots, slot_bytes=slot, device=device
+            )
             try:
                 return run_pair(
                     ctx,
@@ -246,7 +252,10 @@ def gpuring_rows(ctx, device, sizes, quick, how, view_by="np.from_dlpack", spins
         rows[label] = measure(ctx, make, quick, size)
         wait = "" if spins is None else ", spins=%d" % spins
         wait += "" if ready is None else ", ready=%s" % ready
-        print("  gpuring %s + %-17s%s %-5s %s" % (how, view_by, wait, label, fmt(rows[label])), flush=True)
+        print(
+            "  gpuring %s + %-17s%s %-5s %s" % (how, view_by, wait, label, fmt(rows[label])),
+            flush=True,
+        )
     return rows
 
 
@@ -265,7 +274,9 @@ def torch_rows(tctx, device, sizes, quick, qkind):
             )
 
         rows[label] = measure(tctx, make, quick, size)
-        print("  torch.multiprocessing.%-11s %-5s %s" % (qkind, label, fmt(rows[label])), flush=True)
+        print(
+            "  torch.multiprocessing.%-11s %-5s %s" % (qkind, label, fmt(rows[label])), flush=True
+        )
     return rows
 
 
@@ -275,9 +286,13 @@ def mpq_rows(ctx, sizes, quick):
 
         def make(mode, n, size=size):
             q = ctx.Queue()
-            return run_pair(ctx, mpq_producer, (q, size, n, mode), queue_consumer, (q, n, mode, False))
+            return run_pair(
+                ctx, mpq_producer, (q, size, n, mode), queue_consumer, (q, n, mode, False)
+            )
 
-        rows[label] = measure(ctx, make, quick, size, slow=size > 1 << 20, warm=2 if size > 1 << 20 else 20)
+        rows[label] = measure(
+            ctx, make, quick, size, slow=size > 1 << 20, warm=2 if size > 1 << 20 else 20
+        )
         print("  multiprocessing.Queue %-5s %s" % (label, fmt(rows[label])), flush=True)
     return rows
 
@@ -338,10 +353,14 @@ def main():
         results["gpu"]["gpuring (msg.torch(), ready=flag)"] = gpuring_rows(
             ctx, args.device, GPU_SIZES, args.quick, "send", "msg.torch()", ready="flag"
         )
-        results["gpu"]["gpuring zero-copy (lease sent as is, msg.torch(), ready=flag)"] = gpuring_rows(
-            ctx, args.device, GPU_SIZES, args.quick, "lease as is", "msg.torch()", ready="flag"
+        results["gpu"]["gpuring zero-copy (lease sent as is, msg.torch(), ready=flag)"] = (
+            gpuring_rows(
+                ctx, args.device, GPU_SIZES, args.quick, "lease as is", "msg.torch()", ready="flag"
+            )
         )
-        results["gpu"]["torch.multiprocessing.Queue"] = torch_rows(tctx, args.device, GPU_SIZES, args.quick, "Queue")
+        results["gpu"]["torch.multiprocessing.Queue"] = torch_rows(
+            tctx, args.device, GPU_SIZES, args.quick, "Queue"
+        )
         results["gpu"]["torch.multiprocessing.SimpleQueue"] = torch_rows(
             tctx, args.device, GPU_SIZES, args.quick, "SimpleQueue"
         )
@@ -354,8 +373,12 @@ def main():
                 json.dump(results, f, indent=1)
         return
     print("numpy arrays:", flush=True)
-    results["host"]["gpuring zero-copy (lease)"] = gpuring_rows(ctx, None, HOST_SIZES, args.quick, "lease")
-    results["host"]["gpuring one copy (send)"] = gpuring_rows(ctx, None, HOST_SIZES, args.quick, "send")
+    results["host"]["gpuring zero-copy (lease)"] = gpuring_rows(
+        ctx, None, HOST_SIZES, args.quick, "lease"
+    )
+    results["host"]["gpuring one copy (send)"] = gpuring_rows(
+        ctx, None, HOST_SIZES, args.quick, "send"
+    )
     results["host"]["multiprocessing.Queue"] = mpq_rows(ctx, HOST_SIZES, args.quick)
     if args.json:
         with open(args.json, "w") as f:

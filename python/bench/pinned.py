@@ -66,7 +66,7 @@ def gpu_sender(name, pinned, items, rounds, go):
     tx = ch.sender()
     src = [torch.full((BYTES // 4,), k, dtype=torch.int32, device="cuda") for k in range(2)]
     torch.cuda.synchronize()
-    for r in range(rounds + 1):  # round 0 warms up
+    for _r in range(rounds + 1):  # round 0 warms up
         go.recv()
         for i in range(items):
             tx.send(src[i % 2], timeout=60)
@@ -101,7 +101,7 @@ def cpu_receiver(name, items, rounds, go, out):
 def cpu_sender(name, items, rounds, go):
     ch = gpuring.Channel.open(name, timeout=30)
     tx = ch.sender()
-    for r in range(rounds + 1):
+    for _r in range(rounds + 1):
         go.recv()
         for i in range(items):
             with tx.lease((BYTES // 4,), "int32", timeout=60) as buf:
@@ -119,7 +119,7 @@ def gpu_receiver(name, pinned, items, rounds, go, out):
     for r in range(rounds + 1):
         go.send(1)
         t0 = time.perf_counter()
-        for i in range(items):
+        for _i in range(items):
             msg = rx.recv(timeout=60)
             t = torch.from_dlpack(msg).to("cuda", non_blocking=True)
             msg.release()  # back once the copy is done, in stream order
@@ -155,7 +155,9 @@ def floors(items, rounds):
     host = torch.empty((BYTES // 4,), dtype=torch.int32, pin_memory=True)
     # A gpuring slot itself, pinned in this process (shared memory registered with CUDA,
     # where torch's buffer is the driver's own page-locked allocation): the same copies.
-    ch = gpuring.Channel.create("gpuring-pypinned-floor-%d" % os.getpid(), slots=1, slot_bytes=BYTES, pinned=True)
+    ch = gpuring.Channel.create(
+        "gpuring-pypinned-floor-%d" % os.getpid(), slots=1, slot_bytes=BYTES, pinned=True
+    )
     lease = ch.sender().lease((BYTES // 4,), "int32")
     slot = torch.from_dlpack(lease)
     assert slot.is_pinned()
@@ -163,8 +165,14 @@ def floors(items, rounds):
     for label, step in (
         ("floor: device -> pinned host, non_blocking", lambda: host.copy_(dev, non_blocking=True)),
         ("floor: pinned host -> device, non_blocking", lambda: host.to("cuda", non_blocking=True)),
-        ("same, device -> a pinned gpuring slot, one process", lambda: slot.copy_(dev, non_blocking=True)),
-        ("same, a pinned gpuring slot -> device, one process", lambda: slot.to("cuda", non_blocking=True)),
+        (
+            "same, device -> a pinned gpuring slot, one process",
+            lambda: slot.copy_(dev, non_blocking=True),
+        ),
+        (
+            "same, a pinned gpuring slot -> device, one process",
+            lambda: slot.to("cuda", non_blocking=True),
+        ),
     ):
         took = []
         for r in range(rounds + 1):
@@ -176,7 +184,7 @@ def floors(items, rounds):
             if r:
                 took.append(rate(time.perf_counter() - t0, items))
         out[label] = row(label, took)
-    del slot
+    slot = None  # the view lets go of the slot before the lease does
     lease.cancel()
     ch.close()
     return out
@@ -202,9 +210,17 @@ def main():
         res["h2d pinned=%s" % pinned] = row(
             "CPU process -> GPU, .to(cuda, non_blocking), pinned=%s" % pinned, took
         )
-    d2h = res["d2h pinned=True"]["items_per_s"] / res["floor: device -> pinned host, non_blocking"]["items_per_s"]
-    h2d = res["h2d pinned=True"]["items_per_s"] / res["floor: pinned host -> device, non_blocking"]["items_per_s"]
-    print("pinned against the floor: GPU -> CPU process %.2fx, CPU process -> GPU %.2fx" % (d2h, h2d))
+    d2h = (
+        res["d2h pinned=True"]["items_per_s"]
+        / res["floor: device -> pinned host, non_blocking"]["items_per_s"]
+    )
+    h2d = (
+        res["h2d pinned=True"]["items_per_s"]
+        / res["floor: pinned host -> device, non_blocking"]["items_per_s"]
+    )
+    print(
+        "pinned against the floor: GPU -> CPU process %.2fx, CPU process -> GPU %.2fx" % (d2h, h2d)
+    )
 
 
 if __name__ == "__main__":

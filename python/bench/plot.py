@@ -43,7 +43,9 @@ def panel(ax_lat, ax_tput, table, title):
 def main():
     data = json.load(open(sys.argv[1]))
     title = sys.argv[3] if len(sys.argv) > 3 else data.get("device", "")
-    tables = [(t, data[k]) for t, k in (("CUDA tensors", "gpu"), ("numpy arrays", "host")) if data.get(k)]
+    tables = [
+        (t, data[k]) for t, k in (("CUDA tensors", "gpu"), ("numpy arrays", "host")) if data.get(k)
+    ]
     fig, axes = plt.subplots(len(tables), 2, figsize=(13, 4.5 * len(tables)), squeeze=False)
     for row, (t, table) in zip(axes, tables):
         panel(row[0], row[1], table, t)

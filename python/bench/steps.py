@@ -23,7 +23,10 @@ def timed(label, fn, n):
         fn()
         ns.append(time.perf_counter_ns() - t0)
     ns.sort()
-    print("  %-46s p50 %7.2f us  p99 %7.2f us" % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3))
+    print(
+        "  %-46s p50 %7.2f us  p99 %7.2f us"
+        % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3)
+    )
 
 
 def cross_producer(name, size, n, times, ack):
@@ -32,7 +35,7 @@ def cross_producer(name, size, n, times, ack):
     ch = gpuring.Channel.open(name, device=0, timeout=30)
     tx = ch.sender()
     sent = []
-    for i in range(n):
+    for _i in range(n):
         t0 = time.perf_counter_ns()
         tx.send(t, tag=t0)
         sent.append((t0, time.perf_counter_ns()))
@@ -46,7 +49,7 @@ def cross_consumer(name, n, spins, times, ack):
     ch = gpuring.Channel.open(name, device=0, timeout=30)
     rx = ch.receiver(spins=spins)
     got = []
-    for i in range(n):
+    for _i in range(n):
         msg = rx.recv(timeout=60)
         t1 = time.perf_counter_ns()
         v = msg.torch()
@@ -89,7 +92,10 @@ def cross(size, n, spins):
     print("two processes, %d bytes, receiver(spins=%r), %d items:" % (size, spins, n - warm))
     for label, ns in cols.items():
         ns.sort()
-        print("  %-46s p50 %7.2f us  p99 %7.2f us" % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3))
+        print(
+            "  %-46s p50 %7.2f us  p99 %7.2f us"
+            % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3)
+        )
 
 
 def main():
@@ -106,13 +112,27 @@ def main():
     t = torch.ones(args.size // 4, device="cuda")
     torch.cuda.synchronize()
     name = "gpuring-steps-%d" % os.getpid()
-    ch = gpuring.Channel.create(name, capacity=64, slots=8, slot_bytes=max(args.size, 4096), device=0)
+    ch = gpuring.Channel.create(
+        name, capacity=64, slots=8, slot_bytes=max(args.size, 4096), device=0
+    )
     tx, rx = ch.sender(), ch.receiver()
-    print("one process, %d bytes, %d rounds each (gpuring from %s):" % (args.size, n, gpuring.__file__))
+    print(
+        "one process, %d bytes, %d rounds each (gpuring from %s):"
+        % (args.size, n, gpuring.__file__)
+    )
 
     def accessors():
         # What `send` asks of a torch tensor (its own accessors), from Python.
-        return (t.layout, t.is_cuda, t.get_device(), t.dtype, t.is_neg(), t.is_contiguous(), t.shape, t.data_ptr())
+        return (
+            t.layout,
+            t.is_cuda,
+            t.get_device(),
+            t.dtype,
+            t.is_neg(),
+            t.is_contiguous(),
+            t.shape,
+            t.data_ptr(),
+        )
 
     timed("the tensor accessors send reads, from Python", accessors, n)
     timed("torch.cuda.current_stream(0)", lambda: torch.cuda.current_stream(0), n)
@@ -173,7 +193,13 @@ def main():
         msgs.pop().release()
 
     # Step by step, 8 at a time (the pool holds 8 slots).
-    steps = {"tx.send(t)": [], "rx.recv()": [], "torch.from_dlpack(msg)": [], "msg.torch()": [], "msg.release()": []}
+    steps = {
+        "tx.send(t)": [],
+        "rx.recv()": [],
+        "torch.from_dlpack(msg)": [],
+        "msg.torch()": [],
+        "msg.release()": [],
+    }
     for _ in range(n // 8):
         for _ in range(8):
             t0 = time.perf_counter_ns()
@@ -195,7 +221,10 @@ def main():
             steps["msg.release()"].append(time.perf_counter_ns() - t0)
     for label, ns in steps.items():
         ns.sort()
-        print("  %-46s p50 %7.2f us  p99 %7.2f us" % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3))
+        print(
+            "  %-46s p50 %7.2f us  p99 %7.2f us"
+            % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3)
+        )
     torch.cuda.synchronize()
     tx.close()
     rx.close()

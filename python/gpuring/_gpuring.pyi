@@ -1,18 +1,52 @@
 """Type stubs of the extension module (the classes are re-exported by ``gpuring``)."""
 
+import queue
 from types import TracebackType
-from typing import Any, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union, final
+
+from typing_extensions import TypeAlias
+
+__all__ = [
+    "Channel",
+    "Sender",
+    "Lease",
+    "Receiver",
+    "Message",
+    "cuda_available",
+    "ipc_opens",
+    "dtypes",
+    "MAX_DIMS",
+    "Error",
+    "Timeout",
+    "Empty",
+    "Full",
+    "PeerDead",
+    "Disconnected",
+    "SenderGone",
+    "Corrupted",
+    "ShmError",
+    "NotFound",
+    "AlreadyExists",
+    "NoSpace",
+    "AttachError",
+    "ConfigError",
+    "WrongBackend",
+    "DTypeError",
+    "TooLarge",
+    "Closed",
+    "CudaError",
+]
 
 MAX_DIMS: int
 
 # A dtype argument: a name ("float32", "bfloat16", ...), a numpy dtype or scalar type, or a
 # torch dtype.
-DTypeLike = Any
+_DTypeLike: TypeAlias = Any
 # A shape argument: a sequence of ints, or one int.
-ShapeLike = Union[int, Sequence[int]]
+_ShapeLike: TypeAlias = Union[int, Sequence[int]]
 # A CUDA stream argument: None (torch's current stream if torch is imported, else the
 # legacy default stream), a raw cudaStream_t as an int, or an object with `.cuda_stream`.
-StreamLike = Any
+_StreamLike: TypeAlias = Any
 
 def cuda_available() -> bool:
     """Whether a CUDA driver is present and initialises here."""
@@ -23,6 +57,7 @@ def ipc_opens() -> int:
 def dtypes() -> list[str]:
     """The element type names gpuring carries."""
 
+@final
 class Channel:
     """A named channel: a descriptor ring in shared memory and one slot pool per sender."""
 
@@ -31,21 +66,21 @@ class Channel:
         name: str,
         capacity: int = 64,
         slots: int = 8,
-        slot_bytes: int = 64 << 20,
+        slot_bytes: int = ...,
         device: Optional[int] = None,
         mpmc: bool = False,
         max_senders: Optional[int] = None,
         replace_stale: bool = False,
         pinned: bool = False,
         ready: Optional[str] = None,
-    ) -> "Channel":
+    ) -> Channel:
         """Creates channel ``name`` (exclusively). ``device=None``: host slots.
         ``pinned``: host channels; this process's pools are registered with CUDA, so that
         copies between CUDA tensors and slots are asynchronous DMA. ``ready``: GPU
-        channels; how this process's senders signal a sent tensor: ``"event"`` (default;
-        the receiver's stream waits on an IPC event) or ``"flag"`` (a flag in shared
-        memory written by the sender's stream; ``recv`` returns once the receiving CPU
-        has seen it)."""
+        channels; how this process's senders signal a sent tensor: ``"flag"`` (a flag in
+        shared memory written by the sender's stream; ``recv`` returns once the receiving
+        CPU has seen it), ``"event"`` (the receiver's stream waits on an IPC event), or
+        ``None`` (the default: ``"flag"`` where the GPU can)."""
 
     @staticmethod
     def open(
@@ -54,14 +89,14 @@ class Channel:
         timeout: Optional[float] = None,
         pinned: bool = False,
         ready: Optional[str] = None,
-    ) -> "Channel":
+    ) -> Channel:
         """Opens channel ``name``, waiting up to ``timeout`` s for it (None: as long as it
         takes). ``pinned``, ``ready``: as for :meth:`create`, for this process."""
 
-    def sender(self, spins: Optional[int] = None, yields: Optional[int] = None) -> "Sender":
+    def sender(self, spins: Optional[int] = None, yields: Optional[int] = None) -> Sender:
         """A new sender, with its own slot pool (``spins`` / ``yields``: how it waits)."""
 
-    def receiver(self, spins: Optional[int] = None, yields: Optional[int] = None) -> "Receiver":
+    def receiver(self, spins: Optional[int] = None, yields: Optional[int] = None) -> Receiver:
         """A new receiver; a wait spins ``spins`` times (default 2048), yields ``yields``
         times (default 8), then sleeps (``spins=2**32 - 1``: never). A receive from a
         ``ready="flag"`` sender waits for the flag the same way, spinning at least 4096
@@ -89,9 +124,10 @@ class Channel:
     @property
     def ready(self) -> Optional[str]:
         """``"event"`` or ``"flag"``: how this process's senders signal (None: host)."""
-    def __enter__(self) -> "Channel": ...
-    def __exit__(self, *args: Any) -> bool: ...
+    def __enter__(self) -> Channel: ...
+    def __exit__(self, *args: object) -> bool: ...
 
+@final
 class Sender:
     """The sending end of a channel, with its own pool of slots."""
 
@@ -100,12 +136,12 @@ class Sender:
 
     def lease(
         self,
-        shape: ShapeLike,
-        dtype: DTypeLike,
+        shape: _ShapeLike,
+        dtype: _DTypeLike,
         timeout: Optional[float] = None,
         tag: int = 0,
-        stream: StreamLike = None,
-    ) -> "Lease":
+        stream: _StreamLike = None,
+    ) -> Lease:
         """Leases a slot to fill in place (zero-copy); sent when its ``with`` block exits."""
 
     def close(self) -> None:
@@ -117,18 +153,19 @@ class Sender:
     def slot_bytes(self) -> int: ...
     @property
     def free_slots(self) -> int: ...
-    def __enter__(self) -> "Sender": ...
-    def __exit__(self, *args: Any) -> bool: ...
+    def __enter__(self) -> Sender: ...
+    def __exit__(self, *args: object) -> bool: ...
 
+@final
 class Lease:
     """A leased slot: a writable DLPack view, sent by ``send()`` or at the end of ``with``."""
 
     def send(self, timeout: Optional[float] = None) -> None: ...
     def cancel(self) -> None: ...
-    def __enter__(self) -> "Lease": ...
+    def __enter__(self) -> Lease: ...
     def __exit__(
         self,
-        exc_type: Optional[type],
+        exc_type: Optional[type[BaseException]],
         _exc: Optional[BaseException] = None,
         _tb: Optional[TracebackType] = None,
     ) -> bool: ...
@@ -156,20 +193,22 @@ class Lease:
     @property
     def done(self) -> bool: ...
 
+@final
 class Receiver:
     """The receiving end of a channel; iterating receives until every sender left."""
 
-    def recv(self, timeout: Optional[float] = None, stream: StreamLike = None) -> "Message":
+    def recv(self, timeout: Optional[float] = None, stream: _StreamLike = None) -> Message:
         """Receives a message: a zero-copy view of the sender's slot."""
 
-    def __iter__(self) -> Iterator["Message"]: ...
-    def __next__(self) -> "Message": ...
+    def __iter__(self) -> Iterator[Message]: ...
+    def __next__(self) -> Message: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
-    def __enter__(self) -> "Receiver": ...
-    def __exit__(self, *args: Any) -> bool: ...
+    def __enter__(self) -> Receiver: ...
+    def __exit__(self, *args: object) -> bool: ...
 
+@final
 class Message:
     """A received tensor: ``torch.from_dlpack(msg)`` / ``np.from_dlpack(msg)`` view it."""
 
@@ -189,8 +228,8 @@ class Message:
     def release(self) -> None:
         """Lets go of the slot (it goes back once no view of it is left)."""
 
-    def __enter__(self) -> "Message": ...
-    def __exit__(self, *args: Any) -> bool: ...
+    def __enter__(self) -> Message: ...
+    def __exit__(self, *args: object) -> bool: ...
     @property
     def released(self) -> bool: ...
     @property
@@ -205,3 +244,24 @@ class Message:
     def tag(self) -> int: ...
     @property
     def device(self) -> Optional[int]: ...
+
+# The exceptions (re-exported by ``gpuring.errors``; see there for what each means).
+class Error(Exception): ...
+class Timeout(Error, TimeoutError): ...
+class Empty(Timeout, queue.Empty): ...
+class Full(Timeout, queue.Full): ...
+class PeerDead(Error): ...
+class Disconnected(Error): ...
+class SenderGone(Error): ...
+class Corrupted(Error): ...
+class ShmError(Error, OSError): ...
+class NotFound(ShmError, FileNotFoundError): ...
+class AlreadyExists(ShmError, FileExistsError): ...
+class NoSpace(ShmError): ...
+class AttachError(Error): ...
+class ConfigError(Error, ValueError): ...
+class WrongBackend(ConfigError): ...
+class DTypeError(Error, TypeError): ...
+class TooLarge(Error, ValueError): ...
+class Closed(Error, ValueError): ...
+class CudaError(Error): ...

@@ -60,7 +60,8 @@ class Queue:
     tensors through host shared memory; ``device=N`` through memory of GPU ``N`` (CUDA
     tensors stay on the GPU: one device-to-device copy in ``put``, one in ``get``).
     ``ready``: with ``device=N``, how ``put`` signals the copy's end to the getter
-    (``"event"``, the default, or ``"flag"``; see :meth:`gpuring.Channel.create`).
+    (``"flag"`` or ``"event"``; ``None``, the default: flags where the GPU can; see
+    :meth:`gpuring.Channel.create`).
 
     Each putting process owns ``slots`` slots of ``slot_bytes`` bytes (the largest
     tensor a ``put`` takes); ``maxsize`` (or ``capacity``) bounds the messages in flight.
@@ -216,4 +217,3 @@ class Queue:
     def __repr__(self):
         place = "host" if self._device is None else "cuda:%d" % self._device
         return "Queue(%r, %s)" % (self._name, place)
-

@@ -61,7 +61,8 @@ pub(crate) struct PyChannel {
     slots: u32,
     slot_bytes: u64,
     max_senders: u32,
-    /// How this process's senders of a GPU channel signal a send (`None`: a host channel).
+    /// How this process's senders of a GPU channel signal a send, as `ready=` asked
+    /// (`None`: the default, or a host channel).
     ready: Option<GpuReady>,
 }
 
@@ -121,8 +122,9 @@ fn pinning(py: Python<'_>, pinned: bool, device: Option<i32>) -> PyResult<Option
     }
 }
 
-/// The `ready=` argument: how this process's senders of a GPU channel signal a send.
-/// `None` for a host channel (where giving one is an error), else the event by default.
+/// The `ready=` argument: how this process's senders of a GPU channel signal a send
+/// (`None`: gpuring's default, host flags where the GPU can). Giving one for a host
+/// channel is an error.
 fn ready(py: Python<'_>, device: Option<i32>, ready: Option<&str>) -> PyResult<Option<GpuReady>> {
     match (device, ready) {
         (None, None) => Ok(None),
@@ -131,7 +133,8 @@ fn ready(py: Python<'_>, device: Option<i32>, ready: Option<&str>) -> PyResult<O
             Class::ConfigError,
             "ready= is for GPU channels (device=N): host slots are ready when send returns",
         )),
-        (Some(_), None | Some("event")) => Ok(Some(GpuReady::Event)),
+        (Some(_), None) => Ok(None),
+        (Some(_), Some("event")) => Ok(Some(GpuReady::Event)),
         (Some(_), Some("flag")) => Ok(Some(GpuReady::HostFlag)),
         (Some(_), Some(other)) => Err(raise(
             py,
@@ -173,7 +176,11 @@ fn make(
     match (pin, gpu) {
         (_, Some(g)) => {
             // The channel handle's stream: the legacy default one; each call sets its own.
-            let b = b.cuda(&g.stream(0)).ready(ready.unwrap_or_default());
+            let b = b.cuda(&g.stream(0));
+            let b = match ready {
+                Some(r) => b.ready(r),
+                None => b,
+            };
             done(if create { b.create() } else { b.open() }, |c| AnyChannel::Cuda(c, g.clone()))
         }
         (Some(g), None) => {
@@ -199,22 +206,24 @@ impl PyChannel {
     /// :meth:`Message.release`). Each process chooses it for itself (``open`` too).
     ///
     /// ``ready``: GPU channels only; how this process's senders tell a receiver that a
-    /// sent tensor's writes are done. ``"event"`` (the default): an interprocess CUDA
-    /// event, which the receiver's stream waits on; ``recv`` never waits for the GPU.
-    /// ``"flag"``: the sender's stream writes a flag in shared memory after the tensor,
-    /// and ``recv`` returns once the receiving CPU has seen it: the tensor is then
-    /// complete for every stream, and the GPU is spared an event record and a wait per
-    /// message (on an H100, 2–3.4× the tensors per second of events; docs/GPU.md). A
-    /// ``recv`` that has taken a message waits for its flag however long the sender's
-    /// GPU work takes (its ``timeout`` does not bound that part, nor does Ctrl-C), or
-    /// until the sender closes its pool (``SenderGone``) or its process exits
-    /// (``PeerDead``). Receivers follow each sender's choice; each process chooses for its
-    /// own senders (``open`` too; a pickled channel keeps it). :meth:`sender` raises
-    /// ``CudaError`` where the GPU lacks 64-bit stream memory operations.
+    /// sent tensor's writes are done. ``None`` (the default): ``"flag"`` where the GPU has
+    /// 64-bit stream memory operations, else ``"event"``. ``"flag"``: the sender's stream
+    /// writes a flag in shared memory after the tensor, and ``recv`` returns once the
+    /// receiving CPU has seen it: the tensor is then complete for every stream, no GPU
+    /// waits on another process's work (without CUDA MPS that spares each hand-off a GPU
+    /// context switch), and the GPU is spared an event record and a wait per message. A
+    /// ``recv`` that has taken a message waits for its flag however long the sender's GPU
+    /// work takes (its ``timeout`` does not bound that part, nor does Ctrl-C), or until the
+    /// sender closes its pool (``SenderGone``) or its process exits (``PeerDead``).
+    /// ``"event"``: an interprocess CUDA event, which the receiver's stream waits on;
+    /// ``recv`` never waits for the GPU (choose it when the receiving thread has other work
+    /// while the sender's kernels run, or ``timeout`` must bound every ``recv``).
+    /// Receivers follow each sender's choice; each process chooses for its own senders
+    /// (``open`` too; a pickled channel keeps it). :meth:`sender` raises ``CudaError`` for
+    /// ``"flag"`` where the GPU lacks 64-bit stream memory operations.
     ///
-    /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError``, ``CudaError``, and
-    /// ``ValueError`` for a ``ready`` that is not ``"event"`` or ``"flag"``, or one given
-    /// with ``device=None``.
+    /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError`` (also for a ``ready`` that is
+    /// not ``"event"`` or ``"flag"``, or one given with ``device=None``), ``CudaError``.
     #[staticmethod]
     #[pyo3(signature = (name, capacity=64, slots=8, slot_bytes=64 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false, pinned=false, ready=None))]
     #[allow(clippy::too_many_arguments)]
@@ -397,8 +406,8 @@ impl PyChannel {
         self.max_senders
     }
 
-    /// How this process's senders signal a sent tensor: ``"event"`` or ``"flag"`` (see
-    /// :meth:`create`); ``None`` for a host channel.
+    /// How this process's senders signal a sent tensor, as ``ready=`` asked: ``"event"``
+    /// or ``"flag"`` (see :meth:`create`); ``None`` for the default, or a host channel.
     #[getter]
     fn ready(&self) -> Option<&'static str> {
         self.ready.map(ready_name)
@@ -409,7 +418,8 @@ impl PyChannel {
         let flavor = if self.mpmc { "mpmc" } else { "spsc" };
         let ready = match self.ready {
             Some(GpuReady::HostFlag) => ", ready=\"flag\"",
-            _ => "",
+            Some(GpuReady::Event) => ", ready=\"event\"",
+            None => "",
         };
         format!(
             "Channel({:?}, {flavor}, {place}, capacity={}, slots={}, slot_bytes={}{ready})",

@@ -10,7 +10,10 @@ import gpuring
 
 torch = pytest.importorskip("torch", reason="the GPU tests need torch")
 if not torch.cuda.is_available():
-    pytest.skip("the GPU tests need an NVIDIA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+    pytest.skip(
+        "the GPU tests need an NVIDIA GPU (torch.cuda.is_available() is False)",
+        allow_module_level=True,
+    )
 
 import gpu_peers  # noqa: E402  (imports torch)
 
@@ -70,22 +73,37 @@ def test_torch_views_are_read_as_their_values(name):
     carry is refused by name."""
     for device in (0, None):
         where = "cuda" if device == 0 else "cpu"
-        ch = gpuring.Channel.create("%s-%s" % (name, where), slots=1, slot_bytes=4096, device=device)
+        ch = gpuring.Channel.create(
+            "%s-%s" % (name, where), slots=1, slot_bytes=4096, device=device
+        )
         tx, rx = ch.sender(), ch.receiver()
         base = torch.arange(36, dtype=torch.float32, device=where).reshape(6, 6)
         c = torch.complex(base, base + 1)
         neg = c.conj().imag  # a real view carrying torch's lazy negation flag
         assert neg.is_neg()
         assert c.conj().is_conj()
-        for view in (base[:, ::2], base.t(), neg, base[2, 3], base.flip(0), c, c.conj(), c.conj().t()):
+        for view in (
+            base[:, ::2],
+            base.t(),
+            neg,
+            base[2, 3],
+            base.flip(0),
+            c,
+            c.conj(),
+            c.conj().t(),
+        ):
             tx.send(view, timeout=5)
             with rx.recv(timeout=5) as msg:
                 got = torch.from_dlpack(msg)
                 assert not got.is_conj() and not got.is_neg()
-                assert got.shape == view.shape and torch.equal(got.cpu(), view.resolve_conj().resolve_neg().cpu()), view
+                assert got.shape == view.shape and torch.equal(
+                    got.cpu(), view.resolve_conj().resolve_neg().cpu()
+                ), view
                 del got  # the one slot comes back once its views are gone
         with pytest.raises(gpuring.DTypeError):
-            tx.send(torch.zeros(4, dtype=torch.int16, device=where).view(torch.complex32), timeout=5)
+            tx.send(
+                torch.zeros(4, dtype=torch.int16, device=where).view(torch.complex32), timeout=5
+            )
         with pytest.raises(gpuring.TooLarge):
             tx.send(torch.zeros([1] * 9, device=where), timeout=5)
         with pytest.raises(gpuring.Timeout):
@@ -98,14 +116,14 @@ def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name, ready):
     once. Ordered by the slot's ready event, it sees the final values every time; the
     control reads without the wait (DLPack stream -1) and sees the slot as it was.
 
-    With ``ready="flag"`` (the sender gets it through the pickled channel), ``recv``
-    itself returns only once the writes are done: the control sees the final values
-    too."""
+    With ``ready="flag"`` ``recv`` itself returns only once the writes are done: the
+    control sees the final values too. (The sender gets ``ready`` through the pickled
+    channel.)"""
     rounds = 4
     ch = gpuring.Channel.create(name, slots=1, slot_bytes=1 << 20, device=0, ready=ready)
     assert ch.ready == ready
     rx = ch.receiver()
-    p = run(gpu_peers.send_after_slow_kernel, ch if ready == "flag" else name, 2 * rounds)
+    p = run(gpu_peers.send_after_slow_kernel, ch, 2 * rounds)
     stale = 0
     elsewhere = torch.cuda.Stream()
     for k in range(1, 2 * rounds + 1):
@@ -272,7 +290,7 @@ def test_pinned_receiver_copies_to_the_gpu_non_blocking(name):
     is done (a host function on torch's stream), so the sender, waiting to overwrite it,
     never changes what the copy reads."""
     count = 6
-    ch = gpuring.Channel.create(name, slots=1, slot_bytes=54 << 20)
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=54 << 20)  # keeps the name
     rx = gpuring.Channel.open(name, pinned=True).receiver()
     p = run(gpu_peers.send_filled_arrays, name, count)
     for k in range(1, count + 1):
@@ -285,3 +303,4 @@ def test_pinned_receiver_copies_to_the_gpu_non_blocking(name):
         msg.release()
         assert t.sum(dtype=torch.int64).item() == k * ((54 << 20) // 4), "message %d" % k
     done(p)
+    ch.close()

@@ -10,10 +10,10 @@ import threading
 import time
 
 import numpy as np
+import peers
 import pytest
 
 import gpuring
-import peers
 
 spawn = mp.get_context("spawn")
 
@@ -46,7 +46,9 @@ def test_send_recv_roundtrip_every_numpy_dtype(name):
             b = np.from_dlpack(msg)
             assert b.dtype == a.dtype and b.shape == a.shape
             assert np.array_equal(a, b)
-    assert sorted(gpuring.dtypes()) == sorted(NUMPY_DTYPES + ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+    assert sorted(gpuring.dtypes()) == sorted(
+        NUMPY_DTYPES + ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
+    )
 
 
 def test_message_is_a_view_of_the_slot_and_the_slot_returns_after_every_view(name):
@@ -218,10 +220,12 @@ def test_exactly_once_over_10k_messages_mpmc_2x2(name):
     results = spawn.Queue()
     attached = spawn.Barrier(4)  # no peer starts before all four have their endpoints
     consumers = [
-        spawn.Process(target=peers.receive_numbered, args=(name, results, 120, attached)) for _ in range(2)
+        spawn.Process(target=peers.receive_numbered, args=(name, results, 120, attached))
+        for _ in range(2)
     ]
     producers = [
-        spawn.Process(target=peers.send_numbered, args=(name, k, per_producer, attached)) for k in range(2)
+        spawn.Process(target=peers.send_numbered, args=(name, k, per_producer, attached))
+        for k in range(2)
     ]
     for p in consumers + producers:
         p.start()

@@ -5,10 +5,10 @@
 //! ```text
 //! sender:   acquire()        -> its stream waits on the slot's release event (unless done)
 //!           (kernels on that stream write the slot)
-//!           send(lease)      -> ready event recorded (or ready flag written) on it;
+//!           send(lease)      -> ready flag written (or ready event recorded) on it;
 //!                               descriptor pushed
-//! receiver: recv()           -> descriptor checked; its stream waits on the ready event
-//!                               (host flags: its CPU waits for the flag)
+//! receiver: recv()           -> descriptor checked; its CPU waits for the flag (events:
+//!                               its stream waits on the ready event)
 //!           (kernels on that stream read the slot)
 //!           drop(message)    -> release event recorded on it (unless it is idle);
 //!                               slot back in the pool
@@ -54,42 +54,49 @@ use crate::wait::WaitPolicy;
 pub struct Cuda;
 
 /// How a GPU channel's receiver learns that a sent slot's writes are done: the sender's
-/// choice, per sender ([`ChannelBuilder::ready`]); receivers follow each pool's.
+/// choice, per sender ([`ChannelBuilder::ready`]); receivers follow each pool's. By
+/// default a sender signals by [`HostFlag`](GpuReady::HostFlag) where its device can (64-bit
+/// stream memory operations), else by [`Event`](GpuReady::Event).
 ///
-/// - [`Event`](GpuReady::Event) (the default): the send records the slot's interprocess
-///   ready event on the sender's stream; `recv` enqueues a wait for it on the receiver's
-///   stream and returns at once. The CPU never waits for the GPU.
 /// - [`HostFlag`](GpuReady::HostFlag): the send enqueues a write of the slot's ready flag,
 ///   a word in the pool's shared memory (`cuStreamWriteValue64`, fenced after the
-///   stream's earlier writes); `recv` returns once the receiver's CPU has seen it, so
-///   the payload is complete for any stream, and nothing is enqueued on the receiver's
-///   stream. Per item this saves the GPU an event record and a wait on the two sides; it
-///   costs a receiver's CPU the wait for the sender's GPU work, spent as the receiver's
-///   [`WaitPolicy`] says (at least 4,096 spins, then its yields, then short naps, then
-///   naps doubling to 1 ms; a policy that never sleeps spins until the flag), which the
-///   receive's deadline does not bound: a receive, `try_recv` included, that has taken a
-///   message waits for its flag until it comes, the pool is retired
-///   ([`RecvError::SenderGone`](crate::RecvError::SenderGone)) or the sender's process has exited
-///   ([`RecvError::PeerDead`](crate::RecvError::PeerDead)). No stream ever waits on a value (NVIDIA warns that such
-///   waits can deadlock). The device must have 64-bit stream memory operations.
+///   stream's earlier writes); `recv` returns once the receiver's CPU has seen it, so the
+///   payload is complete for any stream, and nothing is enqueued on the receiver's stream.
+///   No GPU waits on another process's work: without CUDA MPS, where two processes on one
+///   GPU are time-sliced, that is what keeps a hand-off from waiting for a context switch,
+///   and in every setup it spares the GPU an event record and a wait per message. The
+///   receiver's CPU waits instead, as its [`WaitPolicy`] says (at least 4,096 spins, then
+///   its yields, then short naps, then naps doubling to 1 ms; a policy that never sleeps
+///   spins until the flag), and that wait is not bounded by the receive's deadline: a
+///   receive, `try_recv` included, that has taken a message waits for its flag until it
+///   comes, the pool is retired ([`RecvError::SenderGone`](crate::RecvError::SenderGone))
+///   or the sender's process has exited
+///   ([`RecvError::PeerDead`](crate::RecvError::PeerDead)).
+/// - [`Event`](GpuReady::Event): the send records the slot's interprocess ready event on
+///   the sender's stream; `recv` enqueues a wait for it on the receiver's stream and
+///   returns at once. The CPU never waits for the GPU; the receiver's stream does, and the
+///   payload is ordered for that stream only (another stream's reads are ordered with
+///   [`Message::wait_on`]). Choose it when the receiving thread has other work to do while
+///   the sender's GPU work runs (long kernels before each send), or when a receive must
+///   return within its deadline.
 ///
-/// docs/GPU.md says which is faster in which setup.
+/// No stream ever waits on a value (NVIDIA warns that such waits can deadlock).
+/// docs/GPU.md has the measurements behind the default.
 ///
 /// ```no_run
 /// use gpuring::{Channel, GpuReady, cuda};
 /// let stream = cuda::context(0)?.new_stream()?;
-/// let ch = Channel::builder("frames").slots(64, 1 << 20).cuda(&stream).ready(GpuReady::HostFlag).create()?;
+/// let ch = Channel::builder("frames").slots(64, 1 << 20).cuda(&stream).ready(GpuReady::Event).create()?;
 /// # drop(ch);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuReady {
-    /// Interprocess ready events, waited on by the receiver's stream.
-    #[default]
-    Event,
     /// A ready flag in shared memory, written by the sender's stream and waited for by the
-    /// receiver's CPU.
+    /// receiver's CPU (the default where the device can).
     HostFlag,
+    /// Interprocess ready events, waited on by the receiver's stream.
+    Event,
 }
 
 /// A GPU channel handle's context in a process: the stream its endpoints start on, and how
@@ -97,7 +104,8 @@ pub enum GpuReady {
 #[derive(Debug, Clone)]
 pub struct CudaSetup {
     stream: Arc<CudaStream>,
-    ready: GpuReady,
+    /// `None`: host flags where the device can, else events.
+    ready: Option<GpuReady>,
 }
 
 /// The device attribute host ready flags need (`cuStreamWriteValue64`).
@@ -174,14 +182,19 @@ impl Backend for Cuda {
     ) -> Result<(PoolSegment, Arc<DevicePool>), Unmade<CudaError>> {
         let ctx = setup.stream.context();
         let stride = PoolLayout::cuda(slot_count, slot_size).expect("checked at create").stride;
-        let flags = setup.ready == GpuReady::HostFlag;
         let attribute = |a| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
-        if flags && attribute(STREAM_MEM_OPS_64).map_err(Unmade::Device)? == 0 {
-            return Err(Unmade::Device(CudaError::Driver {
-                op: "host ready flags: the device has no 64-bit stream memory operations",
-                code: sys::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i32,
-            }));
-        }
+        let can_flag = || attribute(STREAM_MEM_OPS_64).map(|v| v != 0).map_err(Unmade::Device);
+        let flags = match setup.ready {
+            Some(GpuReady::Event) => false,
+            None => can_flag()?,
+            Some(GpuReady::HostFlag) if can_flag()? => true,
+            Some(GpuReady::HostFlag) => {
+                return Err(Unmade::Device(CudaError::Driver {
+                    op: "host ready flags: the device has no 64-bit stream memory operations",
+                    code: sys::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as i32,
+                }));
+            }
+        };
         // The allocation, its events and every IPC handle first: the segment publishes them.
         let mut device =
             DevicePool::create(ctx, slot_count as usize, stride, flags).map_err(Unmade::Device)?;
@@ -325,24 +338,26 @@ impl ChannelBuilder<Host> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cuda(self, stream: &Arc<CudaStream>) -> ChannelBuilder<Cuda> {
-        self.with_backend(CudaSetup { stream: stream.clone(), ready: GpuReady::default() })
+        self.with_backend(CudaSetup { stream: stream.clone(), ready: None })
     }
 }
 
 impl ChannelBuilder<Cuda> {
     /// How this process's senders of the channel signal that a slot's writes are done
-    /// ([`GpuReady`]; default [`GpuReady::Event`]). Each sender's pool records its choice,
-    /// and receivers follow it, whatever their own builder said.
+    /// ([`GpuReady`]; by default host flags where the device can, else events). Each
+    /// sender's pool records its choice, and receivers follow it, whatever their own
+    /// builder said. Asking for host flags on a device without 64-bit stream memory
+    /// operations makes `sender()` fail.
     ///
     /// ```no_run
     /// use gpuring::{Channel, GpuReady};
     /// let stream = gpuring::cuda::context(0)?.new_stream()?;
-    /// let ch = Channel::builder("frames").cuda(&stream).ready(GpuReady::HostFlag).create()?;
+    /// let ch = Channel::builder("frames").cuda(&stream).ready(GpuReady::Event).create()?;
     /// # drop(ch);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn ready(mut self, ready: GpuReady) -> Self {
-        self.ctx.ready = ready;
+        self.ctx.ready = Some(ready);
         self
     }
 }
@@ -465,9 +480,9 @@ impl Message<Cuda> {
     }
 
     /// Makes `stream` see the payload too, for one message (the per-message override of
-    /// the receiver's stream): enqueues on it a wait for the slot's ready event, as the
-    /// receive did on the message's own stream (from a [`GpuReady::HostFlag`] sender,
-    /// nothing: the writes were done when it was received). The slot's release is still
+    /// the receiver's stream): from a [`GpuReady::Event`] sender, enqueues on it a wait for
+    /// the slot's ready event, as the receive did on the message's own stream; from a
+    /// [`GpuReady::HostFlag`] sender, nothing (the writes were done when it was received). The slot's release is still
     /// recorded on [`cuda_stream`](Self::cuda_stream) when the message drops: order the reads
     /// queued on `stream` before that (e.g. `msg.cuda_stream().join(&stream)`), or the slot may
     /// be written again under them.
