@@ -761,7 +761,7 @@ fn gpuring_stream(g: &mut Group<'_>, ready: GpuReady) {
 
 /// The calling thread's time per driver call of the hot path, in this process's context:
 /// 64 calls timed, then a synchronize untimed (so the queue never fills), repeated.
-/// `waits`: also the stream waits on values (met ones; one such hung under MPS, run AH).
+/// `waits`: also the stream waits on values (met ones; such waits have hung under MPS).
 fn driver_calls(c: &mut Criterion, values: bool, waits: bool) {
     let mut g = c.benchmark_group("gpu_driver_calls");
     g.measurement_time(Duration::from_secs(1));
@@ -859,7 +859,7 @@ fn main() {
         g.finish();
     }
     // GPURING_BENCH_NO_VALUE_WAITS=1: no stream waits on a value, here or below (such
-    // waits hung under MPS, runs AF, AG and AH).
+    // waits have hung under MPS).
     let no_waits = std::env::var_os("GPURING_BENCH_NO_VALUE_WAITS").is_some();
     driver_calls(&mut c, values, !no_waits);
     if values {

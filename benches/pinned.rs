@@ -165,17 +165,17 @@ fn staged_copier(ctx: &Arc<CudaContext>, src: sys::CUdeviceptr, spinning_sink: b
 #[derive(Clone, Copy, PartialEq)]
 enum Done {
     /// An event record after the copy, a wait on it by a second stream, and a host function
-    /// there (what gpuring's stream-ordered send did until run AC).
+    /// there (an earlier form of gpuring's stream-ordered send).
     LaneHostFn,
     /// A host function on the copy's own stream (holds the stream until it has run).
     SameStreamHostFn,
     /// An event record (blocking sync) after the copy; a second thread of ours waits on
-    /// each event in `cuEventSynchronize`, asleep in the driver, and counts (what gpuring's
-    /// lanes did in run AC).
+    /// each event in `cuEventSynchronize`, asleep in the driver, and counts (an earlier
+    /// form of gpuring's lanes).
     WaiterThread,
     /// As `WaiterThread` with events that are not blocking-sync (no completion interrupt),
     /// the waiter polling `cuEventQuery`: every ~0.5 µs for 20 µs, then naps of an eighth of
-    /// the time waited (what gpuring's lanes do since run AD).
+    /// the time waited (what gpuring's lanes do).
     PollingThread,
 }
 

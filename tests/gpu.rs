@@ -46,7 +46,7 @@ fn cuda_absent_is_a_typed_error() {
 /// a type; see the `compile_fail` example on `gpuring::Backend`), and opening a channel
 /// with the other backend's builder is refused at `open`, saying why.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn host_and_gpu_channels_do_not_mix() {
     let (_, stream) = setup();
     let name = unique_name("gpu-mix");
@@ -72,13 +72,13 @@ fn host_and_gpu_channels_do_not_mix() {
 /// receiver uses the pool itself: nothing is opened, the values and the stream order are
 /// the same.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_receiver_in_the_senders_own_process() {
     same_process(GpuReady::Event);
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_host_flags_receiver_in_the_senders_own_process() {
     same_process(GpuReady::HostFlag);
 }
@@ -107,7 +107,7 @@ fn same_process(ready: GpuReady) {
 /// message's words checked in stream order.
 #[test]
 #[cfg(feature = "async")]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_async_forms_between_processes() {
     const N: u64 = 2_000;
     if role().as_deref() == Some("receiver") {
@@ -147,7 +147,7 @@ fn gpu_async_forms_between_processes() {
 /// sent it, onto the given stream (words checked), then `Disconnected` per receiver.
 #[test]
 #[cfg(feature = "async")]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_select_over_two_channels() {
     let (_, stream) = setup();
     let names = [unique_name("gpu-sel-a"), unique_name("gpu-sel-b")];
@@ -184,7 +184,7 @@ fn gpu_select_over_two_channels() {
 /// `cuMemsetD32Async` on its stream; the receiver copies the first and last word back
 /// after its wait and checks them. After warm-up: no IPC handle opened, no allocation.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_100k_messages_between_processes() {
     hundred_k("gpu_100k_messages_between_processes", GpuReady::Event);
 }
@@ -192,7 +192,7 @@ fn gpu_100k_messages_between_processes() {
 /// As `gpu_100k_messages_between_processes`, from a sender that signals by host ready
 /// flags (the receiver follows the pool; its steady state allocates nothing either).
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_100k_messages_with_host_flags() {
     hundred_k("gpu_100k_messages_with_host_flags", GpuReady::HostFlag);
 }
@@ -261,20 +261,20 @@ fn hundred_k(test: &str, ready: GpuReady) {
 }
 
 /// The producer's write is slow (many queued memsets, the last one writing the value) and
-/// the receiver reads at once after `recv_on`: in stream order it sees the final value.
+/// the receiver reads at once after `recv`: in stream order it sees the final value.
 /// The same read on a second stream, which does not wait on the ready event, must see an
 /// older value at least once, or the test could not tell ordered from unordered.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_receiver_reads_after_a_slow_write() {
     slow_write("gpu_receiver_reads_after_a_slow_write", GpuReady::Event);
 }
 
 /// As `gpu_receiver_reads_after_a_slow_write`, from a sender that signals by host ready
-/// flags: `recv_on` returns once the writes are done, so the read on the second stream,
+/// flags: `recv` returns once the writes are done, so the read on the second stream,
 /// ordered after nothing, sees the final value too, every time (with events it raced).
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_host_flags_receiver_reads_after_a_slow_write() {
     slow_write("gpu_host_flags_receiver_reads_after_a_slow_write", GpuReady::HostFlag);
 }
@@ -335,7 +335,7 @@ fn slow_write(test: &str, ready: GpuReady) {
 /// producer's write waited for the release event. A control message read *after* its
 /// drop (outside the protocol) must see the overwrite at least once.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_slot_reuse_waits_for_the_receivers_reads() {
     slot_reuse("gpu_slot_reuse_waits_for_the_receivers_reads", GpuReady::Event);
 }
@@ -343,7 +343,7 @@ fn gpu_slot_reuse_waits_for_the_receivers_reads() {
 /// As `gpu_slot_reuse_waits_for_the_receivers_reads`, from a sender that signals by host
 /// ready flags (the release side is the same event, recorded unless the stream is idle).
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_host_flags_slot_reuse_waits_for_the_receivers_reads() {
     slot_reuse("gpu_host_flags_slot_reuse_waits_for_the_receivers_reads", GpuReady::HostFlag);
 }
@@ -419,7 +419,7 @@ fn slow_reads(scratch: sys::CUdeviceptr, slot: sys::CUdeviceptr, n: u32, stream:
 /// single-GPU machine both are device 0 (the same-device path); on several, the receiver
 /// imports a pool on another device through peer access.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_receiver_on_the_last_device() {
     const N: u64 = 2_000;
     if role().as_deref() == Some("receiver") {
@@ -455,7 +455,7 @@ fn gpu_receiver_on_the_last_device() {
 /// driver has torn its context down), the sender's blocking acquire takes the two device
 /// slots back, and every slot can be leased again.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
     if role().as_deref() == Some("holder") {
         let (_, stream) = setup();
@@ -495,7 +495,7 @@ fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
 /// sender of `gpu_100k_messages_between_processes`, running beside this test in the same
 /// process, checks that its process never opens an IPC handle.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_messages_of_an_exited_sender_are_refused_unread() {
     const WORDS: usize = 1024;
     const TEST: &str = "gpu_messages_of_an_exited_sender_are_refused_unread";
@@ -562,7 +562,7 @@ fn gpu_messages_of_an_exited_sender_are_refused_unread() {
 /// `RecvError::Device` (the IPC handle of a dead process does not open). All ends run in
 /// children (see `gpu_messages_of_an_exited_sender_are_refused_unread`).
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
     const WORDS: usize = 1024;
     const TEST: &str = "gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it";
@@ -634,7 +634,7 @@ fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
 /// ever; so does one whose wait policy never sleeps (its flag wait spins without end,
 /// checking the sender every so many spins). All ends run in children.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_host_flags_receiver_sees_its_senders_death() {
     const TEST: &str = "gpu_host_flags_receiver_sees_its_senders_death";
     match role().as_deref() {

@@ -42,17 +42,19 @@ pub(crate) fn bench(
     let mut gpu_setup: Option<String> = None;
     #[cfg(feature = "cuda")]
     if crate::demo::gpu_present() {
-        use gpuring::GpuReady;
-        let (g, setup) = gpu_demo::channel(20_000, 4096, 2_000, GpuReady::Event)?;
+        let (g, setup, signal) = gpu_demo::channel(20_000, 4096, 2_000, false)?;
         gpu_setup = Some(setup);
-        // With host ready flags too, where the device has the stream memory operations.
-        let flags = gpu_demo::channel(20_000, 4096, 2_000, GpuReady::HostFlag);
+        // Where the default signals by host ready flags, with events too.
+        let events = if signal == gpuring::GpuReady::HostFlag {
+            Some(gpu_demo::channel(20_000, 4096, 2_000, true)?.0)
+        } else {
+            None
+        };
         let p = gpu_demo::pipe(20_000, 4096, 2_000)?;
         let base = (g.p50, g.per_sec);
         push(4096, base, g);
-        match flags {
-            Ok((f, _)) => push(4096, base, f),
-            Err(e) => eprintln!("(host ready flags: not run here: {e})"),
+        if let Some(e) = events {
+            push(4096, base, e);
         }
         push(4096, base, p);
     }

@@ -36,30 +36,32 @@ fn read_word(ptr: sys::CUdeviceptr, s: &CudaStream) -> Result<u32, Error> {
 /// copies it into its own slot and sends it back, A's stream waits, A reads it back
 /// to the host), then a one-way stream; and a line on the GPU setup the hand-offs took
 /// (one GPU time-sliced, one under MPS, or two GPUs: from the echo's device and this
-/// process's MPS state), with the hint to turn MPS on where it would help. `ready`: how both
-/// processes' senders signal their sends (the echo's role says which).
+/// process's MPS state), with the hint to turn MPS on where it would help. `events`: both
+/// processes' senders signal by ready events (the echo's role says so); else by the
+/// default (host flags where the device can). Also returns the signal this process's
+/// senders used.
 pub(super) fn channel(
     messages: u64,
     size: usize,
     pings: u64,
-    ready: GpuReady,
-) -> Result<(Figures, String), Error> {
+    events: bool,
+) -> Result<(Figures, String, GpuReady), Error> {
     let (ctx, s) = setup()?;
     let here = cuda::device_info(&ctx)?;
     let mut path = None;
-    let flags = ready == GpuReady::HostFlag;
-    let name = format!("gpuring-demo-{}{}", std::process::id(), if flags { "-f" } else { "" });
+    let name = format!("gpuring-demo-{}{}", std::process::id(), if events { "-e" } else { "" });
     let make = |suffix: &str, cap: u64, slots: u32| {
-        Channel::builder(format!("{name}-{suffix}"))
+        let b = Channel::builder(format!("{name}-{suffix}"))
             .capacity(cap)
             .slots(slots, size as u64)
-            .cuda(&s)
-            .ready(ready)
-            .create()
+            .cuda(&s);
+        if events { b.ready(GpuReady::Event) } else { b }.create()
     };
     let (ab, ba) = (make("ab", 16, 4)?, make("ba", 16, 4)?);
     let (tx, rx) = (ab.sender()?, ba.receiver()?);
-    let child = spawn_peer(if flags { "echo-gpu-flags" } else { "echo-gpu" }, &name, size, false)?;
+    let signal = tx.ready_signal();
+    let role = if events { "echo-gpu-events" } else { "echo-gpu" };
+    let child = spawn_peer(role, &name, size, false)?;
     let meta = TensorMeta::bytes(size as u64);
     let mut samples = Vec::with_capacity(pings as usize);
     for seq in 0..=pings {
@@ -86,14 +88,17 @@ pub(super) fn channel(
     let sc = make("s", 256, 64)?;
     let tx = sc.sender()?;
     let child = spawn_peer("sink-gpu", &name, size, false)?;
-    let label = if flags { "gpuring (GPU, host flags)" } else { "gpuring (GPU)" };
+    let label = match signal {
+        GpuReady::HostFlag => "gpuring (GPU, host flags)",
+        GpuReady::Event => "gpuring (GPU, events)",
+    };
     let figures = stream_figures_of(label, (messages, latency), (&tx, child), meta, |seq| {
         let lease = tx.acquire_timeout(Duration::from_secs(10))?;
         memset_word(lease.device_ptr(), seq as u32, &s)?;
         Ok(lease)
     })?;
     let path = path.expect("the ping-pong ran at least once");
-    Ok((figures, format!("GPU setup: {}", path.describe(&here))))
+    Ok((figures, format!("GPU setup: {}", path.describe(&here)), signal))
 }
 
 pub(super) fn pipe(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
@@ -114,9 +119,9 @@ pub(super) fn peer(role: &str, name: &str, size: usize) -> Result<(), Error> {
             }
         }
     }
-    let ready = if role == "echo-gpu-flags" { GpuReady::HostFlag } else { GpuReady::Event };
     let ab = Channel::builder(format!("{name}-ab")).cuda(&s).open()?;
-    let ba = Channel::builder(format!("{name}-ba")).cuda(&s).ready(ready).open()?;
+    let ba = Channel::builder(format!("{name}-ba")).cuda(&s);
+    let ba = if role == "echo-gpu-events" { ba.ready(GpuReady::Event) } else { ba }.open()?;
     let (rx, tx) = (ab.receiver()?, ba.sender()?);
     loop {
         let m = rx.recv_timeout(Duration::from_secs(30))?;

@@ -205,7 +205,7 @@ fn list_tells_in_use_from_left_over_and_clean_removes_only_what_nobody_uses() {
 /// through MPS (no hint). Whether a daemon runs is read here from its control pipe, not
 /// from the driver attribute the tool uses. It also runs the GPU path with host ready flags.
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_demo_says_whether_the_gpu_is_time_sliced_or_shared_through_mps() {
     let pipe_dir = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or("/tmp/nvidia-mps".into());
     let mps = std::path::Path::new(&pipe_dir).join("control").exists();
@@ -236,7 +236,7 @@ fn gpu_demo_says_whether_the_gpu_is_time_sliced_or_shared_through_mps() {
 /// `GpuReady::HostFlag`.
 #[cfg(feature = "cuda")]
 #[test]
-#[ignore = "needs an NVIDIA GPU (run by scripts/device-bench.sh on the GPU machine)"]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_inspect_of_a_gpu_channel_says_each_gpus_mps_state() {
     let pipe_dir = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or("/tmp/nvidia-mps".into());
     let mps = std::path::Path::new(&pipe_dir).join("control").exists();
@@ -255,15 +255,20 @@ fn gpu_inspect_of_a_gpu_channel_says_each_gpus_mps_state() {
     } else {
         assert!(gpu0.contains("time-slices") && gpu0.contains("nvidia-cuda-mps-control -d"));
     }
-    assert_eq!(&pool_cells(&stdout, tx.pool_name())[3..5], ["cuda", "events"]);
-    let flagged = unique_name("cli-gpu-inspect-flags");
-    let ch2 = Channel::builder(&flagged).slots(2, 4096).cuda(&stream);
-    let ch2 = ch2.ready(gpuring::GpuReady::HostFlag).create().unwrap();
+    // The default signal (host flags where the device can), as the sender reports it.
+    let default = match tx.ready_signal() {
+        gpuring::GpuReady::HostFlag => "host flags",
+        gpuring::GpuReady::Event => "events",
+    };
+    assert_eq!(&pool_cells(&stdout, tx.pool_name())[3..5], ["cuda", default]);
+    let evented = unique_name("cli-gpu-inspect-events");
+    let ch2 = Channel::builder(&evented).slots(2, 4096).cuda(&stream);
+    let ch2 = ch2.ready(gpuring::GpuReady::Event).create().unwrap();
     let tx2 = ch2.sender().unwrap();
-    let out = gpuring(&["inspect", &flagged]);
+    let out = gpuring(&["inspect", &evented]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "inspect failed: {stderr}");
     let cells = pool_cells(&stdout, tx2.pool_name());
     println!("{cells:?}");
-    assert_eq!(&cells[3..5], ["cuda", "host flags"], "{cells:?}");
+    assert_eq!(&cells[3..5], ["cuda", "events"], "{cells:?}");
 }

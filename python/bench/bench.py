@@ -21,8 +21,8 @@ Rows (each in its own pair of spawned processes):
 A third gpuring row on the GPU has the receiver spin longer before it sleeps
 (``ch.receiver(spins=100_000)``), so that no item pays a futex wake-up. Two more repeat
 the ``send`` and the zero-copy "as is" rows with the producer's channel opened with
-``ready="flag"``: each send is signalled by a flag its stream writes in shared memory,
-waited for by the receiving CPU, instead of an interprocess event.
+``ready="event"``: each send is signalled by an interprocess event that the receiver's
+stream waits on, instead of the default flag its stream writes in shared memory.
 
 Latency is one-way and CPU side, as a user sees it: from the sender's call until the
 receiver holds the tensor (``perf_counter_ns`` is CLOCK_MONOTONIC, shared by the
@@ -32,8 +32,7 @@ Throughput: the sender sends as fast as it can, the receiver takes every item (a
 the GPU, synchronizes once at the end); items/s over the receiver's time, in steady state:
 from the receipt of item ``skip(n)`` on (64, or a tenth of the items where that is
 less), so that opening each slot's memory (gpuring) or each tensor's (torch's queues)
-once, on first use, is not counted in the rate. Rows of run AD and before counted from
-the first item.
+once, on first use, is not counted in the rate.
 """
 
 import argparse
@@ -348,14 +347,14 @@ def main():
         results["gpu"]["gpuring zero-copy (lease sent as is, msg.torch())"] = gpuring_rows(
             ctx, args.device, GPU_SIZES, args.quick, "lease as is", "msg.torch()"
         )
-        # The same two with the producer's sends signalled by a host flag instead of an
-        # IPC event (`ready="flag"`: the receiving CPU waits for the flag).
-        results["gpu"]["gpuring (msg.torch(), ready=flag)"] = gpuring_rows(
-            ctx, args.device, GPU_SIZES, args.quick, "send", "msg.torch()", ready="flag"
+        # The same two with the producer's sends signalled by an interprocess event instead
+        # of the default host flag (`ready="event"`: the receiver's stream waits on it).
+        results["gpu"]["gpuring (msg.torch(), ready=event)"] = gpuring_rows(
+            ctx, args.device, GPU_SIZES, args.quick, "send", "msg.torch()", ready="event"
         )
-        results["gpu"]["gpuring zero-copy (lease sent as is, msg.torch(), ready=flag)"] = (
+        results["gpu"]["gpuring zero-copy (lease sent as is, msg.torch(), ready=event)"] = (
             gpuring_rows(
-                ctx, args.device, GPU_SIZES, args.quick, "lease as is", "msg.torch()", ready="flag"
+                ctx, args.device, GPU_SIZES, args.quick, "lease as is", "msg.torch()", ready="event"
             )
         )
         results["gpu"]["torch.multiprocessing.Queue"] = torch_rows(

@@ -375,6 +375,20 @@ impl Sender<Cuda> {
         &self.sending.stream
     }
 
+    /// How this sender signals that a sent slot's writes are done: what its builder's
+    /// [`ready`](ChannelBuilder::ready) asked for, or the default's choice for its device
+    /// (host flags where the device has 64-bit stream memory operations, else events).
+    ///
+    /// ```no_run
+    /// let stream = gpuring::cuda::context(0)?.new_stream()?;
+    /// let ch = gpuring::Channel::builder("frames").cuda(&stream).create()?;
+    /// println!("signalling by {:?}", ch.sender()?.ready_signal());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ready_signal(&self) -> GpuReady {
+        if self.sending.device().host_flags() { GpuReady::HostFlag } else { GpuReady::Event }
+    }
+
     /// Makes `stream` the stream this sender's next leases are taken on (the channel
     /// handle's until then): a lease's stream waits for its slot's last reader, and its
     /// send is ordered after the work queued on it.

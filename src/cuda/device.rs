@@ -215,6 +215,11 @@ impl DevicePool {
         self.events.wait_pending(self.events.release[slot as usize], stream)
     }
 
+    /// Whether sends are signalled by host ready flags (else by ready events).
+    pub(crate) fn host_flags(&self) -> bool {
+        self.ready_flags != 0
+    }
+
     /// The registered mapping of the pool segment and where slot 0's ready flag is in it
     /// for the device (from [`map_ready_flags`]), before the pool is shared.
     pub(crate) fn set_ready_flags(&mut self, (mapping, first): (Registration, sys::CUdeviceptr)) {

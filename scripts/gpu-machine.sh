@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The lent GPU machine's part of a change: the GPU tests, the demo, the Python GPU suite, the
+# bench suites, and a before/after of two builds, one part per device call (each fits the
+# call's 10 minutes; its logs go straight to $OUT, at most 8 files, so that a part cut off
+# by the limit still returns what it wrote).
+#
+# Staged here first (this machine has the Rust toolchain, that one has not):
+#   ../shared/tools/gpu-stage && strip .gpu/bin/*                (this build)
+#   bash scripts/python-gpu.sh stage                             (the Python wheel)
+#   cp scripts/gpu-machine.sh .gpu/
+# For `bench` / `mps`, the build to compare with, from a worktree of its commit:
+#   (cd ../base && cargo build --release --features cuda --bench rings --bench gpu)
+#   cp <its rings and gpu bench binaries> .gpu/bin/bench-rings-before .gpu/bin/bench-gpu-before
+# Then a device `run` with carry [".gpu"] of `OUT=$OUT bash .gpu/gpu-machine.sh PART`:
+#   tests    .gpu/run.sh (every test binary, --include-ignored), the demo, /dev/shm after
+#   python   the Python suite, then again under MPS
+#   full     this build's rings, payloads and gpu suites (gpu without and under MPS)
+#   rest     the CLI's GPU tests, the rows `full` runs out of time for, the Python bench
+#   bench    before/after, alternated, two rounds, no MPS
+#   mps      before/after under MPS, and the demo under MPS
+set -uo pipefail
+what=${1:-tests}
+# Logs go straight to $OUT (at most 8 files a part: what the device gives back), so that
+# a part cut off by the call's time limit still returns what it wrote.
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+nvidia-smi -L; lscpu | grep -E "Model name"; uname -r
+cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | cut -d, -f1 | sed -n '2,7p' | paste -sd,)
+export GPURING_BENCH_CPUS=$cpus GPURING_BENCH_NO_VALUE_WAITS=1
+mps_on() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && sleep 1 && echo "MPS daemon started"
+}
+mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; echo "MPS daemon stopped"; }
+show() { grep -E '^[A-Za-z_0-9]+/[A-Za-z_0-9/]+( +time:.*)?$|^ +time:|^ +thrpt:|panicked|STALLED' "$1" | grep -v '%' | sed -E 's/ +/ /g'; }
+rings_rows='latency_one_way/gpuring_spsc_(spin|sleep)$|throughput/gpuring_(spsc|spsc_batch32|mpmc)/'
+gpu_rows='gpu_handoff_one_way/(floor_ipc_events_spin|gpuring_spsc_(spin|default)(_host_flags)?)$|gpu_stream/(floor_ipc_events_stream|gpuring_spsc_1p1c)'
+bench() { # tag binary rows
+  timeout 240 .gpu/bin/$2 --bench "$3" > "$out/$1-$2.log" 2>&1; echo "== $1 $2 (exit $?)"; show "$out/$1-$2.log"
+}
+case $what in
+  tests)
+    timeout 500 bash .gpu/run.sh > "$out/tests.log" 2>&1; echo "run.sh exit $?"
+    grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq -c
+    timeout 150 .gpu/bin/gpuring demo > "$out/demo-nomps.log" 2>&1; tail -9 "$out/demo-nomps.log"
+    echo "/dev/shm leftovers:"; ls /dev/shm | grep gpuring | head || true
+    ;;
+  python)
+    timeout 280 bash scripts/python-gpu.sh run tests 2>&1 | tee "$out/py-nomps.log" | tail -8
+    timeout 280 bash scripts/python-gpu.sh run tests --mps 2>&1 | tee "$out/py-mps.log" | tail -8
+    ;;
+  bench)
+    for r in 1 2; do
+      bench nomps-$r bench-rings-before "$rings_rows"; bench nomps-$r bench-rings "$rings_rows"
+      bench nomps-$r bench-gpu-before "$gpu_rows"; bench nomps-$r bench-gpu "$gpu_rows"
+    done
+    ;;
+  mps)
+    mps_on
+    bench mps-1 bench-gpu-before "$gpu_rows"; bench mps-1 bench-gpu "$gpu_rows"
+    timeout 150 .gpu/bin/gpuring demo > "$out/demo-mps.log" 2>&1; tail -9 "$out/demo-mps.log"
+    mps_off
+    ;;
+  full)  # this build's complete suites, for docs/BENCHMARKS.md and docs/GPU.md
+    timeout 180 .gpu/bin/bench-rings --bench > "$out/rings.log" 2>&1; echo "== rings (exit $?)"; show "$out/rings.log"
+    timeout 100 .gpu/bin/bench-payloads --bench > "$out/payloads.log" 2>&1; echo "== payloads (exit $?)"; show "$out/payloads.log"
+    timeout 150 .gpu/bin/bench-gpu --bench > "$out/gpu-nomps.log" 2>&1; echo "== gpu, no MPS (exit $?)"; show "$out/gpu-nomps.log"
+    mps_on
+    timeout 150 .gpu/bin/bench-gpu --bench > "$out/gpu-mps.log" 2>&1; echo "== gpu, MPS (exit $?)"; show "$out/gpu-mps.log"
+    mps_off
+    ;;
+  rest)  # the CLI's GPU tests; the rows `full` had no time for; then the Python bench
+    timeout 60 .gpu/bin/test-cli --include-ignored gpu_ > "$out/test-cli.log" 2>&1; echo "test-cli exit $?"
+    grep -E "^test |test result" "$out/test-cli.log"
+    timeout 100 .gpu/bin/bench-payloads --bench 'payload_5MB/iceoryx2|payload_54MB' > "$out/payloads-54.log" 2>&1
+    echo "== payloads 54 MB (exit $?)"; show "$out/payloads-54.log"
+    timeout 100 .gpu/bin/bench-rings --bench 'throughput/(gpuring_mpmc_batch32|pipe|unix|iceoryx2|ipc)' > "$out/rings-rest.log" 2>&1
+    echo "== rings, the rest (exit $?)"; show "$out/rings-rest.log"
+    OUT=$out timeout 300 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1
+    echo "== python bench, no MPS (exit $?)"; grep -E "items/s|skipped" "$out/pybench-nomps.log"
+    ;;
+  pybench)  # the Python package against Python's queues, no MPS
+    OUT=$out timeout 500 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1
+    echo "== python bench, no MPS (exit $?)"; grep -E "items/s|skipped" "$out/pybench-nomps.log"
+    ;;
+esac
+echo "/dev/shm leftovers:"; ls /dev/shm | grep gpuring | head || true
