@@ -185,44 +185,15 @@ macro_rules! wait_errors {
             }
         }
 
-        $(#[$try_meta])*
-        #[derive($($derive),*)]
-        #[non_exhaustive]
-        pub enum $try<$($decl)*> {
-            $(#[$y_meta])* $y_variant $(($y_ty))?,
-            $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
-        }
-
-        impl<$($params)*> core::fmt::Display for $try<$($args)*> {
-            #[allow(unused_variables)]
-            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-                match self {
-                    Self::$y_variant $(($y_bind))? => $y_msg,
-                    $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
-                }
-            }
-        }
-
-        impl<$($params)*> std::error::Error for $try<$($args)*> where Self: core::fmt::Debug {
-            #[allow(unused_variables, unreachable_code)]
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                match self {
-                    Self::$y_variant $(($y_bind))? => None,
-                    $(Self::$variant $(($bind))? $({ $($field),* })? => {
-                        $(return $source;)?
-                        None
-                    })*
-                }
-            }
-        }
-
-        impl<$($params)*> From<$base<$($args)*>> for $try<$($args)*> {
-            fn from(e: $base<$($args)*>) -> Self {
-                match e {
-                    $($base::$variant $(($bind))? $({ $($field),* })?
-                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
-                }
-            }
+        wait_errors! {
+            @one_more [$($decl)*] [$($params)*] [$($args)*] ($($derive),*) $base;
+            $(#[$try_meta])* $try { $(#[$y_meta])* $y_variant $(($y_bind: $y_ty))? => $y_msg }
+            fmt |$f|;
+            $(
+                $(#[$v_meta])*
+                $variant $(($bind: $ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?
+                    => $msg $(, source $source)?;
+            )*
         }
 
         impl<$($params)*> $try<$($args)*> {
@@ -262,28 +233,10 @@ macro_rules! wait_errors {
             $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
         }
 
-        $(#[$timeout_meta])*
-        #[derive($($derive),*)]
-        #[non_exhaustive]
-        pub enum $timeout<$($decl)*> {
-            $(#[$t_meta])* Timeout $(($t_ty))?,
-            $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
-        }
-
         impl<$($params)*> core::fmt::Display for $base<$($args)*> {
             #[allow(unused_variables)]
             fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
                 match self {
-                    $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
-                }
-            }
-        }
-
-        impl<$($params)*> core::fmt::Display for $timeout<$($args)*> {
-            #[allow(unused_variables)]
-            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-                match self {
-                    Self::Timeout $(($t_bind))? => $t_msg,
                     $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
                 }
             }
@@ -301,26 +254,17 @@ macro_rules! wait_errors {
             }
         }
 
-        impl<$($params)*> std::error::Error for $timeout<$($args)*> where Self: core::fmt::Debug {
-            #[allow(unused_variables, unreachable_code)]
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                match self {
-                    Self::Timeout $(($t_bind))? => None,
-                    $(Self::$variant $(($bind))? $({ $($field),* })? => {
-                        $(return $source;)?
-                        None
-                    })*
-                }
+        wait_errors! {
+            @one_more [$($decl)*] [$($params)*] [$($args)*] ($($derive),*) $base;
+            $(#[$timeout_meta])* $timeout {
+                $(#[$t_meta])* Timeout $(($t_bind: $t_ty))? => $t_msg
             }
-        }
-
-        impl<$($params)*> From<$base<$($args)*>> for $timeout<$($args)*> {
-            fn from(e: $base<$($args)*>) -> Self {
-                match e {
-                    $($base::$variant $(($bind))? $({ $($field),* })?
-                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
-                }
-            }
+            fmt |$f|;
+            $(
+                $(#[$v_meta])*
+                $variant $(($bind: $ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?
+                    => $msg $(, source $source)?;
+            )*
         }
 
         impl<$($params)*> $base<$($args)*> {
@@ -342,6 +286,61 @@ macro_rules! wait_errors {
             #[allow(dead_code)]
             pub(crate) fn from_timeout(e: Self) -> Self {
                 e
+            }
+        }
+    };
+    // A type of the base's failures and one more variant (`Timeout`, `Empty`, ...): the
+    // enum, its `Display` and `Error`, and the conversion from the base.
+    (
+        @one_more [$($decl:tt)*] [$($params:tt)*] [$($args:tt)*] ($($derive:path),*) $base:ident;
+        $(#[$meta:meta])* $name:ident {
+            $(#[$x_meta:meta])* $x_variant:ident $(($x_bind:ident: $x_ty:ty))? => $x_msg:expr
+        }
+        fmt |$f:ident|;
+        $(
+            $(#[$v_meta:meta])*
+            $variant:ident $(($bind:ident: $ty:ty))?
+                $({ $($(#[$f_meta:meta])* $field:ident: $field_ty:ty),* })?
+                => $msg:expr $(, source $source:expr)?;
+        )*
+    ) => {
+        $(#[$meta])*
+        #[derive($($derive),*)]
+        #[non_exhaustive]
+        pub enum $name<$($decl)*> {
+            $(#[$x_meta])* $x_variant $(($x_ty))?,
+            $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
+        }
+
+        impl<$($params)*> core::fmt::Display for $name<$($args)*> {
+            #[allow(unused_variables)]
+            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                match self {
+                    Self::$x_variant $(($x_bind))? => $x_msg,
+                    $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
+                }
+            }
+        }
+
+        impl<$($params)*> std::error::Error for $name<$($args)*> where Self: core::fmt::Debug {
+            #[allow(unused_variables, unreachable_code)]
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                match self {
+                    Self::$x_variant $(($x_bind))? => None,
+                    $(Self::$variant $(($bind))? $({ $($field),* })? => {
+                        $(return $source;)?
+                        None
+                    })*
+                }
+            }
+        }
+
+        impl<$($params)*> From<$base<$($args)*>> for $name<$($args)*> {
+            fn from(e: $base<$($args)*>) -> Self {
+                match e {
+                    $($base::$variant $(($bind))? $({ $($field),* })?
+                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
+                }
             }
         }
     };

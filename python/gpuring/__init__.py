@@ -37,27 +37,7 @@ from ._gpuring import (
     ipc_opens,
 )
 from ._queue import Queue
-from .errors import (
-    AlreadyExists,
-    AttachError,
-    Closed,
-    ConfigError,
-    Corrupted,
-    CudaError,
-    Disconnected,
-    DTypeError,
-    Empty,
-    Error,
-    Full,
-    NoSpace,
-    NotFound,
-    PeerDead,
-    SenderGone,
-    ShmError,
-    Timeout,
-    TooLarge,
-    WrongBackend,
-)
+from .errors import *  # noqa: F403 (the exception classes: errors.__all__)
 
 __version__ = "0.1.0"
 
@@ -73,23 +53,5 @@ __all__ = [
     "dtypes",
     "ipc_opens",
     "errors",
-    "Error",
-    "Timeout",
-    "Empty",
-    "Full",
-    "PeerDead",
-    "Disconnected",
-    "SenderGone",
-    "Corrupted",
-    "ShmError",
-    "NotFound",
-    "AlreadyExists",
-    "NoSpace",
-    "AttachError",
-    "ConfigError",
-    "WrongBackend",
-    "DTypeError",
-    "TooLarge",
-    "Closed",
-    "CudaError",
 ]
+__all__ += errors.__all__
