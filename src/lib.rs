@@ -147,168 +147,63 @@ macro_rules! error_from {
 /// written once; `source` gives a variant's `Error::source` (the cause it wraps and does not
 /// display, or the source of the cause it displays), `None` where not given.
 macro_rules! wait_errors {
-    // With a `try` form: the two other types as below, then the `try` type.
     (
-        generics [$($decl:tt)*] [$($params:tt)*] [$($args:tt)*];
-        derive($($derive:path),*);
+        generics $decl:tt $params:tt $args:tt;
+        derive $derive:tt;
         $(#[$base_meta:meta])* base $base:ident;
-        $(#[$timeout_meta:meta])* timeout $timeout:ident {
-            $(#[$t_meta:meta])* Timeout $(($t_bind:ident: $t_ty:ty))? => $t_msg:expr
-        }
-        $(#[$try_meta:meta])* try $try:ident {
-            $(#[$y_meta:meta])* $y_variant:ident $(($y_bind:ident: $y_ty:ty))? => $y_msg:expr
-        }
+        $(#[$timeout_meta:meta])* timeout $timeout:ident $timeout_variant:tt
+        $($(#[$try_meta:meta])* try $try:ident $try_variant:tt)?
         fmt |$f:ident|;
-        variants {
-            $(
-                $(#[$v_meta:meta])*
-                $variant:ident $(($bind:ident: $ty:ty))?
-                    $({ $($(#[$f_meta:meta])* $field:ident: $field_ty:ty),* $(,)? })?
-                    => $msg:expr $(, source $source:expr)?;
-            )*
-        }
+        variants $variants:tt
     ) => {
         wait_errors! {
-            generics [$($decl)*] [$($params)*] [$($args)*];
-            derive($($derive),*);
-            $(#[$base_meta])* base $base;
-            $(#[$timeout_meta])* timeout $timeout {
-                $(#[$t_meta])* Timeout $(($t_bind: $t_ty))? => $t_msg
-            }
-            fmt |$f|;
-            variants {
-                $(
-                    $(#[$v_meta])*
-                    $variant $(($bind: $ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?
-                        => $msg $(, source $source)?;
-                )*
-            }
+            @type $decl $params $args $derive $base $timeout;
+            $(#[$base_meta])* $base {} fmt |$f|; $variants
         }
-
         wait_errors! {
-            @one_more [$($decl)*] [$($params)*] [$($args)*] ($($derive),*) $base;
-            $(#[$try_meta])* $try { $(#[$y_meta])* $y_variant $(($y_bind: $y_ty))? => $y_msg }
-            fmt |$f|;
-            $(
-                $(#[$v_meta])*
-                $variant $(($bind: $ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?
-                    => $msg $(, source $source)?;
-            )*
+            @type $decl $params $args $derive $base $timeout;
+            $(#[$timeout_meta])* $timeout $timeout_variant fmt |$f|; $variants
         }
-
-        impl<$($params)*> $try<$($args)*> {
-            /// The outcome of one attempt (`Deadline::Now`), whose "nothing now" the wait
-            /// says as `Timeout`.
-            pub(crate) fn from_timeout(e: $timeout<$($args)*>) -> Self {
-                match e {
-                    $timeout::Timeout $(($y_bind))? => Self::$y_variant $(($y_bind))?,
-                    $($timeout::$variant $(($bind))? $({ $($field),* })?
-                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
-                }
-            }
-        }
-    };
-    // The form that waits as long as it takes, and the forms with a deadline.
-    (
-        generics [$($decl:tt)*] [$($params:tt)*] [$($args:tt)*];
-        derive($($derive:path),*);
-        $(#[$base_meta:meta])* base $base:ident;
-        $(#[$timeout_meta:meta])* timeout $timeout:ident {
-            $(#[$t_meta:meta])* Timeout $(($t_bind:ident: $t_ty:ty))? => $t_msg:expr
-        }
-        fmt |$f:ident|;
-        variants {
-            $(
-                $(#[$v_meta:meta])*
-                $variant:ident $(($bind:ident: $ty:ty))?
-                    $({ $($(#[$f_meta:meta])* $field:ident: $field_ty:ty),* $(,)? })?
-                    => $msg:expr $(, source $source:expr)?;
-            )*
-        }
-    ) => {
-        $(#[$base_meta])*
-        #[derive($($derive),*)]
-        #[non_exhaustive]
-        pub enum $base<$($decl)*> {
-            $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
-        }
-
-        impl<$($params)*> core::fmt::Display for $base<$($args)*> {
-            #[allow(unused_variables)]
-            fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-                match self {
-                    $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
-                }
-            }
-        }
-
-        impl<$($params)*> std::error::Error for $base<$($args)*> where Self: core::fmt::Debug {
-            #[allow(unused_variables, unreachable_code)]
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                match self {
-                    $(Self::$variant $(($bind))? $({ $($field),* })? => {
-                        $(return $source;)?
-                        None
-                    })*
-                }
-            }
-        }
-
-        wait_errors! {
-            @one_more [$($decl)*] [$($params)*] [$($args)*] ($($derive),*) $base;
-            $(#[$timeout_meta])* $timeout {
-                $(#[$t_meta])* Timeout $(($t_bind: $t_ty))? => $t_msg
-            }
-            fmt |$f|;
-            $(
-                $(#[$v_meta])*
-                $variant $(($bind: $ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?
-                    => $msg $(, source $source)?;
-            )*
-        }
-
-        impl<$($params)*> $base<$($args)*> {
-            /// The failure of a wait that had no deadline (it cannot have timed out).
-            #[allow(dead_code, unused_variables)]
-            pub(crate) fn from_timeout(e: $timeout<$($args)*>) -> Self {
-                match e {
-                    $timeout::Timeout $(($t_bind))? => {
-                        unreachable!("a wait without a deadline ends only in success or failure")
-                    }
-                    $($timeout::$variant $(($bind))? $({ $($field),* })?
-                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
-                }
-            }
-        }
-
-        impl<$($params)*> $timeout<$($args)*> {
-            /// Itself (the deadline forms' conversion, for `blocking!`).
-            #[allow(dead_code)]
-            pub(crate) fn from_timeout(e: Self) -> Self {
-                e
-            }
-        }
-    };
-    // A type of the base's failures and one more variant (`Timeout`, `Empty`, ...): the
-    // enum, its `Display` and `Error`, and the conversion from the base.
-    (
-        @one_more [$($decl:tt)*] [$($params:tt)*] [$($args:tt)*] ($($derive:path),*) $base:ident;
-        $(#[$meta:meta])* $name:ident {
-            $(#[$x_meta:meta])* $x_variant:ident $(($x_bind:ident: $x_ty:ty))? => $x_msg:expr
-        }
-        fmt |$f:ident|;
+        wait_errors! { @from $params $args $base $timeout }
         $(
-            $(#[$v_meta:meta])*
-            $variant:ident $(($bind:ident: $ty:ty))?
-                $({ $($(#[$f_meta:meta])* $field:ident: $field_ty:ty),* })?
-                => $msg:expr $(, source $source:expr)?;
-        )*
+            wait_errors! {
+                @type $decl $params $args $derive $base $timeout;
+                $(#[$try_meta])* $try $try_variant fmt |$f|; $variants
+            }
+            wait_errors! { @from $params $args $base $try }
+        )?
+    };
+    (@from [$($params:tt)*] [$($args:tt)*] $base:ident $name:ident) => {
+        impl<$($params)*> From<$base<$($args)*>> for $name<$($args)*> {
+            fn from(e: $base<$($args)*>) -> Self {
+                Self::from_base(e)
+            }
+        }
+    };
+    // One type: the failures, and at most one more variant (`Timeout`, `Empty`, ...). Its
+    // `from_timeout` turns the deadline forms' outcome into it (their `Timeout` into its
+    // own extra variant; a type without one never sees it), `from_base` the failures.
+    (
+        @type [$($decl:tt)*] [$($params:tt)*] [$($args:tt)*] ($($derive:path),*)
+            $base:ident $timeout:ident;
+        $(#[$meta:meta])* $name:ident {
+            $($(#[$x_meta:meta])* $x_variant:ident $(($x_bind:ident: $x_ty:ty))? => $x_msg:expr)?
+        }
+        fmt |$f:ident|;
+        {
+            $(
+                $(#[$v_meta:meta])*
+                $variant:ident $(($bind:ident: $ty:ty))?
+                    $({ $($(#[$f_meta:meta])* $field:ident: $field_ty:ty),* $(,)? })?
+                    => $msg:expr $(, source $source:expr)?;
+            )*
+        }
     ) => {
         $(#[$meta])*
         #[derive($($derive),*)]
         #[non_exhaustive]
         pub enum $name<$($decl)*> {
-            $(#[$x_meta])* $x_variant $(($x_ty))?,
+            $($(#[$x_meta])* $x_variant $(($x_ty))?,)?
             $($(#[$v_meta])* $variant $(($ty))? $({ $($(#[$f_meta])* $field: $field_ty),* })?,)*
         }
 
@@ -316,7 +211,7 @@ macro_rules! wait_errors {
             #[allow(unused_variables)]
             fn fmt(&self, $f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
                 match self {
-                    Self::$x_variant $(($x_bind))? => $x_msg,
+                    $(Self::$x_variant $(($x_bind))? => $x_msg,)?
                     $(Self::$variant $(($bind))? $({ $($field),* })? => $msg,)*
                 }
             }
@@ -326,7 +221,7 @@ macro_rules! wait_errors {
             #[allow(unused_variables, unreachable_code)]
             fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
                 match self {
-                    Self::$x_variant $(($x_bind))? => None,
+                    $(Self::$x_variant $(($x_bind))? => None,)?
                     $(Self::$variant $(($bind))? $({ $($field),* })? => {
                         $(return $source;)?
                         None
@@ -335,8 +230,25 @@ macro_rules! wait_errors {
             }
         }
 
-        impl<$($params)*> From<$base<$($args)*>> for $name<$($args)*> {
-            fn from(e: $base<$($args)*>) -> Self {
+        impl<$($params)*> $name<$($args)*> {
+            /// The outcome of a wait (written once, with a deadline) in this form's terms.
+            #[allow(dead_code, unused_variables)]
+            pub(crate) fn from_timeout(e: $timeout<$($args)*>) -> Self {
+                match e {
+                    t @ $timeout::Timeout { .. } => {
+                        $(if let $timeout::Timeout $(($x_bind))? = t {
+                            return Self::$x_variant $(($x_bind))?;
+                        })?
+                        unreachable!("a wait without a deadline ends only in success or failure")
+                    }
+                    $($timeout::$variant $(($bind))? $({ $($field),* })?
+                        => Self::$variant $(($bind))? $({ $($field),* })?,)*
+                }
+            }
+
+            /// One of the failures every form shares.
+            #[allow(dead_code)]
+            pub(crate) fn from_base(e: $base<$($args)*>) -> Self {
                 match e {
                     $($base::$variant $(($bind))? $({ $($field),* })?
                         => Self::$variant $(($bind))? $({ $($field),* })?,)*

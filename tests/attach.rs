@@ -350,3 +350,52 @@ fn forged_channel_slot_sizes_are_no_space_and_commit_nothing() {
     assert!(pools.is_empty(), "left {pools:?}");
     drop((opened, ch));
 }
+
+/// Walks `e`'s `source()` chain as anyhow or eyre would print it, and fails if a cause is
+/// printed twice: displayed by its wrapper and then again as the wrapper's source.
+fn assert_each_cause_printed_once(e: &dyn std::error::Error) {
+    let mut outer = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let shown = cause.to_string();
+        assert!(!outer.contains(&shown), "{shown:?} is printed by its wrapper {outer:?} too");
+        outer = shown;
+        next = cause.source();
+    }
+}
+
+#[test]
+fn error_chains_print_each_cause_once() {
+    use gpuring::{ChannelError, Corrupted, PoolError};
+    let io = || std::io::Error::from_raw_os_error(libc::ENOSPC);
+    let shm_io = || ShmError::Io { op: "fallocate", source: io() };
+    let attach_io = || AttachError::Io { op: "fcntl(F_OFD_SETLK)", source: io() };
+    let corrupted = Corrupted { what: "tail behind head" };
+    let errors: Vec<Box<dyn std::error::Error>> = vec![
+        Box::new(shm_io()),
+        Box::new(attach_io()),
+        Box::new(ShmError::Corrupted(corrupted)),
+        Box::new(AttachError::Corrupted(corrupted)),
+        Box::new(RingError::Segment(shm_io())),
+        Box::new(RingError::Corrupted(corrupted)),
+        Box::new(ChannelError::<gpuring::Host>::Segment(shm_io())),
+        Box::new(ChannelError::<gpuring::Host>::Attach(attach_io())),
+        Box::new(PoolError::Segment(shm_io())),
+        Box::new(gpuring::RecvError::<gpuring::Host>::Pool(PoolError::Attach(attach_io()))),
+    ];
+    for e in &errors {
+        assert!(
+            e.to_string().contains("failed")
+                || e.to_string().contains("tail behind head")
+                || e.to_string().contains("pool"),
+            "{e}"
+        );
+        assert_each_cause_printed_once(e.as_ref());
+    }
+    // A real one: opening a ring of another layout version, through `RingError`.
+    let name = unique_name("chain");
+    let _ring = SpscRing::<Descriptor>::builder(&name).capacity(64).create().unwrap();
+    poke(&name, 8, &(LAYOUT_VERSION + 1).to_le_bytes());
+    let e = SpscRing::<Descriptor>::builder(&name).open().unwrap_err();
+    assert_each_cause_printed_once(&e);
+}

@@ -99,8 +99,12 @@ pub(crate) mod sealed {
         fn leave(sending: &mut Self::Sending, pool: &PoolSegment);
 
         /// Whether a slot held by a receiver whose liveness lock is gone (its process
-        /// `pid` died) may be reused now.
-        fn holder_gone(pid: u32) -> bool;
+        /// `pid` died) may be reused now. Host memory: at once (the holder runs no more
+        /// code, and its copies, if any, went with its process).
+        fn holder_gone(pid: u32) -> bool {
+            let _ = pid;
+            true
+        }
 
         /// What a new lease of `slot` in `pool` holds, after the backend's own steps (a
         /// stream's wait for the slot's last reader). On an error the slot goes back.
@@ -111,8 +115,11 @@ pub(crate) mod sealed {
         ) -> Result<Self::LeaseSlot, Self::Error>;
 
         /// Writes the descriptor's backend fields for a send of `lease`'s slot `slot`
-        /// (after enqueueing what the send needs on the device).
-        fn fill(lease: &Self::LeaseSlot, slot: u32, d: &mut Descriptor) -> Result<(), Self::Error>;
+        /// (after enqueueing what the send needs on the device). Host memory: none.
+        fn fill(lease: &Self::LeaseSlot, slot: u32, d: &mut Descriptor) -> Result<(), Self::Error> {
+            let _ = (lease, slot, d);
+            Ok(())
+        }
 
         /// What a new receiver owns besides its ring.
         fn receiving(ctx: &Self::Context) -> Self::Receiving;
@@ -124,8 +131,11 @@ pub(crate) mod sealed {
         ) -> Result<Self::Imported, Refused<Self::Error>>;
 
         /// The checks of a descriptor's backend fields against its pool, after the common
-        /// ones and before the slot is taken.
-        fn check(imported: &Self::Imported, d: &Descriptor) -> Result<(), Corrupted>;
+        /// ones and before the slot is taken. Host memory: it names no device.
+        fn check(imported: &Self::Imported, d: &Descriptor) -> Result<(), Corrupted> {
+            let _ = imported;
+            check_host(d)
+        }
 
         /// Whether messages of pool `seg` are refused, unread: before the pool is imported,
         /// and after each slot is taken. Host memory outlives its sender (never); device
@@ -247,7 +257,7 @@ impl HostSlot {
 }
 
 /// The descriptor checks of host memory: no device named.
-pub(crate) fn check_host(d: &Descriptor) -> Result<(), Corrupted> {
+fn check_host(d: &Descriptor) -> Result<(), Corrupted> {
     if d.device_ordinal != -1 {
         return Err(Corrupted { what: "descriptor names a device, the pool is host memory" });
     }
@@ -284,11 +294,6 @@ impl sealed::Backend for Host {
         pool.close();
     }
 
-    fn holder_gone(_pid: u32) -> bool {
-        // Its lock is gone, so it runs no more code: its slots are free to reuse at once.
-        true
-    }
-
     fn lease(
         _: &OwnedRing,
         pool: &Arc<PoolSegment>,
@@ -297,18 +302,10 @@ impl sealed::Backend for Host {
         Ok(HostSlot::of_slot(pool, slot.slot))
     }
 
-    fn fill(_: &HostSlot, _: u32, _: &mut Descriptor) -> Result<(), Infallible> {
-        Ok(())
-    }
-
     fn receiving(_: &()) {}
 
     fn import(_: &(), _: &Arc<PoolSegment>) -> Result<(), Refused<Infallible>> {
         Ok(())
-    }
-
-    fn check(_: &(), d: &Descriptor) -> Result<(), Corrupted> {
-        check_host(d)
     }
 
     fn deliver(

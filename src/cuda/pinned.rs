@@ -35,11 +35,11 @@ use super::lane::{Handoff, Lane, drop_outside_cuda, in_host_fn};
 use super::register::Registration;
 use super::returns::{PinnedPool, PinnedRead, release_after};
 use crate::channel::backend::sealed::{Backend, HoldsRing, HostMemory};
-use crate::channel::backend::{HostSlot, Refused, Unmade, check_host};
+use crate::channel::backend::{HostSlot, Refused, Unmade};
 use crate::channel::producer::ProducerRing;
 use crate::channel::{ChannelBuilder, Host, Lease, Message, Receiver, SendError, Sender};
 use crate::descriptor::{Descriptor, TensorMeta};
-use crate::layout::{BACKEND_HOST, Corrupted};
+use crate::layout::BACKEND_HOST;
 use crate::pool::{PoolSegment, SlotHold, SlotRef};
 use crate::wait::{Deadline, WaitPolicy};
 
@@ -188,11 +188,6 @@ impl Backend for Pinned {
         pool.close();
     }
 
-    fn holder_gone(_pid: u32) -> bool {
-        // Its lock is gone, so it runs no more code, and its copies went with its context.
-        true
-    }
-
     fn lease(
         _: &Arc<PinnedTx>,
         pool: &Arc<PoolSegment>,
@@ -200,12 +195,6 @@ impl Backend for Pinned {
     ) -> Result<HostSlot, CudaError> {
         Ok(HostSlot::of_slot(pool, slot.slot))
     }
-
-    fn fill(_: &HostSlot, _: u32, _: &mut Descriptor) -> Result<(), CudaError> {
-        Ok(())
-    }
-
-    fn receiving(_: &Arc<CudaContext>) {}
 
     fn import(
         ctx: &Arc<CudaContext>,
@@ -220,9 +209,7 @@ impl Backend for Pinned {
         }))
     }
 
-    fn check(_: &Arc<PinnedPool>, d: &Descriptor) -> Result<(), Corrupted> {
-        check_host(d)
-    }
+    fn receiving(_: &Arc<CudaContext>) {}
 
     fn deliver(
         _: &(),

@@ -114,9 +114,10 @@ impl core::fmt::Display for AttachError {
 
 impl std::error::Error for AttachError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // The I/O error is displayed above: its own source, not itself (so that a report
+        // walking the chain prints it once).
         match self {
-            AttachError::Io { source, .. } => Some(source),
-            AttachError::Corrupted(c) => Some(c),
+            AttachError::Io { source, .. } => source.source(),
             _ => None,
         }
     }

@@ -67,9 +67,9 @@ impl core::fmt::Display for RingError {
 
 impl std::error::Error for RingError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // The segment's error is displayed above: its own source, not itself.
         match self {
-            RingError::Segment(e) => Some(e),
-            RingError::Corrupted(c) => Some(c),
+            RingError::Segment(e) => e.source(),
             _ => None,
         }
     }

@@ -133,9 +133,10 @@ impl fmt::Display for ShmError {
 
 impl std::error::Error for ShmError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // The I/O error is displayed above: its own source, not itself (so that a report
+        // walking the chain prints it once).
         match self {
-            ShmError::Io { source, .. } => Some(source),
-            ShmError::Corrupted(c) => Some(c),
+            ShmError::Io { source, .. } => source.source(),
             _ => None,
         }
     }
