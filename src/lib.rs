@@ -346,6 +346,57 @@ pub mod internal {
     ) -> Result<(), crate::PushError<()>> {
         tx.push_raw(d).map_err(crate::PushError::from_timeout)
     }
+
+    /// For the API's examples: removes the channel `name` (with its pools and whatever
+    /// waits in it) now, if a failed run left it, and when dropped, once no handle of it
+    /// is left, so that an example leaves `/dev/shm` as it found it.
+    #[cfg(not(loom))]
+    #[derive(Debug)]
+    pub struct RemoveOnDrop(&'static str);
+
+    #[cfg(not(loom))]
+    impl RemoveOnDrop {
+        /// Removes what a failed run left under `name`; removes it again when dropped.
+        pub fn new(name: &'static str) -> Self {
+            let _ = crate::inspect::remove(name);
+            Self(name)
+        }
+    }
+
+    #[cfg(not(loom))]
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = crate::inspect::remove(self.0);
+        }
+    }
+
+    /// For the API's examples: host channel `name` (4 slots of 4 KiB) holding `messages`
+    /// messages from a sender that has left: each an `f32` tensor of shape `[2, 3]` (its
+    /// bytes 0, 1, 2, ...), tagged with its index. The channel stays while the returned
+    /// handle lives, and is removed with what still waits in it when it drops.
+    ///
+    /// # Errors
+    ///
+    /// What creating the channel, leasing and sending return.
+    #[cfg(not(loom))]
+    pub fn doc_channel(
+        name: &'static str,
+        messages: u64,
+    ) -> Result<(crate::Channel, RemoveOnDrop), Box<dyn std::error::Error>> {
+        let clean = RemoveOnDrop::new(name);
+        let ch = crate::Channel::builder(name).slots(4, 4096).create()?;
+        let tx = ch.sender()?;
+        let meta = crate::TensorMeta::contiguous(crate::DType::F32, &[2, 3])?;
+        for i in 0..messages {
+            let mut lease = tx.acquire()?;
+            for (b, v) in lease[..24].iter_mut().zip(0u8..) {
+                *b = v;
+            }
+            lease.set_tag(i);
+            tx.send(lease, meta)?;
+        }
+        Ok((ch, clean))
+    }
 }
 
 /// The README's examples, compiled as doctests so that they stay true.

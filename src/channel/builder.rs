@@ -44,16 +44,17 @@ impl Flavor {
 /// the creator's. `cuda(&stream)` and `pinned(&ctx)` (feature `cuda`) make the builder one
 /// of a GPU channel, or of a host channel whose slots this process pins.
 ///
-/// ```no_run
+/// ```
+/// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-builder-new");
 /// use std::time::Duration;
 /// use gpuring::Channel;
-/// let ch = Channel::builder("jobs")
+/// let ch = Channel::builder("doc-builder-new")
 ///     .mpmc()
 ///     .capacity(1024)
 ///     .slots(16, 4 << 20) // each sender: 16 slots of 4 MiB
 ///     .max_senders(8)
 ///     .create()?;
-/// let peer = Channel::builder("jobs").open_timeout(Duration::from_secs(5)).open()?;
+/// let peer = Channel::builder("doc-builder-new").open_timeout(Duration::from_secs(5)).open()?;
 /// # Ok::<(), gpuring::ChannelError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -132,6 +133,17 @@ impl<B: Backend> ChannelBuilder<B> {
     /// user out removes it (and its pools). A sender may send and exit at once: a receiver
     /// that opens it later gets every message.
     ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-builder-create");
+    /// use gpuring::{Channel, ChannelError, ShmError};
+    /// let ch = Channel::builder("doc-builder-create").slots(4, 1 << 20).create()?;
+    /// // The name is taken while the channel lives:
+    /// let again = Channel::builder("doc-builder-create").create();
+    /// assert!(matches!(again, Err(ChannelError::Segment(ShmError::AlreadyExists { .. }))));
+    /// # drop(ch);
+    /// # Ok::<(), ChannelError>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`ChannelError::InvalidCapacity`], [`ChannelError::InvalidPool`],
@@ -199,6 +211,14 @@ impl<B: Backend> ChannelBuilder<B> {
     /// for the channel to be created. A channel whose senders have all gone (even killed)
     /// opens as any other: what they sent is still there to receive, then `recv` says
     /// `Disconnected` (or `PeerDead`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use gpuring::{Channel, ChannelError, ShmError};
+    /// let missing = Channel::builder("doc-builder-open-nobody").open_timeout(Duration::ZERO).open();
+    /// assert!(matches!(missing, Err(ChannelError::Segment(ShmError::NotFound { .. }))));
+    /// # Ok::<(), ChannelError>(())
+    /// ```
     ///
     /// # Errors
     ///

@@ -13,9 +13,10 @@ use crate::pool::SlotLease;
 /// bytes; a GPU lease (`Lease<Cuda>`) gives the slot's device address, to be written in the
 /// order of the stream it was taken on.
 ///
-/// ```no_run
+/// ```
+/// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-fmt");
 /// use gpuring::{Channel, TensorMeta};
-/// let ch = Channel::builder("frames").create()?;
+/// let ch = Channel::builder("doc-lease-fmt").slots(2, 4096).create()?;
 /// let tx = ch.sender()?;
 /// let mut lease = tx.acquire()?;
 /// lease[..5].copy_from_slice(b"hello");
@@ -46,8 +47,9 @@ impl<B: Backend> Lease<B> {
 
     /// Slot index in the pool.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-slot");
+    /// let ch = gpuring::Channel::builder("doc-lease-slot").slots(2, 4096).create()?;
     /// let tx = ch.sender()?;
     /// assert!(tx.acquire()?.slot() < tx.slot_count());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -58,8 +60,9 @@ impl<B: Backend> Lease<B> {
 
     /// This lease's generation of the slot (bumped at every lease of it).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").slots(1, 4096).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-generation");
+    /// let ch = gpuring::Channel::builder("doc-lease-generation").slots(1, 4096).create()?;
     /// let tx = ch.sender()?;
     /// let first = tx.acquire()?.generation(); // dropped unsent: the slot goes back
     /// assert_eq!(tx.acquire()?.generation(), first + 1);
@@ -71,8 +74,9 @@ impl<B: Backend> Lease<B> {
 
     /// Bytes the slot holds.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").slots(8, 4096).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-capacity");
+    /// let ch = gpuring::Channel::builder("doc-lease-capacity").slots(8, 4096).create()?;
     /// assert_eq!(ch.sender()?.acquire()?.capacity(), 4096);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -82,8 +86,9 @@ impl<B: Backend> Lease<B> {
 
     /// Sets the application tag the descriptor will carry.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-set-tag");
+    /// let ch = gpuring::Channel::builder("doc-lease-set-tag").slots(2, 4096).create()?;
     /// let tx = ch.sender()?;
     /// let mut lease = tx.acquire()?;
     /// lease.set_tag(7); // the receiver reads it as `msg.tag()`

@@ -15,9 +15,10 @@ use crate::pool::SlotHold;
 /// payload's bytes; a GPU message (`Message<Cuda>`) gives the payload's device address,
 /// valid in the order of the stream it was received on.
 ///
-/// ```no_run
+/// ```
+/// # let _made = gpuring::internal::doc_channel("doc-message-fmt", 2)?;
 /// use gpuring::Channel;
-/// let ch = Channel::builder("frames").open()?;
+/// let ch = Channel::builder("doc-message-fmt").open()?;
 /// let rx = ch.receiver()?;
 /// let msg = rx.recv()?;
 /// let first = f32::from_le_bytes(msg[..4].try_into()?);
@@ -65,8 +66,9 @@ impl<B: Backend> Message<B> {
 
     /// The tensor metadata (checked).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-message-meta", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-message-meta").open()?;
     /// let msg = ch.receiver()?.recv()?;
     /// println!("{:?} of {:?}", msg.meta().shape(), msg.meta().dtype());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -77,8 +79,9 @@ impl<B: Backend> Message<B> {
 
     /// The sender's sequence number (0, 1, 2, ... per sender).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-message-seq", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-message-seq").open()?;
     /// let rx = ch.receiver()?;
     /// let (a, b) = (rx.recv()?, rx.recv()?);
     /// assert_eq!(b.seq(), a.seq() + 1); // one sender: in order
@@ -90,8 +93,9 @@ impl<B: Backend> Message<B> {
 
     /// The application tag the sender set ([`Lease::set_tag`](crate::Lease::set_tag)).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-message-tag", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-message-tag").open()?;
     /// let msg = ch.receiver()?.recv()?;
     /// println!("tag {}", msg.tag());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -102,8 +106,9 @@ impl<B: Backend> Message<B> {
 
     /// Bytes of payload.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-message-len", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-message-len").open()?;
     /// let msg = ch.receiver()?.recv()?;
     /// assert_eq!(msg.len() as u64, msg.meta().nbytes());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -114,8 +119,9 @@ impl<B: Backend> Message<B> {
 
     /// Whether the payload is empty.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-message-is-empty", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-message-is-empty").open()?;
     /// let msg = ch.receiver()?.recv()?;
     /// assert_eq!(msg.is_empty(), msg.len() == 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -126,8 +132,9 @@ impl<B: Backend> Message<B> {
 
     /// The descriptor as it arrived (already validated).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-message-descriptor", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-message-descriptor").open()?;
     /// let msg = ch.receiver()?.recv()?;
     /// assert_eq!(msg.descriptor().seq, msg.seq());
     /// # Ok::<(), Box<dyn std::error::Error>>(())

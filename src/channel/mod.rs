@@ -84,18 +84,19 @@ pub enum Flavor {
 /// The channel lives while any process has it open or a message waits in it, whoever
 /// created it: the last user out removes it, with its pools.
 ///
-/// ```no_run
+/// ```
+/// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-clone");
 /// use gpuring::{Channel, TensorMeta};
 ///
 /// // Process A: create the channel, 8 slots of 1 MiB per sender, and send.
-/// let ch = Channel::builder("frames").capacity(64).slots(8, 1 << 20).create()?;
+/// let ch = Channel::builder("doc-mod-clone").capacity(64).slots(8, 1 << 20).create()?;
 /// let tx = ch.sender()?;
 /// let mut lease = tx.acquire()?;
 /// lease[..5].copy_from_slice(b"hello");
 /// tx.send(lease, TensorMeta::bytes(5))?;
 ///
 /// // Process B: open it (checks owner, mode, size, magic, version) and receive.
-/// let ch = Channel::builder("frames").open()?;
+/// let ch = Channel::builder("doc-mod-clone").open()?;
 /// let rx = ch.receiver()?;
 /// let msg = rx.recv()?;
 /// assert_eq!(&msg[..], b"hello");
@@ -126,8 +127,9 @@ impl Channel<Host> {
     /// Options for channel `name` (host slots; `.cuda(&stream)` for device slots, feature
     /// `cuda`).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").capacity(64).slots(8, 1 << 20).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-builder");
+    /// let ch = gpuring::Channel::builder("doc-mod-builder").capacity(64).slots(8, 1 << 20).create()?;
     /// # drop(ch);
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
@@ -139,9 +141,10 @@ impl Channel<Host> {
 impl<B: Backend> Channel<B> {
     /// SPSC or MPMC.
     ///
-    /// ```no_run
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-flavor");
     /// use gpuring::{Channel, Flavor};
-    /// let ch = Channel::builder("jobs").mpmc().create()?;
+    /// let ch = Channel::builder("doc-mod-flavor").mpmc().create()?;
     /// assert_eq!(ch.flavor(), Flavor::Mpmc);
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
@@ -151,8 +154,9 @@ impl<B: Backend> Channel<B> {
 
     /// Descriptor ring cells.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").capacity(64).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-capacity");
+    /// let ch = gpuring::Channel::builder("doc-mod-capacity").capacity(64).create()?;
     /// assert_eq!(ch.capacity(), 64);
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
@@ -162,8 +166,9 @@ impl<B: Backend> Channel<B> {
 
     /// Each sender's pool: (slot count, bytes per slot).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").slots(4, 4096).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-slots");
+    /// let ch = gpuring::Channel::builder("doc-mod-slots").slots(4, 4096).create()?;
     /// assert_eq!(ch.slots(), (4, 4096));
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
@@ -173,8 +178,9 @@ impl<B: Backend> Channel<B> {
 
     /// Pool table entries: how many senders may have pools at once.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("jobs").mpmc().max_senders(8).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-max-senders");
+    /// let ch = gpuring::Channel::builder("doc-mod-max-senders").mpmc().max_senders(8).create()?;
     /// assert_eq!(ch.max_senders(), 8);
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
@@ -184,9 +190,10 @@ impl<B: Backend> Channel<B> {
 
     /// The channel segment's object name, with its leading `/`.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
-    /// assert_eq!(ch.name(), "/frames");
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-name");
+    /// let ch = gpuring::Channel::builder("doc-mod-name").create()?;
+    /// assert_eq!(ch.name(), "/doc-mod-name");
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
     pub fn name(&self) -> &str {
@@ -195,10 +202,11 @@ impl<B: Backend> Channel<B> {
 
     /// The pool table's entries in use (a snapshot, for diagnostics).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-pools");
+    /// let ch = gpuring::Channel::builder("doc-mod-pools").slots(2, 4096).create()?;
     /// let tx = ch.sender()?;
-    /// assert_eq!(ch.pools()[0].name, tx.pool_name());
+    /// assert_eq!(format!("/{}", ch.pools()[0].name), tx.pool_name());
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
     pub fn pools(&self) -> Vec<PoolInfo> {

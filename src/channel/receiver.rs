@@ -71,9 +71,10 @@ impl<B: Backend> Clone for CachedPool<B> {
 /// every backend: on a GPU channel (`Receiver<Cuda>`) a message is received in the order
 /// of the receiver's CUDA stream (the channel handle's, or the one given to `set_cuda_stream`).
 ///
-/// ```no_run
+/// ```
+/// # let _made = gpuring::internal::doc_channel("doc-receiver-fmt", 2)?;
 /// use gpuring::Channel;
-/// let ch = Channel::builder("frames").open()?;
+/// let ch = Channel::builder("doc-receiver-fmt").open()?;
 /// let rx = ch.receiver()?;
 /// let msg = rx.recv()?; // validated against the pool table
 /// println!("{:?} {} bytes, tag {}", msg.meta().shape(), msg.len(), msg.tag());
@@ -110,11 +111,12 @@ impl<B: Backend> Drop for Receiver<B> {
 impl<B: Backend> Channel<B> {
     /// A receiver; for SPSC, claims the consumer role.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-receiver-receiver", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-receiver-receiver").open()?;
     /// let rx = ch.receiver()?;
     /// # drop(rx);
-    /// # Ok::<(), gpuring::ChannelError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
     /// # Errors
@@ -235,11 +237,12 @@ impl<B: Backend> Receiver<B> {
     /// Sets how this receiver waits for a message (and, on a GPU channel, for a host ready
     /// flag: see `GpuReady::HostFlag`, feature `cuda`).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-receiver-set-wait-policy", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-receiver-set-wait-policy").open()?;
     /// let mut rx = ch.receiver()?;
     /// rx.set_wait_policy(gpuring::WaitPolicy::SLEEP); // sleep at once, never spin
-    /// # Ok::<(), gpuring::ChannelError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
         match &mut self.rx {
@@ -250,11 +253,12 @@ impl<B: Backend> Receiver<B> {
 
     /// How this receiver waits (as last set; [`WaitPolicy::default`] until then).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-receiver-wait-policy", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-receiver-wait-policy").open()?;
     /// let rx = ch.receiver()?;
     /// assert_eq!(rx.wait_policy(), gpuring::WaitPolicy::default());
-    /// # Ok::<(), gpuring::ChannelError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn wait_policy(&self) -> WaitPolicy {
         match &self.rx {
@@ -268,8 +272,9 @@ impl<B: Backend> Receiver<B> {
         /// channel, work queued on the receiver's stream after this call sees the sender's
         /// writes (see `GpuReady` for how).
         ///
-        /// ```no_run
-        /// let ch = gpuring::Channel::builder("frames").open()?;
+        /// ```
+        /// # let _made = gpuring::internal::doc_channel("doc-receiver-recv", 2)?;
+        /// let ch = gpuring::Channel::builder("doc-receiver-recv").open()?;
         /// let rx = ch.receiver()?;
         /// let msg = rx.recv()?;
         /// println!("{} bytes", msg.len());
@@ -286,15 +291,58 @@ impl<B: Backend> Receiver<B> {
         pub fn recv -> RecvError<B>, recv_timeout, recv_deadline -> RecvTimeoutError<B>,
             try try_recv -> TryRecvError<B>;
             (&self) -> Message<B> => recv_until;
+        examples {
+            timeout {
+                /// ```
+                /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-receiver-recv-timeout");
+                /// use std::time::Duration;
+                /// use gpuring::RecvTimeoutError;
+                /// let ch = gpuring::Channel::builder("doc-receiver-recv-timeout").create()?;
+                /// let rx = ch.receiver()?;
+                /// match rx.recv_timeout(Duration::from_millis(10)) {
+                ///     Ok(msg) => println!("{} bytes", msg.len()),
+                ///     Err(RecvTimeoutError::Timeout) => println!("nothing within 10 ms"),
+                ///     Err(e) => return Err(e.into()),
+                /// }
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+            deadline {
+                /// ```
+                /// # let _made = gpuring::internal::doc_channel("doc-receiver-recv-deadline", 3)?;
+                /// use std::time::{Duration, Instant};
+                /// let ch = gpuring::Channel::builder("doc-receiver-recv-deadline").open()?;
+                /// let rx = ch.receiver()?;
+                /// let until = Instant::now() + Duration::from_secs(1); // for the whole batch
+                /// let batch: Vec<_> = (0..3).map(|_| rx.recv_deadline(until)).collect::<Result<_, _>>()?;
+                /// assert_eq!(batch.len(), 3);
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+            try {
+                /// ```
+                /// # let _made = gpuring::internal::doc_channel("doc-receiver-try-recv", 1)?;
+                /// use gpuring::TryRecvError;
+                /// let ch = gpuring::Channel::builder("doc-receiver-try-recv").open()?;
+                /// let rx = ch.receiver()?;
+                /// let first = rx.try_recv()?; // was waiting
+                /// // Its one sender has left and everything was received:
+                /// assert!(matches!(rx.try_recv(), Err(TryRecvError::Disconnected)));
+                /// # drop(first);
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+        }
     }
 
     /// The messages as they arrive, until every sender has left and all they sent has been
     /// received ([`RecvError::Disconnected`] ends it quietly). Any other error is yielded,
     /// and ends it; call `iter` again to carry on after one.
     ///
-    /// ```no_run
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-receiver-iter", 2)?;
     /// use gpuring::Channel;
-    /// let ch = Channel::builder("frames").open_timeout(std::time::Duration::from_secs(5)).open()?;
+    /// let ch = Channel::builder("doc-receiver-iter").open_timeout(std::time::Duration::from_secs(5)).open()?;
     /// let rx = ch.receiver()?;
     /// let mut bytes = 0;
     /// for msg in rx.iter() {
@@ -311,12 +359,13 @@ impl<B: Backend> Receiver<B> {
     /// ([`TryRecvError::Empty`]) or every sender has left
     /// ([`TryRecvError::Disconnected`]); any other error is yielded, and ends it.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-receiver-try-iter", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-receiver-try-iter").open()?;
     /// let rx = ch.receiver()?;
     /// let waiting = rx.try_iter().filter(Result::is_ok).count();
     /// println!("{waiting} messages were waiting");
-    /// # Ok::<(), gpuring::ChannelError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_iter(&self) -> impl Iterator<Item = Result<Message<B>, TryRecvError<B>>> + '_ {
         receive_iter(
@@ -347,14 +396,18 @@ impl<B: Backend> Receiver<B> {
     /// Cancel-safe: a future dropped before it completes has taken nothing; the message
     /// it would have received stays for the next receive.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let _made = gpuring::internal::doc_channel("doc-receiver-recv-async", 2)?;
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use gpuring::Channel;
-    /// let ch = Channel::builder("frames").open()?;
+    /// let ch = Channel::builder("doc-receiver-recv-async").open()?;
     /// let mut rx = ch.receiver()?;
     /// let msg = rx.recv_async().await?;
     /// println!("{} bytes", msg.len());
     /// # Ok(()) }
+    /// # futures::executor::block_on(run())
+    /// # }
     /// ```
     ///
     /// # Errors
@@ -370,16 +423,20 @@ impl<B: Backend> Receiver<B> {
     /// received, and ends after yielding any other error. Each item is a
     /// [`recv_async`](Self::recv_async), and as cancel-safe.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let _made = gpuring::internal::doc_channel("doc-receiver-stream", 2)?;
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use futures::StreamExt;
-    /// let ch = gpuring::Channel::builder("frames").open()?;
+    /// let ch = gpuring::Channel::builder("doc-receiver-stream").open()?;
     /// let mut rx = ch.receiver()?;
     /// let mut messages = rx.stream();
     /// while let Some(msg) = messages.next().await {
     ///     println!("{} bytes", msg?.len());
     /// }
     /// # Ok(()) }
+    /// # futures::executor::block_on(run())
+    /// # }
     /// ```
     pub fn stream(&mut self) -> Messages<'_, B> {
         Messages { rx: self, parked: Parked::default(), ended: false }

@@ -46,10 +46,14 @@ static START: AtomicUsize = AtomicUsize::new(0);
 ///
 /// Cancel-safe: a future dropped before it completes has taken nothing.
 ///
-/// ```no_run
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let _a = gpuring::internal::doc_channel("doc-select-select-async-a", 2)?;
+/// # let _b = gpuring::internal::doc_channel("doc-select-select-async-b", 2)?;
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use gpuring::{Channel, select_async};
-/// let (a, b) = (Channel::builder("cams-0").open()?, Channel::builder("cams-1").open()?);
+/// let a = Channel::builder("doc-select-select-async-a").open()?;
+/// let b = Channel::builder("doc-select-select-async-b").open()?;
 /// let mut rxs = [a.receiver()?, b.receiver()?];
 /// let mut live: Vec<_> = rxs.iter_mut().collect();
 /// while !live.is_empty() {
@@ -59,6 +63,8 @@ static START: AtomicUsize = AtomicUsize::new(0);
 ///     }
 /// }
 /// # Ok(()) }
+/// # futures::executor::block_on(run())
+/// # }
 /// ```
 ///
 /// # Panics
@@ -136,9 +142,12 @@ fn rotation(n: usize) -> impl Fn(usize) -> usize + Copy {
 /// start at a different source each call, so that a busy one early in the list cannot
 /// starve the others.
 ///
-/// ```no_run
+/// ```
+/// # let _a = gpuring::internal::doc_channel("doc-select-select-a", 2)?;
+/// # let _b = gpuring::internal::doc_channel("doc-select-select-b", 2)?;
 /// use gpuring::{Channel, select};
-/// let (a, b) = (Channel::builder("cams-0").open()?, Channel::builder("cams-1").open()?);
+/// let a = Channel::builder("doc-select-select-a").open()?;
+/// let b = Channel::builder("doc-select-select-b").open()?;
 /// let mut rxs = [a.receiver()?, b.receiver()?];
 /// let mut live: Vec<_> = rxs.iter_mut().collect();
 /// while !live.is_empty() {
@@ -160,9 +169,12 @@ pub fn select<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> (usize, S::Outp
 /// As [`select`], without waiting: one try of each source (no syscall), `None` when none
 /// had anything.
 ///
-/// ```no_run
+/// ```
+/// # let _a = gpuring::internal::doc_channel("doc-select-try-select-a", 2)?;
+/// # let _b = gpuring::internal::doc_channel("doc-select-try-select-b", 2)?;
 /// use gpuring::{Channel, try_select};
-/// let (a, b) = (Channel::builder("cams-0").open()?, Channel::builder("cams-1").open()?);
+/// let a = Channel::builder("doc-select-try-select-a").open()?;
+/// let b = Channel::builder("doc-select-try-select-b").open()?;
 /// let (mut a, mut b) = (a.receiver()?, b.receiver()?);
 /// if let Some((i, msg)) = try_select(&mut [&mut a, &mut b]) {
 ///     println!("camera {i}: {} bytes", msg?.len());
@@ -180,10 +192,13 @@ pub fn try_select<S: Selectable + ?Sized>(sources: &mut [&mut S]) -> Option<(usi
 /// As [`select`], giving up after `timeout`: `None` when no source had something (or a
 /// final error) by then.
 ///
-/// ```no_run
+/// ```
+/// # let _a = gpuring::internal::doc_channel("doc-select-select-timeout-a", 2)?;
+/// # let _b = gpuring::internal::doc_channel("doc-select-select-timeout-b", 2)?;
 /// use std::time::Duration;
 /// use gpuring::{Channel, select_timeout};
-/// let (a, b) = (Channel::builder("cams-0").open()?, Channel::builder("cams-1").open()?);
+/// let a = Channel::builder("doc-select-select-timeout-a").open()?;
+/// let b = Channel::builder("doc-select-select-timeout-b").open()?;
 /// let (mut a, mut b) = (a.receiver()?, b.receiver()?);
 /// match select_timeout(&mut [&mut a, &mut b], Duration::from_millis(100)) {
 ///     Some((i, msg)) => println!("camera {i}: {} bytes", msg?.len()),
@@ -204,14 +219,23 @@ pub fn select_timeout<S: Selectable + ?Sized>(
 
 /// As [`select`], giving up at `deadline`: one deadline for several calls.
 ///
-/// ```no_run
+/// ```
+/// # let _a = gpuring::internal::doc_channel("doc-select-select-deadline-a", 2)?;
+/// # let _b = gpuring::internal::doc_channel("doc-select-select-deadline-b", 2)?;
 /// use std::time::{Duration, Instant};
 /// use gpuring::{Channel, select_deadline};
-/// let (a, b) = (Channel::builder("cams-0").open()?, Channel::builder("cams-1").open()?);
+/// let a = Channel::builder("doc-select-select-deadline-a").open()?;
+/// let b = Channel::builder("doc-select-select-deadline-b").open()?;
 /// let (mut a, mut b) = (a.receiver()?, b.receiver()?);
 /// let until = Instant::now() + Duration::from_secs(1);
 /// while let Some((i, msg)) = select_deadline(&mut [&mut a, &mut b], until) {
-///     println!("camera {i}: {} bytes", msg?.len());
+///     match msg {
+///         Ok(msg) => println!("camera {i}: {} bytes", msg.len()),
+///         Err(e) => {
+///             println!("camera {i}: {e}"); // gone (a program would go on with the others)
+///             break;
+///         }
+///     }
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

@@ -48,9 +48,10 @@ use crate::{liveness::Role, wait::reactor::wait};
 /// read nothing) and waits up to 5 s more for reads under way; memory a receiver still
 /// holds after that is leaked until the process exits rather than freed under the read.
 ///
-/// ```no_run
+/// ```
+/// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-fmt");
 /// use gpuring::{Channel, DType, TensorMeta};
-/// let ch = Channel::builder("frames").slots(8, 64 << 20).create()?;
+/// let ch = Channel::builder("doc-sender-fmt").slots(8, 64 << 20).create()?;
 /// let tx = ch.sender()?;
 /// let mut lease = tx.acquire()?; // waits while every slot is in use
 /// let meta = TensorMeta::contiguous(DType::F32, &[3, 2160, 2080])?;
@@ -83,8 +84,9 @@ impl<B: Backend> Channel<B> {
     /// A sender: creates this sender's pool, registers it in the pool table and, for SPSC,
     /// claims the producer role.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-sender");
+    /// let ch = gpuring::Channel::builder("doc-sender-sender").create()?;
     /// let tx = ch.sender()?;
     /// assert_eq!(tx.free_slots(), 8); // the default pool: 8 slots of 1 MiB
     /// # Ok::<(), gpuring::ChannelError>(())
@@ -161,8 +163,9 @@ impl<B: Backend> Sender<B> {
         /// waits only for a free slot, never for GPU work), and kernels written on that
         /// stream after this call write the slot.
         ///
-        /// ```no_run
-        /// let ch = gpuring::Channel::builder("frames").create()?;
+        /// ```
+        /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-acquire");
+        /// let ch = gpuring::Channel::builder("doc-sender-acquire").slots(2, 4096).create()?;
         /// let tx = ch.sender()?;
         /// let mut lease = tx.acquire()?;
         /// lease[..5].copy_from_slice(b"hello");
@@ -180,6 +183,47 @@ impl<B: Backend> Sender<B> {
         pub fn acquire -> AcquireError<B>, acquire_timeout, acquire_deadline -> AcquireTimeoutError<B>,
             try try_acquire -> TryAcquireError<B>;
             (&self) -> Lease<B> => acquire_until;
+        examples {
+            timeout {
+                /// ```
+                /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-acquire-timeout");
+                /// use std::time::Duration;
+                /// use gpuring::AcquireTimeoutError;
+                /// let ch = gpuring::Channel::builder("doc-sender-acquire-timeout").slots(1, 4096).create()?;
+                /// let tx = ch.sender()?;
+                /// let held = tx.acquire()?; // the only slot
+                /// let again = tx.acquire_timeout(Duration::from_millis(10));
+                /// assert!(matches!(again, Err(AcquireTimeoutError::Timeout)));
+                /// # drop(held);
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+            deadline {
+                /// ```
+                /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-acquire-deadline");
+                /// use std::time::{Duration, Instant};
+                /// let ch = gpuring::Channel::builder("doc-sender-acquire-deadline").slots(4, 4096).create()?;
+                /// let tx = ch.sender()?;
+                /// let until = Instant::now() + Duration::from_millis(100); // for the whole batch
+                /// let batch = (0..4).map(|_| tx.acquire_deadline(until)).collect::<Result<Vec<_>, _>>()?;
+                /// assert_eq!(batch.len(), 4);
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+            try {
+                /// ```
+                /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-try-acquire");
+                /// use gpuring::TryAcquireError;
+                /// let ch = gpuring::Channel::builder("doc-sender-try-acquire").slots(1, 4096).create()?;
+                /// let tx = ch.sender()?;
+                /// let held = tx.try_acquire()?;
+                /// assert!(matches!(tx.try_acquire(), Err(TryAcquireError::Exhausted)));
+                /// drop(held); // unsent: the slot goes back
+                /// assert!(tx.try_acquire().is_ok());
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+        }
     }
 
     /// Leases a free slot, waiting without blocking the thread (feature `async`): the task
@@ -188,15 +232,19 @@ impl<B: Backend> Sender<B> {
     ///
     /// Cancel-safe: a future dropped before it completes has leased nothing.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-acquire-async");
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use gpuring::{Channel, TensorMeta};
-    /// let ch = Channel::builder("frames").slots(8, 1 << 20).create()?;
+    /// let ch = Channel::builder("doc-sender-acquire-async").slots(8, 1 << 20).create()?;
     /// let mut tx = ch.sender()?;
     /// let mut lease = tx.acquire_async().await?;
     /// lease[..5].copy_from_slice(b"hello");
     /// tx.send_async(lease, TensorMeta::bytes(5)).await?;
     /// # Ok(()) }
+    /// # futures::executor::block_on(run())
+    /// # }
     /// ```
     ///
     /// # Errors
@@ -230,9 +278,10 @@ impl<B: Backend> Sender<B> {
         /// send is ordered after the work queued on the lease's stream: receivers see the
         /// slot's writes. Panics if `lease` came from another sender.
         ///
-        /// ```no_run
+        /// ```
+        /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-send");
         /// use gpuring::{Channel, DType, TensorMeta};
-        /// let ch = Channel::builder("frames").create()?;
+        /// let ch = Channel::builder("doc-sender-send").slots(2, 4096).create()?;
         /// let tx = ch.sender()?;
         /// let mut lease = tx.acquire()?;
         /// lease[..8].copy_from_slice(&[1.0f32, 2.0].map(f32::to_le_bytes).concat());
@@ -252,6 +301,49 @@ impl<B: Backend> Sender<B> {
             try try_send -> TrySendError<B>;
             (&self, lease: Lease<B>, meta: TensorMeta) -> ()
             => send_until;
+        examples {
+            timeout {
+                /// ```
+                /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-send-timeout");
+                /// use std::time::Duration;
+                /// use gpuring::{Channel, SendTimeoutError, TensorMeta};
+                /// let ch = Channel::builder("doc-sender-send-timeout").capacity(1).slots(2, 4096).create()?;
+                /// let tx = ch.sender()?;
+                /// tx.send(tx.acquire()?, TensorMeta::bytes(0))?; // the ring's one cell
+                /// match tx.send_timeout(tx.acquire()?, TensorMeta::bytes(0), Duration::from_millis(10)) {
+                ///     Err(SendTimeoutError::Timeout(lease)) => drop(lease), // back, unsent
+                ///     other => panic!("{other:?}"),
+                /// }
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+            deadline {
+                /// ```
+                /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-send-deadline");
+                /// use std::time::{Duration, Instant};
+                /// use gpuring::{Channel, TensorMeta};
+                /// let ch = Channel::builder("doc-sender-send-deadline").slots(2, 4096).create()?;
+                /// let tx = ch.sender()?;
+                /// let until = Instant::now() + Duration::from_millis(100);
+                /// for _ in 0..2 {
+                ///     tx.send_deadline(tx.acquire_deadline(until)?, TensorMeta::bytes(0), until)?;
+                /// }
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+            try {
+                /// ```
+                /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-try-send");
+                /// use gpuring::{Channel, TensorMeta, TrySendError};
+                /// let ch = Channel::builder("doc-sender-try-send").capacity(1).slots(2, 4096).create()?;
+                /// let tx = ch.sender()?;
+                /// tx.try_send(tx.acquire()?, TensorMeta::bytes(0))?;
+                /// let full = tx.try_send(tx.acquire()?, TensorMeta::bytes(0));
+                /// assert!(matches!(full, Err(TrySendError::Full(_)))); // the lease comes back
+                /// # Ok::<(), Box<dyn std::error::Error>>(())
+                /// ```
+            }
+        }
     }
 
     /// Sends a leased slot, waiting for room in the ring without blocking the thread
@@ -262,13 +354,17 @@ impl<B: Backend> Sender<B> {
     /// Cancel-safe in the sense of a channel send: a future dropped before it completes has
     /// sent nothing, and its lease goes back to the pool with it.
     ///
-    /// ```no_run
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-send-async");
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// let ch = gpuring::Channel::builder("doc-sender-send-async").slots(2, 4096).create()?;
     /// let mut tx = ch.sender()?;
     /// let lease = tx.acquire_async().await?;
     /// tx.send_async(lease, gpuring::TensorMeta::bytes(0)).await?;
     /// # Ok(()) }
+    /// # futures::executor::block_on(run())
+    /// # }
     /// ```
     ///
     /// # Errors
@@ -360,8 +456,9 @@ impl<B: Backend> Sender<B> {
 
     /// Slots in this sender's pool.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").slots(4, 1 << 20).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-slot-count");
+    /// let ch = gpuring::Channel::builder("doc-sender-slot-count").slots(4, 1 << 20).create()?;
     /// assert_eq!(ch.sender()?.slot_count(), 4);
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
@@ -371,8 +468,9 @@ impl<B: Backend> Sender<B> {
 
     /// Bytes per slot.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").slots(4, 1 << 20).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-slot-size");
+    /// let ch = gpuring::Channel::builder("doc-sender-slot-size").slots(4, 1 << 20).create()?;
     /// assert_eq!(ch.sender()?.slot_size(), 1 << 20);
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
@@ -382,8 +480,9 @@ impl<B: Backend> Sender<B> {
 
     /// Slots now free in this sender's pool (a snapshot; exact when nothing moves).
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").slots(4, 1 << 20).create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-free-slots");
+    /// let ch = gpuring::Channel::builder("doc-sender-free-slots").slots(4, 1 << 20).create()?;
     /// let tx = ch.sender()?;
     /// let lease = tx.acquire()?;
     /// assert_eq!(tx.free_slots(), 3);
@@ -396,8 +495,9 @@ impl<B: Backend> Sender<B> {
 
     /// The sequence number the next message will carry.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-next-seq");
+    /// let ch = gpuring::Channel::builder("doc-sender-next-seq").slots(2, 4096).create()?;
     /// let tx = ch.sender()?;
     /// assert_eq!(tx.next_seq(), 0);
     /// tx.send(tx.acquire()?, gpuring::TensorMeta::bytes(0))?;
@@ -410,8 +510,9 @@ impl<B: Backend> Sender<B> {
 
     /// This sender's pool id, as descriptors carry it.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-pool-id");
+    /// let ch = gpuring::Channel::builder("doc-sender-pool-id").slots(2, 4096).create()?;
     /// let tx = ch.sender()?;
     /// assert_eq!(tx.pool_id() & 0xFFFF, 0); // the pool table's first entry
     /// # Ok::<(), gpuring::ChannelError>(())
@@ -422,10 +523,11 @@ impl<B: Backend> Sender<B> {
 
     /// The pool segment's name.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-pool-name");
+    /// let ch = gpuring::Channel::builder("doc-sender-pool-name").slots(2, 4096).create()?;
     /// let tx = ch.sender()?;
-    /// assert!(tx.pool_name().starts_with("/frames."));
+    /// assert!(tx.pool_name().starts_with("/doc-sender-pool-name."));
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
     pub fn pool_name(&self) -> &str {
@@ -434,8 +536,9 @@ impl<B: Backend> Sender<B> {
 
     /// Sets how this sender waits, for a free slot and for room in the ring.
     ///
-    /// ```no_run
-    /// let ch = gpuring::Channel::builder("frames").create()?;
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-set-wait-policy");
+    /// let ch = gpuring::Channel::builder("doc-sender-set-wait-policy").slots(2, 4096).create()?;
     /// let mut tx = ch.sender()?;
     /// tx.set_wait_policy(gpuring::WaitPolicy::SLEEP); // sleep at once, never spin
     /// # Ok::<(), gpuring::ChannelError>(())

@@ -50,7 +50,8 @@ pub struct PoolInfo {
     pub state: PoolState,
     /// The sending process, as it registered (pids are reused).
     pub owner_pid: u32,
-    /// The pool segment's name.
+    /// The pool segment's name, without the leading `/` ([`Sender::pool_name`](crate::Sender::pool_name)
+    /// has it).
     pub name: String,
 }
 

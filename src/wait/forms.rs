@@ -76,7 +76,8 @@ impl Deadline {
 /// them (then `;` before the receiver), `$try` makes one attempt (the deadline form's `Timeout` said as `$try_err`'s
 /// "nothing now"). The error types come from `wait_errors!`, whose `from_timeout` converts.
 /// The operation's own documentation goes in, ending with its `# Errors` section; each form
-/// says how long it waits. One macro for every blocking call, so that the forms mean the
+/// says how long it waits. An optional `examples { timeout { .. } deadline { .. } try { .. } }`
+/// after the receiver line gives the other forms' examples (doc comments). One macro for every blocking call, so that the forms mean the
 /// same on every type.
 macro_rules! blocking {
     (
@@ -84,26 +85,33 @@ macro_rules! blocking {
         $vis:vis fn $name:ident -> $err:ty, $timeout:ident, $deadline:ident -> $timeout_err:ty
             $(, try $try:ident -> $try_err:ty)?;
             (&mut $self:ident $(, $arg:ident: $ty:ty)*) -> $out:ty => $($until:ident).+;
+        $(examples $examples:tt)?
     ) => {
         $crate::wait::blocking!(@emit $self [&mut $self] [$(#[doc = $doc])*]
             $vis $name $err, $timeout $deadline $timeout_err, [$($try $try_err)?]
-            ($($arg: $ty),*) $out, [$($until).+]);
+            ($($arg: $ty),*) $out, [$($until).+] [$($examples)?]);
     };
     (
         $(#[doc = $doc:expr])*
         $vis:vis fn $name:ident -> $err:ty, $timeout:ident, $deadline:ident -> $timeout_err:ty
             $(, try $try:ident -> $try_err:ty)?;
             (&$self:ident $(, $arg:ident: $ty:ty)*) -> $out:ty => $($until:ident).+;
+        $(examples $examples:tt)?
     ) => {
         $crate::wait::blocking!(@emit $self [&$self] [$(#[doc = $doc])*]
             $vis $name $err, $timeout $deadline $timeout_err, [$($try $try_err)?]
-            ($($arg: $ty),*) $out, [$($until).+]);
+            ($($arg: $ty),*) $out, [$($until).+] [$($examples)?]);
     };
     (@emit $self:ident [$($recv:tt)*] [$($doc:tt)*] $vis:vis $name:ident $err:ty,
         $timeout:ident $deadline:ident $timeout_err:ty, [$($try:ident $try_err:ty)?]
-        ($($arg:ident: $ty:ty),*) $out:ty, [$($until:tt)+]) => {
+        ($($arg:ident: $ty:ty),*) $out:ty, [$($until:tt)+]
+        [$({
+            timeout { $(#[doc = $te:expr])* }
+            deadline { $(#[doc = $de:expr])* }
+            $(try { $(#[doc = $ye:expr])* })?
+        })?]) => {
         $crate::wait::blocking!(@try [$($try $try_err)?] $self [$($recv)*] $vis $name
-            ($($arg: $ty),*) $out, [$($until)+]);
+            ($($arg: $ty),*) $out, [$($until)+] [$($($(#[doc = $ye])*)?)?]);
 
         $($doc)*
         ///
@@ -118,6 +126,8 @@ macro_rules! blocking {
 
         #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), giving up once `timeout` has passed.")]
         ///
+        $($(#[doc = $te])*)?
+        ///
         /// # Errors
         ///
         /// `Timeout` once `timeout` has passed (carrying back what the call was given,
@@ -129,6 +139,8 @@ macro_rules! blocking {
         }
 
         #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), giving up at `deadline`: one deadline for several calls.")]
+        ///
+        $($(#[doc = $de])*)?
         ///
         /// # Errors
         ///
@@ -142,8 +154,10 @@ macro_rules! blocking {
     };
     (@try [] $($rest:tt)*) => {};
     (@try [$try:ident $try_err:ty] $self:ident [$($recv:tt)*] $vis:vis $name:ident
-        ($($arg:ident: $ty:ty),*) $out:ty, [$($until:tt)+]) => {
+        ($($arg:ident: $ty:ty),*) $out:ty, [$($until:tt)+] [$($ye:tt)*]) => {
         #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), without waiting: one attempt, and no clock read.")]
+        ///
+        $($ye)*
         ///
         /// # Errors
         ///
