@@ -147,6 +147,24 @@ pub(crate) fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<(), Err
         say!("{verb} {}: {}", c.name, reason(c.why));
     }
     say!("{verb} {} no process uses", count(removed.len() as u32, "segment", "segments"));
+    // What stays, and why: a clean that removed nothing must not leave the user guessing.
+    let all = inspect::list()?;
+    let gone = |name: &str| removed.iter().any(|c| c.name == name);
+    let prefix = prefix.trim_start_matches('/');
+    let left = all.iter().filter(|i| i.name.starts_with(prefix) && !i.is_pool() && !gone(&i.name));
+    for info in left {
+        match info.state(&all) {
+            SegmentState::Waiting { queued: n } => say!(
+                "left {}: {} waiting for a consumer, nobody attached (`gpuring clean --queued {}` \
+                 drops them)",
+                info.name,
+                count(n as u32, "element", "elements"),
+                info.name
+            ),
+            SegmentState::InUse => say!("left {}: in use", info.name),
+            _ => {}
+        }
+    }
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! never an absurd mapping).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::backend::Host;
 use super::backend::sealed::Backend;
@@ -57,7 +58,7 @@ impl Flavor {
 /// let peer = Channel::builder("doc-builder-new").open_timeout(Duration::from_secs(5)).open()?;
 /// # Ok::<(), gpuring::ChannelError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ChannelBuilder<B: Backend = Host> {
     segment: SegmentOptions,
     flavor: Option<Flavor>,
@@ -66,6 +67,21 @@ pub struct ChannelBuilder<B: Backend = Host> {
     slot_size: u64,
     max_senders: Option<u32>,
     pub(crate) ctx: B::Context,
+}
+
+// By hand: a derive would ask `B: Clone` of the backend marker, not of what is cloned.
+impl<B: Backend> Clone for ChannelBuilder<B> {
+    fn clone(&self) -> Self {
+        Self {
+            segment: self.segment.clone(),
+            flavor: self.flavor,
+            capacity: self.capacity,
+            slot_count: self.slot_count,
+            slot_size: self.slot_size,
+            max_senders: self.max_senders,
+            ctx: self.ctx.clone(),
+        }
+    }
 }
 
 impl ChannelBuilder<Host> {
@@ -200,6 +216,47 @@ impl<B: Backend> ChannelBuilder<B> {
             Ok::<_, ShmError>(())
         })?;
         Ok(self.channel(segment, layout, flavor, (slot_count, slot_size, nonce), base))
+    }
+
+    /// Opens the channel if it exists, and creates it (with these options) where it does
+    /// not: what a process that may be restarted calls, producer or consumer. A channel
+    /// whose creator died (killed before any consumer came, say) is attached to as it is,
+    /// with what waits in it; a restarted sender is a new sender of it (the dead one's pool
+    /// is closed, its messages still delivered). Of several processes calling this at once,
+    /// one creates the channel and the others open it. The options of an existing channel
+    /// (capacity, slots) are its creator's.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-builder-open-or-create");
+    /// use gpuring::{Channel, TensorMeta};
+    /// let first = Channel::builder("doc-builder-open-or-create").slots(4, 4096).open_or_create()?;
+    /// let tx = first.sender()?;
+    /// tx.send(tx.acquire()?, TensorMeta::bytes(0))?;
+    /// drop((tx, first)); // a message waits: the channel stays
+    /// // A restarted producer gets the channel back, message and all:
+    /// let again = Channel::builder("doc-builder-open-or-create").open_or_create()?;
+    /// assert_eq!(again.receiver()?.try_iter().count(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open) for a channel that exists, as [`create`](Self::create) for
+    /// one that does not.
+    pub fn open_or_create(&self) -> Result<Channel<B>, ChannelError<B>> {
+        let missing =
+            |e: &ChannelError<B>| matches!(e, ChannelError::Segment(ShmError::NotFound { .. }));
+        // The name alone, at once: a channel still being created is waited for below.
+        match self.clone().open_timeout(Duration::ZERO).open() {
+            Err(ChannelError::Segment(ShmError::NotInitialized { .. })) => return self.open(),
+            Err(e) if missing(&e) => {}
+            done => return done,
+        }
+        match self.create() {
+            // Another process created it between the two: open that one.
+            Err(ChannelError::Segment(ShmError::AlreadyExists { .. })) => self.open(),
+            done => done,
+        }
     }
 
     /// Opens the channel, waiting up to the open timeout (default

@@ -262,15 +262,18 @@ pub fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<Vec<Cleaned>, 
     }
     let gone: Vec<String> = cleaned.iter().map(|c| c.name.clone()).collect();
     for info in all.iter().filter(|i| i.is_pool() && i.in_use == Some(false)) {
-        let orphaned = !pool_has_channel(&info.name, &all)
-            || owner_of(&info.name).is_some_and(|(c, _)| gone.iter().any(|g| g == c));
-        if !orphaned {
+        let with_channel = owner_of(&info.name).is_some_and(|(c, _)| gone.iter().any(|g| g == c));
+        if !with_channel && pool_has_channel(&info.name, &all) {
             continue; // its channel keeps it (messages in it may name this pool)
         }
         let removal = if dry_run {
             Removal::Removed
         } else {
-            Segment::remove_if_unattended(&info.name, |_| true).unwrap_or(Removal::InUse)
+            match Segment::remove_if_unattended(&info.name, |_| true) {
+                // Removed with its channel just now: reported as a dry run would.
+                Ok(Removal::Absent) if with_channel => Removal::Removed,
+                r => r.unwrap_or(Removal::InUse),
+            }
         };
         if removal == Removal::Removed {
             cleaned.push(Cleaned { name: info.name.clone(), why: CleanReason::OrphanedPool });

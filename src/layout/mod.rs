@@ -105,6 +105,18 @@ impl SegmentKind {
         !matches!(self, Self::HostPool | Self::CudaPool)
     }
 
+    /// The kind in words: "an SPSC ring", "an MPMC channel", "a host slot pool", ...
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::SpscRing => "an SPSC ring",
+            Self::MpmcRing => "an MPMC ring",
+            Self::SpscChannel => "an SPSC channel",
+            Self::MpmcChannel => "an MPMC channel",
+            Self::HostPool => "a host slot pool (of a channel)",
+            Self::CudaPool => "a GPU slot pool (of a channel)",
+        }
+    }
+
     /// Decodes a kind read from shared memory.
     pub fn from_raw(raw: u32) -> Option<Self> {
         match raw {

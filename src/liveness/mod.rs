@@ -104,7 +104,21 @@ impl core::fmt::Display for AttachError {
                 write!(f, "all {max} participant entries of the ring are held by live endpoints")
             }
             AttachError::RoleTaken { role, holder_pid } => {
-                write!(f, "the {role:?} role is held (by pid {holder_pid})")
+                let (one, end) = match role {
+                    Role::Producer => ("producer", "sender"),
+                    _ => ("consumer", "receiver"),
+                };
+                let who = if *holder_pid == std::process::id() {
+                    "this process".to_owned()
+                } else {
+                    format!("pid {holder_pid}")
+                };
+                write!(
+                    f,
+                    "an SPSC ring or channel has one {one} ({end}), and {who} holds it: drop \
+                     that one first, or make the channel with `.mpmc()` (an `MpmcRing` for a \
+                     ring) for several"
+                )
             }
             AttachError::Corrupted(c) => c.fmt(f),
             AttachError::Io { op, source } => write!(f, "{op} failed: {source}"),

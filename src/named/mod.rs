@@ -140,6 +140,41 @@ impl<T: Pod + Send, F: RingFlavor> RingBuilder<T, F> {
         Ok(Ring::view(segment, layout))
     }
 
+    /// Opens the ring if it exists, and creates it where it does not: what a process that
+    /// may be restarted calls. A ring whose creator died is attached to as it is, with what
+    /// waits in it; of several processes calling this at once, one creates the ring and the
+    /// others open it. An existing ring's capacity is its creator's.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-ring-open-or-create");
+    /// use gpuring::MpmcRing;
+    /// let ring = MpmcRing::<u64>::builder("doc-ring-open-or-create").capacity(64).open_or_create()?;
+    /// ring.producer()?.push(7)?;
+    /// drop(ring); // an element waits: the ring stays
+    /// let again = MpmcRing::<u64>::builder("doc-ring-open-or-create").open_or_create()?;
+    /// assert_eq!(again.consumer()?.pop()?, 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open) for a ring that exists, as [`create`](Self::create) for one
+    /// that does not.
+    pub fn open_or_create(&self) -> Result<Ring<T, F>, RingError> {
+        let missing = |e: &RingError| matches!(e, RingError::Segment(ShmError::NotFound { .. }));
+        // The name alone, at once: a ring still being created is waited for below.
+        match self.clone().open_timeout(std::time::Duration::ZERO).open() {
+            Err(RingError::Segment(ShmError::NotInitialized { .. })) => return self.open(),
+            Err(e) if missing(&e) => {}
+            done => return done,
+        }
+        match self.create() {
+            // Another process created it between the two: open that one.
+            Err(RingError::Segment(ShmError::AlreadyExists { .. })) => self.open(),
+            done => done,
+        }
+    }
+
     /// Opens the ring, waiting up to the open timeout (default
     /// [`DEFAULT_OPEN_TIMEOUT`](crate::DEFAULT_OPEN_TIMEOUT)) for the name to appear and
     /// its creator to finish (a consumer that may start first sets a longer

@@ -98,8 +98,19 @@ impl fmt::Display for ShmError {
             ShmError::InvalidName { name, reason } => {
                 write!(f, "invalid shared-memory name {name:?}: {reason}")
             }
-            ShmError::AlreadyExists { name } => write!(f, "segment {name} already exists"),
-            ShmError::NotFound { name } => write!(f, "segment {name} does not exist"),
+            ShmError::AlreadyExists { name } => write!(
+                f,
+                "segment {name} already exists: open it (`open`, or `open_or_create` to \
+                 attach to it or create it), or, if a crashed run left it, remove it \
+                 (`gpuring clean --queued {0}` drops what waits in it; `replace_stale` \
+                 replaces it when no process has it open)",
+                name.trim_start_matches('/')
+            ),
+            ShmError::NotFound { name } => write!(
+                f,
+                "segment {name} does not exist (check the name, or give `open_timeout` \
+                 time for its creator to start)"
+            ),
             ShmError::PermissionDenied { name, reason } => {
                 write!(f, "segment {name} refused: {reason}")
             }
@@ -113,15 +124,31 @@ impl fmt::Display for ShmError {
                 f,
                 "segment has layout version {found}, this build of gpuring uses {expected}"
             ),
-            ShmError::NotInitialized { name, waited } => {
-                write!(f, "segment {name} was not initialised within {waited:?}")
-            }
-            ShmError::KindMismatch { expected, found } => {
-                write!(f, "segment holds kind {found}, expected {expected:?}")
-            }
+            ShmError::NotInitialized { name, waited } => write!(
+                f,
+                "segment {name} was not initialised within {waited:?} (its creator may have \
+                 died creating it: `gpuring clean` removes it once no process has it open)"
+            ),
+            ShmError::KindMismatch { expected, found } => match SegmentKind::from_raw(*found) {
+                Some(kind) if kind.is_channel() && expected.is_channel() => write!(
+                    f,
+                    "the segment is {}, not {} (leave out `.spsc()` / `.mpmc()`, and `open` \
+                     takes the flavor it finds)",
+                    kind.describe(),
+                    expected.describe()
+                ),
+                Some(kind) => {
+                    write!(f, "the segment is {}, not {}", kind.describe(), expected.describe())
+                }
+                None => {
+                    write!(f, "the segment holds unknown kind {found}, not {}", expected.describe())
+                }
+            },
             ShmError::NoSpace { needed, available } => write!(
                 f,
-                "/dev/shm cannot hold {}: {} free",
+                "/dev/shm cannot hold {}: {} free (ask for fewer or smaller slots, or give \
+                 the machine more shared memory: a container's is 64 MB unless started with \
+                 `--shm-size`)",
                 crate::shm::human_bytes(*needed),
                 crate::shm::human_bytes(*available)
             ),

@@ -32,13 +32,16 @@ pub fn unique_name(tag: &str) -> String {
 }
 
 /// Starts this test binary running only `test` (its full path in the binary) as `role`.
+/// Its standard output (the test harness's lines, which would interleave with ours) goes
+/// nowhere; its standard error (a panic's message) comes through.
 pub fn spawn(test: &str, role: &str, ring: &str, env: &[(&str, String)]) -> Child {
     let mut cmd = Command::new(std::env::current_exe().expect("current exe"));
     // --include-ignored: GPU tests are #[ignore]d off the GPU machine, and their peers
     // must run when the parent does.
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"])
         .env(ROLE, role)
-        .env(RING, ring);
+        .env(RING, ring)
+        .stdout(Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
     }
