@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::demo::{Figures, Transport, host_channel, stream_figures};
 #[cfg(feature = "cuda")]
 use crate::gpu_demo;
-use crate::{Error, bytes, duration, say, table};
+use crate::{Error, bytes, duration, ratio_words, say, table};
 
 pub(crate) fn bench(
     json: bool,
@@ -19,7 +19,7 @@ pub(crate) fn bench(
         (s as usize, messages, (messages / 10).clamp(50, 5_000))
     });
     let mut rows: Vec<(usize, Figures, f64, f64)> = Vec::new();
-    let mut capped = false;
+    let mut skipped = Vec::new();
     // `base`: gpuring's (p50, items/s) for the row's payload.
     let mut push = |size: usize, base: (Duration, f64), f: Figures| {
         let lat = f.p50.as_secs_f64() / base.0.as_secs_f64();
@@ -27,12 +27,13 @@ pub(crate) fn bench(
         rows.push((size, f, lat, rate));
     };
     for (size, messages, pings) in cases {
-        // The copying paths get about 1 GB per phase.
-        let copied = messages.min((1_000_000_000 / size as u64).max(20));
-        capped |= copied < messages;
+        if let Err(why) = crate::demo::shm_fits(size) {
+            skipped.push(why); // said after the table; the other sizes still run
+            continue;
+        }
         let g = host_channel(messages, size, pings)?;
-        let p = stream_figures(Transport::Pipe, copied, size, pings, false)?;
-        let u = stream_figures(Transport::Unix, copied, size, pings, false)?;
+        let p = stream_figures(Transport::Pipe, messages, size, pings, false)?;
+        let u = stream_figures(Transport::Unix, messages, size, pings, false)?;
         let base = (g.p50, g.per_sec);
         push(size, base, g);
         push(size, base, p);
@@ -90,30 +91,41 @@ pub(crate) fn bench(
         return Ok(());
     }
     let mut t = table(
-        "payload | path | one-way p50 | one-way p99 | items/s | p50 ÷ gpuring's \
-         | gpuring's items/s ÷ this",
+        "payload | path | one-way p50 | one-way p99 | items/s | gpuring's p50 | gpuring's items/s",
     );
     for (size, f, lat, rate) in &rows {
+        let baseline = f.label.starts_with("gpuring");
+        let vs = |words: String| if baseline { "—".to_owned() } else { words };
         t.add_row([
             bytes(*size as u64),
             f.label.clone(),
             duration(f.p50),
             duration(f.p99),
             format!("{:.0}", f.per_sec),
-            format!("{lat:.2}x"),
-            format!("{rate:.1}x"),
+            vs(ratio_words(*lat, "lower", "higher")),
+            vs(ratio_words(*rate, "more", "fewer")),
         ]);
     }
     say!("{t}");
-    say!("(one run on this machine; a ratio above 1x means gpuring is ahead on that row)");
+    say!(
+        "(one run on this machine, each row beside gpuring's for its payload; each phase stops \
+         after {:.1} s, so the rows that copy every byte ran fewer messages: `--json` gives \
+         each row's count)",
+        crate::demo::PHASE.as_secs_f64()
+    );
+    for (_, f, _, _) in rows.iter().filter(|(_, f, _, _)| f.spread > 2.0) {
+        say!(
+            "(the p50 of {} varied {:.1}x between its five rounds: this machine is busy, so \
+             take these figures as rough)",
+            f.label,
+            f.spread
+        );
+    }
+    for why in &skipped {
+        say!("(skipped: {why})");
+    }
     if let Some(setup) = gpu_setup {
         say!("{setup}");
-    }
-    if capped {
-        say!(
-            "(the pipe and socket rows copy every byte: they stream at most about 1 GB per \
-             payload, fewer messages than the gpuring row; `--json` gives each row's count)"
-        );
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 #[cfg(feature = "cuda")]
 use crate::gpu_demo;
-use crate::{Error, bytes, duration, say, table};
+use crate::{Error, bytes, duration, lower_or_higher, more_or_fewer, say, table};
 
 pub(crate) const STOP: u64 = u64::MAX;
 
@@ -23,6 +23,33 @@ pub(crate) struct Figures {
     pub(crate) per_sec: f64,
     /// One-way latencies of the ping-pongs, sorted.
     pub(crate) samples: Vec<Duration>,
+    /// How far apart the p50s of the ping-pongs' five rounds were (largest ÷ smallest).
+    pub(crate) spread: f64,
+    /// Whether the hand-off carried the payload's bytes (pipes, sockets), rather than
+    /// leaving them in place (gpuring).
+    pub(crate) copies: bool,
+}
+
+/// The ping-pong half of a path's figures.
+pub(crate) struct Latency {
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    /// Sorted.
+    pub(crate) samples: Vec<Duration>,
+    pub(crate) spread: f64,
+}
+
+/// How long one phase of one path (its ping-pongs, or its stream) may run: the counts
+/// asked for are the most it does. A 54 MB pipe ping-pong takes tens of milliseconds, so
+/// counts alone would keep a demo busy for minutes.
+pub(crate) const PHASE: Duration = Duration::from_millis(1500);
+
+/// The fewest rounds a phase does, whatever the time: enough for a p99.
+pub(crate) const MIN_ROUNDS: u64 = 30;
+
+/// Whether a phase that started at `t` and has done `n` rounds has had its time.
+pub(crate) fn phase_over(t: Instant, n: u64) -> bool {
+    n >= MIN_ROUNDS && t.elapsed() >= PHASE
 }
 
 pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<(), Error> {
@@ -33,11 +60,15 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
         );
     }
     let pings = (messages / 10).clamp(200, 20_000);
-    // A pipe copies every byte: give it at most ~2 GB per phase.
-    let pipe_messages = messages.min((2_000_000_000 / size as u64).max(20));
+    if !use_gpu {
+        shm_fits(size)?;
+    }
     say!(
-        "gpuring demo: {} path, {messages} messages of {size} bytes, {pings} ping-pongs",
-        if use_gpu { "GPU" } else { "host" }
+        "gpuring demo: {} path, {} messages, up to {messages} streamed and {pings} ping-pongs \
+         per path (each phase stops after {:.1} s)",
+        if use_gpu { "GPU" } else { "host" },
+        bytes(size as u64),
+        PHASE.as_secs_f64()
     );
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))] // set by the GPU path
     let mut gpu_setup: Option<String> = None;
@@ -57,19 +88,21 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
                      by events)"
                 );
             }
-            (ring, gpu_demo::pipe(pipe_messages, size, pings)?)
+            (ring, gpu_demo::pipe(messages, size, pings)?)
         }
         #[cfg(not(feature = "cuda"))]
         unreachable!("gpu_present() is false without the cuda feature")
     } else {
         (
             host_channel(messages, size, pings)?,
-            stream_figures(Transport::Pipe, pipe_messages, size, pings, false)?,
+            stream_figures(Transport::Pipe, messages, size, pings, false)?,
         )
     };
+    let rows: Vec<&Figures> =
+        [Some(&ring), events.as_ref(), Some(&pipe)].into_iter().flatten().collect();
     let mut t =
-        table("path | messages | payload | one-way p50 | one-way p99 | items/s | payload GB/s");
-    for f in [Some(&ring), events.as_ref(), Some(&pipe)].into_iter().flatten() {
+        table("path | messages | payload | one-way p50 | one-way p99 | items/s | bytes copied/s");
+    for f in &rows {
         t.add_row([
             f.label.clone(),
             f.messages.to_string(),
@@ -77,28 +110,34 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
             duration(f.p50),
             duration(f.p99),
             format!("{:.0}", f.per_sec),
-            format!("{:.2}", f.per_sec * size as f64 / 1e9),
+            // A zero-copy hand-off moves no payload: no rate of bytes to show.
+            if f.copies {
+                format!("{}/s", bytes((f.per_sec * size as f64) as u64))
+            } else {
+                "none (in place)".into()
+            },
         ]);
     }
     say!("{t}");
     say!(
-        "gpuring vs pipe: one-way p50 {:.1}x lower, {:.1}x the items per second",
-        pipe.p50.as_secs_f64() / ring.p50.as_secs_f64(),
-        ring.per_sec / pipe.per_sec
+        "gpuring vs pipe: one-way p50 {}, {} items per second",
+        lower_or_higher(ring.p50, pipe.p50),
+        more_or_fewer(ring.per_sec, pipe.per_sec)
     );
-    if pipe_messages < messages {
-        say!(
-            "(the pipe copies every byte: it ran {pipe_messages} of the {messages} messages, \
-             about 2 GB, to keep the demo short)"
-        );
-    }
     if let Some(e) = &events {
         say!(
             "host ready flags (the default: the sender's stream writes a flag, the receiver's \
-             CPU waits for it) vs events (GpuReady::Event): one-way p50 {:.2}x, {:.1}x the \
-             items per second",
-            ring.p50.as_secs_f64() / e.p50.as_secs_f64(),
-            ring.per_sec / e.per_sec
+             CPU waits for it) vs events (GpuReady::Event): one-way p50 {}, {} items per second",
+            lower_or_higher(ring.p50, e.p50),
+            more_or_fewer(ring.per_sec, e.per_sec)
+        );
+    }
+    for f in rows.iter().filter(|f| f.spread > 2.0) {
+        say!(
+            "(the p50 of {} varied {:.1}x between its five rounds: this machine is busy, so \
+             take these figures as rough)",
+            f.label,
+            f.spread
         );
     }
     if let Some(setup) = gpu_setup {
@@ -106,7 +145,8 @@ pub(crate) fn demo(host: bool, gpu: bool, messages: u64, size: usize) -> Result<
     }
     if !use_gpu {
         say!(
-            "(host path: the payload is written in place and never copied; a GPU machine runs the GPU path)"
+            "(host path: the payload is written in place and never copied; a GPU machine runs \
+             the GPU path)"
         );
     }
     Ok(())
@@ -137,11 +177,24 @@ pub(crate) fn finish(mut child: Child) -> Result<(), Error> {
     Ok(())
 }
 
-/// p50, p99, and the samples sorted.
-pub(crate) fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration, Vec<Duration>) {
+/// p50, p99, the samples sorted, and how far apart the p50s of five rounds (the samples in
+/// the order taken, in five parts) were: a busy machine shows as rounds that disagree.
+pub(crate) fn percentiles(v: Vec<Duration>) -> Latency {
+    let p50 = |mut part: Vec<Duration>| {
+        part.sort_unstable();
+        part[(part.len() - 1) / 2]
+    };
+    let rounds: Vec<Duration> =
+        v.chunks(v.len().div_ceil(5).max(1)).map(|c| p50(c.to_vec())).collect();
+    let (lo, hi) = (rounds.iter().min().copied(), rounds.iter().max().copied());
+    let spread = match (lo, hi) {
+        (Some(lo), Some(hi)) if !lo.is_zero() => hi.as_secs_f64() / lo.as_secs_f64(),
+        _ => 1.0,
+    };
+    let mut v = v;
     v.sort_unstable();
     let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
-    (at(0.5), at(0.99), v)
+    Latency { p50: at(0.5), p99: at(0.99), samples: v, spread }
 }
 
 pub(crate) fn progress(n: u64, what: &str) -> ProgressBar {
@@ -161,7 +214,7 @@ pub(crate) fn progress(n: u64, what: &str) -> ProgressBar {
 /// ends the peer. `latency` is the ping-pong half.
 pub(crate) fn stream_figures_of<B: Backend>(
     label: &str,
-    (messages, latency): (u64, (Duration, Duration, Vec<Duration>)),
+    (messages, latency): (u64, Latency),
     (tx, child): (&Sender<B>, Child),
     meta: TensorMeta,
     fill: impl Fn(u64) -> Result<Lease<B>, Error>,
@@ -178,12 +231,14 @@ pub(crate) fn stream_figures_of<B: Backend>(
     };
     send(0, 0)?;
     wait_back();
-    let bar = progress(messages, "gpuring");
+    let bar = progress(messages, label);
     let t = Instant::now();
-    for seq in 1..=messages {
-        send(seq, 0)?;
-        if seq % 1024 == 0 {
-            bar.set_position(seq);
+    let mut sent = 0;
+    while sent < messages && !phase_over(t, sent) {
+        sent += 1;
+        send(sent, 0)?;
+        if sent % 1024 == 0 {
+            bar.set_position(sent);
         }
     }
     wait_back();
@@ -191,21 +246,59 @@ pub(crate) fn stream_figures_of<B: Backend>(
     bar.finish_and_clear();
     send(0, STOP)?;
     finish(child)?;
-    let (p50, p99, samples) = latency;
-    let per_sec = messages as f64 / secs;
-    Ok(Figures { label: label.into(), messages, p50, p99, per_sec, samples })
+    let Latency { p50, p99, samples, spread } = latency;
+    let per_sec = sent as f64 / secs;
+    Ok(Figures {
+        label: label.into(),
+        messages: sent,
+        p50,
+        p99,
+        per_sec,
+        samples,
+        spread,
+        copies: false,
+    })
+}
+
+/// Slots for a stream of `size`-byte messages: as many as fit in half of what `/dev/shm`
+/// has free and in 256 MB, from 2 to 64.
+pub(crate) fn stream_slots(size: usize) -> u32 {
+    let free = gpuring::inspect::shm_available().unwrap_or(u64::MAX) / 2;
+    (free.min(256_000_000) / size as u64).clamp(2, 64) as u32
+}
+
+/// Whether host channels of `size`-byte slots for the demo fit in `/dev/shm`: two ping-pong
+/// channels of two slots, then a stream of at least two. Says what to do where they do not.
+pub(crate) fn shm_fits(size: usize) -> Result<(), String> {
+    let needed = 4 * size as u64 + (1 << 20);
+    match gpuring::inspect::shm_available() {
+        Some(free) if free < needed => Err(format!(
+            "{} messages need {} of /dev/shm, {} is free: smaller messages (--size, --sizes), or more shared \
+             memory (a container's /dev/shm is 64 MB unless started with --shm-size)",
+            bytes(size as u64),
+            bytes(needed),
+            bytes(free)
+        )),
+        _ => Ok(()),
+    }
 }
 
 pub(crate) fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Figures, Error> {
     let name = format!("gpuring-demo-{}", std::process::id());
     // Latency: A -> B and back, each way through its own channel.
-    let ab = Channel::builder(format!("{name}-ab")).capacity(16).slots(4, size as u64).create()?;
-    let ba = Channel::builder(format!("{name}-ba")).capacity(16).slots(4, size as u64).create()?;
+    let ab = Channel::builder(format!("{name}-ab")).capacity(16).slots(2, size as u64).create()?;
+    let ba = Channel::builder(format!("{name}-ba")).capacity(16).slots(2, size as u64).create()?;
     let (tx, rx) = (ab.sender()?, ba.receiver()?);
     let child = spawn_peer("echo-host", &name, size, false)?;
     let meta = TensorMeta::bytes(size as u64);
     let mut samples = Vec::with_capacity(pings as usize);
+    let bar = progress(pings, "gpuring ping");
+    let t0 = Instant::now();
     for seq in 0..=pings {
+        if phase_over(t0, seq) {
+            break;
+        }
+        bar.set_position(seq);
         let t = Instant::now();
         let mut lease = tx.acquire_timeout(Duration::from_secs(10))?;
         lease[..8].copy_from_slice(&seq.to_le_bytes());
@@ -219,14 +312,16 @@ pub(crate) fn host_channel(messages: u64, size: usize, pings: u64) -> Result<Fig
             samples.push(t.elapsed() / 2); // the first round trip maps the pools
         }
     }
+    bar.finish_and_clear();
     let mut stop = tx.acquire()?;
     stop.set_tag(STOP);
     tx.send(stop, TensorMeta::bytes(0))?;
     finish(child)?;
+    drop((tx, rx, ab, ba)); // their slots go before the stream's are made
     let latency = percentiles(samples);
 
-    // Throughput: a stream one way, through up to 64 slots and about 256 MB of them.
-    let slots = (256_000_000 / size).clamp(4, 64) as u32;
+    // Throughput: a stream one way, through as many slots as fit (2 to 64).
+    let slots = stream_slots(size);
     let s =
         Channel::builder(format!("{name}-s")).capacity(256).slots(slots, size as u64).create()?;
     let tx = s.sender()?;
@@ -314,7 +409,13 @@ pub(crate) fn stream_figures(
     #[cfg(feature = "cuda")]
     let dev = if gpu { Some(gpu_demo::Staging::new(size)?) } else { None };
     let mut samples = Vec::with_capacity(pings as usize);
+    let bar = progress(pings, &format!("{label} ping"));
+    let t0 = Instant::now();
     for seq in 0..=pings {
+        if phase_over(t0, seq) {
+            break;
+        }
+        bar.set_position(seq);
         let t = Instant::now();
         buf[..8].copy_from_slice(&seq.to_le_bytes());
         #[cfg(feature = "cuda")]
@@ -334,13 +435,17 @@ pub(crate) fn stream_figures(
             samples.push(t.elapsed() / 2);
         }
     }
+    bar.finish_and_clear();
     conn.finish()?;
-    let (p50, p99, samples) = percentiles(samples);
+    let Latency { p50, p99, samples, spread } = percentiles(samples);
 
     let mut conn = Conn::open(transport, &format!("sink{suffix}"), size)?;
     let bar = progress(messages, label);
     let t = Instant::now();
-    for seq in 0..messages {
+    let mut sent = 0;
+    while sent < messages && !phase_over(t, sent) {
+        let seq = sent;
+        sent += 1;
         buf[..8].copy_from_slice(&seq.to_le_bytes());
         #[cfg(feature = "cuda")]
         if let Some(d) = &dev {
@@ -357,16 +462,18 @@ pub(crate) fn stream_figures(
     let secs = t.elapsed().as_secs_f64();
     bar.finish_and_clear();
     conn.finish()?;
-    if u64::from_le_bytes(count) != messages {
+    if u64::from_le_bytes(count) != sent {
         return Err(format!("the {label} reader lost messages").into());
     }
     Ok(Figures {
         label: label.into(),
-        messages,
+        messages: sent,
         p50,
         p99,
-        per_sec: messages as f64 / secs,
+        per_sec: sent as f64 / secs,
         samples,
+        spread,
+        copies: true,
     })
 }
 

@@ -9,7 +9,8 @@ use gpuring::{Channel, GpuReady, TensorMeta, cuda};
 
 use crate::Error;
 use crate::demo::{
-    Figures, STOP, Transport, finish, percentiles, spawn_peer, stream_figures, stream_figures_of,
+    Figures, STOP, Transport, finish, percentiles, phase_over, spawn_peer, stream_figures,
+    stream_figures_of,
 };
 
 fn setup() -> Result<(Arc<CudaContext>, Arc<CudaStream>), Error> {
@@ -64,7 +65,11 @@ pub(super) fn channel(
     let child = spawn_peer(role, &name, size, false)?;
     let meta = TensorMeta::bytes(size as u64);
     let mut samples = Vec::with_capacity(pings as usize);
+    let t0 = Instant::now();
     for seq in 0..=pings {
+        if phase_over(t0, seq) {
+            break;
+        }
         let t = Instant::now();
         let lease = tx.acquire_timeout(Duration::from_secs(10))?;
         memset_word(lease.device_ptr(), seq as u32, &s)?;

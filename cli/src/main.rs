@@ -178,13 +178,34 @@ pub(crate) fn table(header: &str) -> comfy_table::Table {
     t
 }
 
+/// `n` bytes in the units the sizes are given in (`parse_size`): a multiple of 1000 that
+/// is not one of 1024 (`54MB`, `5000000`) in powers of 1000 (`54.0 MB`), anything else in
+/// powers of 1024 (`4.0 KiB`, `54.0 MiB` for `54M`).
 pub(crate) fn bytes(n: u64) -> String {
-    match n {
-        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
-        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
-        n => format!("{n} B"),
+    const BINARY: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    const DECIMAL: [(u64, &str); 3] = [(1_000_000_000, "GB"), (1_000_000, "MB"), (1_000, "kB")];
+    let units = if n % 1000 == 0 && n % 1024 != 0 { DECIMAL } else { BINARY };
+    match units.iter().find(|&&(u, _)| n >= u) {
+        Some(&(u, name)) => format!("{:.1} {name}", n as f64 / u as f64),
+        None => format!("{n} B"),
     }
+}
+
+/// A ratio for people, never "0.0x": `r` (how many times better) as "N× {better}" when it
+/// is at least 1, else as "N× {worse}" of its inverse. "3.2x" below 10, "95x" above.
+pub(crate) fn ratio_words(r: f64, better: &str, worse: &str) -> String {
+    let (r, word) = if r >= 1.0 { (r, better) } else { (1.0 / r, worse) };
+    if r < 10.0 { format!("{r:.1}x {word}") } else { format!("{r:.0}x {word}") }
+}
+
+/// `ours` against `theirs` where less is better (latencies): "N× lower" or "N× higher".
+pub(crate) fn lower_or_higher(ours: Duration, theirs: Duration) -> String {
+    ratio_words(theirs.as_secs_f64() / ours.as_secs_f64(), "lower", "higher")
+}
+
+/// `ours` against `theirs` where more is better (rates): "N× more" or "N× fewer".
+pub(crate) fn more_or_fewer(ours: f64, theirs: f64) -> String {
+    ratio_words(ours / theirs, "more", "fewer")
 }
 
 pub(crate) fn duration(d: Duration) -> String {

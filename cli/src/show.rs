@@ -37,14 +37,17 @@ fn print_inspection(i: Inspection) {
             r.depth()
         );
         let senders_for_slots: u32 = i.pools.iter().filter_map(|p| p.waiting_senders).sum();
+        let (consumers, producers) =
+            if i.pools.is_empty() { ("consumer", "producer") } else { ("receiver", "sender") };
         say!(
-            "waiters   {}; {} for room in the ring{}",
-            count(r.waiting_consumers, "receiver asleep", "receivers asleep"),
-            count(r.waiting_producers, "sender asleep", "senders asleep"),
+            "asleep    {} waiting for {}; {} waiting for room in the ring{}",
+            count(r.waiting_consumers, consumers, &format!("{consumers}s")),
+            if i.pools.is_empty() { "an element" } else { "a message" },
+            count(r.waiting_producers, producers, &format!("{producers}s")),
             if i.pools.is_empty() {
                 String::new()
             } else {
-                format!(", {senders_for_slots} for a free slot")
+                format!(", {} for a free slot", count(senders_for_slots, "sender", "senders"))
             }
         );
         if i.moving {

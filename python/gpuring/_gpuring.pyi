@@ -64,7 +64,7 @@ class Channel:
     @staticmethod
     def create(
         name: str,
-        capacity: int = 64,
+        capacity: int = 256,
         slots: int = 8,
         slot_bytes: int = ...,
         device: Optional[int] = None,
@@ -80,18 +80,35 @@ class Channel:
         channels; how this process's senders signal a sent tensor: ``"flag"`` (a flag in
         shared memory written by the sender's stream; ``recv`` returns once the receiving
         CPU has seen it), ``"event"`` (the receiver's stream waits on an IPC event), or
-        ``None`` (the default: ``"flag"`` where the GPU can)."""
+        ``None`` (the default: ``"flag"`` where the GPU can). Defaults: 8 slots of 1 MiB
+        per sender, as in Rust; bigger tensors need a bigger ``slot_bytes``."""
+
+    @staticmethod
+    def open_or_create(
+        name: str,
+        capacity: int = 256,
+        slots: int = 8,
+        slot_bytes: int = ...,
+        device: Optional[int] = None,
+        mpmc: bool = False,
+        max_senders: Optional[int] = None,
+        pinned: bool = False,
+        ready: Optional[str] = None,
+    ) -> Channel:
+        """Opens channel ``name`` if it exists (with what waits in it, its creator dead or
+        alive), else creates it with these options: what a process that may be restarted
+        calls. Of several callers at once, one creates it."""
 
     @staticmethod
     def open(
         name: str,
         device: Optional[int] = None,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = 1.0,
         pinned: bool = False,
         ready: Optional[str] = None,
     ) -> Channel:
-        """Opens channel ``name``, waiting up to ``timeout`` s for it (None: as long as it
-        takes). ``pinned``, ``ready``: as for :meth:`create`, for this process."""
+        """Opens channel ``name``, waiting up to ``timeout`` s for it (default 1; None: as
+        long as it takes). ``pinned``, ``ready``: as for :meth:`create`, for this process."""
 
     def sender(self, spins: Optional[int] = None, yields: Optional[int] = None) -> Sender:
         """A new sender, with its own slot pool (``spins`` / ``yields``: how it waits)."""

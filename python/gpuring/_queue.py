@@ -64,7 +64,9 @@ class Queue:
     :meth:`gpuring.Channel.create`).
 
     Each putting process owns ``slots`` slots of ``slot_bytes`` bytes (the largest
-    tensor a ``put`` takes); ``maxsize`` (or ``capacity``) bounds the messages in flight.
+    tensor a ``put`` takes; by default 8 of 1 MiB, as for a channel: larger tensors need a
+    larger ``slot_bytes``, and host queues that much room in ``/dev/shm`` per putting
+    process); ``maxsize`` (or ``capacity``) bounds the messages in flight.
     ``get`` returns a copy by default, so that slots go back at once; ``copy=False``
     returns a zero-copy view that holds its slot until the tensor is freed.
 
@@ -79,7 +81,7 @@ class Queue:
         *,
         capacity: Optional[int] = None,
         slots: int = 8,
-        slot_bytes: int = 16 << 20,
+        slot_bytes: int = 1 << 20,
         device: Optional[int] = None,
         max_senders: int = 16,
         ready: Optional[str] = None,
@@ -87,7 +89,7 @@ class Queue:
         if name is None:
             name = "gpuring-queue-%d-%s" % (os.getpid(), secrets.token_hex(4))
         if capacity is None:
-            capacity = _next_pow2(maxsize) if maxsize > 0 else 64
+            capacity = _next_pow2(maxsize) if maxsize > 0 else 256
         self._name = name
         self._device = device
         self._ready = ready

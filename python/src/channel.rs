@@ -11,7 +11,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 use crate::blocking::{Step, Until, wait};
-use crate::errors::{Class, ClassOf, Raised, closed, raise};
+use crate::errors::{
+    Class, ClassOf, Raised, capacity_arg, closed, opt_max_senders_arg, opt_spins_arg,
+    opt_yields_arg, raise, slot_bytes_arg, slots_arg,
+};
 use crate::gpu::Gpu;
 use crate::receiver::PyReceiver;
 use crate::sender::PySender;
@@ -152,15 +155,33 @@ fn ready_name(r: GpuReady) -> &'static str {
     }
 }
 
+/// How [`make`] gets the channel.
+#[derive(Clone, Copy)]
+enum Make {
+    Create,
+    Open,
+    OpenOrCreate,
+}
+
+impl Make {
+    fn of<B: Backend>(self, b: ChannelBuilder<B>) -> Result<Channel<B>, ChannelError<B>> {
+        match self {
+            Make::Create => b.create(),
+            Make::Open => b.open(),
+            Make::OpenOrCreate => b.open_or_create(),
+        }
+    }
+}
+
 /// Makes the channel of `b`'s options for this process's setup (host, pinned by `pin`, or
-/// on `gpu` with its senders signalling by `ready`), `create` or `open`ing it: the error
-/// as what to raise, or `None` for a name not there (yet).
+/// on `gpu` with its senders signalling by `ready`), as `how` says: the error as what to
+/// raise, or `None` for a name not there (yet).
 fn make(
     b: ChannelBuilder<Host>,
     pin: &Option<Arc<Gpu>>,
     gpu: &Option<Arc<Gpu>>,
     ready: Option<GpuReady>,
-    create: bool,
+    how: Make,
 ) -> Result<AnyChannel, Option<Raised>> {
     fn done<B: Backend>(
         r: Result<Channel<B>, ChannelError<B>>,
@@ -181,13 +202,41 @@ fn make(
                 Some(r) => b.ready(r),
                 None => b,
             };
-            done(if create { b.create() } else { b.open() }, |c| AnyChannel::Cuda(c, g.clone()))
+            done(how.of(b), |c| AnyChannel::Cuda(c, g.clone()))
         }
         (Some(g), None) => {
             let b = b.pinned(&g.ctx);
-            done(if create { b.create() } else { b.open() }, |c| AnyChannel::Pinned(c, g.clone()))
+            done(how.of(b), |c| AnyChannel::Pinned(c, g.clone()))
         }
-        (None, None) => done(if create { b.create() } else { b.open() }, AnyChannel::Host),
+        (None, None) => done(how.of(b), AnyChannel::Host),
+    }
+}
+
+/// The options of `create` and `open_or_create` besides the builder's.
+struct Options<'a> {
+    device: Option<i32>,
+    mpmc: bool,
+    max_senders: Option<u32>,
+    pinned: bool,
+    ready: Option<&'a str>,
+}
+
+impl Options<'_> {
+    /// Makes the channel of `b` and these options, as `how` says (not `Open`: that one
+    /// waits in slices).
+    fn make(self, py: Python<'_>, b: ChannelBuilder<Host>, how: Make) -> PyResult<PyChannel> {
+        let signal = ready(py, self.device, self.ready)?;
+        let pin = pinning(py, self.pinned, self.device)?;
+        let gpu = gpu(py, self.device)?;
+        let b = if self.mpmc { b.mpmc() } else { b };
+        let b = match self.max_senders {
+            Some(n) => b.max_senders(n),
+            None => b,
+        };
+        let made = py.detach(|| make(b, &pin, &gpu, signal, how));
+        made.map(|c| PyChannel::new(c, signal)).map_err(|e| {
+            e.map_or_else(|| raise(py, Class::NotFound, "the channel vanished"), |e| e.into_err(py))
+        })
     }
 }
 
@@ -225,42 +274,60 @@ impl PyChannel {
     /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError`` (also for a ``ready`` that is
     /// not ``"event"`` or ``"flag"``, or one given with ``device=None``), ``CudaError``.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=64, slots=8, slot_bytes=64 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false, pinned=false, ready=None))]
+    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false, pinned=false, ready=None))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
         name: String,
-        capacity: u64,
-        slots: u32,
-        slot_bytes: u64,
+        #[pyo3(from_py_with = capacity_arg)] capacity: u64,
+        #[pyo3(from_py_with = slots_arg)] slots: u32,
+        #[pyo3(from_py_with = slot_bytes_arg)] slot_bytes: u64,
         device: Option<i32>,
         mpmc: bool,
-        max_senders: Option<u32>,
+        #[pyo3(from_py_with = opt_max_senders_arg)] max_senders: Option<u32>,
         replace_stale: bool,
         pinned: bool,
         ready: Option<&str>,
     ) -> PyResult<Self> {
-        let signal = self::ready(py, device, ready)?;
-        let pin = pinning(py, pinned, device)?;
-        let gpu = gpu(py, device)?;
-        let mut b = Channel::builder(name)
+        let b = Channel::builder(name)
             .capacity(capacity)
             .slots(slots, slot_bytes)
             .replace_stale(replace_stale);
-        if mpmc {
-            b = b.mpmc();
-        }
-        if let Some(n) = max_senders {
-            b = b.max_senders(n);
-        }
-        let made = py.detach(|| make(b, &pin, &gpu, signal, true));
-        made.map(|c| PyChannel::new(c, signal)).map_err(|e| {
-            e.map_or_else(|| raise(py, Class::NotFound, "the channel vanished"), |e| e.into_err(py))
-        })
+        let opts = Options { device, mpmc, max_senders, pinned, ready };
+        opts.make(py, b, Make::Create)
     }
 
-    /// Opens channel ``name``, waiting up to ``timeout`` seconds for it to exist (``None``:
-    /// as long as it takes, interruptible; ``0``: not at all). ``device``: the GPU this
+    /// Opens channel ``name`` if it exists, and creates it (with these options, as
+    /// :meth:`create`) where it does not: what a process that may be restarted calls,
+    /// producer or consumer. A channel whose creator died (killed before any consumer
+    /// came, say) is attached to as it is, with the messages that wait in it; a restarted
+    /// sender is a new sender of it. Of several processes calling this at once, one
+    /// creates the channel and the others open it. An existing channel keeps its
+    /// creator's options (capacity, slots); ``mpmc=True`` asks that it be MPMC.
+    ///
+    /// Raises what :meth:`open` and :meth:`create` raise.
+    #[staticmethod]
+    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, pinned=false, ready=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn open_or_create(
+        py: Python<'_>,
+        name: String,
+        #[pyo3(from_py_with = capacity_arg)] capacity: u64,
+        #[pyo3(from_py_with = slots_arg)] slots: u32,
+        #[pyo3(from_py_with = slot_bytes_arg)] slot_bytes: u64,
+        device: Option<i32>,
+        mpmc: bool,
+        #[pyo3(from_py_with = opt_max_senders_arg)] max_senders: Option<u32>,
+        pinned: bool,
+        ready: Option<&str>,
+    ) -> PyResult<Self> {
+        let b = Channel::builder(name).capacity(capacity).slots(slots, slot_bytes);
+        let opts = Options { device, mpmc, max_senders, pinned, ready };
+        opts.make(py, b, Make::OpenOrCreate)
+    }
+
+    /// Opens channel ``name``, waiting up to ``timeout`` seconds for it to exist (default 1,
+    /// as in Rust; ``None``: as long as it takes, interruptible; ``0``: not at all). ``device``: the GPU this
     /// process uses for a GPU channel's slots (``None`` for a host channel). ``pinned``:
     /// as for :meth:`create`, for this process's pools and mappings. ``ready``: as for
     /// :meth:`create`, for this process's senders.
@@ -269,7 +336,7 @@ impl PyChannel {
     /// ``ShmError`` (not a gpuring channel, another layout version, ...), ``CudaError``,
     /// ``ValueError`` (``ready``).
     #[staticmethod]
-    #[pyo3(signature = (name, device=None, timeout=None, pinned=false, ready=None))]
+    #[pyo3(signature = (name, device=None, timeout=1.0, pinned=false, ready=None))]
     fn open(
         py: Python<'_>,
         name: String,
@@ -288,7 +355,7 @@ impl PyChannel {
             &pin,
             &gpu,
             signal,
-            false,
+            Make::Open,
         ) {
             Err(None) => Step::Again(()),
             r => Step::Done(r),
@@ -311,8 +378,8 @@ impl PyChannel {
     fn sender(
         &self,
         py: Python<'_>,
-        spins: Option<u32>,
-        yields: Option<u32>,
+        #[pyo3(from_py_with = opt_spins_arg)] spins: Option<u32>,
+        #[pyo3(from_py_with = opt_yields_arg)] yields: Option<u32>,
     ) -> PyResult<PySender> {
         let ch = self.get(py)?;
         PySender::new(py, ch, policy(spins, yields))
@@ -334,8 +401,8 @@ impl PyChannel {
     fn receiver(
         &self,
         py: Python<'_>,
-        spins: Option<u32>,
-        yields: Option<u32>,
+        #[pyo3(from_py_with = opt_spins_arg)] spins: Option<u32>,
+        #[pyo3(from_py_with = opt_yields_arg)] yields: Option<u32>,
     ) -> PyResult<PyReceiver> {
         let ch = self.get(py)?;
         PyReceiver::new(py, ch, policy(spins, yields))

@@ -221,3 +221,59 @@ impl<B: Backend> ClassOf for RecvTimeoutError<B> {
 pub(crate) fn closed(py: Python<'_>, what: &str) -> PyErr {
     raise(py, Class::Closed, format!("the {what} is closed"))
 }
+
+/// Extractors of the integer arguments (`from_py_with`): a value that is not a
+/// non-negative integer of the argument's range raises `ConfigError` (a `gpuring.Error` and
+/// a `ValueError`), named after the argument, rather than the interpreter's bare
+/// `OverflowError` or `TypeError`.
+macro_rules! uint_args {
+    ($($fn_name:ident -> $ty:ty, $what:literal;)*) => {
+        $(
+            pub(crate) fn $fn_name(obj: &Bound<'_, PyAny>) -> PyResult<$ty> {
+                let out_of_range = || {
+                    raise(
+                        obj.py(),
+                        Class::ConfigError,
+                        format!(
+                            "{}={}: must be an integer in 0..={}",
+                            $what,
+                            obj.repr().map_or_else(|_| "?".into(), |r| r.to_string()),
+                            <$ty>::MAX
+                        ),
+                    )
+                };
+                match obj.extract::<i128>() {
+                    Ok(v) => <$ty>::try_from(v).map_err(|_| out_of_range()),
+                    Err(_) => Err(out_of_range()),
+                }
+            }
+        )*
+    };
+}
+
+uint_args! {
+    capacity_arg -> u64, "capacity";
+    slots_arg -> u32, "slots";
+    slot_bytes_arg -> u64, "slot_bytes";
+    max_senders_arg -> u32, "max_senders";
+    spins_arg -> u32, "spins";
+    yields_arg -> u32, "yields";
+    tag_arg -> u64, "tag";
+}
+
+/// The same for arguments that may be `None`.
+macro_rules! opt_uint_args {
+    ($($fn_name:ident => $inner:ident -> $ty:ty;)*) => {
+        $(
+            pub(crate) fn $fn_name(obj: &Bound<'_, PyAny>) -> PyResult<Option<$ty>> {
+                if obj.is_none() { Ok(None) } else { $inner(obj).map(Some) }
+            }
+        )*
+    };
+}
+
+opt_uint_args! {
+    opt_max_senders_arg => max_senders_arg -> u32;
+    opt_spins_arg => spins_arg -> u32;
+    opt_yields_arg => yields_arg -> u32;
+}

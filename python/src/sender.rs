@@ -17,7 +17,7 @@ use crate::blocking::{Step, Until, lock_for, wait};
 use crate::channel::AnyChannel;
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA, Place, Source};
 use crate::dtypes;
-use crate::errors::{Class, ClassOf, Raised, closed, raise};
+use crate::errors::{Class, ClassOf, Raised, closed, raise, tag_arg};
 use crate::gpu::{self, Dir, Gpu};
 
 /// A sender of any backend (a GPU sender's device is `TxShared::gpu`).
@@ -63,7 +63,11 @@ impl TxShared {
         Err(raise(
             py,
             Class::TooLarge,
-            format!("the tensor spans {n} bytes, a slot holds {}", self.slot_bytes),
+            format!(
+                "the tensor spans {n} bytes, a slot holds {}: make the channel with a larger \
+                 slot_bytes (Channel.create(..., slot_bytes=...), Queue(slot_bytes=...))",
+                self.slot_bytes
+            ),
         ))
     }
 
@@ -272,7 +276,7 @@ impl PySender {
         py: Python<'_>,
         tensor: &Bound<'_, PyAny>,
         timeout: Option<f64>,
-        tag: u64,
+        #[pyo3(from_py_with = tag_arg)] tag: u64,
     ) -> PyResult<()> {
         let until = Until::new(py, timeout)?;
         let tx = self.shared(py)?;
@@ -390,7 +394,7 @@ impl PySender {
         shape: &Bound<'_, PyAny>,
         dtype: &Bound<'_, PyAny>,
         timeout: Option<f64>,
-        tag: u64,
+        #[pyo3(from_py_with = tag_arg)] tag: u64,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyLease> {
         let until = Until::new(py, timeout)?;

@@ -107,3 +107,14 @@ if __name__ == "__main__":
     import sys
 
     blocked_recv_main(sys.argv[1])
+
+
+def produce_then_die(name, values, ready):
+    """A producer that may be restarted: finds or makes the channel, sends ``values``,
+    says so, then waits to be killed (no clean-up runs)."""
+    ch = gpuring.Channel.open_or_create(name, slots=8, slot_bytes=64)
+    tx = ch.sender()
+    for v in values:
+        tx.send(np.array([v], dtype=np.int64))
+    ready.set()
+    time.sleep(600)

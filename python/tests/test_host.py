@@ -261,6 +261,59 @@ def test_peer_dead_after_the_sender_is_killed(name):
         rx.recv(timeout=5)
 
 
+def test_a_producer_killed_then_restarted_gets_its_channel_back(name):
+    # The first producer makes the channel, sends 3 and is killed before any consumer came.
+    for values in ([0, 1, 2], [3, 4]):
+        ready = spawn.Event()
+        p = spawn.Process(target=peers.produce_then_die, args=(name, values, ready))
+        p.start()
+        assert ready.wait(30)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        # The dead producer's channel, with its messages: `create` cannot have the name.
+        with pytest.raises(gpuring.AlreadyExists):
+            gpuring.Channel.create(name, slots=8, slot_bytes=64)
+    # A consumer (started late, or restarted) gets everything both producers sent.
+    ch = gpuring.Channel.open_or_create(name, slots=8, slot_bytes=64)
+    rx = ch.receiver()
+    got = []
+    while True:
+        try:
+            with rx.recv(timeout=5) as msg:
+                got.append(int(np.from_dlpack(msg)[0]))
+        except gpuring.PeerDead:  # every sender died, and all they sent was received
+            break
+    assert sorted(got) == [0, 1, 2, 3, 4]
+    rx.close()
+    ch.close()
+
+
+def test_defaults_and_bad_integers(name):
+    # Open gives up by default, as in Rust (1 s), rather than waiting for ever.
+    t = time.monotonic()
+    with pytest.raises(gpuring.NotFound):
+        gpuring.Channel.open(name + "-typo")
+    assert time.monotonic() - t < 5
+    # Out-of-range integers are gpuring errors that name the argument.
+    for kwargs in ({"capacity": -1}, {"slots": 2**40}, {"slot_bytes": -5}, {"max_senders": -1}):
+        with pytest.raises(gpuring.ConfigError, match=next(iter(kwargs))):
+            gpuring.Channel.create(name, **kwargs)
+    with pytest.raises(gpuring.ConfigError, match="ready"):
+        gpuring.Channel.create(name, ready="flag")  # host channels have no ready signal
+    # The defaults (8 slots of 1 MiB, as in Rust) and their limit, which names the fix.
+    ch = gpuring.Channel.create(name)
+    assert (ch.capacity, ch.slots, ch.slot_bytes) == (256, 8, 1 << 20)
+    tx = ch.sender()
+    with pytest.raises(gpuring.TooLarge, match="slot_bytes"):
+        tx.send(np.zeros(2 << 20, dtype=np.uint8))
+    with pytest.raises(gpuring.ConfigError, match="tag"):
+        tx.send(np.zeros(1), tag=-1)
+    with pytest.raises(gpuring.ConfigError, match="spins"):
+        ch.receiver(spins=-1)
+    tx.close()
+    ch.close()
+
+
 def test_peer_dead_after_the_receiver_is_killed(name):
     ch = gpuring.Channel.create(name, capacity=2, slots=4, slot_bytes=64)
     tx = ch.sender()
@@ -379,7 +432,7 @@ def test_wait_policy_arguments(name):
     tx.send(np.arange(2, dtype=np.uint8))
     with rx.recv(timeout=1) as msg:
         assert list(np.from_dlpack(msg)) == [0, 1]
-    with pytest.raises(OverflowError):
+    with pytest.raises(gpuring.ConfigError):  # a gpuring error, not a bare OverflowError
         ch.receiver(spins=-1)
 
 
@@ -407,3 +460,35 @@ def test_a_thread_blocked_in_recv_does_not_stall_the_others(name):
     got[0].release()
     print("the longest recv(timeout=0) took %.2f ms" % (longest * 1000))
     assert longest < 0.02, "a call waited for the other thread's slice (%.0f ms)" % (longest * 1000)
+
+
+def test_the_default_queue_and_channel_fit_a_64_mb_dev_shm():
+    """A container's /dev/shm is 64 MB unless it is started with --shm-size: the defaults
+    fit it. Run in a mount namespace of its own with a 64 MB tmpfs on /dev/shm
+    (``unshare -Urm``); skipped, saying why, where that cannot be made."""
+    code = (
+        "import os, numpy as np, gpuring\n"
+        "st = os.statvfs('/dev/shm'); assert st.f_blocks * st.f_frsize <= 64 << 20\n"
+        "q = gpuring.Queue()\n"
+        "q.put(np.arange(1000, dtype=np.int32))\n"
+        "assert list(q.get(timeout=5)[:3]) == [0, 1, 2]\n"
+        "ch = gpuring.Channel.create('small-shm-default')\n"
+        "tx, rx = ch.sender(), ch.receiver()\n"
+        "tx.send(np.ones(4))\n"
+        "rx.recv(timeout=5).release()\n"
+        "q.close()\n"
+        "print('fits')\n"
+    )
+    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 97; exec "$0" -c "$1"'
+    try:
+        run = subprocess.run(
+            ["unshare", "-Urm", "sh", "-c", script, sys.executable, code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except FileNotFoundError:
+        pytest.skip("no `unshare` here")
+    if run.returncode == 97:
+        pytest.skip("cannot mount a tmpfs in a user namespace here")
+    assert run.returncode == 0 and "fits" in run.stdout, run.stderr

@@ -81,8 +81,10 @@ impl<B: Backend> core::fmt::Display for ChannelError<B> {
             ),
             ChannelError::InvalidPool { slot_count, slot_size } => write!(
                 f,
-                "a pool of {slot_count} slots of {slot_size} bytes is out of range \
-                 (1..=1048576 slots of 1 byte..=256 GiB, at most 1 TiB in all)"
+                "a pool of {slot_count} slot{} of {slot_size} byte{} is out of range \
+                 (1..=1048576 slots of 1 byte..=256 GiB, at most 1 TiB in all)",
+                if *slot_count == 1 { "" } else { "s" },
+                if *slot_size == 1 { "" } else { "s" }
             ),
             ChannelError::InvalidConfig { reason } => write!(f, "invalid channel option: {reason}"),
             ChannelError::PoolTableFull { max_pools } => write!(
@@ -223,7 +225,11 @@ wait_errors! {
             len: u64,
             /// Bytes in a slot.
             capacity: u64,
-        } => write!(f, "the tensor spans {len} bytes, a slot holds {capacity}");
+        } => write!(
+            f,
+            "the tensor spans {len} bytes, a slot holds {capacity} (slots are sized when the \
+             channel is created: `.slots(count, bytes)`)"
+        );
         /// The ring's shared state is impossible.
         Corrupted(c: Corrupted) => c.fmt(f);
         /// The backend's part of the send failed (GPU channels: signalling the slot's

@@ -282,6 +282,19 @@ pub fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<Vec<Cleaned>, 
     Ok(cleaned)
 }
 
+/// Bytes a new segment can take now: what `/dev/shm` has free for this user, and no more
+/// than the memory the kernel says is available (tmpfs pages are memory). `None` where
+/// neither can be read. What `create` checks a segment's size against.
+///
+/// ```
+/// if let Some(free) = gpuring::inspect::shm_available() {
+///     println!("room for {} slots of 1 MiB", free >> 20);
+/// }
+/// ```
+pub fn shm_available() -> Option<u64> {
+    crate::shm::available()
+}
+
 /// Removes segment `name` (a channel with its pools) if no process has it open, dropping
 /// whatever waits in it: `Ok(true)`; `Ok(false)` while a process uses it. For one name what
 /// `clean --queued` does for all.

@@ -69,7 +69,7 @@ use map::{OpenTry, UnlinkOnError, open_error};
 pub use options::DEFAULT_OPEN_TIMEOUT;
 pub(crate) use options::{SegmentOptions, segment_options};
 pub(crate) use presence::{LastOut, Removal};
-pub use space::human_bytes;
+pub use space::{available, human_bytes};
 
 /// Largest segment `open` will map (1 TiB): a bound on what a forged size can ask for.
 const MAX_SEGMENT: u64 = 1 << 40;
