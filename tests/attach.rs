@@ -399,3 +399,24 @@ fn error_chains_print_each_cause_once() {
     let e = SpscRing::<Descriptor>::builder(&name).open().unwrap_err();
     assert_each_cause_printed_once(&e);
 }
+
+#[test]
+fn messages_say_what_is_wrong_and_what_to_do() {
+    use gpuring::Channel;
+    let name = unique_name("messages");
+    // A ring opened as a channel: both kinds by name.
+    let _ring = SpscRing::<u64>::builder(&name).capacity(8).create().unwrap();
+    let e = Channel::builder(&name).open().unwrap_err().to_string();
+    assert!(e.contains("an SPSC ring, not an SPSC channel"), "{e}");
+    // A second sender of an SPSC channel: who holds the role, and the way to several.
+    let ch = Channel::builder(format!("{name}-ch")).slots(2, 64).create().unwrap();
+    let _tx = ch.sender().unwrap();
+    let e = ch.sender().unwrap_err().to_string();
+    assert!(e.contains("this process holds it") && e.contains(".mpmc()"), "{e}");
+    // A name in use: how to attach to it, and how to remove a crash's leftover.
+    let e = Channel::builder(format!("{name}-ch")).create().unwrap_err().to_string();
+    assert!(e.contains("open_or_create") && e.contains("gpuring clean --queued"), "{e}");
+    // A pool of one slot is "1 slot", not "1 slots".
+    let e = Channel::builder(format!("{name}-x")).slots(1, 0).create().unwrap_err().to_string();
+    assert!(e.contains("a pool of 1 slot of 0 bytes"), "{e}");
+}

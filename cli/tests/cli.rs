@@ -106,6 +106,25 @@ fn inspect_shows_capacity_depth_and_pools() {
     // The pool row: host slots (no ready signal), 4 slots, 1 free, 3 in flight.
     let cells = pool_cells(&stdout, tx.pool_name());
     assert_eq!(&cells[3..11], ["host", "-", "4", "256 B", "1", "0", "3", "0"], "{cells:?}");
+
+    // A sender waiting for a free slot (the last one leased, the others in flight) shows.
+    let waiter = std::thread::spawn(move || {
+        let last = tx.acquire().unwrap();
+        let next = tx.acquire_timeout(Duration::from_secs(20)).unwrap(); // sleeps: none free
+        drop((last, next));
+    });
+    let mut stdout = String::new();
+    for _ in 0..500 {
+        stdout = text(&gpuring(&["inspect", &name])).0;
+        if stdout.contains("1 sender for a free slot") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(stdout.contains("1 sender for a free slot"), "{stdout}");
+    let rx = ch.receiver().unwrap();
+    drop(rx.recv().unwrap()); // a slot goes back: the waiting sender takes it
+    waiter.join().unwrap();
 }
 
 /// The cells of `inspect`'s table row for pool segment `pool` (its name starts with '/').
