@@ -16,6 +16,7 @@
 #   python   the Python suite, then again under MPS
 #   full     this build's rings, payloads and gpu suites (gpu without and under MPS)
 #   rest     the CLI's GPU tests, the rows `full` runs out of time for, the Python bench
+#   check    all of the tests (Rust and Python) and the demo without and under MPS
 #   bench    before/after, alternated, two rounds, no MPS
 #   mps      before/after under MPS, and the demo under MPS
 set -uo pipefail
@@ -78,6 +79,16 @@ case $what in
     echo "== rings, the rest (exit $?)"; show "$out/rings-rest.log"
     OUT=$out timeout 300 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1
     echo "== python bench, no MPS (exit $?)"; grep -E "items/s|skipped" "$out/pybench-nomps.log"
+    ;;
+  check)  # one call: every test binary, the Python suite, the demo without and under MPS
+    timeout 300 bash .gpu/run.sh > "$out/tests.log" 2>&1; echo "run.sh exit $?"
+    grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq -c
+    timeout 200 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
+    tail -4 "$out/py.log"
+    timeout 60 .gpu/bin/gpuring demo > "$out/demo-nomps.log" 2>&1; tail -9 "$out/demo-nomps.log"
+    mps_on
+    timeout 60 .gpu/bin/gpuring demo > "$out/demo-mps.log" 2>&1; tail -9 "$out/demo-mps.log"
+    mps_off
     ;;
   pybench)  # the Python package against Python's queues, no MPS
     OUT=$out timeout 500 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1

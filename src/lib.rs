@@ -133,6 +133,24 @@ macro_rules! error_from {
     };
 }
 
+/// `Error::source` for error types whose one wrapped cause is an `Io { op, source }`
+/// variant that their `Display` shows: the cause's own source, not the cause (a report that
+/// walks the chain then prints it once).
+macro_rules! io_error_source {
+    ($($ty:ident),+) => {
+        $(
+            impl std::error::Error for $ty {
+                fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                    match self {
+                        $ty::Io { source, .. } => source.source(),
+                        _ => None,
+                    }
+                }
+            }
+        )+
+    };
+}
+
 /// Writes the error types of one blocking operation from one list of its failures, so that
 /// each call form returns a type with exactly the variants it can produce:
 ///

@@ -19,7 +19,7 @@ use crate::layout::{
     MpmcCell, PoolLayout, SegmentHeader, SegmentKind, SpscCell, view,
 };
 use crate::ring::RingSegment;
-use crate::shm::{SegmentOptions, ShmError, segment_options};
+use crate::shm::{SegmentOptions, ShmError, open_or_create, segment_options};
 use crate::sync::Ordering;
 
 impl Flavor {
@@ -244,19 +244,12 @@ impl<B: Backend> ChannelBuilder<B> {
     /// As [`open`](Self::open) for a channel that exists, as [`create`](Self::create) for
     /// one that does not.
     pub fn open_or_create(&self) -> Result<Channel<B>, ChannelError<B>> {
-        let missing =
-            |e: &ChannelError<B>| matches!(e, ChannelError::Segment(ShmError::NotFound { .. }));
-        // The name alone, at once: a channel still being created is waited for below.
-        match self.clone().open_timeout(Duration::ZERO).open() {
-            Err(ChannelError::Segment(ShmError::NotInitialized { .. })) => return self.open(),
-            Err(e) if missing(&e) => {}
-            done => return done,
-        }
-        match self.create() {
-            // Another process created it between the two: open that one.
-            Err(ChannelError::Segment(ShmError::AlreadyExists { .. })) => self.open(),
-            done => done,
-        }
+        let now = self.clone().open_timeout(Duration::ZERO);
+        let shm: fn(&ChannelError<B>) -> Option<&ShmError> = |e| match e {
+            ChannelError::Segment(s) => Some(s),
+            _ => None,
+        };
+        open_or_create(|| now.open(), || self.open(), || self.create(), shm)
     }
 
     /// Opens the channel, waiting up to the open timeout (default

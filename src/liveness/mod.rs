@@ -126,16 +126,7 @@ impl core::fmt::Display for AttachError {
     }
 }
 
-impl std::error::Error for AttachError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        // The I/O error is displayed above: its own source, not itself (so that a report
-        // walking the chain prints it once).
-        match self {
-            AttachError::Io { source, .. } => source.source(),
-            _ => None,
-        }
-    }
-}
+io_error_source!(AttachError);
 
 error_from!(AttachError { Corrupted(Corrupted) });
 

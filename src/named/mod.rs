@@ -161,18 +161,12 @@ impl<T: Pod + Send, F: RingFlavor> RingBuilder<T, F> {
     /// As [`open`](Self::open) for a ring that exists, as [`create`](Self::create) for one
     /// that does not.
     pub fn open_or_create(&self) -> Result<Ring<T, F>, RingError> {
-        let missing = |e: &RingError| matches!(e, RingError::Segment(ShmError::NotFound { .. }));
-        // The name alone, at once: a ring still being created is waited for below.
-        match self.clone().open_timeout(std::time::Duration::ZERO).open() {
-            Err(RingError::Segment(ShmError::NotInitialized { .. })) => return self.open(),
-            Err(e) if missing(&e) => {}
-            done => return done,
-        }
-        match self.create() {
-            // Another process created it between the two: open that one.
-            Err(RingError::Segment(ShmError::AlreadyExists { .. })) => self.open(),
-            done => done,
-        }
+        let now = self.clone().open_timeout(std::time::Duration::ZERO);
+        let shm: fn(&RingError) -> Option<&ShmError> = |e| match e {
+            RingError::Segment(s) => Some(s),
+            _ => None,
+        };
+        crate::shm::open_or_create(|| now.open(), || self.open(), || self.create(), shm)
     }
 
     /// Opens the ring, waiting up to the open timeout (default

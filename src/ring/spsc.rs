@@ -209,24 +209,31 @@ fn pop_retry<R>(e: TryPopError) -> Result<Option<R>, Corrupted> {
     }
 }
 
+/// The constructor of an end (`Producer`, `Consumer`): the same fields, the same checks.
+macro_rules! end_new {
+    ($end:literal, $producer:literal) => {
+        #[doc = concat!("Wraps `storage` as its ", $end, ".")]
+        ///
+        /// # Errors
+        ///
+        /// [`Corrupted`] when the stored positions are inconsistent.
+        ///
+        /// # Safety
+        ///
+        #[doc = concat!("No other ", $end, " of this ring may exist, in any process, while this one lives.")]
+        pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
+            Ok(Self {
+                local: Local::load(&storage, $producer)?,
+                storage,
+                policy: WaitPolicy::default(),
+                _elem: PhantomData,
+            })
+        }
+    };
+}
+
 impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
-    /// Wraps `storage` as its producer.
-    ///
-    /// # Errors
-    ///
-    /// [`Corrupted`] when the stored positions are inconsistent.
-    ///
-    /// # Safety
-    ///
-    /// No other producer of this ring may exist, in any process, while this one lives.
-    pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
-        Ok(Self {
-            local: Local::load(&storage, true)?,
-            storage,
-            policy: WaitPolicy::default(),
-            _elem: PhantomData,
-        })
-    }
+    end_new!("producer", true);
 
     /// Pushes `value` if there is room; never blocks. Wakes a sleeping consumer.
     ///
@@ -327,23 +334,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
 }
 
 impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
-    /// Wraps `storage` as its consumer.
-    ///
-    /// # Errors
-    ///
-    /// [`Corrupted`] when the stored positions are inconsistent.
-    ///
-    /// # Safety
-    ///
-    /// No other consumer of this ring may exist, in any process, while this one lives.
-    pub unsafe fn new(storage: S) -> Result<Self, Corrupted> {
-        Ok(Self {
-            local: Local::load(&storage, false)?,
-            storage,
-            policy: WaitPolicy::default(),
-            _elem: PhantomData,
-        })
-    }
+    end_new!("consumer", false);
 
     /// Pops the oldest element if there is one; never blocks. Wakes a sleeping producer.
     ///

@@ -158,16 +158,7 @@ impl fmt::Display for ShmError {
     }
 }
 
-impl std::error::Error for ShmError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        // The I/O error is displayed above: its own source, not itself (so that a report
-        // walking the chain prints it once).
-        match self {
-            ShmError::Io { source, .. } => source.source(),
-            _ => None,
-        }
-    }
-}
+io_error_source!(ShmError);
 
 error_from!(ShmError { Corrupted(Corrupted) });
 

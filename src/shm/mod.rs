@@ -67,7 +67,7 @@ use lock::{PRESENCE_BYTE, held_elsewhere, lock_byte, lock_byte_shared, unlock_by
 use map::map_object;
 use map::{OpenTry, UnlinkOnError, open_error};
 pub use options::DEFAULT_OPEN_TIMEOUT;
-pub(crate) use options::{SegmentOptions, segment_options};
+pub(crate) use options::{SegmentOptions, open_or_create, segment_options};
 pub(crate) use presence::{LastOut, Removal};
 pub use space::{available, human_bytes};
 

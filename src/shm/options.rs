@@ -43,6 +43,31 @@ impl SegmentOptions {
     }
 }
 
+/// `open_or_create` of a builder, from its three ways in: `open_now` (the name alone, not
+/// waited for), `open` (waiting the open timeout for a creator to finish) and `create`;
+/// `shm` finds the segment error in the builder's error type. Opens what is there; creates
+/// where nothing is; and where another process created it in between (`AlreadyExists`), or
+/// is still creating it (`NotInitialized`), opens that one once it is ready.
+pub(crate) fn open_or_create<T, E>(
+    open_now: impl FnOnce() -> Result<T, E>,
+    open: impl Fn() -> Result<T, E>,
+    create: impl FnOnce() -> Result<T, E>,
+    shm: fn(&E) -> Option<&ShmError>,
+) -> Result<T, E> {
+    match open_now() {
+        Err(e) => match shm(&e) {
+            Some(ShmError::NotFound { .. }) => {}
+            Some(ShmError::NotInitialized { .. }) => return open(),
+            _ => return Err(e),
+        },
+        opened => return opened,
+    }
+    match create() {
+        Err(e) if matches!(shm(&e), Some(ShmError::AlreadyExists { .. })) => open(),
+        done => done,
+    }
+}
+
 /// The setters of [`SegmentOptions`] on a builder with a `segment: SegmentOptions` field.
 macro_rules! segment_options {
     () => {

@@ -77,34 +77,30 @@ impl Deadline {
 /// "nothing now"). The error types come from `wait_errors!`, whose `from_timeout` converts.
 /// The operation's own documentation goes in, ending with its `# Errors` section; each form
 /// says how long it waits. An optional `examples { timeout { .. } deadline { .. } try { .. } }`
-/// after the receiver line gives the other forms' examples (doc comments). One macro for every blocking call, so that the forms mean the
-/// same on every type.
+/// after the receiver line gives the other forms' examples (doc comments). One macro for
+/// every blocking call, so that the forms mean the same on every type.
 macro_rules! blocking {
     (
         $(#[doc = $doc:expr])*
         $vis:vis fn $name:ident -> $err:ty, $timeout:ident, $deadline:ident -> $timeout_err:ty
             $(, try $try:ident -> $try_err:ty)?;
-            (&mut $self:ident $(, $arg:ident: $ty:ty)*) -> $out:ty => $($until:ident).+;
+            $params:tt -> $out:ty => $($until:ident).+;
         $(examples $examples:tt)?
     ) => {
-        $crate::wait::blocking!(@emit $self [&mut $self] [$(#[doc = $doc])*]
+        $crate::wait::blocking!(@receiver $params [$(#[doc = $doc])*]
             $vis $name $err, $timeout $deadline $timeout_err, [$($try $try_err)?]
-            ($($arg: $ty),*) $out, [$($until).+] [$($examples)?]);
+            $out, [$($until).+] [$($examples)?]);
     };
-    (
-        $(#[doc = $doc:expr])*
-        $vis:vis fn $name:ident -> $err:ty, $timeout:ident, $deadline:ident -> $timeout_err:ty
-            $(, try $try:ident -> $try_err:ty)?;
-            (&$self:ident $(, $arg:ident: $ty:ty)*) -> $out:ty => $($until:ident).+;
-        $(examples $examples:tt)?
-    ) => {
-        $crate::wait::blocking!(@emit $self [&$self] [$(#[doc = $doc])*]
-            $vis $name $err, $timeout $deadline $timeout_err, [$($try $try_err)?]
-            ($($arg: $ty),*) $out, [$($until).+] [$($examples)?]);
+    // The receiver: `&mut self` (an SPSC end) or `&self`, then the arguments.
+    (@receiver (&mut $self:ident $(, $arg:ident: $ty:ty)*) $docs:tt $($rest:tt)*) => {
+        $crate::wait::blocking!(@emit $self [&mut $self] ($($arg: $ty),*) $docs $($rest)*);
     };
-    (@emit $self:ident [$($recv:tt)*] [$($doc:tt)*] $vis:vis $name:ident $err:ty,
-        $timeout:ident $deadline:ident $timeout_err:ty, [$($try:ident $try_err:ty)?]
-        ($($arg:ident: $ty:ty),*) $out:ty, [$($until:tt)+]
+    (@receiver (&$self:ident $(, $arg:ident: $ty:ty)*) $docs:tt $($rest:tt)*) => {
+        $crate::wait::blocking!(@emit $self [&$self] ($($arg: $ty),*) $docs $($rest)*);
+    };
+    (@emit $self:ident [$($recv:tt)*] ($($arg:ident: $ty:ty),*) [$($doc:tt)*]
+        $vis:vis $name:ident $err:ty, $timeout:ident $deadline:ident $timeout_err:ty,
+        [$($try:ident $try_err:ty)?] $out:ty, [$($until:tt)+]
         [$({
             timeout { $(#[doc = $te:expr])* }
             deadline { $(#[doc = $de:expr])* }
@@ -124,32 +120,30 @@ macro_rules! blocking {
             $self.$($until)+($($arg,)* $crate::wait::Deadline::Never).map_err(<$err>::from_timeout)
         }
 
-        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), giving up once `timeout` has passed.")]
+        $crate::wait::blocking!(@bounded $self [$($recv)*] ($($arg: $ty),*) $vis $name $timeout
+            (timeout: ::std::time::Duration => $crate::wait::Deadline::after(timeout))
+            "giving up once `timeout` has passed." $out, $timeout_err, [$($until)+]
+            [$($(#[doc = $te])*)?]);
+        $crate::wait::blocking!(@bounded $self [$($recv)*] ($($arg: $ty),*) $vis $name $deadline
+            (deadline: ::std::time::Instant => $crate::wait::Deadline::At(deadline))
+            "giving up at `deadline`: one deadline for several calls." $out, $timeout_err,
+            [$($until)+] [$($(#[doc = $de])*)?]);
+    };
+    // A form with a deadline: `$form(.., $param)`, waiting until `$deadline`.
+    (@bounded $self:ident [$($recv:tt)*] ($($arg:ident: $ty:ty),*) $vis:vis $name:ident
+        $form:ident ($param:ident: $param_ty:ty => $deadline:expr) $summary:literal $out:ty,
+        $timeout_err:ty, [$($until:tt)+] [$($example:tt)*]) => {
+        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), ", $summary)]
         ///
-        $($(#[doc = $te])*)?
+        $($example)*
         ///
         /// # Errors
         ///
-        /// `Timeout` once `timeout` has passed (carrying back what the call was given,
-        /// where it takes something), or as
+        #[doc = concat!("`Timeout` once `", stringify!($param), "` has passed (carrying back what the")]
+        /// call was given, where it takes something), or as
         #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
-        $vis fn $timeout($($recv)* $(, $arg: $ty)*, timeout: ::std::time::Duration)
-            -> Result<$out, $timeout_err> {
-            $self.$($until)+($($arg,)* $crate::wait::Deadline::after(timeout))
-        }
-
-        #[doc = concat!("As [`", stringify!($name), "`](Self::", stringify!($name), "), giving up at `deadline`: one deadline for several calls.")]
-        ///
-        $($(#[doc = $de])*)?
-        ///
-        /// # Errors
-        ///
-        /// `Timeout` once `deadline` has passed (carrying back what the call was given,
-        /// where it takes something), or as
-        #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ").")]
-        $vis fn $deadline($($recv)* $(, $arg: $ty)*, deadline: ::std::time::Instant)
-            -> Result<$out, $timeout_err> {
-            $self.$($until)+($($arg,)* $crate::wait::Deadline::At(deadline))
+        $vis fn $form($($recv)* $(, $arg: $ty)*, $param: $param_ty) -> Result<$out, $timeout_err> {
+            $self.$($until)+($($arg,)* $deadline)
         }
     };
     (@try [] $($rest:tt)*) => {};
