@@ -147,3 +147,22 @@ fn open_or_create_from_four_processes_at_once_makes_one_channel() {
         assert_eq!(got, [0, 1, 2, 3], "round {round}: every racer's message, in one channel");
     }
 }
+
+#[test]
+fn clean_removes_what_its_dry_run_said_it_would() {
+    // A channel nobody has open, with a message waiting and the pool it names.
+    let name = unique_name("restart-clean");
+    {
+        let ch = channel(&name, false);
+        send_values(&ch, [7]);
+    }
+    let dry = gpuring::inspect::clean(true, true, &name).unwrap();
+    let mut said: Vec<String> = dry.iter().map(|c| c.name.clone()).collect();
+    said.sort();
+    assert_eq!(said.len(), 2, "the channel and its pool: {said:?}");
+    let done = gpuring::inspect::clean(false, true, &name).unwrap();
+    let mut removed: Vec<String> = done.iter().map(|c| c.name.clone()).collect();
+    removed.sort();
+    assert_eq!(removed, said, "clean removed what its dry run listed");
+    assert!(Channel::builder(&name).open_timeout(Duration::ZERO).open().is_err());
+}
