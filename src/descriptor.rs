@@ -379,8 +379,11 @@ pub struct Descriptor {
     pub mem_handle: [u8; 64],
     /// `CUipcEventHandle` of the slot's ready event.
     pub event_handle: [u8; 64],
+    /// Bytes of the slot's header that the message carries (at most
+    /// [`SLOT_HEADER_SIZE`](crate::layout::SLOT_HEADER_SIZE)).
+    pub header_len: u32,
     /// Reserved, zero; keeps the size a multiple of 64.
-    pub reserved: [u8; 56],
+    pub reserved: [u8; 52],
 }
 
 const _: () = assert!(size_of::<Descriptor>() == 384);

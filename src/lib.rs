@@ -302,6 +302,7 @@ mod shm;
 pub use descriptor::{DType, Descriptor, DlDataType, MAX_DIMS, MetaError, TensorMeta};
 pub use layout::{
     Corrupted, MAX_CAPACITY, MAX_PARTICIPANTS, MAX_POOLS as MAX_SENDERS, MAX_SLOT_SIZE, MAX_SLOTS,
+    SLOT_HEADER_SIZE,
 };
 pub use liveness::{AttachError, LIVENESS_TICK, Role};
 pub use ring::{PopError, PopTimeoutError, PushError, PushTimeoutError, TryPopError, TryPushError};
@@ -312,9 +313,10 @@ pub use wait::reactor::Selectable;
 #[cfg(not(loom))]
 pub use channel::{
     AcquireError, AcquireTimeoutError, Backend, Channel, ChannelBuilder, ChannelError, Flavor,
-    Host, HostMemory, Lease, MAX_CHANNEL_NAME, Message, PoolError, PoolInfo, PoolState, Receiver,
-    RecvError, RecvTimeoutError, SendError, SendTimeoutError, Sender, TryAcquireError,
-    TryRecvError, TrySendError, select, select_deadline, select_timeout, try_select,
+    HeaderTooLarge, Host, HostMemory, Lease, MAX_CHANNEL_NAME, Message, PoolError, PoolInfo,
+    PoolState, Receiver, RecvError, RecvTimeoutError, SendError, SendTimeoutError, Sender,
+    TryAcquireError, TryRecvError, TrySendError, select, select_deadline, select_timeout,
+    try_select,
 };
 #[cfg(all(feature = "async", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]

@@ -11,8 +11,8 @@ use common::{ring_name, role, spawn, unique_name, wait_all, wait_for};
 use gpuring::internal::push_raw;
 use gpuring::{
     AcquireTimeoutError, AttachError, Channel, ChannelError, DType, Descriptor, Flavor, PoolState,
-    RecvTimeoutError, SendError, SendTimeoutError, ShmError, TensorMeta, TryAcquireError,
-    TryRecvError, TrySendError, WaitPolicy,
+    RecvTimeoutError, SLOT_HEADER_SIZE, SendError, SendTimeoutError, ShmError, TensorMeta,
+    TryAcquireError, TryRecvError, TrySendError, WaitPolicy,
 };
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -277,6 +277,11 @@ fn forged_descriptors_are_rejected_and_the_pool_is_untouched() {
         (forge(&|d| d.pool_id = 77), "descriptor names an unknown pool"),
         (forge(&|d| d.pool_id += 1 << 16), "descriptor names an unknown pool"),
         (forge(&|d| d.device_ordinal = 0), "descriptor names a device, the pool is host memory"),
+        (
+            forge(&|d| d.header_len = SLOT_HEADER_SIZE as u32 + 1),
+            "descriptor header is longer than a slot's header",
+        ),
+        (forge(&|d| d.header_len = u32::MAX), "descriptor header is longer than a slot's header"),
     ];
     for (d, what) in &cases {
         push_raw(&tx, *d).unwrap();
@@ -299,6 +304,39 @@ fn forged_descriptors_are_rejected_and_the_pool_is_untouched() {
     tx.send(lease, TensorMeta::bytes(10)).unwrap();
     let m = rx.recv().unwrap();
     assert_eq!((m.seq(), first_bad(&m, 6)), (1, None));
+}
+
+#[test]
+fn headers_travel_beside_the_payload_per_slot() {
+    let name = unique_name("ch-header");
+    let ch = Channel::builder(&name).capacity(8).slots(2, 256).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let rx = ch.receiver().unwrap();
+    let big = vec![0xA5u8; SLOT_HEADER_SIZE];
+    for round in 0..6u8 {
+        let mut lease = tx.acquire().unwrap();
+        // Alternate a full header, a short one and none: what a slot's header held before
+        // must not leak into a later message's.
+        match round % 3 {
+            0 => lease.set_header(&big).unwrap(),
+            1 => lease.set_header(&[round; 7]).unwrap(),
+            _ => {}
+        }
+        fill(&mut lease[..16], u64::from(round));
+        tx.send(lease, TensorMeta::bytes(16)).unwrap();
+        let m = rx.recv().unwrap();
+        match round % 3 {
+            0 => assert_eq!(m.header(), &big[..]),
+            1 => assert_eq!(m.header(), &[round; 7]),
+            _ => assert!(m.header().is_empty()),
+        }
+        assert_eq!(first_bad(&m, u64::from(round)), None, "the payload is untouched by its header");
+    }
+    let mut lease = tx.acquire().unwrap();
+    let err = lease.set_header(&vec![0u8; SLOT_HEADER_SIZE + 1]).unwrap_err();
+    assert_eq!(err.len, SLOT_HEADER_SIZE + 1);
+    assert!(err.to_string().contains("a slot's header holds 4096"), "{err}");
+    assert_eq!(lease.header_mut().len(), SLOT_HEADER_SIZE);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 """Type stubs of the extension module (the classes are re-exported by ``gpuring``)."""
 
+import pickle
 import queue
 from types import TracebackType
 from typing import Any, Iterator, Optional, Sequence, Tuple, Union, final
@@ -35,6 +36,7 @@ __all__ = [
     "TooLarge",
     "Closed",
     "CudaError",
+    "PicklingError",
 ]
 
 MAX_DIMS: int
@@ -282,3 +284,4 @@ class DTypeError(Error, TypeError): ...
 class TooLarge(Error, ValueError): ...
 class Closed(Error, ValueError): ...
 class CudaError(Error): ...
+class PicklingError(Error, pickle.PicklingError): ...

@@ -2,16 +2,19 @@
 
 import os
 import secrets
+import sys
 import threading
 import time
 from typing import Any, Optional
 
+from . import _objects
 from ._gpuring import Channel
 from .errors import Disconnected, Empty, Full, PeerDead, Timeout
 
 # What a message's tag says the sender put in (a Queue owns its channel's tags).
 _NUMPY = 0
 _TORCH = 1
+_OBJECT = 2
 
 # Endpoints a forked child inherited from its parent: never used, never dropped (dropping
 # them in the child would act on the parent's behalf).
@@ -39,6 +42,28 @@ class _Until:
         time.sleep(self._pause if left is None else min(self._pause, left))
         self._pause = min(self._pause * 2, 0.05)
         return True
+
+
+def _kind(obj):
+    """What a message of ``obj`` carries: one tensor or array (sent as is), or an object
+    (its tensors and arrays in one slot, the rest pickled)."""
+    module = type(obj).__module__
+    if module == "torch" and type(obj) is sys.modules["torch"].Tensor and not obj.requires_grad:
+        return _TORCH
+    if module == "numpy" and type(obj) is sys.modules["numpy"].ndarray and not obj.dtype.hasobject:
+        if obj.dtype.name in _CARRIED:
+            return _NUMPY
+    return _OBJECT
+
+
+# The numpy dtype names a plain send carries (others travel as objects: their bytes in
+# the slot, their dtype pickled).
+_CARRIED = frozenset(
+    (
+        "bool int8 uint8 int16 uint16 int32 uint32 int64 uint64 float16 float32 float64 "
+        "complex64 complex128"
+    ).split()
+)
 
 
 def _next_pow2(n):
@@ -91,6 +116,7 @@ class Queue:
         if capacity is None:
             capacity = _next_pow2(maxsize) if maxsize > 0 else 256
         self._name = name
+        self._maxsize = maxsize if maxsize > 0 else capacity
         self._device = device
         self._ready = ready
         self._init_local()
@@ -113,12 +139,18 @@ class Queue:
         self._rx = None
 
     def __getstate__(self):
-        return {"name": self._name, "device": self._device, "ready": self._ready}
+        return {
+            "name": self._name,
+            "device": self._device,
+            "ready": self._ready,
+            "maxsize": self._maxsize,
+        }
 
     def __setstate__(self, state):
         self._name = state["name"]
         self._device = state["device"]
         self._ready = state.get("ready")
+        self._maxsize = state["maxsize"]
         self._init_local()
 
     def _endpoint(self, which):
@@ -145,17 +177,24 @@ class Queue:
         return self._name
 
     def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
-        """Copies ``obj`` (a torch tensor or a numpy array) into a slot and queues it.
+        """Queues ``obj``: a torch tensor, a numpy array, or any picklable object holding
+        them (a tuple, a dict, a dataclass, a state dict, ...). Every tensor and array is
+        copied into one slot of this process's pool (none of their bytes is pickled); the
+        rest of the object is pickled beside them (see :meth:`gpuring.Sender.send_object`).
 
         Waits up to ``timeout`` seconds (forever if ``None``; not at all if ``block`` is
         false) for a free slot and room; raises :class:`gpuring.Full` (a ``queue.Full``).
+        An object that cannot be pickled raises :class:`gpuring.PicklingError`, one whose
+        tensors do not fit in a slot :class:`gpuring.TooLarge`, before anything is queued.
         """
         tx = self._endpoint("tx")
-        tag = _TORCH if type(obj).__module__.split(".")[0] == "torch" else _NUMPY
+        kind = _kind(obj)
         until = _Until(timeout if block else 0)
         while True:
             try:
-                return tx.send(obj, timeout=until.left(), tag=tag)
+                if kind == _OBJECT:
+                    return _objects.send(tx, obj, until.left(), _OBJECT, self._device)
+                return tx.send(obj, timeout=until.left(), tag=kind)
             except Timeout as e:
                 raise Full(str(e)) from None
             except (Disconnected, PeerDead):
@@ -168,12 +207,13 @@ class Queue:
         self.put(obj, block=False)
 
     def get(self, block: bool = True, timeout: Optional[float] = None, *, copy: bool = True) -> Any:
-        """Removes a tensor from the queue and returns it: a torch tensor if a torch
-        tensor was put (or the queue is on a GPU), else a numpy array.
+        """Removes an item from the queue and returns it, as it was put: a tensor (a torch
+        tensor if a torch tensor was put, or the queue is on a GPU), an array, or the
+        object with its tensors and arrays, each on the device it was put from.
 
         Waits up to ``timeout`` seconds (forever if ``None``; not at all if ``block`` is
         false); raises :class:`gpuring.Empty` (a ``queue.Empty``). ``copy=False``
-        returns a zero-copy view of the slot, which goes back when the view is freed.
+        returns zero-copy views of the slot, which goes back when every view is freed.
         """
         rx = self._endpoint("rx")
         until = _Until(timeout if block else 0)
@@ -189,6 +229,8 @@ class Queue:
                 if not until.pause():
                     raise Empty(str(e)) from None
         with msg:
+            if msg.tag == _OBJECT:
+                return _objects.load(msg, copy)
             if msg.tag == _TORCH or msg.device is not None:
                 out = msg.torch()
                 return out.clone() if copy else out
@@ -200,6 +242,29 @@ class Queue:
     def get_nowait(self) -> Any:
         """``get(block=False)``."""
         return self.get(block=False)
+
+    def qsize(self) -> int:
+        """Items put and not yet taken, now (a snapshot, as ``multiprocessing``'s)."""
+        return len(self._channel())
+
+    def empty(self) -> bool:
+        """Whether no item waits now (a snapshot)."""
+        return self.qsize() == 0
+
+    def full(self) -> bool:
+        """Whether the queue holds ``maxsize`` items (or, without one, as many as its
+        ring has cells) now (a snapshot)."""
+        return self.qsize() >= self._maxsize
+
+    def _channel(self):
+        if self._pid != os.getpid():
+            self._endpoint("rx" if self._rx is not None else "tx")
+        with self._lock:
+            if self._ch is None:
+                self._ch = Channel.open(
+                    self._name, device=self._device, timeout=10.0, ready=self._ready
+                )
+            return self._ch
 
     def close(self) -> None:
         """Leaves the channel from this process (the queue goes away once no process has

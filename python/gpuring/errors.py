@@ -29,6 +29,7 @@ from ._gpuring import (
     NoSpace,
     NotFound,
     PeerDead,
+    PicklingError,
     SenderGone,
     ShmError,
     Timeout,
@@ -56,4 +57,5 @@ __all__ = [
     "TooLarge",
     "Closed",
     "CudaError",
+    "PicklingError",
 ]

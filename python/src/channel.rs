@@ -421,6 +421,15 @@ impl PyChannel {
         self.ch.lock().unwrap_or_else(PoisonError::into_inner).is_none()
     }
 
+    /// Messages sent and not yet received, now (a snapshot, as ``Queue.qsize()``).
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(match self.get(py)? {
+            AnyChannel::Host(c) => c.len(),
+            AnyChannel::Pinned(c, _) => c.len(),
+            AnyChannel::Cuda(c, _) => c.len(),
+        })
+    }
+
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
         slf
     }

@@ -51,6 +51,7 @@ classes! {
     TooLarge(Error) ["ValueError"] "A tensor spans more bytes than a slot holds (or more dimensions than 8).";
     Closed(Error) ["ValueError"] "The channel, sender, receiver, lease or message was closed (or sent, or released) by this process, and cannot be used any more.";
     CudaError(Error) [] "A CUDA driver call failed, or there is no CUDA driver here.";
+    PicklingError(Error) ["pickle.PicklingError"] "``Queue.put`` / ``Sender.send_object``: a part of the object cannot be pickled; nothing was sent (also a ``pickle.PicklingError``).";
 }
 
 static TYPES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();

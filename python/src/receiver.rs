@@ -10,7 +10,7 @@ use gpuring::{
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyBytes, PyTuple};
 
 use crate::blocking::{Step, Until, lock_for, wait};
 use crate::channel::AnyChannel;
@@ -240,6 +240,9 @@ pub(crate) fn torch_from_capsule<'py>(
     from_dlpack.bind(py).call1((capsule,))
 }
 
+/// `gpuring._objects.load`, looked up once.
+static OBJECTS_LOAD: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 /// What a message and its exported views share: the Rust message, whose slot goes back
 /// when the last of them is gone.
 struct Held(AnyMessage);
@@ -281,10 +284,17 @@ pub(crate) struct PyMessage {
     tag: u64,
     place: (i32, i32),
     ptr: usize,
+    /// The header the sender wrote, copied out (empty: no allocation).
+    header: Vec<u8>,
 }
 
 impl PyMessage {
     fn new(m: AnyMessage) -> Self {
+        let header = match &m {
+            AnyMessage::Host(m) => m.header().to_vec(),
+            AnyMessage::Pinned(p) => p.get().header().to_vec(),
+            AnyMessage::Cuda(m, _) => m.header().to_vec(),
+        };
         let (meta, seq, tag, place, ptr) = match &m {
             AnyMessage::Host(m) => {
                 (*m.meta(), m.seq(), m.tag(), (DEVICE_CPU, 0), m.as_ptr() as usize)
@@ -297,7 +307,7 @@ impl PyMessage {
                 (*m.meta(), m.seq(), m.tag(), (DEVICE_CUDA, g.ordinal), m.device_ptr() as usize)
             }
         };
-        PyMessage { held: Mutex::new(Some(Arc::new(Held(m)))), meta, seq, tag, place, ptr }
+        PyMessage { held: Mutex::new(Some(Arc::new(Held(m)))), meta, seq, tag, place, ptr, header }
     }
 }
 
@@ -347,6 +357,27 @@ impl PyMessage {
         let held = held.ok_or_else(|| closed(py, "message (released)"))?;
         let capsule = dlpack::export(py, self.ptr, self.place, &self.meta, false, Box::new(held))?;
         torch_from_capsule(py, capsule)
+    }
+
+    /// The object of a message sent by :meth:`Sender.send_object` (or ``Queue.put``),
+    /// rebuilt: each tensor and array a view of the slot (``copy=False``: zero-copy; the
+    /// slot goes back once the message is released and every view is gone) or a copy
+    /// (``copy=True``; release the message after to give the slot back at once), on the
+    /// device it was sent from (a CPU tensor through GPU slots comes back to the CPU, a
+    /// CUDA tensor through host slots to its GPU; those are copies either way).
+    ///
+    /// Unpickling runs code the sender chose: only processes that can open the channel
+    /// (the same user) can send into it, as with ``multiprocessing``'s queues.
+    ///
+    /// Raises ``Corrupted`` (not an object message, or a part outside the slot),
+    /// ``Closed``, and what unpickling raises.
+    #[pyo3(signature = (copy=false))]
+    fn object<'py>(slf: &Bound<'py, Self>, copy: bool) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let load = OBJECTS_LOAD.get_or_try_init(py, || {
+            py.import("gpuring._objects")?.getattr("load").map(Bound::unbind)
+        })?;
+        load.bind(py).call1((slf, copy))
     }
 
     /// Lets go of the slot (it goes back once no view of it is left). Further DLPack
@@ -400,6 +431,13 @@ impl PyMessage {
     #[getter]
     fn tag(&self) -> u64 {
         self.tag
+    }
+
+    /// The header the sender wrote beside the payload (``send(..., header=)``,
+    /// ``lease.header``): ``b""`` if none. Readable after the message is released.
+    #[getter]
+    fn header<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.header)
     }
 
     /// The GPU the payload is on, or ``None`` for host memory.

@@ -11,6 +11,7 @@ use gpuring::{
     WaitPolicy,
 };
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 
 use crate::blocking::{Step, Until, lock_for, wait};
@@ -19,6 +20,9 @@ use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA, Place, Source};
 use crate::dtypes;
 use crate::errors::{Class, ClassOf, Raised, closed, raise, tag_arg};
 use crate::gpu::{self, Dir, Gpu};
+
+/// `gpuring._objects.send`, looked up once.
+static OBJECTS_SEND: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// A sender of any backend (a GPU sender's device is `TxShared::gpu`).
 pub(crate) enum AnySender {
@@ -96,6 +100,29 @@ impl AnyLease {
             AnyLease::Host(l) => l.set_tag(tag),
             AnyLease::Pinned(l) => l.set_tag(tag),
             AnyLease::Cuda(l, _) => l.set_tag(tag),
+        }
+    }
+
+    /// Writes the header the message carries (host memory beside the slot).
+    fn set_header(&mut self, py: Python<'_>, bytes: &[u8]) -> PyResult<()> {
+        let r = match self {
+            AnyLease::Host(l) => l.set_header(bytes),
+            AnyLease::Pinned(l) => l.set_header(bytes),
+            AnyLease::Cuda(l, _) => l.set_header(bytes),
+        };
+        r.map_err(|e| raise(py, Class::TooLarge, e.to_string()))
+    }
+
+    /// The header set so far.
+    fn header(&mut self) -> Vec<u8> {
+        fn of<B: Backend>(l: &mut Lease<B>) -> Vec<u8> {
+            let n = l.header_len();
+            l.header_mut()[..n].to_vec()
+        }
+        match self {
+            AnyLease::Host(l) => of(l),
+            AnyLease::Pinned(l) => of(l),
+            AnyLease::Cuda(l, _) => of(l),
         }
     }
 
@@ -268,15 +295,20 @@ impl PySender {
     /// into a channel opened with ``pinned=True`` the copy is asynchronous DMA, into a
     /// plain one the driver makes it synchronous).
     ///
+    /// ``header``: up to 4096 bytes that travel beside the tensor, in host memory for
+    /// every channel (GPU ones too); the receiver reads them as ``msg.header`` without
+    /// touching the payload.
+    ///
     /// Raises ``Timeout``, ``TooLarge``, ``DTypeError``, ``Disconnected`` (every receiver
     /// left), ``PeerDead``, ``Corrupted``, ``CudaError``, ``Closed``.
-    #[pyo3(signature = (tensor, timeout=None, tag=0))]
+    #[pyo3(signature = (tensor, timeout=None, tag=0, header=None))]
     fn send(
         &self,
         py: Python<'_>,
         tensor: &Bound<'_, PyAny>,
         timeout: Option<f64>,
         #[pyo3(from_py_with = tag_arg)] tag: u64,
+        header: Option<&[u8]>,
     ) -> PyResult<()> {
         let until = Until::new(py, timeout)?;
         let tx = self.shared(py)?;
@@ -313,7 +345,20 @@ impl PySender {
             }
             _ => {}
         }
+        if let Some(h) = header
+            && h.len() > gpuring::SLOT_HEADER_SIZE
+        {
+            // Refused before a slot is taken or anything copied.
+            return Err(raise(
+                py,
+                Class::TooLarge,
+                gpuring::HeaderTooLarge { len: h.len() }.to_string(),
+            ));
+        }
         let mut lease = acquire(py, &tx, until, raw_stream)?;
+        if let Some(h) = header {
+            lease.set_header(py, h)?;
+        }
         match (lease.host_ptr(), src.place) {
             (Some(dst), Place::Host) => {
                 let dst = dst as usize;
@@ -369,6 +414,35 @@ impl PySender {
         }
         drop(src);
         send_lease(py, &tx, until, lease, meta, tag)
+    }
+
+    /// Sends ``obj``, any picklable object holding torch tensors (CPU or CUDA) and numpy
+    /// arrays anywhere inside it (tuples, lists, dicts, dataclasses, ...), as one
+    /// message: every tensor and array is copied into one slot, the rest is pickled
+    /// beside it (the receiver's :meth:`Message.object` rebuilds it). A whole state dict
+    /// is one message, one wait and one release. The slot must hold the tensors
+    /// together (each 256-byte aligned): ``TooLarge`` otherwise, before anything is sent.
+    ///
+    /// GPU channels: CUDA tensors (of the channel's GPU) are copied device to device on
+    /// torch's current stream, CPU tensors and arrays across; a CUDA tensor of another
+    /// GPU raises ``CudaError``. Host channels: CUDA tensors are copied to the host.
+    ///
+    /// Raises ``PicklingError`` (nothing sent), ``TooLarge``, ``Timeout``,
+    /// ``Disconnected``, ``PeerDead``, ``CudaError``, ``Closed``.
+    #[pyo3(signature = (obj, timeout=None, tag=0))]
+    fn send_object(
+        slf: &Bound<'_, Self>,
+        obj: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        #[pyo3(from_py_with = tag_arg)] tag: u64,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let device = slf.get().shared(py)?.gpu.as_ref().map(|g| g.ordinal);
+        let send = OBJECTS_SEND.get_or_try_init(py, || {
+            py.import("gpuring._objects")?.getattr("send").map(Bound::unbind)
+        })?;
+        send.bind(py).call1((slf, obj, timeout, tag, device))?;
+        Ok(())
     }
 
     /// Leases a free slot for a tensor of ``shape`` and ``dtype`` (a name such as
@@ -525,6 +599,22 @@ impl PyLease {
         let until = Until::new(py, timeout)?;
         let lease = self.take(py)?;
         send_lease(py, &self.tx, until, lease, self.meta, self.tag.load(Ordering::Relaxed))
+    }
+
+    /// Up to 4096 bytes that travel beside the slot (host memory, GPU channels too): the
+    /// receiver reads them as ``msg.header``. Empty unless set.
+    #[getter]
+    fn header(&self, py: Python<'_>) -> PyResult<Vec<u8>> {
+        let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        let lease = guard.as_mut().ok_or_else(|| closed(py, "lease (sent or cancelled)"))?;
+        Ok(lease.header())
+    }
+
+    #[setter]
+    fn set_header(&self, py: Python<'_>, bytes: &[u8]) -> PyResult<()> {
+        let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        let lease = guard.as_mut().ok_or_else(|| closed(py, "lease (sent or cancelled)"))?;
+        lease.set_header(py, bytes)
     }
 
     /// Gives the slot back unsent.

@@ -4,6 +4,7 @@ use std::ops::{Deref, DerefMut};
 
 use super::backend::sealed;
 use super::backend::{Backend, Host, HostMemory};
+use crate::layout::SLOT_HEADER_SIZE;
 use crate::pool::SlotLease;
 
 /// A leased slot: write it in place, then [`Sender::send`](crate::Sender::send) it. Dropping a lease without
@@ -97,6 +98,120 @@ impl<B: Backend> Lease<B> {
     /// ```
     pub fn set_tag(&mut self, tag: u64) {
         self.hold.tag = tag;
+    }
+}
+
+/// A header longer than a slot's header area ([`SLOT_HEADER_SIZE`] bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderTooLarge {
+    /// The length asked for.
+    pub len: usize,
+}
+
+impl core::fmt::Display for HeaderTooLarge {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "a header of {} bytes does not fit: a slot's header holds {SLOT_HEADER_SIZE} (put \
+             the rest in the slot itself)",
+            self.len
+        )
+    }
+}
+
+impl std::error::Error for HeaderTooLarge {}
+
+impl<B: Backend> Lease<B> {
+    /// The slot's header: [`SLOT_HEADER_SIZE`] bytes of host memory beside the slot, for
+    /// every backend (a GPU slot's header is host shared memory too), to write in place.
+    /// The message carries the first [`set_header_len`](Self::set_header_len) bytes of
+    /// it (none unless set); the receiver reads them as
+    /// [`Message::header`](crate::Message::header). What to put there: anything the
+    /// receiver's CPU needs before it touches the payload, such as where several tensors
+    /// sit in the slot, or a serialized object whose tensors the slot holds.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-header-mut");
+    /// let ch = gpuring::Channel::builder("doc-lease-header-mut").slots(2, 4096).create()?;
+    /// let tx = ch.sender()?;
+    /// let mut lease = tx.acquire()?;
+    /// lease.header_mut()[..3].copy_from_slice(b"v=1");
+    /// lease.set_header_len(3)?;
+    /// tx.send(lease, gpuring::TensorMeta::bytes(0))?;
+    /// let msg = ch.receiver()?.recv()?;
+    /// assert_eq!(msg.header(), b"v=1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn header_mut(&mut self) -> &mut [u8] {
+        let pool = self.hold.pool.as_ref().expect("a live lease has its pool");
+        let ptr = pool.header_ptr(self.hold.slot.slot);
+        // (A hostile process with the pool mapped could still write: crate docs, Safety.)
+        // SAFETY: the slot's header, SLOT_HEADER_SIZE bytes inside the mapping the lease's
+        // pool keeps alive; the lease protocol makes this process its only user until the
+        // lease is sent, and `&mut self` the only view in this process.
+        unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), SLOT_HEADER_SIZE) }
+    }
+
+    /// How many bytes of [`header_mut`](Self::header_mut) the message carries.
+    ///
+    /// # Errors
+    ///
+    /// [`HeaderTooLarge`] above [`SLOT_HEADER_SIZE`] (the length is left as it was).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-set-header-len");
+    /// let ch = gpuring::Channel::builder("doc-lease-set-header-len").slots(2, 4096).create()?;
+    /// let mut lease = ch.sender()?.acquire()?;
+    /// assert!(lease.set_header_len(gpuring::SLOT_HEADER_SIZE + 1).is_err());
+    /// lease.set_header_len(16)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_header_len(&mut self, len: usize) -> Result<(), HeaderTooLarge> {
+        if len > SLOT_HEADER_SIZE {
+            return Err(HeaderTooLarge { len });
+        }
+        self.hold.header_len = len as u32;
+        Ok(())
+    }
+
+    /// How many bytes of the header the message carries (0 unless set).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-header-len");
+    /// let ch = gpuring::Channel::builder("doc-lease-header-len").slots(2, 4096).create()?;
+    /// let mut lease = ch.sender()?.acquire()?;
+    /// assert_eq!(lease.header_len(), 0);
+    /// lease.set_header(b"abc")?;
+    /// assert_eq!(lease.header_len(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn header_len(&self) -> usize {
+        self.hold.header_len as usize
+    }
+
+    /// Copies `bytes` into the slot's header, as the header the message carries.
+    ///
+    /// # Errors
+    ///
+    /// [`HeaderTooLarge`] when `bytes` is longer than [`SLOT_HEADER_SIZE`] (nothing is
+    /// written).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-lease-set-header");
+    /// let ch = gpuring::Channel::builder("doc-lease-set-header").slots(2, 4096).create()?;
+    /// let tx = ch.sender()?;
+    /// let mut lease = tx.acquire()?;
+    /// lease.set_header(b"frame 17")?;
+    /// tx.send(lease, gpuring::TensorMeta::bytes(0))?;
+    /// assert_eq!(ch.receiver()?.recv()?.header(), b"frame 17");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_header(&mut self, bytes: &[u8]) -> Result<(), HeaderTooLarge> {
+        if bytes.len() > SLOT_HEADER_SIZE {
+            return Err(HeaderTooLarge { len: bytes.len() });
+        }
+        self.header_mut()[..bytes.len()].copy_from_slice(bytes);
+        self.set_header_len(bytes.len())
     }
 }
 

@@ -130,6 +130,27 @@ impl<B: Backend> Message<B> {
         self.desc.len == 0
     }
 
+    /// The header the sender wrote beside the payload
+    /// ([`Lease::set_header`](crate::Lease::set_header)): host memory for every backend,
+    /// empty unless the sender set one. Its length was checked against the header area
+    /// when the message was received; its bytes are the sender's, as the payload's are.
+    ///
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-message-header", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-message-header").open()?;
+    /// let msg = ch.receiver()?.recv()?;
+    /// println!("{} header bytes", msg.header().len());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn header(&self) -> &[u8] {
+        let ptr = self.hold.pool.header_ptr(self.hold.held.slot);
+        // (A hostile process with the pool mapped could still write: crate docs, Safety.)
+        // SAFETY: `header_len` (checked ≤ SLOT_HEADER_SIZE in `check_and_hold`) bytes of
+        // the slot's header, inside the mapping the held pool keeps alive; this message
+        // holds the slot, so its sender does not write it until the message drops.
+        unsafe { std::slice::from_raw_parts(ptr.as_ptr(), self.desc.header_len as usize) }
+    }
+
     /// The descriptor as it arrived (already validated).
     ///
     /// ```

@@ -54,7 +54,7 @@ pub use error::{
     AcquireError, AcquireTimeoutError, ChannelError, PoolError, RecvError, RecvTimeoutError,
     SendError, SendTimeoutError, TryAcquireError, TryRecvError, TrySendError,
 };
-pub use lease::Lease;
+pub use lease::{HeaderTooLarge, Lease};
 pub use message::Message;
 #[cfg(feature = "async")]
 pub use receiver::Messages;
@@ -162,6 +162,37 @@ impl<B: Backend> Channel<B> {
     /// ```
     pub fn capacity(&self) -> usize {
         self.inner.ring.capacity()
+    }
+
+    /// Messages sent and not yet received, now (a snapshot, as `multiprocessing`'s
+    /// `qsize`: exact when nothing moves; a message being received counts until its
+    /// receiver has taken it).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-len");
+    /// let ch = gpuring::Channel::builder("doc-mod-len").slots(2, 4096).create()?;
+    /// let tx = ch.sender()?;
+    /// assert!(ch.is_empty());
+    /// tx.send(tx.acquire()?, gpuring::TensorMeta::bytes(0))?;
+    /// assert_eq!(ch.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        // Impossible positions (a corrupt segment) read as nothing queued here; receives
+        // report them.
+        self.inner.ring.queued().unwrap_or(0)
+    }
+
+    /// Whether no message waits now (a snapshot: see [`len`](Self::len)).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-is-empty");
+    /// let ch = gpuring::Channel::builder("doc-mod-is-empty").create()?;
+    /// assert!(ch.is_empty());
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Each sender's pool: (slot count, bytes per slot).

@@ -5,7 +5,7 @@
 //! index inside the table; the entry active or closed with the same instance (else "unknown
 //! pool"); the entry's slot count, size and backend equal the channel's; the stored segment
 //! name equals the derived one; tensor metadata valid; slot in range; `byte_offset + len`
-//! within the slot; `meta.nbytes() == len`; the backend's own fields (host: device −1;
+//! within the slot; `meta.nbytes() == len`; `header_len` within the slot's header; the backend's own fields (host: device −1;
 //! GPU: device, memory and event handles those of the pool); and finally the
 //! `SENT(g) → HELD(g)` CAS (else "stale slot generation" or "slot not in flight"). A
 //! rejected descriptor is consumed and reported as [`RecvError::Corrupted`]; nothing in the
@@ -24,7 +24,7 @@ use super::message::Message;
 use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
-use crate::layout::{MpmcCell, SpscCell};
+use crate::layout::{MpmcCell, SLOT_HEADER_SIZE, SpscCell};
 use crate::liveness::AttachError;
 use crate::pool::{PoolSegment, SlotHold};
 use crate::ring::{PopTimeoutError, ShmStorage, mpmc, spsc};
@@ -182,6 +182,9 @@ impl<B: Backend> Receiver<B> {
         }
         if meta.nbytes() != d.len {
             return Err(corrupt("descriptor metadata is inconsistent with its length"));
+        }
+        if d.header_len as usize > SLOT_HEADER_SIZE {
+            return Err(corrupt("descriptor header is longer than a slot's header"));
         }
         B::check(&pool.imported, &d)?;
         let held = pool.seg.core.receive(d.slot, d.generation)?;

@@ -265,7 +265,7 @@ impl<B: Backend> Sender<B> {
     fn acquire_until(&self, deadline: Deadline) -> Result<Lease<B>, AcquireTimeoutError<B>> {
         let slot = self.take_slot(deadline)?;
         // Made first, so that an error below returns the slot.
-        let hold = SlotLease { pool: Some(self.pool.clone()), slot, tag: 0 };
+        let hold = SlotLease { pool: Some(self.pool.clone()), slot, tag: 0, header_len: 0 };
         let view =
             B::lease(&self.sending, &self.pool, slot).map_err(AcquireTimeoutError::Device)?;
         Ok(Lease::new(hold, view))
@@ -448,6 +448,7 @@ impl<B: Backend> Sender<B> {
     pub(crate) fn descriptor(&self, lease: &Lease<B>, meta: &TensorMeta) -> Descriptor {
         let mut d = Descriptor::new(self.seq.get(), meta);
         d.tag = lease.hold.tag;
+        d.header_len = lease.hold.header_len;
         d.pool_id = self.pool_id;
         d.slot = lease.hold.slot.slot;
         d.generation = u64::from(lease.hold.slot.generation);

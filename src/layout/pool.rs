@@ -8,8 +8,9 @@
 //! | 128 | [`PoolHeader`] |
 //! | 256 | `slot_count` × [`SlotRecord`] |
 //! | next 128 | the free ring: an MPMC ring of `u32` slot indices ([`RingLayout::at`]) |
-//! | next page | host pools: the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
 //! | next 128 | device pools: [`CudaPoolInfo`], then `slot_count` × [`SlotEvents`] |
+//! | next page | `slot_count` slot headers of [`SLOT_HEADER_SIZE`] bytes (host memory, every backend) |
+//! | next page | host pools: the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
 
 use super::{BACKEND_CUDA, BACKEND_HOST, Corrupted, MpmcCell, RingLayout, SegmentHeader};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -18,6 +19,11 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 pub const MAX_SLOTS: u32 = 1 << 20;
 /// Largest slot, in bytes (256 GiB).
 pub const MAX_SLOT_SIZE: u64 = 1 << 38;
+/// Bytes of host memory beside each slot, for every backend: a message's header (bytes the
+/// sender writes and the receiver reads on the CPU, e.g. the table of several tensors in
+/// one slot, or a pickled object whose tensors sit in the slot). One page, so that a pool's
+/// unused headers cost no memory.
+pub const SLOT_HEADER_SIZE: usize = 4096;
 
 /// Parameters of a pool, after the segment header.
 #[repr(C, align(128))]
@@ -135,7 +141,9 @@ pub const CUDA_SLOT_ALIGN: u64 = 2 << 20;
 /// | 128 | [`PoolHeader`] |
 /// | 256 | `slot_count` × [`SlotRecord`] |
 /// | next 128 | the free ring: an MPMC ring of `u32` slot indices ([`RingLayout::at`]) |
-/// | next page | the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
+/// | next 128 | device pools: [`CudaPoolInfo`], then `slot_count` × [`SlotEvents`] |
+/// | next page | `slot_count` slot headers, [`SLOT_HEADER_SIZE`] bytes each |
+/// | next page | host pools: the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolLayout {
     /// Offset of the [`PoolHeader`].
@@ -156,6 +164,8 @@ pub struct PoolLayout {
     pub cuda_info: usize,
     /// Device pools: offset of the first [`SlotEvents`]; host pools: 0.
     pub slot_events: usize,
+    /// Offset of slot 0's header ([`SLOT_HEADER_SIZE`] bytes per slot, page aligned).
+    pub headers: usize,
     /// Size of the whole segment.
     pub total_size: usize,
 }
@@ -199,7 +209,9 @@ impl PoolLayout {
         if backend == BACKEND_CUDA {
             let cuda_info = free_ring.total_size.next_multiple_of(128);
             let slot_events = cuda_info + size_of::<CudaPoolInfo>();
-            let total_size = slot_events + slot_count as usize * size_of::<SlotEvents>();
+            let headers = (slot_events + slot_count as usize * size_of::<SlotEvents>())
+                .next_multiple_of(4096);
+            let total_size = headers + slot_count as usize * SLOT_HEADER_SIZE;
             let stride = slot_size.next_multiple_of(CUDA_SLOT_ALIGN) as usize;
             if stride.checked_mul(slot_count as usize).is_none() {
                 return None;
@@ -214,10 +226,12 @@ impl PoolLayout {
                 stride,
                 cuda_info,
                 slot_events,
+                headers,
                 total_size,
             });
         }
-        let data = free_ring.total_size.next_multiple_of(4096);
+        let headers = free_ring.total_size.next_multiple_of(4096);
+        let data = headers + slot_count as usize * SLOT_HEADER_SIZE;
         let align = if slot_size >= 4096 { 4096 } else { 256 };
         let stride = (slot_size as usize).next_multiple_of(align);
         let Some(body) = stride.checked_mul(slot_count as usize) else {
@@ -239,6 +253,7 @@ impl PoolLayout {
             stride,
             cuda_info: 0,
             slot_events: 0,
+            headers,
             total_size,
         })
     }
@@ -246,6 +261,11 @@ impl PoolLayout {
     /// Offset of slot `slot`'s first byte (`slot < slot_count`).
     pub const fn slot_offset(&self, slot: usize) -> usize {
         self.data + slot * self.stride
+    }
+
+    /// Offset of slot `slot`'s header (`slot < slot_count`).
+    pub const fn header_offset(&self, slot: usize) -> usize {
+        self.headers + slot * SLOT_HEADER_SIZE
     }
 }
 

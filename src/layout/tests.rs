@@ -78,8 +78,10 @@ fn pool_layouts() {
     assert_eq!(p.records, 256);
     assert_eq!(p.free_ring.ring_header, 512, "records end at 448, rounded up to 128");
     assert_eq!(p.free_ring.capacity, 4);
-    assert_eq!(p.data % 4096, 0);
-    assert!(p.data >= p.free_ring.total_size);
+    assert_eq!(p.headers % 4096, 0);
+    assert!(p.headers >= p.free_ring.total_size);
+    assert_eq!(p.header_offset(2), p.headers + 2 * SLOT_HEADER_SIZE);
+    assert_eq!(p.data, p.headers + 3 * SLOT_HEADER_SIZE, "slots after the headers");
     assert_eq!(p.stride, 1024, "small slots are 256-byte aligned");
     assert_eq!(p.total_size, p.data + 3 * 1024);
     assert_eq!(PoolLayout::new(2, 5000).unwrap().stride, 8192, "big slots page aligned");
@@ -93,7 +95,9 @@ fn pool_layouts() {
     assert_eq!(g.cuda_info % 128, 0);
     assert!(g.cuda_info >= g.free_ring.total_size);
     assert_eq!(g.slot_events, g.cuda_info + 128);
-    assert_eq!(g.total_size, g.slot_events + 3 * 128);
+    assert!(g.headers >= g.slot_events + 3 * 128);
+    assert_eq!(g.headers % 4096, 0);
+    assert_eq!(g.total_size, g.headers + 3 * SLOT_HEADER_SIZE);
     assert_eq!(g.stride, 2 << 20, "device slots 2 MiB apart");
     assert_eq!(PoolLayout::cuda(1, (2 << 20) + 1).unwrap().stride, 4 << 20);
     assert_eq!(PoolLayout::for_backend(BACKEND_HOST, 3, 1000), Some(p));

@@ -15,6 +15,8 @@ pub struct SlotLease {
     pub(crate) slot: SlotRef,
     /// The application tag the descriptor will carry.
     pub(crate) tag: u64,
+    /// Bytes of the slot's header the descriptor will carry.
+    pub(crate) header_len: u32,
 }
 
 impl Drop for SlotLease {

@@ -61,6 +61,8 @@ pub struct PoolSegment {
     backend: u32,
     // Host backend only: slot 0's bytes.
     data: Option<NonNull<u8>>,
+    // Slot 0's header (every backend).
+    headers: NonNull<u8>,
 }
 
 // SAFETY: `data` points into the mapping `segment` keeps alive; slot bytes are only
@@ -200,11 +202,13 @@ impl PoolSegment {
         let records = NonNull::from(records).cast::<SlotRecord>();
         // SAFETY: as above; host pools end with their slots.
         let data = (backend == BACKEND_HOST).then(|| unsafe { segment.at::<u8>(layout.data) });
+        // SAFETY: as above; the headers lie inside the mapping the layout sized.
+        let headers = unsafe { segment.at::<u8>(layout.headers) };
         let records =
             ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
         let ring = RingSegment::view(segment.clone(), layout.free_ring, true);
         let core = PoolCore::new(records, ring.attached_storage::<MpmcCell<u32>>(role)?)?;
-        Ok(Self { core, segment, layout, backend, data })
+        Ok(Self { core, segment, layout, backend, data, headers })
     }
 
     /// The bytes of slot `slot` (`slot < slot_count`, checked by the caller's lease).
@@ -217,6 +221,18 @@ impl PoolSegment {
         let data = self.data.expect("host slots live in host pools only");
         // SAFETY: slot < slot_count, so the slot lies inside the mapping.
         unsafe { data.add(self.layout.slot_offset(slot as usize) - self.layout.data) }
+    }
+
+    /// Slot `slot`'s header: [`SLOT_HEADER_SIZE`](crate::layout::SLOT_HEADER_SIZE) bytes
+    /// of host memory, every backend.
+    ///
+    /// # Panics
+    ///
+    /// On a slot out of range.
+    pub(crate) fn header_ptr(&self, slot: u32) -> NonNull<u8> {
+        assert!((slot as usize) < self.layout.slot_count, "slot index checked by the caller");
+        // SAFETY: slot < slot_count, so its header lies inside the mapping.
+        unsafe { self.headers.add(self.layout.header_offset(slot as usize) - self.layout.headers) }
     }
 
     /// The host slots' pages, from slot 0 to the end of the mapping (whose last page is

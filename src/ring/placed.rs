@@ -153,6 +153,15 @@ impl RingSegment {
         unsafe { self.control.as_ref() }
     }
 
+    /// Elements pushed and not yet popped (a snapshot: `tail - head`, `None` when the
+    /// two positions are impossible).
+    pub(crate) fn queued(&self) -> Option<usize> {
+        let c = self.control();
+        // Relaxed: a snapshot; nothing is read on the strength of it.
+        let (head, tail) = (c.head.load(Ordering::Relaxed), c.tail.load(Ordering::Relaxed));
+        tail.checked_sub(head).filter(|&n| n <= self.layout.capacity as u64).map(|n| n as usize)
+    }
+
     /// Threads asleep waiting for an element, and for room (a diagnostic snapshot).
     pub(crate) fn sleepers(&self) -> (u32, u32) {
         let c = self.control();
