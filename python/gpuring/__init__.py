@@ -19,7 +19,8 @@ CUDA IPC), and the receiver gets a zero-copy view of it through DLPack::
         t = torch.from_dlpack(msg)                            # zero-copy, stream-ordered
         print(t.sum())
 
-:class:`Queue` is a drop-in for ``torch.multiprocessing.Queue`` of tensors. Errors are
+:class:`Queue` (and :class:`SimpleQueue`) is a drop-in for ``torch.multiprocessing.Queue``:
+any picklable object, its tensors and arrays carried in slots, the rest pickled. Errors are
 subclasses of :class:`gpuring.Error` (module :mod:`gpuring.errors`). numpy and torch are
 optional: gpuring imports neither unless handed their objects.
 """
@@ -27,6 +28,7 @@ optional: gpuring imports neither unless handed their objects.
 from . import errors
 from ._gpuring import (
     MAX_DIMS,
+    SLOT_HEADER_SIZE,
     Channel,
     Lease,
     Message,
@@ -36,19 +38,21 @@ from ._gpuring import (
     dtypes,
     ipc_opens,
 )
-from ._queue import Queue
+from ._queue import Queue, SimpleQueue
 from .errors import *  # noqa: F403 (the exception classes: errors.__all__)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MAX_DIMS",
+    "SLOT_HEADER_SIZE",
     "Channel",
     "Sender",
     "Receiver",
     "Lease",
     "Message",
     "Queue",
+    "SimpleQueue",
     "cuda_available",
     "dtypes",
     "ipc_opens",

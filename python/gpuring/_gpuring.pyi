@@ -1,5 +1,6 @@
 """Type stubs of the extension module (the classes are re-exported by ``gpuring``)."""
 
+import builtins
 import pickle
 import queue
 from types import TracebackType
@@ -8,6 +9,7 @@ from typing import Any, Iterator, Optional, Sequence, Tuple, Union, final
 from typing_extensions import TypeAlias
 
 __all__ = [
+    "SLOT_HEADER_SIZE",
     "Channel",
     "Sender",
     "Lease",
@@ -40,6 +42,7 @@ __all__ = [
 ]
 
 MAX_DIMS: int
+SLOT_HEADER_SIZE: int
 
 # A dtype argument: a name ("float32", "bfloat16", ...), a numpy dtype or scalar type, or a
 # torch dtype.
@@ -124,6 +127,9 @@ class Channel:
     def close(self) -> None:
         """Lets go of this handle."""
 
+    def __len__(self) -> int:
+        """Messages sent and not yet received, now (a snapshot)."""
+
     @property
     def closed(self) -> bool: ...
     @property
@@ -150,8 +156,19 @@ class Channel:
 class Sender:
     """The sending end of a channel, with its own pool of slots."""
 
-    def send(self, tensor: Any, timeout: Optional[float] = None, tag: int = 0) -> None:
-        """Copies ``tensor`` (anything with ``__dlpack__``) into a slot and sends it."""
+    def send(
+        self,
+        tensor: Any,
+        timeout: Optional[float] = None,
+        tag: int = 0,
+        header: Optional[bytes] = None,
+    ) -> None:
+        """Copies ``tensor`` (anything with ``__dlpack__``) into a slot and sends it, with
+        ``header`` (up to ``SLOT_HEADER_SIZE`` bytes) beside it."""
+
+    def send_object(self, obj: Any, timeout: Optional[float] = None, tag: int = 0) -> None:
+        """Sends any picklable object as one message: its tensors and arrays in one slot,
+        the rest pickled beside them (:meth:`Message.object` rebuilds it)."""
 
     def lease(
         self,
@@ -209,6 +226,7 @@ class Lease:
     @property
     def nbytes(self) -> int: ...
     tag: int
+    header: bytes
     @property
     def done(self) -> bool: ...
 
@@ -244,11 +262,15 @@ class Message:
         """The payload as a torch tensor (a zero-copy view, as ``torch.from_dlpack(msg)``,
         ordered on the stream the message was received on), at a sixth of the cost."""
 
+    def object(self, copy: bool = False) -> Any:
+        """The object a :meth:`Sender.send_object` message carries, its tensors and arrays
+        views of the slot (or copies)."""
+
     def release(self) -> None:
         """Lets go of the slot (it goes back once no view of it is left)."""
 
     def __enter__(self) -> Message: ...
-    def __exit__(self, *args: object) -> bool: ...
+    def __exit__(self, *args: builtins.object) -> bool: ...
     @property
     def released(self) -> bool: ...
     @property
@@ -261,6 +283,8 @@ class Message:
     def seq(self) -> int: ...
     @property
     def tag(self) -> int: ...
+    @property
+    def header(self) -> bytes: ...
     @property
     def device(self) -> Optional[int]: ...
 

@@ -115,30 +115,48 @@ def _bytes_of_ndarray(np, a):
     return a.reshape(-1).view(np.uint8)
 
 
+class Packed:
+    """An object pickled for one slot: its pickle, the tensors and arrays to copy (with
+    their offsets), and the bytes the slot must hold."""
+
+    __slots__ = ("data", "parts", "header", "total", "spill", "device")
+
+    def __init__(self, obj, device):
+        self.device = device
+        self.data, self.parts, end = _pickle(obj, device)
+        if len(self.data) + 4 <= SLOT_HEADER_SIZE:
+            self.header, self.total, self.spill = _INLINE + self.data, end, None
+        else:
+            self.spill = _align(end)
+            self.total = self.spill + len(self.data)
+            self.header = _SPILLED + struct.pack("<QQ", self.spill, len(self.data))
+
+    def send(self, tx, timeout=None, tag=0):
+        """Leases a slot of ``tx``, copies the parts into it and sends it."""
+        if self.total > tx.slot_bytes:
+            raise TooLarge(
+                "the object needs %d bytes (its tensors and arrays%s), a slot holds %d: "
+                "make the channel with a larger slot_bytes"
+                % (
+                    self.total,
+                    " and its pickle" if self.spill is not None else "",
+                    tx.slot_bytes,
+                )
+            )
+        lease = tx.lease((self.total,), "uint8", timeout=timeout, tag=tag)
+        try:
+            _fill(lease, self.parts, self.data, self.spill, self.device)
+            lease.header = self.header
+            lease.send(timeout)
+        except BaseException:
+            lease.cancel()
+            raise
+
+
 def send(tx, obj, timeout=None, tag=0, device=None):
     """Packs ``obj`` into one slot of ``tx``'s pool and sends it (see the module's doc).
     ``device``: the channel's GPU (None: host slots)."""
-    data, parts, end = _pickle(obj, device)
-    if len(data) + 4 <= SLOT_HEADER_SIZE:
-        header, total, spill = _INLINE + data, end, None
-    else:
-        spill = _align(end)
-        total = spill + len(data)
-        header = _SPILLED + struct.pack("<QQ", spill, len(data))
-    if total > tx.slot_bytes:
-        raise TooLarge(
-            "the object needs %d bytes (its tensors and arrays%s), a slot holds %d: make "
-            "the channel with a larger slot_bytes"
-            % (total, " and its pickle" if spill is not None else "", tx.slot_bytes)
-        )
-    lease = tx.lease((total,), "uint8", timeout=timeout, tag=tag)
-    try:
-        _fill(lease, parts, data, spill, device)
-        lease.header = header
-        lease.send(timeout)
-    except BaseException:
-        lease.cancel()
-        raise
+    Packed(obj, device).send(tx, timeout, tag)
 
 
 def _fill(lease, parts, data, spill, device):

@@ -15,6 +15,9 @@ from .errors import Disconnected, Empty, Full, PeerDead, Timeout
 _NUMPY = 0
 _TORCH = 1
 _OBJECT = 2
+# An empty message whose header names the putter's channel that holds the item (larger
+# than a slot).
+_BIG = 3
 
 # Endpoints a forked child inherited from its parent: never used, never dropped (dropping
 # them in the child would act on the parent's behalf).
@@ -64,6 +67,21 @@ _CARRIED = frozenset(
         "complex64 complex128"
     ).split()
 )
+
+
+def _nbytes(obj):
+    """Bytes a tensor or array takes in a slot."""
+    n = getattr(obj, "nbytes", None)
+    return n if isinstance(n, int) else obj.numel() * obj.element_size()
+
+
+class _Big:
+    """A channel of a putter for items larger than the queue's slots, and its end here."""
+
+    __slots__ = ("name", "ch", "tx")
+
+    def __init__(self, name, ch, end):
+        self.name, self.ch, self.tx = name, ch, end
 
 
 def _next_pow2(n):
@@ -137,6 +155,8 @@ class Queue:
         self._ch = None
         self._tx = None
         self._rx = None
+        self._big = {}  # size -> _Big: this process's channels for large items
+        self._big_rx = {}  # name -> _Big: putters' large-item channels, opened here
 
     def __getstate__(self):
         return {
@@ -156,7 +176,7 @@ class Queue:
     def _endpoint(self, which):
         if self._pid != os.getpid():
             # A forked child: what the parent made is the parent's.
-            _inherited.append((self._ch, self._tx, self._rx))
+            _inherited.append((self._ch, self._tx, self._rx, self._big, self._big_rx))
             self._init_local()
         with self._lock:
             if self._ch is None:
@@ -182,18 +202,27 @@ class Queue:
         copied into one slot of this process's pool (none of their bytes is pickled); the
         rest of the object is pickled beside them (see :meth:`gpuring.Sender.send_object`).
 
+        An item larger than a slot goes too: through a second channel of this process,
+        made on first need with 2 slots of the next power of two (at least twice
+        ``slot_bytes``) and kept for later items of that size, while a small message in
+        the queue tells the getter where to take it.
+
         Waits up to ``timeout`` seconds (forever if ``None``; not at all if ``block`` is
         false) for a free slot and room; raises :class:`gpuring.Full` (a ``queue.Full``).
-        An object that cannot be pickled raises :class:`gpuring.PicklingError`, one whose
-        tensors do not fit in a slot :class:`gpuring.TooLarge`, before anything is queued.
+        An object that cannot be pickled raises :class:`gpuring.PicklingError` before
+        anything is queued.
         """
         tx = self._endpoint("tx")
         kind = _kind(obj)
+        packed = _objects.Packed(obj, self._device) if kind == _OBJECT else None
+        need = packed.total if packed is not None else _nbytes(obj)
         until = _Until(timeout if block else 0)
         while True:
             try:
-                if kind == _OBJECT:
-                    return _objects.send(tx, obj, until.left(), _OBJECT, self._device)
+                if need > tx.slot_bytes:
+                    return self._put_big(tx, obj, kind, packed, need, until)
+                if packed is not None:
+                    return packed.send(tx, until.left(), _OBJECT)
                 return tx.send(obj, timeout=until.left(), tag=kind)
             except Timeout as e:
                 raise Full(str(e)) from None
@@ -202,9 +231,50 @@ class Queue:
                 if not until.pause():
                     raise
 
-    def put_nowait(self, obj: Any) -> None:
-        """``put(obj, block=False)``."""
-        self.put(obj, block=False)
+    def _put_big(self, tx, obj, kind, packed, need, until):
+        """Puts an item larger than a slot through this process's channel for its size,
+        and a message naming it into the queue."""
+        size = max(_next_pow2(need), 2 * tx.slot_bytes)
+        big = self._big_sender(size)
+        # The queue's slot first (nothing sent if none comes in time), then the item, then
+        # the message that names it: once the item went, that message waits for room as
+        # long as it takes, so that no item is left without one.
+        note = tx.lease((0,), "uint8", timeout=until.left(), tag=_BIG)
+        try:
+            note.header = big.name.encode()
+            if packed is not None:
+                packed.send(big.tx, until.left(), _OBJECT)
+            else:
+                big.tx.send(obj, timeout=until.left(), tag=kind)
+        except BaseException:
+            note.cancel()
+            raise
+        note.send(None)
+
+    def _big_sender(self, size):
+        big = self._big.get(size)
+        if big is None:
+            name = "%s.big%d.%d" % (self._name, os.getpid(), size.bit_length() - 1)
+            ch = Channel.open_or_create(
+                name,
+                slots=2,
+                slot_bytes=size,
+                device=self._device,
+                mpmc=True,
+                ready=self._ready,
+            )
+            big = self._big[size] = _Big(name, ch, ch.sender())
+        return big
+
+    def _get_big(self, name, copy):
+        """The item a ``_BIG`` message names: the next one in that channel."""
+        rx = self._big_rx.get(name)
+        if rx is None:
+            ch = Channel.open(name, device=self._device, timeout=10.0, ready=self._ready)
+            rx = self._big_rx[name] = _Big(name, ch, ch.receiver())
+        # The item went before the message that names it, so it is there (or, with several
+        # getters, one of the same putter's is).
+        return self._unpack(rx.tx.recv(), copy)
 
     def get(self, block: bool = True, timeout: Optional[float] = None, *, copy: bool = True) -> Any:
         """Removes an item from the queue and returns it, as it was put: a tensor (a torch
@@ -220,14 +290,22 @@ class Queue:
         while True:
             try:
                 msg = rx.recv(timeout=until.left())
-                break
+                if msg.tag != _BIG:
+                    return self._unpack(msg, copy)
+                with msg:
+                    name = msg.header.decode()
+                return self._get_big(name, copy)
             except Timeout as e:
                 raise Empty(str(e)) from None
             except (Disconnected, PeerDead) as e:
-                # Every putter left (or died) and everything was taken: the queue is
-                # empty until a putter comes, as with torch's queue.
+                # Every putter left (or died) and everything was taken (a large item's
+                # putter died before its item went): the queue is empty until a putter
+                # comes, as with torch's queue.
                 if not until.pause():
                     raise Empty(str(e)) from None
+
+    @staticmethod
+    def _unpack(msg, copy):
         with msg:
             if msg.tag == _OBJECT:
                 return _objects.load(msg, copy)
@@ -270,10 +348,13 @@ class Queue:
         """Leaves the channel from this process (the queue goes away once no process has
         it open and nothing is queued)."""
         with self._lock:
-            for end in (self._tx, self._rx, self._ch):
-                if end is not None and self._pid == os.getpid():
-                    end.close()
+            if self._pid == os.getpid():
+                bigs = list(self._big.values()) + list(self._big_rx.values())
+                for end in [self._tx, self._rx, self._ch] + [e for b in bigs for e in (b.tx, b.ch)]:
+                    if end is not None:
+                        end.close()
             self._ch = self._tx = self._rx = None
+            self._big, self._big_rx = {}, {}
 
     def join_thread(self) -> None:
         """Nothing to join: gpuring has no feeder thread (kept for compatibility)."""
@@ -284,3 +365,21 @@ class Queue:
     def __repr__(self):
         place = "host" if self._device is None else "cuda:%d" % self._device
         return "Queue(%r, %s)" % (self._name, place)
+
+
+class SimpleQueue(Queue):
+    """A drop-in for ``torch.multiprocessing.SimpleQueue``: a :class:`Queue` with no size
+    bound of its own (the ring's 256 cells) whose ``get`` and ``put`` wait as long as it
+    takes. The options are :class:`Queue`'s."""
+
+    def __init__(self, name: Optional[str] = None, **options: Any) -> None:
+        super().__init__(name, **options)
+
+    def put(self, obj: Any) -> None:  # type: ignore[override]
+        """Queues ``obj`` (see :meth:`Queue.put`), waiting for room as long as it takes."""
+        super().put(obj)
+
+    def get(self, *, copy: bool = True) -> Any:  # type: ignore[override]
+        """Removes an item and returns it (see :meth:`Queue.get`), waiting for one as long
+        as it takes."""
+        return super().get(copy=copy)

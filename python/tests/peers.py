@@ -1,6 +1,7 @@
 """What the child processes of the tests run (a module of its own, so that
 ``multiprocessing``'s spawn start method can import it in the child)."""
 
+import dataclasses
 import os
 import time
 
@@ -118,3 +119,36 @@ def produce_then_die(name, values, ready):
         tx.send(np.array([v], dtype=np.int64))
     ready.set()
     time.sleep(600)
+
+
+@dataclasses.dataclass
+class Batch:
+    """A dataclass of arrays, as users put through queues."""
+
+    obs: object
+    mask: object
+    step: int
+
+
+def objects(i):
+    """The i-th object of a known stream: arrays inside tuples, dicts, lists and a
+    dataclass, mixed with plain values."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6) + i
+    b = np.full((3,), i, dtype=np.int64)
+    return [
+        (float(i), a),
+        {"obs": a, "mask": b > 0, "step": i, "none": None, "name": "x%d" % i},
+        Batch(a, b, i),
+        [a, [b, (a[:, ::2],)]],
+        "plain %d" % i,
+    ][i % 5]
+
+
+def put_objects(q, count):
+    for i in range(count):
+        q.put(objects(i))
+
+
+def put_queue_items(q, items):
+    for it in items:
+        q.put(it)

@@ -492,3 +492,146 @@ def test_the_default_queue_and_channel_fit_a_64_mb_dev_shm():
     if run.returncode == 97:
         pytest.skip("cannot mount a tmpfs in a user namespace here")
     assert run.returncode == 0 and "fits" in run.stdout, run.stderr
+
+
+def same(a, b):
+    """Equal structure, values, dtypes and shapes (arrays compared bit for bit)."""
+    if isinstance(a, np.ndarray):
+        return (
+            isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.tobytes() == b.tobytes()
+        )
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, peers.Batch):
+        return isinstance(b, peers.Batch) and all(
+            same(getattr(a, f), getattr(b, f)) for f in ("obs", "mask", "step")
+        )
+    return type(a) is type(b) and a == b
+
+
+def test_queue_carries_objects_that_hold_arrays_between_processes(name):
+    q = gpuring.Queue(name, slot_bytes=1 << 16)
+    p = spawn.Process(target=peers.put_objects, args=(q, 100))
+    p.start()
+    got = [q.get(timeout=60) for _ in range(100)]
+    p.join(30)
+    assert p.exitcode == 0
+    for i, g in enumerate(got):
+        assert same(peers.objects(i), g), (i, g)
+    # Each array's bytes went through the slot, not the pickle: the pickle of a
+    # 4x6 float32 array would hold its 96 bytes.
+    a = np.arange(1 << 14, dtype=np.uint8)
+    q.put((a, 1))
+    back = q.get(timeout=5)
+    assert same((a, 1), back)
+    q.close()
+
+
+def test_an_array_met_twice_comes_back_as_one(name):
+    q = gpuring.Queue(name)
+    a = np.ones(5)
+    q.put({"w": a, "tied": a, "other": a.copy()})
+    got = q.get(timeout=5)
+    assert got["w"] is got["tied"] and got["other"] is not got["w"]
+    assert same(got["w"], a)
+    q.close()
+
+
+def test_items_larger_than_a_slot_go_through_a_second_channel(name):
+    q = gpuring.Queue(name)  # 1 MiB slots
+    big = np.random.default_rng(1).random(700_000)  # 5.6 MB
+    state = {"layer%d.w" % i: np.full((64, 64), i, dtype=np.float32) for i in range(300)}
+    p = spawn.Process(target=peers.put_queue_items, args=(q, [big, state, (7, big), "after"]))
+    p.start()
+    assert same(q.get(timeout=60), big)
+    assert same(q.get(timeout=60), state)
+    assert same(q.get(timeout=60), (7, big))
+    assert q.get(timeout=60) == "after"
+    p.join(30)
+    assert p.exitcode == 0
+    q.close()
+
+
+def test_what_cannot_be_sent_raises_before_anything_is_queued(name):
+    q = gpuring.Queue(name, slot_bytes=4096)
+    with pytest.raises(gpuring.PicklingError) as e:
+        q.put((np.ones(3), lambda: 1))
+    assert isinstance(e.value, pickle.PicklingError)
+    assert q.qsize() == 0 and q.empty()
+    q.put((np.ones(3), "fine"))
+    assert same(q.get(timeout=5), (np.ones(3), "fine"))
+    q.close()
+
+
+def test_qsize_empty_full(name):
+    q = gpuring.Queue(name, maxsize=4, slot_bytes=4096)
+    assert (q.qsize(), q.empty(), q.full()) == (0, True, False)
+    for i in range(4):
+        q.put({"i": i})
+    assert (q.qsize(), q.empty(), q.full()) == (4, False, True)
+    assert q.get(timeout=5) == {"i": 0}
+    assert (q.qsize(), q.full()) == (3, False)
+    while not q.empty():
+        q.get(timeout=5)
+    q.close()
+
+
+def test_simple_queue_in_a_spawned_child(name):
+    q = gpuring.SimpleQueue(name, slot_bytes=1 << 16)
+    p = spawn.Process(target=peers.put_objects, args=(q, 10))
+    p.start()
+    got = [q.get() for _ in range(10)]
+    p.join(30)
+    assert p.exitcode == 0
+    assert all(same(peers.objects(i), g) for i, g in enumerate(got))
+    assert q.empty()
+    q.close()
+
+
+def test_send_object_views_hold_the_slot_until_freed(name):
+    with gpuring.Channel.create(name, slots=2, slot_bytes=1 << 16) as ch:
+        tx, rx = ch.sender(), ch.receiver()
+        obj = {"a": np.arange(10.0), "b": [np.zeros((2, 2), dtype=np.int8)], "n": 3}
+        tx.send_object(obj)
+        assert len(ch) == 1
+        msg = rx.recv(timeout=5)
+        views = msg.object()  # zero-copy: views of the slot
+        msg.release()
+        assert same(views, obj) and tx.free_slots == 1
+        del views
+        import gc
+
+        gc.collect()
+        assert tx.free_slots == 2
+        tx.send_object(obj)
+        with rx.recv(timeout=5) as msg:
+            copies = msg.object(copy=True)
+        assert same(copies, obj) and tx.free_slots == 2
+
+
+def test_headers_travel_beside_the_payload(name):
+    with gpuring.Channel.create(name, slots=2, slot_bytes=4096) as ch:
+        tx, rx = ch.sender(), ch.receiver()
+        tx.send(np.ones(4), header=b"frame 17")
+        with rx.recv(timeout=5) as msg:
+            assert msg.header == b"frame 17"
+            with pytest.raises(gpuring.Corrupted):
+                msg.object()  # a header that is not an object message's
+        with tx.lease((2,), "float64") as lease:
+            lease.header = b"x" * gpuring.SLOT_HEADER_SIZE
+            with pytest.raises(gpuring.TooLarge):
+                lease.header = b"x" * (gpuring.SLOT_HEADER_SIZE + 1)
+            np.from_dlpack(lease)[:] = 2
+        with rx.recv(timeout=5) as msg:
+            assert msg.header == b"x" * gpuring.SLOT_HEADER_SIZE
+        with pytest.raises(gpuring.TooLarge):
+            tx.send(np.ones(4), header=b"y" * 5000)
+        assert tx.free_slots == 2
+        tx.send(np.ones(1))
+        with rx.recv(timeout=5) as msg:
+            assert msg.header == b""
