@@ -19,6 +19,8 @@
 #   check    all of the tests (Rust and Python) and the demo without and under MPS
 #   bench    before/after, alternated, two rounds, no MPS
 #   mps      before/after under MPS, and the demo under MPS
+#   objects  the Rust GPU tests, the Python suite, python/bench/objects.py --quick (no MPS)
+#   objects-mps  python/bench/objects.py under MPS, then without
 set -uo pipefail
 what=${1:-tests}
 # Logs go straight to $OUT (at most 8 files a part: what the device gives back), so that
@@ -89,6 +91,20 @@ case $what in
     mps_on
     timeout 60 .gpu/bin/gpuring demo > "$out/demo-mps.log" 2>&1; tail -9 "$out/demo-mps.log"
     mps_off
+    ;;
+  objects)  # the Rust GPU tests, the Python suite, and the objects bench without MPS
+    timeout 200 bash .gpu/run.sh > "$out/tests.log" 2>&1; echo "run.sh exit $?"
+    grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq -c
+    timeout 200 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
+    grep -E "passed|failed|FAILED|Error" "$out/py.log" | tail -8
+    OUT=$out timeout 330 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps.log" 2>&1
+    echo "== objects bench, no MPS (exit $?)"; cat "$out/objects-nomps.log"
+    ;;
+  objects-mps)  # the objects bench under MPS, then without (full counts)
+    OUT=$out timeout 280 bash scripts/python-gpu.sh run objects --mps > "$out/objects-mps.log" 2>&1
+    echo "== objects bench, MPS (exit $?)"; cat "$out/objects-mps.log"
+    OUT=$out timeout 280 bash scripts/python-gpu.sh run objects "" > "$out/objects-nomps2.log" 2>&1
+    echo "== objects bench, no MPS (exit $?)"; cat "$out/objects-nomps2.log"
     ;;
   pybench)  # the Python package against Python's queues, no MPS
     OUT=$out timeout 500 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1

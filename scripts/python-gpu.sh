@@ -2,7 +2,7 @@
 # The Python package on a GPU machine that has torch but no Rust toolchain.
 #
 # Here (with Rust):      bash scripts/python-gpu.sh stage     # wheel + pytest wheels into .gpu/py/
-# There (one call):      bash scripts/python-gpu.sh run [tests|bench|all] [--mps]
+# There (one call):      bash scripts/python-gpu.sh run [tests|bench|objects|all] [--mps]
 #
 # `run` installs the staged abi3 wheel into torch's Python ($PY, default
 # /opt/torch/.venv/bin/python3) with --no-deps, runs the pytest suite (host and GPU tests)
@@ -22,10 +22,11 @@ if [ "$what" = stage ]; then
   ls -la .gpu/py
   exit 0
 fi
-[ "$what" = run ] || { echo "usage: $0 stage | run [tests|bench|all] [--mps]"; exit 2; }
+[ "$what" = run ] || { echo "usage: $0 stage | run [tests|bench|objects|all] [--mps]"; exit 2; }
 
 part=${1:-all}
 mps=${2:-}
+shift 2 2>/dev/null || shift $#  # what follows goes to the objects bench (e.g. --quick)
 PY=${PY:-/opt/torch/.venv/bin/python3}
 OUT=${OUT:-/tmp}
 $PY -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/*.whl || exit 1
@@ -52,5 +53,8 @@ if [ "$part" = bench ] || [ "$part" = all ]; then
   extra=()
   [ "$tag" = mps ] && extra=(--gpu-only)  # host rows do not depend on MPS
   $PY python/bench/bench.py --json "$OUT/pybench-$tag.json" "${extra[@]}" || rc=1
+fi
+if [ "$part" = objects ]; then
+  $PY python/bench/objects.py --json "$OUT/objects-$tag.json" "$@" || rc=1
 fi
 exit $rc

@@ -90,13 +90,16 @@ fn same_process(ready: GpuReady) {
     let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
     let opens = cuda::ipc_opens();
     for seq in 0..10u64 {
-        let lease = tx.acquire().unwrap();
+        let mut lease = tx.acquire().unwrap();
         memset(lease.device_ptr(), value(seq), 1024, &stream);
+        // A GPU slot's header is host memory: written and read by the CPUs.
+        lease.set_header(&seq.to_le_bytes()[..(seq as usize % 9)]).unwrap();
         tx.send(lease, TensorMeta::bytes(4096)).unwrap();
         let msg: Message<Cuda> = rx.recv_timeout(LIMIT).unwrap();
         let mut words = [0u32; 2];
         read_words(msg.device_ptr(), &mut words, &stream);
         assert_eq!(words, [value(seq); 2], "message {seq}");
+        assert_eq!(msg.header(), &seq.to_le_bytes()[..(seq as usize % 9)], "header {seq}");
     }
     assert_eq!(cuda::ipc_opens(), opens, "nothing opened for the process's own pool");
 }

@@ -97,3 +97,51 @@ def send_filled_arrays(name, count):
     for k in range(1, count + 1):
         tx.send(np.full((54 << 20) // 4, k, dtype=np.int32), timeout=60)
     tx.close()
+
+
+def gpu_objects(i):
+    """The i-th object of a known stream: CUDA and CPU tensors and numpy arrays in one
+    object, mixed with plain values."""
+    import numpy as np
+
+    t = expected(i)[:1000].reshape(10, 100)
+    return {
+        "stamp": (float(i), t),
+        "cpu": torch.arange(6, dtype=torch.int16).reshape(2, 3) + i,
+        "np": np.full((4,), i, dtype=np.float64),
+        "nested": [t.to(torch.bfloat16), (t[:, ::3], None)],
+        "step": i,
+        "name": "o%d" % i,
+    }
+
+
+def put_gpu_objects(q, count):
+    for i in range(count):
+        q.put(gpu_objects(i))
+    torch.cuda.synchronize()
+
+
+STATE_SHAPE = (416, 1024)  # float32: 1.7 MB; 300 of them ~511 MB
+
+
+def state_tensor(k):
+    """Tensor k of the known state dict: values that differ in every element and key."""
+    n = STATE_SHAPE[0] * STATE_SHAPE[1]
+    return (torch.arange(n, dtype=torch.float32, device="cuda") * 1e-3 + k).reshape(STATE_SHAPE)
+
+
+def put_state_dict(q, rounds):
+    for r in range(rounds):
+        sd = {"layers.%d.weight" % k: state_tensor(k + r) for k in range(300)}
+        q.put(sd)
+    torch.cuda.synchronize()
+
+
+def put_after_slow_kernel(q, count):
+    """Objects whose tensor is written after a slow kernel on the current stream."""
+    for k in range(1, count + 1):
+        x = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
+        torch.cuda._sleep(SLOW_CYCLES)
+        x.fill_(k)
+        q.put({"k": k, "x": x}, timeout=60)
+    torch.cuda.synchronize()

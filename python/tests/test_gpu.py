@@ -304,3 +304,72 @@ def test_pinned_receiver_copies_to_the_gpu_non_blocking(name):
         assert t.sum(dtype=torch.int64).item() == k * ((54 << 20) // 4), "message %d" % k
     done(p)
     ch.close()
+
+
+def same(a, b):
+    """Equal structure and values, tensors on the same device with the same dtype."""
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and a.device == b.device
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("device", [0, None])
+def test_queue_objects_of_cuda_cpu_tensors_and_arrays(name, device):
+    """CUDA and CPU tensors and numpy arrays in one object, through GPU slots and through
+    host slots: each comes back on the device it left from, values equal."""
+    q = gpuring.Queue(name, device=device, slot_bytes=1 << 20)
+    p = run(gpu_peers.put_gpu_objects, q, 40)
+    for i in range(40):
+        got = q.get(timeout=60)
+        assert same(gpu_peers.gpu_objects(i), got), i
+    done(p)
+    # Parameters, gradients and a tensor met twice.
+    w = torch.nn.Parameter(torch.randn(3, 3, device="cuda"))
+    g = torch.ones(2, device="cuda", requires_grad=True)
+    q.put({"w": w, "tied": w, "g": g})
+    got = q.get(timeout=10)
+    assert isinstance(got["w"], torch.nn.Parameter) and got["w"].requires_grad
+    assert got["w"] is got["tied"] and torch.equal(got["w"], w)
+    assert got["g"].requires_grad and torch.equal(got["g"], g)
+    q.close()
+
+
+def test_a_300_tensor_state_dict_of_500_mb_round_trips_bit_exact(name):
+    q = gpuring.Queue(name, device=0)  # default 1 MiB slots: the dict goes as a large item
+    p = run(gpu_peers.put_state_dict, q, 2)
+    for r in range(2):
+        got = q.get(timeout=120)
+        assert len(got) == 300
+        total = 0
+        for k in range(300):
+            t = got["layers.%d.weight" % k]
+            assert t.device == torch.device("cuda", 0)
+            assert torch.equal(t, gpu_peers.state_tensor(k + r)), (r, k)
+            total += t.numel() * t.element_size()
+        assert total > 500e6
+        del got
+    done(p)
+    q.close()
+
+
+def test_object_tensors_written_after_a_slow_kernel_are_read_in_stream_order(name):
+    q = gpuring.Queue(name, device=0, slots=1)
+    p = run(gpu_peers.put_after_slow_kernel, q, 3)
+    for k in range(1, 4):
+        got = q.get(timeout=60)
+        assert got["k"] == k
+        assert int(got["x"][0].item()) == k and int(got["x"][-1].item()) == k
+    done(p)
+    q.close()
