@@ -20,7 +20,7 @@
 #   bench    before/after, alternated, two rounds, no MPS
 #   mps      before/after under MPS, and the demo under MPS
 #   objects  the Rust GPU tests, the Python suite, python/bench/objects.py --quick (no MPS)
-#   objects-mps  python/bench/objects.py under MPS, then without
+#   objects-mps  python/bench/objects.py --quick under MPS, then without
 set -uo pipefail
 what=${1:-tests}
 # Logs go straight to $OUT (at most 8 files a part: what the device gives back), so that
@@ -100,10 +100,10 @@ case $what in
     OUT=$out timeout 330 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps.log" 2>&1
     echo "== objects bench, no MPS (exit $?)"; cat "$out/objects-nomps.log"
     ;;
-  objects-mps)  # the objects bench under MPS, then without (full counts)
-    OUT=$out timeout 280 bash scripts/python-gpu.sh run objects --mps > "$out/objects-mps.log" 2>&1
+  objects-mps)  # the objects bench (--quick) under MPS, then without
+    OUT=$out timeout 280 bash scripts/python-gpu.sh run objects --mps --quick > "$out/objects-mps.log" 2>&1
     echo "== objects bench, MPS (exit $?)"; cat "$out/objects-mps.log"
-    OUT=$out timeout 280 bash scripts/python-gpu.sh run objects "" > "$out/objects-nomps2.log" 2>&1
+    OUT=$out timeout 280 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps2.log" 2>&1
     echo "== objects bench, no MPS (exit $?)"; cat "$out/objects-nomps2.log"
     ;;
   pybench)  # the Python package against Python's queues, no MPS

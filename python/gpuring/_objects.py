@@ -10,7 +10,8 @@ end of the slot and the header says where). So a whole state dict is one message
 descriptor, one ready signal, one release.
 
 The receiver unpickles the header; each reference becomes a view of the slot (zero-copy,
-holding the slot until every view is gone) or a copy, on the device it left from. A
+holding the slot until every view is gone) or part of one copy of the whole payload, on
+the device it left from. A
 tensor that appears twice in the object (tied weights) travels once and comes back as
 one tensor.
 
@@ -165,14 +166,15 @@ def _fill(lease, parts, data, spill, device):
     tbase = nbase = None
     if device is not None:
         tbase = lease.torch()  # a CUDA uint8 view, on torch's current stream
+    dsts, srcs = [], []
     for obj, off, n in parts:
         if n == 0:
             continue
         if torch is not None and isinstance(obj, torch.Tensor):
             if tbase is None:
                 tbase = lease.torch()
-            dst = tbase[off : off + n].view(obj.dtype).view(obj.shape)
-            dst.copy_(obj.detach())
+            dsts.append(tbase[off : off + n].view(obj.dtype).view(obj.shape))
+            srcs.append(obj)
             continue
         # A numpy array.
         if device is None:
@@ -180,7 +182,14 @@ def _fill(lease, parts, data, spill, device):
                 nbase = np.from_dlpack(lease)
             np.copyto(nbase[off : off + n], _bytes_of_ndarray(np, obj))
         else:
-            tbase[off : off + n].copy_(torch.from_numpy(_bytes_of_ndarray(np, obj)))
+            dsts.append(tbase[off : off + n])
+            srcs.append(torch.from_numpy(_bytes_of_ndarray(np, obj)))
+    if dsts:
+        with torch.no_grad():
+            if len(dsts) == 1:
+                dsts[0].copy_(srcs[0])
+            else:
+                torch._foreach_copy_(dsts, srcs)  # one call (and launch, where it can) for all
     if spill is not None:
         raw = bytearray(data)
         if device is None and (np is not None or torch is None):
@@ -207,9 +216,18 @@ class _Loader(pickle.Unpickler):
         self.nbase = None
         self.made = {}  # reference -> object, for a tensor met twice
 
+    # With ``copy``, the whole payload is copied once (one copy, however many parts) and
+    # the parts are views of that copy.
     def _torch_base(self):
         if self.tbase is None:
-            self.tbase = self.msg.torch()
+            if self.copy and self.msg.device is None and "numpy" in sys.modules:
+                import torch
+
+                self.tbase = torch.from_numpy(self._numpy_base())
+            else:
+                self.tbase = self.msg.torch()
+                if self.copy:
+                    self.tbase = self.tbase.clone()
         return self.tbase
 
     def _numpy_base(self):
@@ -217,6 +235,8 @@ class _Loader(pickle.Unpickler):
             import numpy
 
             self.nbase = numpy.from_dlpack(self.msg)
+            if self.copy:
+                self.nbase = self.nbase.copy()
         return self.nbase
 
     def persistent_load(self, ref):
@@ -241,8 +261,7 @@ class _Loader(pickle.Unpickler):
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         a, b = self._span(off, n)
         if self.msg.device is None:
-            v = self._numpy_base()[a:b].view(dtype).reshape(shape)
-            return v.copy() if self.copy else v
+            return self._numpy_base()[a:b].view(dtype).reshape(shape)
         # Sent through GPU slots: back to host memory.
         return self._torch_base()[a:b].cpu().numpy().view(dtype).reshape(shape)
 
@@ -256,15 +275,10 @@ class _Loader(pickle.Unpickler):
         n = numel * dtype.itemsize
         a, b = self._span(off, n)
         v = self._torch_base()[a:b].view(dtype).view(shape)
-        if self.msg.device is None:
-            if dev >= 0:
-                v = v.to("cuda:%d" % dev)  # a host queue carried a CUDA tensor
-            elif self.copy:
-                v = v.clone()
-        elif dev < 0:
+        if self.msg.device is None and dev >= 0:
+            v = v.to("cuda:%d" % dev)  # a host queue carried a CUDA tensor
+        elif self.msg.device is not None and dev < 0:
             v = v.cpu()  # a CPU tensor carried through GPU slots
-        elif self.copy:
-            v = v.clone()
         if param:
             return torch.nn.Parameter(v, requires_grad=requires_grad)
         if requires_grad and v.is_floating_point():

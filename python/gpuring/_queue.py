@@ -203,8 +203,8 @@ class Queue:
         rest of the object is pickled beside them (see :meth:`gpuring.Sender.send_object`).
 
         An item larger than a slot goes too: through a second channel of this process,
-        made on first need with 2 slots of the next power of two (at least twice
-        ``slot_bytes``) and kept for later items of that size, while a small message in
+        made on first need with 2 slots (4 on a GPU) of the next power of two (at least
+        twice ``slot_bytes``) and kept for later items of that size, while a small message in
         the queue tells the getter where to take it.
 
         Waits up to ``timeout`` seconds (forever if ``None``; not at all if ``block`` is
@@ -257,7 +257,7 @@ class Queue:
             name = "%s.big%d.%d" % (self._name, os.getpid(), size.bit_length() - 1)
             ch = Channel.open_or_create(
                 name,
-                slots=2,
+                slots=2 if self._device is None else 4,
                 slot_bytes=size,
                 device=self._device,
                 mpmc=True,
