@@ -10,6 +10,7 @@ from typing_extensions import TypeAlias
 
 __all__ = [
     "SLOT_HEADER_SIZE",
+    "torch_views",
     "Channel",
     "Sender",
     "Lease",
@@ -61,6 +62,9 @@ def ipc_opens() -> int:
 
 def dtypes() -> list[str]:
     """The element type names gpuring carries."""
+
+def torch_views(base: Any, parts: list[Tuple[int, Any, Any]]) -> list[Any]:
+    """Torch tensors viewing ``parts`` (byte offset, dtype, shape) of tensor ``base``."""
 
 @final
 class Channel:
@@ -198,6 +202,9 @@ class Lease:
 
     def send(self, timeout: Optional[float] = None) -> None: ...
     def cancel(self) -> None: ...
+    def copy_in(self, src: Any, offset: int = 0) -> None:
+        """Copies ``src`` (anything with ``__dlpack__``) into the slot at byte ``offset``."""
+
     def __enter__(self) -> Lease: ...
     def __exit__(
         self,
@@ -261,6 +268,9 @@ class Message:
     def torch(self) -> Any:
         """The payload as a torch tensor (a zero-copy view, as ``torch.from_dlpack(msg)``,
         ordered on the stream the message was received on), at a sixth of the cost."""
+
+    def torch_views(self, parts: list[Tuple[int, Any, Any]]) -> list[Any]:
+        """Torch tensors viewing ``parts`` (byte offset, dtype, shape) of the payload."""
 
     def object(self, copy: bool = False) -> Any:
         """The object a :meth:`Sender.send_object` message carries, its tensors and arrays

@@ -4,9 +4,9 @@
 Every torch tensor and numpy array inside the object (in tuples, lists, dicts,
 dataclasses, any picklable object) is copied into one slot of the sender's pool, 256-byte
 aligned, one after another; the rest of the object is pickled (protocol 5) with each of
-them replaced by a small reference (kind, dtype, shape, offset, device). The pickle travels
-in the slot's header, host memory beside the slot (4096 bytes; a longer pickle goes at the
-end of the slot and the header says where). So a whole state dict is one message: one
+them replaced by its index in a table (kind, offset, dtype, shape, device), pickled beside
+it. Both travel in the slot's header, host memory beside the slot (4096 bytes; longer ones
+go at the end of the slot and the header says where). So a whole state dict is one message: one
 descriptor, one ready signal, one release.
 
 The receiver unpickles the header; each reference becomes a view of the slot (zero-copy,
@@ -25,33 +25,52 @@ import pickle
 import struct
 import sys
 
-from ._gpuring import SLOT_HEADER_SIZE
+from ._gpuring import SLOT_HEADER_SIZE, DTypeError, torch_views
+from ._gpuring import dtypes as _dtype_names
 from .errors import Corrupted, CudaError, PicklingError, TooLarge
 
-# The first four bytes of an object message's header: the pickle follows (inline), or
-# it lies in the slot at (offset, length) given by two little-endian u64 (spilled).
-_INLINE = b"GRO1"
-_SPILLED = b"GRS1"
+# The first four bytes of an object message's header: what follows is the blob (inline),
+# or two little-endian u64, where the blob lies in the slot and its length (spilled). The
+# blob: a little-endian u32 n, n bytes of the object's pickle, then the table's pickle.
+_INLINE = b"GRO2"
+_SPILLED = b"GRS2"
 _ALIGN = 256
 
-# Reference kinds, the first item of each persistent id.
+# Table entries: (_TENSOR, offset, dtype, shape, device (-1: CPU), requires_grad,
+# is a Parameter) and (_NDARRAY, offset, numpy dtype, shape). A tensor's dtype is its name
+# where gpuring carries it (views made in one call), else the torch dtype itself.
 _NDARRAY = 0
 _TENSOR = 1
+
+# Types pickle handles itself, skipped at once by the reference hook.
+_PLAIN = frozenset((str, int, float, bool, type(None), tuple, list, dict, bytes, complex))
+_names = {}
 
 
 def _align(n):
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _torch_name(torch, dtype):
+    """gpuring's name of a torch dtype, or None where gpuring does not carry it."""
+    if not _names:
+        for n in _dtype_names():
+            d = getattr(torch, n, None)
+            if d is not None:
+                _names[d] = n
+    return _names.get(dtype)
+
+
 class _Packer(pickle.Pickler):
-    """Pickles an object with each tensor and array replaced by a reference to its place
-    in the slot; collects (object, offset) to copy once the slot is leased."""
+    """Pickles an object with each tensor and array replaced by its index in the table;
+    collects (object, offset, bytes) to copy once the slot is leased."""
 
     def __init__(self, file, device):
         super().__init__(file, protocol=5)
         self.device = device  # the channel's GPU, or None for host slots
         self.parts = []  # (tensor or array, offset, nbytes)
-        self.seen = {}  # id(obj) -> reference, for a tensor met twice
+        self.table = []
+        self.index = {}  # id(obj) -> its index, for a tensor met twice
         self.end = 0
         self.torch = sys.modules.get("torch")
         self.numpy = sys.modules.get("numpy")
@@ -63,21 +82,24 @@ class _Packer(pickle.Pickler):
         return off
 
     def persistent_id(self, obj):
-        ref = self.seen.get(id(obj))
-        if ref is not None:
-            return ref
+        if type(obj) in _PLAIN:
+            return None
+        k = self.index.get(id(obj))
+        if k is not None:
+            return k
         torch, np = self.torch, self.numpy
         if torch is not None and isinstance(obj, torch.Tensor):
-            ref = self._tensor(obj, torch)
+            entry = self._tensor(obj, torch)
         elif np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject:
-            off = self._place(obj, obj.nbytes)
-            ref = (_NDARRAY, obj.dtype, obj.shape, off)
+            entry = (_NDARRAY, self._place(obj, obj.nbytes), obj.dtype, obj.shape)
         else:
             return None
-        if ref is not None:
-            # `parts` keeps the object alive while its id is a key here.
-            self.seen[id(obj)] = ref
-        return ref
+        if entry is None:
+            return None
+        k = len(self.table)
+        self.table.append(entry)
+        self.index[id(obj)] = k  # `parts` keeps obj alive while its id is a key here
+        return k
 
     def _tensor(self, t, torch):
         if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
@@ -91,46 +113,43 @@ class _Packer(pickle.Pickler):
                 )
         else:
             dev = -1
-        nbytes = t.numel() * t.element_size()
-        off = self._place(t, nbytes)
+        off = self._place(t, t.numel() * t.element_size())
+        dtype = _torch_name(torch, t.dtype) or t.dtype
         param = isinstance(t, torch.nn.Parameter)
-        return (_TENSOR, t.dtype, tuple(t.shape), off, dev, bool(t.requires_grad), param)
-
-
-def _pickle(obj, device):
-    buf = io.BytesIO()
-    p = _Packer(buf, device)
-    try:
-        p.dump(obj)
-    except (CudaError, TooLarge):
-        raise
-    except Exception as e:  # pickle raises many kinds (TypeError, AttributeError, ...)
-        raise PicklingError("the object cannot be pickled: %s: %s" % (type(e).__name__, e)) from e
-    return buf.getvalue(), p.parts, p.end
-
-
-def _bytes_of_ndarray(np, a):
-    a = np.ascontiguousarray(a)
-    if not a.flags.writeable:
-        a = a.copy()  # torch.from_numpy wants a writable array
-    return a.reshape(-1).view(np.uint8)
+        return (_TENSOR, off, dtype, tuple(t.shape), dev, bool(t.requires_grad), param)
 
 
 class Packed:
-    """An object pickled for one slot: its pickle, the tensors and arrays to copy (with
+    """An object pickled for one slot: the header, the tensors and arrays to copy (with
     their offsets), and the bytes the slot must hold."""
 
-    __slots__ = ("data", "parts", "header", "total", "spill", "device")
+    __slots__ = ("blob", "parts", "header", "total", "spill", "device")
 
     def __init__(self, obj, device):
         self.device = device
-        self.data, self.parts, end = _pickle(obj, device)
-        if len(self.data) + 4 <= SLOT_HEADER_SIZE:
-            self.header, self.total, self.spill = _INLINE + self.data, end, None
+        buf = io.BytesIO()
+        buf.write(b"\0\0\0\0")
+        p = _Packer(buf, device)
+        try:
+            p.dump(obj)
+            n = buf.tell() - 4
+            buf.write(pickle.dumps(p.table, protocol=5))
+        except (CudaError, TooLarge):
+            raise
+        except Exception as e:  # pickle raises many kinds (TypeError, AttributeError, ...)
+            raise PicklingError(
+                "the object cannot be pickled: %s: %s" % (type(e).__name__, e)
+            ) from e
+        blob = buf.getbuffer()
+        struct.pack_into("<I", blob, 0, n)
+        self.parts = p.parts
+        if len(blob) + 4 <= SLOT_HEADER_SIZE:
+            self.header, self.total, self.spill, self.blob = _INLINE + blob, p.end, None, None
         else:
-            self.spill = _align(end)
-            self.total = self.spill + len(self.data)
-            self.header = _SPILLED + struct.pack("<QQ", self.spill, len(self.data))
+            self.spill = _align(p.end)
+            self.total = self.spill + len(blob)
+            self.header = _SPILLED + struct.pack("<QQ", self.spill, len(blob))
+            self.blob = bytes(blob)
 
     def send(self, tx, timeout=None, tag=0):
         """Leases a slot of ``tx``, copies the parts into it and sends it."""
@@ -146,7 +165,7 @@ class Packed:
             )
         lease = tx.lease((self.total,), "uint8", timeout=timeout, tag=tag)
         try:
-            _fill(lease, self.parts, self.data, self.spill, self.device)
+            _fill(lease, self.parts, self.blob, self.spill)
             lease.header = self.header
             lease.send(timeout)
         except BaseException:
@@ -160,149 +179,152 @@ def send(tx, obj, timeout=None, tag=0, device=None):
     Packed(obj, device).send(tx, timeout, tag)
 
 
-def _fill(lease, parts, data, spill, device):
+def _bytes_of_ndarray(np, a):
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _fill(lease, parts, blob, spill):
     torch = sys.modules.get("torch")
     np = sys.modules.get("numpy")
-    tbase = nbase = None
-    if device is not None:
-        tbase = lease.torch()  # a CUDA uint8 view, on torch's current stream
-    dsts, srcs = [], []
     for obj, off, n in parts:
         if n == 0:
             continue
         if torch is not None and isinstance(obj, torch.Tensor):
-            if tbase is None:
-                tbase = lease.torch()
-            dsts.append(tbase[off : off + n].view(obj.dtype).view(obj.shape))
-            srcs.append(obj)
-            continue
-        # A numpy array.
-        if device is None:
-            if nbase is None:
-                nbase = np.from_dlpack(lease)
-            np.copyto(nbase[off : off + n], _bytes_of_ndarray(np, obj))
+            try:
+                lease.copy_in(obj, off)
+            except DTypeError:
+                # A dtype DLPack does not carry: torch copies it, as bytes of the slot.
+                view = lease.torch()[off : off + n].view(obj.dtype).view(obj.shape)
+                with torch.no_grad():
+                    view.copy_(obj)
         else:
-            dsts.append(tbase[off : off + n])
-            srcs.append(torch.from_numpy(_bytes_of_ndarray(np, obj)))
-    if dsts:
-        with torch.no_grad():
-            if len(dsts) == 1:
-                dsts[0].copy_(srcs[0])
-            else:
-                torch._foreach_copy_(dsts, srcs)  # one call (and launch, where it can) for all
+            lease.copy_in(_bytes_of_ndarray(np, obj), off)
     if spill is not None:
-        raw = bytearray(data)
-        if device is None and (np is not None or torch is None):
-            import numpy
-
-            if nbase is None:
-                nbase = numpy.from_dlpack(lease)
-            nbase[spill : spill + len(raw)] = numpy.frombuffer(raw, dtype=numpy.uint8)
+        if np is not None:
+            lease.copy_in(np.frombuffer(blob, dtype=np.uint8), spill)
         else:
-            if tbase is None:
-                tbase = lease.torch()
-            tbase[spill : spill + len(raw)].copy_(torch.frombuffer(raw, dtype=torch.uint8))
+            lease.copy_in(torch.frombuffer(bytearray(blob), dtype=torch.uint8), spill)
 
 
 class _Loader(pickle.Unpickler):
-    """Unpickles an object message's pickle; each reference becomes a view of the slot or
-    a copy, on the device it left from."""
+    """Unpickles an object message's pickle, each index in the table its tensor or array."""
 
-    def __init__(self, file, msg, copy):
+    def __init__(self, file, made):
         super().__init__(file)
-        self.msg = msg
-        self.copy = copy
-        self.tbase = None
-        self.nbase = None
-        self.made = {}  # reference -> object, for a tensor met twice
+        self.made = made
 
-    # With ``copy``, the whole payload is copied once (one copy, however many parts) and
-    # the parts are views of that copy.
-    def _torch_base(self):
-        if self.tbase is None:
-            if self.copy and self.msg.device is None and "numpy" in sys.modules:
-                import torch
-
-                self.tbase = torch.from_numpy(self._numpy_base())
-            else:
-                self.tbase = self.msg.torch()
-                if self.copy:
-                    self.tbase = self.tbase.clone()
-        return self.tbase
-
-    def _numpy_base(self):
-        if self.nbase is None:
-            import numpy
-
-            self.nbase = numpy.from_dlpack(self.msg)
-            if self.copy:
-                self.nbase = self.nbase.copy()
-        return self.nbase
-
-    def persistent_load(self, ref):
-        made = self.made.get(ref)
-        if made is not None:
-            return made
-        if not isinstance(ref, tuple) or not ref or ref[0] not in (_NDARRAY, _TENSOR):
+    def persistent_load(self, k):
+        if type(k) is not int or not 0 <= k < len(self.made):
             raise Corrupted("an object message holds an unknown reference")
-        out = self._tensor(ref) if ref[0] == _TENSOR else self._ndarray(ref)
-        self.made[ref] = out
-        return out
+        return self.made[k]
 
-    def _span(self, off, n):
-        if not (isinstance(off, int) and 0 <= off and off + n <= self.msg.nbytes):
-            raise Corrupted("an object message names bytes outside its slot")
-        return off, off + n
 
-    def _ndarray(self, ref):
-        import numpy as np
+def _payload_bytes(msg, off, n):
+    if msg.device is None and "torch" not in sys.modules:
+        import numpy
 
-        _, dtype, shape, off = ref
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        a, b = self._span(off, n)
-        if self.msg.device is None:
-            return self._numpy_base()[a:b].view(dtype).reshape(shape)
-        # Sent through GPU slots: back to host memory.
-        return self._torch_base()[a:b].cpu().numpy().view(dtype).reshape(shape)
+        return numpy.from_dlpack(msg)[off : off + n].tobytes()
+    return msg.torch_views([(off, "uint8", (n,))])[0].cpu().numpy().tobytes()
 
-    def _tensor(self, ref):
+
+def _rebuild(msg, table, copy):
+    """Each table entry as a tensor or array of the message (views, or views of one copy
+    of the payload), on the device it was sent from."""
+    if type(table) is not list:
+        raise Corrupted("an object message's table is not a list")
+    made = [None] * len(table)
+    fast, fast_at, slow_at, arrays_at = [], [], [], []
+    for k, e in enumerate(table):
+        if type(e) is not tuple or not e or e[0] not in (_NDARRAY, _TENSOR):
+            raise Corrupted("an object message's table holds an unknown entry")
+        if type(e[1]) is not int or e[1] < 0:
+            raise Corrupted("an object message's table holds a bad offset")
+        if e[0] == _NDARRAY:
+            arrays_at.append(k)
+        elif type(e[2]) is str:
+            fast.append((e[1], e[2], e[3]))
+            fast_at.append(k)
+        else:
+            slow_at.append(k)
+    host = msg.device is None
+    tbase = nbase = None
+    if arrays_at and host:
+        import numpy
+
+        nbase = numpy.from_dlpack(msg)
+        if copy:
+            nbase = nbase.copy()
+    if fast or slow_at:
         import torch
 
-        _, dtype, shape, off, dev, requires_grad, param = ref
-        numel = 1
+        if copy:
+            # One copy of the whole payload; the parts are views of it.
+            if host and nbase is not None:
+                tbase = torch.from_numpy(nbase)
+            else:
+                tbase = msg.torch().clone()
+        views = torch_views(tbase, fast) if copy else msg.torch_views(fast)
+        for k, v in zip(fast_at, views):
+            made[k] = _settle(torch, v, table[k], host)
+        for k in slow_at:
+            _, off, dtype, shape = table[k][:4]
+            base = tbase if tbase is not None else msg.torch()
+            n = 1
+            for d in shape:
+                n *= d
+            n *= dtype.itemsize
+            if off + n > msg.nbytes:
+                raise Corrupted("an object message names bytes outside its slot")
+            v = base[off : off + n].view(dtype).view(shape)
+            made[k] = _settle(torch, v, table[k], host)
+    for k in arrays_at:
+        _, off, dtype, shape = table[k]
+        n = dtype.itemsize
         for d in shape:
-            numel *= d
-        n = numel * dtype.itemsize
-        a, b = self._span(off, n)
-        v = self._torch_base()[a:b].view(dtype).view(shape)
-        if self.msg.device is None and dev >= 0:
-            v = v.to("cuda:%d" % dev)  # a host queue carried a CUDA tensor
-        elif self.msg.device is not None and dev < 0:
-            v = v.cpu()  # a CPU tensor carried through GPU slots
-        if param:
-            return torch.nn.Parameter(v, requires_grad=requires_grad)
-        if requires_grad and v.is_floating_point():
-            v.requires_grad_(True)
-        return v
+            n *= d
+        if off + n > msg.nbytes:
+            raise Corrupted("an object message names bytes outside its slot")
+        if host:
+            made[k] = nbase[off : off + n].view(dtype).reshape(shape)
+        else:
+            raw = msg.torch_views([(off, "uint8", (n,))])[0].cpu().numpy()
+            made[k] = raw.view(dtype).reshape(shape)  # through GPU slots: back to the host
+    return made
+
+
+def _settle(torch, v, entry, host):
+    """A tensor view moved to the device it was sent from, its autograd flags restored."""
+    _, _, _, _, dev, requires_grad, param = entry
+    if host and dev >= 0:
+        v = v.to("cuda:%d" % dev)  # a host queue carried a CUDA tensor
+    elif not host and dev < 0:
+        v = v.cpu()  # a CPU tensor carried through GPU slots
+    if param:
+        return torch.nn.Parameter(v, requires_grad=requires_grad)
+    if requires_grad and v.is_floating_point():
+        v.requires_grad_(True)
+    return v
 
 
 def load(msg, copy=False):
     """The object an object message carries (see the module's doc). ``copy``: tensors and
-    arrays are copies (the slot may go back at once) instead of views of the slot."""
+    arrays are views of one copy of the payload (the slot may go back at once) instead of
+    views of the slot."""
     header = msg.header
     kind = header[:4]
     if kind == _INLINE:
-        data = memoryview(header)[4:]
+        blob = memoryview(header)[4:]
     elif kind == _SPILLED and len(header) == 20:
         off, n = struct.unpack_from("<QQ", header, 4)
         if off + n > msg.nbytes:
             raise Corrupted("an object message's pickle lies outside its slot")
-        if msg.device is None and "torch" not in sys.modules:
-            import numpy
-
-            data = numpy.from_dlpack(msg)[off : off + n].tobytes()
-        else:
-            data = msg.torch()[off : off + n].cpu().numpy().tobytes()
+        blob = memoryview(_payload_bytes(msg, off, n))
     else:
         raise Corrupted("the message is not an object message (its header is not one)")
-    return _Loader(io.BytesIO(data), msg, copy).load()
+    if len(blob) < 4:
+        raise Corrupted("an object message's header is cut short")
+    (n,) = struct.unpack_from("<I", blob, 0)
+    if 4 + n > len(blob):
+        raise Corrupted("an object message's header is cut short")
+    made = _rebuild(msg, pickle.loads(blob[4 + n :]), copy)
+    return _Loader(io.BytesIO(blob[4 : 4 + n]), made).load()

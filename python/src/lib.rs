@@ -54,6 +54,7 @@ fn _gpuring(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_opens, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
+    m.add_function(wrap_pyfunction!(receiver::torch_views, m)?)?;
     m.add("MAX_DIMS", gpuring::MAX_DIMS)?;
     m.add("SLOT_HEADER_SIZE", gpuring::SLOT_HEADER_SIZE)?;
     errors::register(m)?;

@@ -10,13 +10,13 @@ use gpuring::{
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::blocking::{Step, Until, lock_for, wait};
 use crate::channel::AnyChannel;
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA};
 use crate::dtypes;
-use crate::errors::{Class, ClassOf, Raised, closed};
+use crate::errors::{Class, ClassOf, Raised, closed, raise};
 use crate::gpu::{self, Gpu};
 
 /// A receiver of any backend (a GPU receiver's device is `PyReceiver::gpu`).
@@ -240,6 +240,49 @@ pub(crate) fn torch_from_capsule<'py>(
     from_dlpack.bind(py).call1((capsule,))
 }
 
+/// Torch tensors viewing `parts` (a list of (byte offset, dtype, shape)) of the `len`
+/// bytes at `ptr` on `place`, each keeping what `keep()` makes alive: a message's several
+/// tensors in one call, without torch's slicing and re-viewing per tensor.
+pub(crate) fn views_at<'py>(
+    py: Python<'py>,
+    (ptr, len, place): (usize, u64, (i32, i32)),
+    parts: &Bound<'py, PyList>,
+    keep: &dyn Fn() -> dlpack::Keep,
+) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for item in parts.iter() {
+        let (offset, dtype, shape): (u64, Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
+        let meta = dtypes::meta(&shape, dtypes::from_py(&dtype)?)?;
+        if offset.checked_add(meta.nbytes()).is_none_or(|end| end > len) {
+            return Err(raise(py, Class::Corrupted, "a part lies outside the message's payload"));
+        }
+        let capsule = dlpack::export(py, ptr + offset as usize, place, &meta, false, keep())?;
+        out.append(torch_from_capsule(py, capsule)?)?;
+    }
+    Ok(out)
+}
+
+/// Torch tensors viewing `parts` (a list of (byte offset, dtype name, shape)) of the
+/// contiguous tensor ``base``, which they keep alive (how ``Message.object(copy=True)``
+/// views its one copy of a payload).
+#[pyfunction]
+pub(crate) fn torch_views<'py>(
+    base: &Bound<'py, PyAny>,
+    parts: &Bound<'py, PyList>,
+) -> PyResult<Bound<'py, PyList>> {
+    let py = base.py();
+    let ptr: usize = base.call_method0("data_ptr")?.extract()?;
+    let len: u64 = base.getattr("nbytes")?.extract()?;
+    let device = base.getattr("device")?;
+    let place = if device.getattr("type")?.extract::<String>()? == "cuda" {
+        (DEVICE_CUDA, device.getattr("index")?.extract::<Option<i32>>()?.unwrap_or(0))
+    } else {
+        (DEVICE_CPU, 0)
+    };
+    let owner = base.clone().unbind();
+    views_at(py, (ptr, len, place), parts, &|| Box::new(owner.clone_ref(py)))
+}
+
 /// `gpuring._objects.load`, looked up once.
 static OBJECTS_LOAD: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
@@ -378,6 +421,21 @@ impl PyMessage {
             py.import("gpuring._objects")?.getattr("load").map(Bound::unbind)
         })?;
         load.bind(py).call1((slf, copy))
+    }
+
+    /// Torch tensors viewing ``parts`` of the payload, a list of ``(byte offset, dtype,
+    /// shape)``: several tensors of one slot in one call (zero-copy, each ordered as
+    /// :meth:`torch` is, each holding the slot). Raises ``Corrupted`` for a part outside
+    /// the payload, ``DTypeError``, ``Closed``.
+    fn torch_views<'py>(
+        &self,
+        py: Python<'py>,
+        parts: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let held = held.ok_or_else(|| closed(py, "message (released)"))?;
+        let at = (self.ptr, self.meta.nbytes(), self.place);
+        views_at(py, at, parts, &|| Box::new(held.clone()))
     }
 
     /// Lets go of the slot (it goes back once no view of it is left). Further DLPack

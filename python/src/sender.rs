@@ -601,6 +601,97 @@ impl PyLease {
         send_lease(py, &self.tx, until, lease, self.meta, self.tag.load(Ordering::Relaxed))
     }
 
+    /// Copies ``src`` (a tensor or array, anything with ``__dlpack__``) into the slot at
+    /// byte ``offset``: how several tensors share one slot. As :meth:`Sender.send` copies:
+    /// a CUDA source is read in the order of torch's current stream and, into a GPU slot,
+    /// copied device to device in the order of the lease's stream (which waits for the
+    /// source's); into a host slot, the driver's copy is done when the call returns. A
+    /// non-contiguous source is made contiguous first.
+    ///
+    /// Raises ``TooLarge`` (past the lease's bytes), ``DTypeError``, ``CudaError``
+    /// (a CUDA tensor of another GPU than the channel's), ``Closed``.
+    #[pyo3(signature = (src, offset=0))]
+    fn copy_in(&self, py: Python<'_>, src: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
+        let mut asked: Option<usize> = None;
+        let source = Source::read(src, &mut |device| {
+            let raw = gpu::current_stream(py, device)?;
+            asked = Some(raw);
+            Ok(gpu::dlpack_stream(raw))
+        })?;
+        let n = source.meta.nbytes();
+        if offset.checked_add(n).is_none_or(|end| end > self.meta.nbytes()) {
+            return Err(raise(
+                py,
+                Class::TooLarge,
+                format!(
+                    "{n} bytes at offset {offset} go past the lease's {} bytes",
+                    self.meta.nbytes()
+                ),
+            ));
+        }
+        let ptr = source.ptr as u64;
+        let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        let lease = guard.as_mut().ok_or_else(|| closed(py, "lease (sent or cancelled)"))?;
+        match (lease, source.place) {
+            (AnyLease::Cuda(l, _), place) => {
+                let g = self.tx.gpu.as_ref().expect("a GPU lease comes from a GPU channel");
+                let dir = match place {
+                    Place::Cuda(d) if d != g.ordinal => {
+                        return Err(raise(
+                            py,
+                            Class::CudaError,
+                            format!(
+                                "the tensor is on cuda:{d}, the channel's slots on cuda:{}: \
+                                 move it there first",
+                                g.ordinal
+                            ),
+                        ));
+                    }
+                    Place::Cuda(_) => Dir::DeviceToDevice,
+                    Place::Host => Dir::HostToDevice,
+                };
+                if let Some(raw) = asked {
+                    // Read in the order of the stream it was asked for on.
+                    g.join(l.cuda_stream(), &g.stream(raw)).map_err(|e| e.err(py))?;
+                }
+                g.copy(dir, l.device_ptr() + offset, ptr, n as usize, l.cuda_stream())
+                    .map_err(|e| e.err(py))?;
+            }
+            (host, Place::Host) => {
+                let dst = host.host_ptr().expect("host memory") as usize + offset as usize;
+                // SAFETY: `n` bytes at `ptr` belong to the source, which `source` keeps
+                // alive; the slot holds `offset + n` bytes (checked above) and is ours alone,
+                // so the two do not overlap.
+                py.detach(|| unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        ptr as usize as *const u8,
+                        dst as *mut u8,
+                        n as usize,
+                    )
+                });
+            }
+            (host, Place::Cuda(d)) => {
+                let dst = host.host_ptr().expect("host memory") as u64 + offset;
+                let g = self.tx.source_gpu(py, d)?;
+                let raw = match asked {
+                    Some(raw) => raw,
+                    None => gpu::current_stream(py, d)?,
+                };
+                let pinned = matches!(host, AnyLease::Pinned(_));
+                let stream = g.stream(raw);
+                // Into pageable memory the driver's copy is done, in the order of the
+                // source's stream, when the call returns; into a pinned slot it is
+                // asynchronous: waited for here, before the slot can be sent.
+                g.copy(Dir::DeviceToHost, dst, ptr, n as usize, &stream).map_err(|e| e.err(py))?;
+                if pinned {
+                    g.synchronize(&stream).map_err(|e| e.err(py))?;
+                }
+            }
+        }
+        drop(source);
+        Ok(())
+    }
+
     /// Up to 4096 bytes that travel beside the slot (host memory, GPU channels too): the
     /// receiver reads them as ``msg.header``. Empty unless set.
     #[getter]

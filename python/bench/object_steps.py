@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Where an object hand-off spends its CPU time: each step of ``Queue.put`` / ``get`` of a
+``(time.time(), tensor)`` tuple timed alone, in one process (both ends here: no wake-up
+in any figure), beside the single-tensor path.
+
+    python python/bench/object_steps.py [--n N] [--device 0|none]
+
+Prints the median and p99 of each step in microseconds.
+"""
+
+import argparse
+import time
+
+import torch
+
+import gpuring
+from gpuring import _objects
+
+
+def timed(label, fn, n):
+    ns = []
+    out = None
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        out = fn()
+        ns.append(time.perf_counter_ns() - t0)
+    ns.sort()
+    print(
+        "  %-52s p50 %7.2f us  p99 %7.2f us"
+        % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3),
+        flush=True,
+    )
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--device", default="0")
+    ap.add_argument("--profile", action="store_true", help="cProfile the tuple round trip")
+    args = ap.parse_args()
+    device = None if args.device == "none" else int(args.device)
+    n = args.n
+    t = torch.ones(1024, device="cuda")
+    obj = (time.time(), t)
+    d10 = {"t%d" % k: torch.ones(1024, device="cuda") for k in range(10)}
+    ch = gpuring.Channel.create("gpuring-steps-%d" % time.monotonic_ns(), device=device, slots=4)
+    tx, rx = ch.sender(), ch.receiver()
+    torch.cuda.synchronize()
+    print("device", device)
+
+    def whole_tensor():
+        tx.send(t)
+        with rx.recv() as m:
+            return m.torch().clone()
+
+    def whole_tuple():
+        _objects.send(tx, obj, None, 0, device)
+        with rx.recv() as m:
+            return _objects.load(m, True)
+
+    def whole_dict():
+        _objects.send(tx, d10, None, 0, device)
+        with rx.recv() as m:
+            return _objects.load(m, True)
+
+    if args.profile:
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(n):
+            whole_tuple()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    timed("tensor: send + recv + torch().clone()", whole_tensor, n)
+    timed("tuple: send_object + recv + object(copy=True)", whole_tuple, n)
+    timed("dict10: send_object + recv + object(copy=True)", whole_dict, n)
+    print("tuple, step by step:")
+    packed = timed("Packed(obj) (pickle with references)", lambda: _objects.Packed(obj, device), n)
+    lease_box = []
+
+    def lease():
+        lease_box.append(tx.lease((packed.total,), "uint8"))
+
+    def view():
+        return lease_box[-1].torch()
+
+    def fill():
+        _objects._fill(lease_box[-1], packed.parts, packed.blob, packed.spill)
+
+    def header():
+        lease_box[-1].header = packed.header
+
+    def send():
+        lease_box.pop().send()
+
+    msgs = []
+
+    def recv():
+        msgs.append(rx.recv())
+
+    def load_view():
+        return _objects.load(msgs[-1], False)
+
+    def load_copy():
+        out = _objects.load(msgs[-1], True)
+        msgs.pop().release()
+        return out
+
+    rows = [
+        ("tx.lease((n,), 'uint8')", lease),
+        ("lease.torch()", view),
+        ("_fill (lease.copy_in per part)", fill),
+        ("lease.header = ...", header),
+        ("lease.send()", send),
+        ("rx.recv()", recv),
+        ("msg.header", lambda: msgs[-1].header),
+        ("msg.torch()", lambda: msgs[-1].torch()),
+        ("load(msg, copy=False)", load_view),
+        ("load(msg, copy=True) + release", load_copy),
+    ]
+    per = {label: [] for label, _ in rows}
+    for _ in range(n):
+        for label, fn in rows:
+            t0 = time.perf_counter_ns()
+            fn()
+            per[label].append(time.perf_counter_ns() - t0)
+    for label, _ in rows:
+        ns = sorted(per[label])
+        print(
+            "  %-52s p50 %7.2f us  p99 %7.2f us"
+            % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3)
+        )
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
