@@ -516,3 +516,115 @@ fn mpmc_three_sender_and_two_receiver_processes_exactly_once() {
     // The departed senders' pools drained and were unlinked by the receivers.
     assert!(pool_segments(&name).is_empty(), "left behind: {:?}", pool_segments(&name));
 }
+
+#[test]
+fn many_tensors_in_one_slot_through_parts() {
+    let name = unique_name("ch-parts");
+    let ch = Channel::builder(&name).capacity(4).slots(2, 1 << 20).create().unwrap();
+    let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    // 120 parts of varied dtypes and shapes, each filled with its index.
+    let dtypes = [DType::F32, DType::BF16, DType::I64, DType::U8, DType::C128];
+    let metas: Vec<TensorMeta> = (0..120u64)
+        .map(|i| {
+            let shape: Vec<u64> = (0..(i % 4)).map(|d| 1 + (i + d) % 7).collect();
+            TensorMeta::contiguous(dtypes[i as usize % dtypes.len()], &shape).unwrap()
+        })
+        .collect();
+    let mut lease = tx.acquire().unwrap();
+    let mut parts = lease.parts();
+    let offsets: Vec<u64> = metas.iter().map(|m| parts.push(m).unwrap()).collect();
+    let meta = parts.finish();
+    for (i, (m, off)) in metas.iter().zip(&offsets).enumerate() {
+        assert_eq!(off % gpuring::PART_ALIGN, 0);
+        lease[*off as usize..][..m.nbytes() as usize].fill(i as u8);
+    }
+    tx.send(lease, meta).unwrap();
+    let msg = rx.recv().unwrap();
+    let got: Vec<gpuring::Part> = msg.parts().unwrap().collect();
+    assert_eq!(got.len(), metas.len());
+    for (i, p) in got.iter().enumerate() {
+        assert_eq!((p.offset, p.meta), (offsets[i], metas[i]), "part {i}");
+        let bytes = &msg[p.offset as usize..][..p.meta.nbytes() as usize];
+        assert!(bytes.iter().all(|&b| b == i as u8), "part {i}'s bytes");
+    }
+    drop(msg);
+
+    // Full: the slot, then the header; nothing is added by a refused push.
+    let mut lease = tx.acquire().unwrap();
+    let mut parts = lease.parts();
+    parts.push(&TensorMeta::bytes(1000)).unwrap();
+    let err = parts.push(&TensorMeta::bytes(1 << 20)).unwrap_err();
+    assert!(matches!(err, gpuring::PartError::SlotFull { .. }), "{err}");
+    let eight = TensorMeta::contiguous(DType::U8, &[1; 8]).unwrap(); // 80 bytes of table
+    let mut n = 1;
+    let full = loop {
+        match parts.push(&eight) {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(full, gpuring::PartError::HeaderFull(_)), "{full}");
+    assert_eq!(n, 1 + (SLOT_HEADER_SIZE - 8 - 16) / 80);
+    let meta = parts.finish();
+    tx.send(lease, meta).unwrap();
+    assert_eq!(rx.recv().unwrap().parts().unwrap().count(), n);
+}
+
+#[test]
+fn forged_parts_tables_are_corrupted_never_a_panic() {
+    let name = unique_name("ch-parts-forged");
+    let ch = Channel::builder(&name).capacity(4).slots(1, 4096).create().unwrap();
+    let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    let send = |header: &[u8]| {
+        let mut lease = tx.acquire().unwrap();
+        lease.set_header(header).unwrap();
+        tx.send(lease, TensorMeta::bytes(1024)).unwrap();
+        rx.recv().unwrap()
+    };
+    let entry = |off: u64, dtype: u8, dims: &[u64]| {
+        let mut e = off.to_le_bytes().to_vec();
+        e.extend([dtype, dims.len() as u8, 0, 0, 0, 0, 0, 0]);
+        dims.iter().for_each(|d| e.extend(d.to_le_bytes()));
+        e
+    };
+    let table = |count: u32, entries: &[Vec<u8>]| {
+        let mut h = b"GRP1".to_vec();
+        h.extend(count.to_le_bytes());
+        entries.iter().for_each(|e| h.extend(e));
+        h
+    };
+    let f32 = DType::F32 as u8;
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"nope".to_vec(), "the message's header is not a parts table"),
+        (table(2, &[entry(0, f32, &[4])]), "a parts table runs past its header"),
+        (table(1, &[entry(0, 0, &[4])]), "a part names an unknown dtype"),
+        (table(1, &[entry(0, f32, &[1; 9])]), "a part has too many dimensions"),
+        (table(1, &[entry(1024, f32, &[1])]), "a part lies outside the message's payload"),
+        (table(1, &[entry(u64::MAX, f32, &[1])]), "a part lies outside the message's payload"),
+        (table(1, &[entry(0, f32, &[u64::MAX, 4])]), "a part's size overflows"),
+    ];
+    for (h, what) in cases {
+        let msg = send(&h);
+        match msg.parts() {
+            Err(c) => assert_eq!(c.what, what),
+            Ok(_) => panic!("a forged table was accepted: expected {what}"),
+        }
+    }
+    // Random headers: never a panic; whatever parses lies inside the payload.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for round in 0..2000 {
+        let mut h = table((round % 5) as u32, &[]);
+        for _ in 0..(round % 96) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            h.push((x >> 24) as u8 % if round % 2 == 0 { 8 } else { 255 });
+        }
+        let msg = send(&h);
+        if let Ok(parts) = msg.parts() {
+            for p in parts {
+                assert!(p.offset + p.meta.nbytes() <= msg.len() as u64);
+            }
+        }
+    }
+}

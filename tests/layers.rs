@@ -26,8 +26,8 @@ const FOLDERS: &[(&str, &[&str])] = &[
     (
         "channel",
         &[
-            "producer", "backend", "lease", "error", "table", "builder", "message", "sender",
-            "receiver", "select",
+            "producer", "backend", "lease", "error", "table", "builder", "message", "parts",
+            "sender", "receiver", "select",
         ],
     ),
     (

@@ -17,6 +17,7 @@
 //! | `table.rs` | the channel segment and its pool table; [`PoolInfo`] |
 //! | `builder.rs` | [`ChannelBuilder`]: options, create, open |
 //! | `message.rs` | [`Message`] |
+//! | `parts.rs` | several tensors in one slot: [`PartsWriter`], [`Message::parts`] |
 //! | `sender.rs` | [`Sender`] |
 //! | `receiver.rs` | [`Receiver`] |
 //! | `select.rs` | waiting on several receivers (or ring consumers) at once |
@@ -42,6 +43,7 @@ mod builder;
 mod error;
 mod lease;
 mod message;
+mod parts;
 pub(crate) mod producer;
 mod receiver;
 mod select;
@@ -56,6 +58,7 @@ pub use error::{
 };
 pub use lease::{HeaderTooLarge, Lease};
 pub use message::Message;
+pub use parts::{PART_ALIGN, Part, PartError, PartsWriter};
 #[cfg(feature = "async")]
 pub use receiver::Messages;
 pub use receiver::Receiver;
