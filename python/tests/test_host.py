@@ -635,3 +635,29 @@ def test_headers_travel_beside_the_payload(name):
         tx.send(np.ones(1))
         with rx.recv(timeout=5) as msg:
             assert msg.header == b""
+
+
+def test_forged_object_messages_are_corrupted(name):
+    import struct
+
+    def blob(skeleton, table):
+        return struct.pack("<I", len(skeleton)) + skeleton + pickle.dumps(table)
+
+    ref = pickle.dumps(0)  # not a reference: a plain 0 (fine), used with tables below
+    cases = [
+        b"GRO2" + struct.pack("<I", 1000),  # a pickle longer than the header
+        b"GRO2\x01",  # cut short
+        b"GRS2" + struct.pack("<QQ", 10, 1 << 40),  # spilled outside the slot
+        b"GRO2" + blob(ref, "not a list"),
+        b"GRO2" + blob(ref, [(0, -5, np.dtype("f4"), (1,))]),  # a bad offset
+        b"GRO2" + blob(ref, [(0, 0, np.dtype("f4"), (1 << 20,))]),  # past the payload
+        b"GRO2" + blob(ref, [(7,)]),  # an unknown kind
+    ]
+    with gpuring.Channel.create(name, slots=1, slot_bytes=4096) as ch:
+        tx, rx = ch.sender(), ch.receiver()
+        for h in cases:
+            tx.send(np.zeros(16, dtype=np.uint8), header=h)
+            with rx.recv(timeout=5) as msg:
+                with pytest.raises(gpuring.Corrupted):
+                    msg.object()
+        assert tx.free_slots == 1
