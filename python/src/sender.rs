@@ -21,6 +21,30 @@ use crate::dtypes;
 use crate::errors::{Class, ClassOf, Raised, closed, raise, tag_arg};
 use crate::gpu::{self, Dir, Gpu};
 
+/// Reads `obj` (a tensor or array) for a copy, a CUDA one in the order of torch's current
+/// stream on its device; with that stream's raw handle where one was asked for.
+fn read_source<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<(Source<'py>, Option<usize>)> {
+    let mut asked: Option<usize> = None;
+    let src = Source::read(obj, &mut |device| {
+        let raw = gpu::current_stream(py, device)?;
+        asked = Some(raw);
+        Ok(gpu::dlpack_stream(raw))
+    })?;
+    Ok((src, asked))
+}
+
+/// `CudaError`: a tensor on GPU `d`, for a channel whose slots are on `g`.
+fn wrong_gpu(py: Python<'_>, d: i32, g: &Gpu) -> PyErr {
+    let msg = format!(
+        "the tensor is on cuda:{d}, the channel's slots on cuda:{}: move it there first",
+        g.ordinal
+    );
+    raise(py, Class::CudaError, msg)
+}
+
 /// `gpuring._objects.send`, looked up once.
 static OBJECTS_SEND: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
@@ -315,12 +339,7 @@ impl PySender {
         let channel_gpu = tx.gpu.clone();
         // The stream the tensor is read in order of: torch's current one on its device
         // (asked once: by the DLPack path, or below).
-        let mut asked: Option<usize> = None;
-        let src = Source::read(tensor, &mut |device| {
-            let raw = gpu::current_stream(py, device)?;
-            asked = Some(raw);
-            Ok(gpu::dlpack_stream(raw))
-        })?;
+        let (src, asked) = read_source(py, tensor)?;
         let n = src.meta.nbytes();
         tx.check_fits(py, n)?;
         let (meta, ptr) = (src.meta, src.ptr as u64);
@@ -333,16 +352,7 @@ impl PySender {
             (None, Place::Host, None) => 0,
         };
         match (&channel_gpu, src.place) {
-            (Some(g), Place::Cuda(d)) if d != g.ordinal => {
-                return Err(raise(
-                    py,
-                    Class::CudaError,
-                    format!(
-                        "the tensor is on cuda:{d}, the channel's slots on cuda:{}: move it there first",
-                        g.ordinal
-                    ),
-                ));
-            }
+            (Some(g), Place::Cuda(d)) if d != g.ordinal => return Err(wrong_gpu(py, d, g)),
             _ => {}
         }
         if let Some(h) = header
@@ -612,12 +622,7 @@ impl PyLease {
     /// (a CUDA tensor of another GPU than the channel's), ``Closed``.
     #[pyo3(signature = (src, offset=0))]
     fn copy_in(&self, py: Python<'_>, src: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
-        let mut asked: Option<usize> = None;
-        let source = Source::read(src, &mut |device| {
-            let raw = gpu::current_stream(py, device)?;
-            asked = Some(raw);
-            Ok(gpu::dlpack_stream(raw))
-        })?;
+        let (source, asked) = read_source(py, src)?;
         let n = source.meta.nbytes();
         if offset.checked_add(n).is_none_or(|end| end > self.meta.nbytes()) {
             return Err(raise(
@@ -636,17 +641,7 @@ impl PyLease {
             (AnyLease::Cuda(l, _), place) => {
                 let g = self.tx.gpu.as_ref().expect("a GPU lease comes from a GPU channel");
                 let dir = match place {
-                    Place::Cuda(d) if d != g.ordinal => {
-                        return Err(raise(
-                            py,
-                            Class::CudaError,
-                            format!(
-                                "the tensor is on cuda:{d}, the channel's slots on cuda:{}: \
-                                 move it there first",
-                                g.ordinal
-                            ),
-                        ));
-                    }
+                    Place::Cuda(d) if d != g.ordinal => return Err(wrong_gpu(py, d, g)),
                     Place::Cuda(_) => Dir::DeviceToDevice,
                     Place::Host => Dir::HostToDevice,
                 };

@@ -3,6 +3,7 @@
 
 import dataclasses
 import os
+import sys
 import time
 
 import numpy as np
@@ -152,3 +153,28 @@ def put_objects(q, count):
 def put_queue_items(q, items):
     for it in items:
         q.put(it)
+
+
+def same(a, b):
+    """Equal structure and values: arrays and tensors bit for bit, of the same dtype and
+    shape (tensors on the same device), containers and dataclasses item by item."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and (a.device, a.dtype, a.shape) == (b.device, b.dtype, b.shape)
+            and torch.equal(a, b)
+        )
+    if isinstance(a, np.ndarray):
+        return (
+            isinstance(b, np.ndarray)
+            and (a.dtype, a.shape) == (b.dtype, b.shape)
+            and a.tobytes() == b.tobytes()
+        )
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and same(dataclasses.astuple(a), dataclasses.astuple(b))
+    return type(a) is type(b) and a == b

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
     )
 
 import gpu_peers  # noqa: E402  (imports torch)
+import peers  # noqa: E402
 
 spawn = mp.get_context("spawn")
 
@@ -306,23 +307,7 @@ def test_pinned_receiver_copies_to_the_gpu_non_blocking(name):
     ch.close()
 
 
-def same(a, b):
-    """Equal structure and values, tensors on the same device with the same dtype."""
-    if isinstance(a, torch.Tensor):
-        return (
-            isinstance(b, torch.Tensor)
-            and a.device == b.device
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, dict):
-        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
+same = peers.same
 
 
 @pytest.mark.parametrize("device", [0, None])

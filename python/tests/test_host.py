@@ -494,24 +494,7 @@ def test_the_default_queue_and_channel_fit_a_64_mb_dev_shm():
     assert run.returncode == 0 and "fits" in run.stdout, run.stderr
 
 
-def same(a, b):
-    """Equal structure, values, dtypes and shapes (arrays compared bit for bit)."""
-    if isinstance(a, np.ndarray):
-        return (
-            isinstance(b, np.ndarray)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and a.tobytes() == b.tobytes()
-        )
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, dict):
-        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, peers.Batch):
-        return isinstance(b, peers.Batch) and all(
-            same(getattr(a, f), getattr(b, f)) for f in ("obs", "mask", "step")
-        )
-    return type(a) is type(b) and a == b
+same = peers.same
 
 
 def test_queue_carries_objects_that_hold_arrays_between_processes(name):
