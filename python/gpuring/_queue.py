@@ -173,16 +173,25 @@ class Queue:
         self._maxsize = state["maxsize"]
         self._init_local()
 
-    def _endpoint(self, which):
+    def _here(self):
+        """In a forked child, leaves what the parent made to the parent (its lock too, which
+        the fork may have copied held) and starts afresh; then the lock."""
         if self._pid != os.getpid():
-            # A forked child: what the parent made is the parent's.
             _inherited.append((self._ch, self._tx, self._rx, self._big, self._big_rx))
             self._init_local()
-        with self._lock:
-            if self._ch is None:
-                self._ch = Channel.open(
-                    self._name, device=self._device, timeout=10.0, ready=self._ready
-                )
+        return self._lock
+
+    def _channel(self):
+        """The queue's channel, opened here on first use (the lock held)."""
+        if self._ch is None:
+            self._ch = Channel.open(
+                self._name, device=self._device, timeout=10.0, ready=self._ready
+            )
+        return self._ch
+
+    def _endpoint(self, which):
+        with self._here():
+            self._channel()
             if which == "tx":
                 if self._tx is None:
                     self._tx = self._ch.sender()
@@ -323,7 +332,8 @@ class Queue:
 
     def qsize(self) -> int:
         """Items put and not yet taken, now (a snapshot, as ``multiprocessing``'s)."""
-        return len(self._channel())
+        with self._here():
+            return len(self._channel())
 
     def empty(self) -> bool:
         """Whether no item waits now (a snapshot)."""
@@ -333,16 +343,6 @@ class Queue:
         """Whether the queue holds ``maxsize`` items (or, without one, as many as its
         ring has cells) now (a snapshot)."""
         return self.qsize() >= self._maxsize
-
-    def _channel(self):
-        if self._pid != os.getpid():
-            self._endpoint("rx" if self._rx is not None else "tx")
-        with self._lock:
-            if self._ch is None:
-                self._ch = Channel.open(
-                    self._name, device=self._device, timeout=10.0, ready=self._ready
-                )
-            return self._ch
 
     def close(self) -> None:
         """Leaves the channel from this process (the queue goes away once no process has

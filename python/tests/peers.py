@@ -178,3 +178,9 @@ def same(a, b):
     if dataclasses.is_dataclass(a):
         return type(a) is type(b) and same(dataclasses.astuple(a), dataclasses.astuple(b))
     return type(a) is type(b) and a == b
+
+
+def qsize_then_put(q, out):
+    """In a forked child: the queue's size as inherited, then an object put from here."""
+    out.put(q.qsize())
+    q.put(("from the child", np.arange(3)))

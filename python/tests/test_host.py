@@ -644,3 +644,19 @@ def test_forged_object_messages_are_corrupted(name):
                 with pytest.raises(gpuring.Corrupted):
                     msg.object()
         assert tx.free_slots == 1
+
+
+def test_a_forked_child_reads_qsize_and_puts_objects(name):
+    fork = mp.get_context("fork")
+    q = gpuring.Queue(name, slot_bytes=1 << 16)
+    q.put(np.ones(2))
+    out = fork.Queue()
+    p = fork.Process(target=peers.qsize_then_put, args=(q, out))
+    p.start()
+    assert out.get(timeout=30) == 1
+    p.join(30)
+    assert p.exitcode == 0
+    assert same(q.get(timeout=5), np.ones(2))
+    assert same(q.get(timeout=5), ("from the child", np.arange(3)))
+    assert q.empty()
+    q.close()
