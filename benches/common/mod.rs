@@ -68,6 +68,10 @@ pub fn peer(role: &str, name: &str, index: usize, stdio: bool) -> Peer {
 /// A name no other benchmark (or run) uses.
 pub fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    // A bench killed mid-run (a timeout, Ctrl-C) leaves its rings and channels: the first
+    // name of a run removes those of earlier runs that no process has open.
+    SWEPT.call_once(|| drop(gpuring::inspect::clean(false, true, "gpuring-bench-")));
     format!("gpuring-bench-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 

@@ -36,6 +36,63 @@ fn read_source<'py>(
     Ok((src, asked))
 }
 
+/// Copies `src` (read in the order of stream `asked`, where one was asked for) into
+/// `lease` at byte `offset`, which the caller checked it fits at: a host copy; device to
+/// host by the driver (done when the call returns: into pageable memory by the driver's
+/// staging, into a pinned slot by a wait here); into a GPU slot, on the lease's stream
+/// after the source's.
+fn copy_into(
+    py: Python<'_>,
+    tx: &TxShared,
+    lease: &mut AnyLease,
+    offset: u64,
+    src: &Source<'_>,
+    asked: Option<usize>,
+) -> PyResult<()> {
+    let (ptr, n) = (src.ptr as u64, src.meta.nbytes() as usize);
+    match (lease, src.place) {
+        (AnyLease::Cuda(l, _), place) => {
+            let g = tx.gpu.as_ref().expect("a GPU lease comes from a GPU channel");
+            let dir = match place {
+                Place::Cuda(d) if d != g.ordinal => return Err(wrong_gpu(py, d, g)),
+                Place::Cuda(_) => Dir::DeviceToDevice,
+                Place::Host => Dir::HostToDevice,
+            };
+            if let Some(raw) = asked {
+                // Read in the order of the stream it was asked for on (no-op when that is
+                // the lease's).
+                g.join(l.cuda_stream(), &g.stream(raw)).map_err(|e| e.err(py))?;
+            }
+            g.copy(dir, l.device_ptr() + offset, ptr, n, l.cuda_stream()).map_err(|e| e.err(py))
+        }
+        (host, Place::Host) => {
+            let dst = host.host_ptr().expect("host memory") as usize + offset as usize;
+            // SAFETY: `n` bytes at `ptr` belong to the source, which `src` keeps alive; the
+            // slot holds `offset + n` bytes (checked by the caller) and is ours alone, so the
+            // two do not overlap.
+            py.detach(|| unsafe {
+                std::ptr::copy_nonoverlapping(ptr as usize as *const u8, dst as *mut u8, n)
+            });
+            Ok(())
+        }
+        (host, Place::Cuda(d)) => {
+            let dst = host.host_ptr().expect("host memory") as u64 + offset;
+            let pinned = matches!(host, AnyLease::Pinned(_));
+            let g = tx.source_gpu(py, d)?;
+            let raw = match asked {
+                Some(raw) => raw,
+                None => gpu::current_stream(py, d)?,
+            };
+            let stream = g.stream(raw);
+            g.copy(Dir::DeviceToHost, dst, ptr, n, &stream).map_err(|e| e.err(py))?;
+            if pinned {
+                g.synchronize(&stream).map_err(|e| e.err(py))?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// `CudaError`: a tensor on GPU `d`, for a channel whose slots are on `g`.
 fn wrong_gpu(py: Python<'_>, d: i32, g: &Gpu) -> PyErr {
     let msg = format!(
@@ -342,7 +399,7 @@ impl PySender {
         let (src, asked) = read_source(py, tensor)?;
         let n = src.meta.nbytes();
         tx.check_fits(py, n)?;
-        let (meta, ptr) = (src.meta, src.ptr as u64);
+        let meta = src.meta;
         // The copy's stream: torch's current one on the tensor's device, or for a host
         // tensor into device slots, on the channel's device.
         let raw_stream = match (asked, src.place, &channel_gpu) {
@@ -369,59 +426,29 @@ impl PySender {
         if let Some(h) = header {
             lease.set_header(py, h)?;
         }
-        match (lease.host_ptr(), src.place) {
-            (Some(dst), Place::Host) => {
-                let dst = dst as usize;
-                // SAFETY: `n` bytes at `ptr` belong to the tensor, which `src` keeps alive;
-                // the lease holds at least `n` bytes (checked against the slot size). The
-                // two do not overlap (the slot is ours alone).
-                py.detach(|| unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        ptr as usize as *const u8,
-                        dst as *mut u8,
-                        n as usize,
-                    )
-                });
-            }
-            (Some(dst), Place::Cuda(d)) => {
-                let g = tx.source_gpu(py, d)?;
-                let s = g.stream(raw_stream);
-                if let AnyLease::Pinned(l) = lease {
-                    // One asynchronous DMA copy into the pinned slot on torch's stream,
-                    // published by a lane thread when it is done: no host wait.
-                    let mut l = l;
-                    l.set_tag(tag);
-                    let tx_ref: &TxShared = &tx;
-                    let sent = py.detach(move || {
-                        let guard = tx_ref.lock();
-                        let AnySender::Pinned(sender) = &*guard else {
-                            unreachable!("a pinned lease comes from a pinned sender")
-                        };
-                        // SAFETY: `n` bytes at `ptr` belong to the CUDA tensor, read in the
-                        // order of torch's current stream `s`, after which torch may reuse
-                        // its memory (the copy is queued there first).
-                        unsafe { sender.send_from_device_on(l, ptr, meta, &s) }
-                            .map_err(|e| SendTimeoutError::from(e).raised())
-                    });
-                    drop(src);
-                    return sent.map_err(|e| e.into_err(py));
-                }
-                // A plain (pageable) slot: the driver stages the copy, which is done (in
-                // the order of torch's stream) when the call returns; then a plain send.
-                g.copy(Dir::DeviceToHost, dst as u64, ptr, n as usize, &s)
-                    .map_err(|e| e.err(py))?;
-            }
-            (None, place) => {
-                let AnyLease::Cuda(l, _) = &lease else { unreachable!("a lease of device memory") };
-                let g = channel_gpu.as_ref().expect("a GPU lease comes from a GPU channel");
-                let dir = match place {
-                    Place::Cuda(_) => Dir::DeviceToDevice,
-                    Place::Host => Dir::HostToDevice,
+        if let (AnyLease::Pinned(_), Place::Cuda(d)) = (&lease, src.place) {
+            // One asynchronous DMA copy into the pinned slot on torch's stream, published by
+            // a lane thread when it is done: no host wait.
+            let AnyLease::Pinned(mut l) = lease else { unreachable!("matched above") };
+            let s = tx.source_gpu(py, d)?.stream(raw_stream);
+            let ptr = src.ptr as u64;
+            l.set_tag(tag);
+            let tx_ref: &TxShared = &tx;
+            let sent = py.detach(move || {
+                let guard = tx_ref.lock();
+                let AnySender::Pinned(sender) = &*guard else {
+                    unreachable!("a pinned lease comes from a pinned sender")
                 };
-                g.copy(dir, l.device_ptr(), ptr, n as usize, l.cuda_stream())
-                    .map_err(|e| e.err(py))?;
-            }
+                // SAFETY: `n` bytes at `ptr` belong to the CUDA tensor, read in the order of
+                // torch's current stream `s`, after which torch may reuse its memory (the
+                // copy is queued there first).
+                unsafe { sender.send_from_device_on(l, ptr, meta, &s) }
+                    .map_err(|e| SendTimeoutError::from(e).raised())
+            });
+            drop(src);
+            return sent.map_err(|e| e.into_err(py));
         }
+        copy_into(py, &tx, &mut lease, 0, &src, asked)?;
         drop(src);
         send_lease(py, &tx, until, lease, meta, tag)
     }
@@ -634,55 +661,9 @@ impl PyLease {
                 ),
             ));
         }
-        let ptr = source.ptr as u64;
         let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
         let lease = guard.as_mut().ok_or_else(|| closed(py, "lease (sent or cancelled)"))?;
-        match (lease, source.place) {
-            (AnyLease::Cuda(l, _), place) => {
-                let g = self.tx.gpu.as_ref().expect("a GPU lease comes from a GPU channel");
-                let dir = match place {
-                    Place::Cuda(d) if d != g.ordinal => return Err(wrong_gpu(py, d, g)),
-                    Place::Cuda(_) => Dir::DeviceToDevice,
-                    Place::Host => Dir::HostToDevice,
-                };
-                if let Some(raw) = asked {
-                    // Read in the order of the stream it was asked for on.
-                    g.join(l.cuda_stream(), &g.stream(raw)).map_err(|e| e.err(py))?;
-                }
-                g.copy(dir, l.device_ptr() + offset, ptr, n as usize, l.cuda_stream())
-                    .map_err(|e| e.err(py))?;
-            }
-            (host, Place::Host) => {
-                let dst = host.host_ptr().expect("host memory") as usize + offset as usize;
-                // SAFETY: `n` bytes at `ptr` belong to the source, which `source` keeps
-                // alive; the slot holds `offset + n` bytes (checked above) and is ours alone,
-                // so the two do not overlap.
-                py.detach(|| unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        ptr as usize as *const u8,
-                        dst as *mut u8,
-                        n as usize,
-                    )
-                });
-            }
-            (host, Place::Cuda(d)) => {
-                let dst = host.host_ptr().expect("host memory") as u64 + offset;
-                let g = self.tx.source_gpu(py, d)?;
-                let raw = match asked {
-                    Some(raw) => raw,
-                    None => gpu::current_stream(py, d)?,
-                };
-                let pinned = matches!(host, AnyLease::Pinned(_));
-                let stream = g.stream(raw);
-                // Into pageable memory the driver's copy is done, in the order of the
-                // source's stream, when the call returns; into a pinned slot it is
-                // asynchronous: waited for here, before the slot can be sent.
-                g.copy(Dir::DeviceToHost, dst, ptr, n as usize, &stream).map_err(|e| e.err(py))?;
-                if pinned {
-                    g.synchronize(&stream).map_err(|e| e.err(py))?;
-                }
-            }
-        }
+        copy_into(py, &self.tx, lease, offset, &source, asked)?;
         drop(source);
         Ok(())
     }

@@ -113,8 +113,9 @@ impl<B: Backend> Lease<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn parts(&mut self) -> PartsWriter<'_, B> {
-        self.header_mut()[..8]
-            .copy_from_slice(&[MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], 0, 0, 0, 0]);
+        let h = self.header_mut();
+        h[..4].copy_from_slice(MAGIC);
+        h[4..8].fill(0); // the count, written by `finish`
         PartsWriter { lease: self, count: 0, used: 8, end: 0 }
     }
 }
@@ -192,13 +193,12 @@ impl<B: Backend> Message<B> {
             return Err(Corrupted { what: "the message's header is not a parts table" });
         }
         let count = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
+        let len = self.len() as u64;
         // Checked whole first, so that the iterator cannot fail.
         let mut at = 8;
         for _ in 0..count {
-            let (_, next) = read_part(h, at, self.len() as u64)?;
-            at = next;
+            at = read_part(h, at, len)?.1;
         }
-        let len = self.len() as u64;
         let mut at = 8;
         Ok((0..count).map(move |_| {
             let (part, next) = read_part(h, at, len).expect("checked above");

@@ -5,8 +5,9 @@
 //! index inside the table; the entry active or closed with the same instance (else "unknown
 //! pool"); the entry's slot count, size and backend equal the channel's; the stored segment
 //! name equals the derived one; tensor metadata valid; slot in range; `byte_offset + len`
-//! within the slot; `meta.nbytes() == len`; `header_len` within the slot's header; the backend's own fields (host: device −1;
-//! GPU: device, memory and event handles those of the pool); and finally the
+//! within the slot; `meta.nbytes() == len`; `header_len` within the slot's header; the
+//! backend's own fields (host: device −1; GPU: device, memory and event handles those of
+//! the pool); and finally the
 //! `SENT(g) → HELD(g)` CAS (else "stale slot generation" or "slot not in flight"). A
 //! rejected descriptor is consumed and reported as [`RecvError::Corrupted`]; nothing in the
 //! pool changes and the next receive carries on.

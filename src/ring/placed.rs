@@ -14,7 +14,8 @@ use bytemuck::Pod;
 
 use super::{Storage, mpmc, spsc};
 use crate::layout::{
-    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, STAMP_SKIPPED, SpscCell,
+    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, RingView, STAMP_SKIPPED,
+    SpscCell,
 };
 use crate::liveness::{AttachAs, AttachError, Attachment, ParticipantTable, RingParts, Role};
 use crate::shm::Segment;
@@ -153,13 +154,10 @@ impl RingSegment {
         unsafe { self.control.as_ref() }
     }
 
-    /// Elements pushed and not yet popped (a snapshot: `tail - head`, `None` when the
-    /// two positions are impossible).
+    /// Elements pushed and not yet popped (a snapshot, as `inspect` reads it: `None` when
+    /// the positions are impossible).
     pub(crate) fn queued(&self) -> Option<usize> {
-        let c = self.control();
-        // Relaxed: a snapshot; nothing is read on the strength of it.
-        let (head, tail) = (c.head.load(Ordering::Relaxed), c.tail.load(Ordering::Relaxed));
-        tail.checked_sub(head).filter(|&n| n <= self.layout.capacity as u64).map(|n| n as usize)
+        RingView::at(&*self.segment, self.layout.ring_header)?.queued().map(|n| n as usize)
     }
 
     /// Threads asleep waiting for an element, and for room (a diagnostic snapshot).
