@@ -21,6 +21,8 @@
 #   mps      before/after under MPS, and the demo under MPS
 #   objects  the Rust GPU tests, the Python suite, python/bench/objects.py --quick (no MPS)
 #   objects-mps  python/bench/objects.py --quick under MPS, then without
+#   handoff  the one-tensor rows of objects.py (--quick; with the Rust API's, from
+#            .gpu/bin/example-handoff) and object_steps.py, under MPS, then without
 set -uo pipefail
 what=${1:-tests}
 # Logs go straight to $OUT (at most 8 files a part: what the device gives back), so that
@@ -105,6 +107,14 @@ case $what in
     echo "== objects bench, MPS (exit $?)"; cat "$out/objects-mps.log"
     OUT=$out timeout 280 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps2.log" 2>&1
     echo "== objects bench, no MPS (exit $?)"; cat "$out/objects-nomps2.log"
+    ;;
+  handoff)  # one tensor per item, the Rust API beside the package, under MPS then without
+    OUT=$out timeout 250 bash scripts/python-gpu.sh run objects --mps --quick --shapes tensor > "$out/handoff-mps.log" 2>&1
+    echo "== one-tensor rows, MPS (exit $?)"; cat "$out/handoff-mps.log"
+    OUT=$out timeout 250 bash scripts/python-gpu.sh run objects "" --quick --shapes tensor > "$out/handoff-nomps.log" 2>&1
+    echo "== one-tensor rows, no MPS (exit $?)"; cat "$out/handoff-nomps.log"
+    timeout 60 bash scripts/python-gpu.sh run steps "" --n 2000 > "$out/steps.log" 2>&1
+    echo "== steps, no MPS, one process (exit $?)"; cat "$out/steps.log"
     ;;
   pybench)  # the Python package against Python's queues, no MPS
     OUT=$out timeout 500 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1

@@ -2,7 +2,7 @@
 # The Python package on a GPU machine that has torch but no Rust toolchain.
 #
 # Here (with Rust):      bash scripts/python-gpu.sh stage     # wheel + pytest wheels into .gpu/py/
-# There (one call):      bash scripts/python-gpu.sh run [tests|bench|objects|all] [--mps]
+# There (one call):      bash scripts/python-gpu.sh run [tests|bench|objects|steps|all] [--mps]
 #
 # `run` installs the staged abi3 wheel into torch's Python ($PY, default
 # /opt/torch/.venv/bin/python3) with --no-deps, runs the pytest suite (host and GPU tests)
@@ -22,7 +22,7 @@ if [ "$what" = stage ]; then
   ls -la .gpu/py
   exit 0
 fi
-[ "$what" = run ] || { echo "usage: $0 stage | run [tests|bench|objects|all] [--mps]"; exit 2; }
+[ "$what" = run ] || { echo "usage: $0 stage | run [tests|bench|objects|steps|all] [--mps]"; exit 2; }
 
 part=${1:-all}
 mps=${2:-}
@@ -56,5 +56,8 @@ if [ "$part" = bench ] || [ "$part" = all ]; then
 fi
 if [ "$part" = objects ]; then
   $PY python/bench/objects.py --json "$OUT/objects-$tag.json" "$@" || rc=1
+fi
+if [ "$part" = steps ]; then
+  $PY python/bench/object_steps.py "$@" || rc=1
 fi
 exit $rc

@@ -109,18 +109,60 @@ def main():
         msgs.pop().release()
         return out
 
-    rows = [
-        ("tx.lease((n,), 'uint8')", lease),
-        ("lease.torch()", view),
-        ("_fill (lease.copy_in per part)", fill),
-        ("lease.header = ...", header),
-        ("lease.send()", send),
-        ("rx.recv()", recv),
-        ("msg.header", lambda: msgs[-1].header),
-        ("msg.torch()", lambda: msgs[-1].torch()),
-        ("load(msg, copy=False)", load_view),
-        ("load(msg, copy=True) + release", load_copy),
-    ]
+    step_rows(
+        [
+            ("tx.lease((n,), 'uint8')", lease),
+            ("lease.torch()", view),
+            ("_fill (lease.copy_in per part)", fill),
+            ("lease.header = ...", header),
+            ("lease.send()", send),
+            ("rx.recv()", recv),
+            ("msg.header", lambda: msgs[-1].header),
+            ("msg.torch()", lambda: msgs[-1].torch()),
+            ("load(msg, copy=False)", load_view),
+            ("load(msg, copy=True) + release", load_copy),
+        ],
+        n,
+    )
+    print("one tensor, step by step (the pattern of objects.py's channel rows):")
+    got = []
+
+    def send_t():
+        tx.send(t)
+
+    def recv_t():
+        got.append([rx.recv()])
+
+    def from_dlpack():
+        got[-1].append(torch.from_dlpack(got[-1][0]))
+
+    def accessor():
+        got[-1].append(got[-1][0].torch())
+
+    def op():
+        got[-1].append(got[-1][1].view(-1)[:1] * 2)
+
+    def release():
+        m = got.pop()[0]
+        m.release()
+
+    step_rows(
+        [
+            ("t.fill_(1.0) (the producer's op)", lambda: t.fill_(1.0)),
+            ("tx.send(t)", send_t),
+            ("rx.recv()", recv_t),
+            ("torch.from_dlpack(msg)", from_dlpack),
+            ("msg.torch()", accessor),
+            ("x.view(-1)[:1] * 2 (the consumer's op)", op),
+            ("drop views, msg.release()", release),
+        ],
+        n,
+    )
+    torch.cuda.synchronize()
+
+
+def step_rows(rows, n):
+    """Times each step of ``rows`` (label, fn), run in turn n times."""
     per = {label: [] for label, _ in rows}
     for _ in range(n):
         for label, fn in rows:
@@ -133,7 +175,6 @@ def main():
             "  %-52s p50 %7.2f us  p99 %7.2f us"
             % (label, ns[len(ns) // 2] / 1e3, ns[int(0.99 * len(ns))] / 1e3)
         )
-    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The hand-off as real code meets it, against torch's queues, in one run.
 
-    python python/bench/objects.py [--quick] [--json out.json]
+    python python/bench/objects.py [--quick] [--json out.json] [--rust BIN] [--shapes S,..]
 
 Each row is a producer and a consumer process on GPU 0. Per item the producer runs a
 torch op on its tensor (``t.fill_(i)``, one kernel) and hands it over; the consumer takes
@@ -11,7 +11,10 @@ returns a tensor the consumer owns), ``torch.multiprocessing.Queue()`` and
 ``SimpleQueue()``. What goes through:
 
 - ``tensor``: one CUDA tensor of 4 KB, 5 MB, 64 MB; also through a gpuring channel as a
-  program written for it does (``tx.send(t)``; ``torch.from_dlpack(msg)``, zero-copy);
+  program written for it does (``tx.send(t)``; ``torch.from_dlpack(msg)``, zero-copy;
+  and with the package's accessor ``msg.torch()``), and through the Rust API doing the
+  same (``examples/handoff.rs``, given as ``--rust BIN``: a memset over the tensor, lease,
+  copy, send; receive, a 4-byte copy out of the message);
 - ``tuple``: ``(time.time(), t)`` with a 4 KB tensor;
 - ``dict10``: ten 4 KB tensors and an int in a dict;
 - ``state``: a state dict of 300 float32 tensors, 511 MB (time per message).
@@ -27,6 +30,8 @@ into its slot.
 
 import argparse
 import json
+import os
+import subprocess
 import time
 
 import torch
@@ -67,7 +72,11 @@ def first_tensor(obj):
 def producer(how, q, name, shape, size, n, lat, ack, out):
     pool = [make_item(shape, size, i) for i in range(POOL)]
     torch.cuda.synchronize()
-    tx = gpuring.Channel.open(name, device=0, timeout=30).sender() if how == "channel" else None
+    tx = (
+        gpuring.Channel.open(name, device=0, timeout=30).sender()
+        if how.startswith("channel")
+        else None
+    )
     sent = []
     for i in range(n):
         item = pool[i % POOL]
@@ -86,13 +95,17 @@ def producer(how, q, name, shape, size, n, lat, ack, out):
 
 def consumer(how, q, name, n, lat, ack, out):
     torch.cuda.init()
-    rx = gpuring.Channel.open(name, device=0, timeout=30).receiver() if how == "channel" else None
+    rx = (
+        gpuring.Channel.open(name, device=0, timeout=30).receiver()
+        if how.startswith("channel")
+        else None
+    )
     got = []
     t_first = None
     for i in range(n):
         if rx is not None:
             msg = rx.recv(timeout=60)
-            x = torch.from_dlpack(msg)
+            x = msg.torch() if how == "channel .torch()" else torch.from_dlpack(msg)
         else:
             obj = q.get()
             x = first_tensor(obj)
@@ -115,7 +128,7 @@ def consumer(how, q, name, n, lat, ack, out):
 def run(ctx, how, shape, size, n, lat):
     name = "gpuring-objbench-%d" % time.monotonic_ns()
     ch = q = None
-    if how == "channel":
+    if how.startswith("channel"):
         ch = gpuring.Channel.create(name, slot_bytes=max(size, 1 << 20), device=0)
     elif how == "gpuring":
         q = gpuring.Queue(device=0)
@@ -142,13 +155,31 @@ def run(ctx, how, shape, size, n, lat):
     return rep
 
 
-def row(ctx, how, shape, size, quick):
+def counts(shape, size, quick):
+    """Items timed for latency and for the rate, and warm-up items, of a row."""
     big = shape == "state" or size >= 32 << 20
     n_lat = (10 if quick else 30) if shape == "state" else (100 if big else 1000)
     n_rate = (10 if quick else 30) if shape == "state" else (300 if big else 5000)
     if quick and shape != "state":
         n_lat, n_rate = n_lat // 4, n_rate // 4
-    warm = 3 if shape == "state" else 20
+    return n_lat, n_rate, 3 if shape == "state" else 20
+
+
+def rust_row(binary, size, quick):
+    """The Rust API doing the channel rows' pattern (examples/handoff.rs), same counts."""
+    n_lat, n_rate, warm = counts("tensor", size, quick)
+    out = subprocess.run(
+        [binary, str(size), str(n_lat), str(n_rate), str(warm)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def row(ctx, how, shape, size, quick):
+    n_lat, n_rate, warm = counts(shape, size, quick)
     lat = sorted(run(ctx, how, shape, size, n_lat + warm, True)["lat"][warm:])
     rate = run(ctx, how, shape, size, n_rate, False)
     return {
@@ -162,18 +193,30 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--rust", help="examples/handoff.rs built (.gpu/bin/example-handoff)")
+    ap.add_argument("--shapes", default="tensor,tuple,dict10,state")
     args = ap.parse_args()
+    if args.rust is None and os.path.exists(".gpu/bin/example-handoff"):
+        args.rust = ".gpu/bin/example-handoff"
+    if args.rust is None:
+        print("Rust API rows skipped: no --rust binary (examples/handoff.rs)", flush=True)
     ctx = torch.multiprocessing.get_context("spawn")
+    shapes = args.shapes.split(",")
     plan = [("tensor", label, size) for label, size in SIZES]
     plan += [("tuple", "4 KB", 4 << 10), ("dict10", "10 x 4 KB", 4 << 10)]
     plan += [("state", "300 tensors, 511 MB", 0)]
+    plan = [p for p in plan if p[0] in shapes]
     results = []
     for shape, label, size in plan:
-        hows = ["channel"] if shape == "tensor" else []
+        hows = ["Rust API"] if shape == "tensor" and args.rust else []
+        hows += ["channel", "channel .torch()"] if shape == "tensor" else []
         hows += ["gpuring", "torch Queue", "torch SimpleQueue"]
         base = None
         for how in hows:
-            r = row(ctx, how, shape, size, args.quick)
+            if how == "Rust API":
+                r = rust_row(args.rust, size, args.quick)
+            else:
+                r = row(ctx, how, shape, size, args.quick)
             r.update(shape=shape, size=label, how=how)
             results.append(r)
             if how == "torch Queue":
@@ -193,6 +236,22 @@ def main():
             % (shape, label, base["p50_us"] / g["p50_us"], g["items_per_s"] / base["items_per_s"]),
             flush=True,
         )
+        mine = {r["how"]: r for r in results if r["shape"] == shape and r["size"] == label}
+        if "Rust API" in mine:
+            rust = mine["Rust API"]["p50_us"]
+            print(
+                "%-7s %-20s p50 over the Rust API: channel %+.1f us, channel .torch() %+.1f us, "
+                "Queue %+.1f us; torch Queue p50 / channel p50: %.1fx"
+                % (
+                    shape,
+                    label,
+                    mine["channel"]["p50_us"] - rust,
+                    mine["channel .torch()"]["p50_us"] - rust,
+                    g["p50_us"] - rust,
+                    base["p50_us"] / mine["channel"]["p50_us"],
+                ),
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
