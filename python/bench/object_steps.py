@@ -77,53 +77,9 @@ def main():
     timed("tensor: send + recv + torch().clone()", whole_tensor, n)
     timed("tuple: send_object + recv + object(copy=True)", whole_tuple, n)
     timed("dict10: send_object + recv + object(copy=True)", whole_dict, n)
-    print("tuple, step by step:")
-    packed = timed("Packed(obj) (pickle with references)", lambda: _objects.Packed(obj, device), n)
-    lease_box = []
-
-    def lease():
-        lease_box.append(tx.lease((packed.total,), "uint8"))
-
-    def view():
-        return lease_box[-1].torch()
-
-    def fill():
-        _objects._fill(lease_box[-1], packed.parts, packed.blob, packed.spill)
-
-    def header():
-        lease_box[-1].header = packed.header
-
-    def send():
-        lease_box.pop().send()
-
-    msgs = []
-
-    def recv():
-        msgs.append(rx.recv())
-
-    def load_view():
-        return _objects.load(msgs[-1], False)
-
-    def load_copy():
-        out = _objects.load(msgs[-1], True)
-        msgs.pop().release()
-        return out
-
-    step_rows(
-        [
-            ("tx.lease((n,), 'uint8')", lease),
-            ("lease.torch()", view),
-            ("_fill (lease.copy_in per part)", fill),
-            ("lease.header = ...", header),
-            ("lease.send()", send),
-            ("rx.recv()", recv),
-            ("msg.header", lambda: msgs[-1].header),
-            ("msg.torch()", lambda: msgs[-1].torch()),
-            ("load(msg, copy=False)", load_view),
-            ("load(msg, copy=True) + release", load_copy),
-        ],
-        n,
-    )
+    for label, o in (("tuple", obj), ("dict10", d10)):
+        print("%s, step by step:" % label)
+        object_steps(tx, rx, o, device, n)
     print("one tensor, step by step (the pattern of objects.py's channel rows):")
     got = []
 
@@ -159,6 +115,52 @@ def main():
         n,
     )
     torch.cuda.synchronize()
+
+
+def object_steps(tx, rx, obj, device, n):
+    """Times each step of an object's put and get, one after another, n times."""
+    packed = timed("Packed(obj) (pickle with references)", lambda: _objects.Packed(obj, device), n)
+    lease_box = []
+
+    def lease():
+        lease_box.append(tx.lease((packed.total,), "uint8"))
+
+    def fill():
+        _objects._fill(lease_box[-1], packed.parts, packed.blob, packed.spill)
+
+    def header():
+        lease_box[-1].header = packed.header
+
+    def send():
+        lease_box.pop().send()
+
+    msgs = []
+
+    def recv():
+        msgs.append(rx.recv())
+
+    def load_view():
+        return _objects.load(msgs[-1], False)
+
+    def load_copy():
+        out = _objects.load(msgs[-1], True)
+        msgs.pop().release()
+        return out
+
+    step_rows(
+        [
+            ("tx.lease((n,), 'uint8')", lease),
+            ("_fill (lease.copy_in per part)", fill),
+            ("lease.header = ...", header),
+            ("lease.send()", send),
+            ("rx.recv()", recv),
+            ("msg.header", lambda: msgs[-1].header),
+            ("msg.torch()", lambda: msgs[-1].torch()),
+            ("load(msg, copy=False)", load_view),
+            ("load(msg, copy=True) + release", load_copy),
+        ],
+        n,
+    )
 
 
 def step_rows(rows, n):
