@@ -102,21 +102,25 @@ class _Packer(pickle.Pickler):
         return k
 
     def _tensor(self, t, torch):
-        if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
+        # Properties and methods in C only (no torch.device made): this runs per tensor.
+        if t.layout is not torch.strided or t.is_quantized:
             return None  # torch pickles these itself (their bytes inside the pickle)
-        if t.device.type == "cuda":
-            dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        if t.is_cuda:
+            dev = t.get_device()
             if self.device is not None and dev != self.device:
                 raise CudaError(
                     "a tensor of the object is on cuda:%d, the channel's slots on cuda:%d: "
                     "move it there first" % (dev, self.device)
                 )
-        else:
+        elif t.is_cpu:
             dev = -1
-        off = self._place(t, t.numel() * t.element_size())
-        dtype = _torch_name(torch, t.dtype) or t.dtype
-        param = isinstance(t, torch.nn.Parameter)
-        return (_TENSOR, off, dtype, tuple(t.shape), dev, bool(t.requires_grad), param)
+        else:
+            return None  # another device: torch pickles it
+        off = self._place(t, t.nbytes)
+        dt = t.dtype
+        dtype = _names.get(dt) or _torch_name(torch, dt) or dt
+        param = type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter)
+        return (_TENSOR, off, dtype, tuple(t.shape), dev, t.requires_grad, param)
 
 
 class Packed:

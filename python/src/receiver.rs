@@ -230,13 +230,18 @@ impl PyReceiver {
 static TORCH_FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// A torch tensor over a DLPack capsule of ours (imports torch). Given a capsule,
-/// `torch.from_dlpack` only wraps it: the caller has ordered the streams already.
+/// `torch.from_dlpack` only wraps it: the caller has ordered the streams already. Its C
+/// half, `torch._C._from_dlpack`, is called where torch has it (what `torch.from_dlpack`
+/// ends in, without its Python wrapper: this runs once per tensor received).
 pub(crate) fn torch_from_capsule<'py>(
     py: Python<'py>,
     capsule: Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let from_dlpack = TORCH_FROM_DLPACK
-        .get_or_try_init(py, || py.import("torch")?.getattr("from_dlpack").map(Bound::unbind))?;
+    let from_dlpack = TORCH_FROM_DLPACK.get_or_try_init(py, || {
+        let torch = py.import("torch")?;
+        let c = torch.getattr("_C")?.getattr("_from_dlpack");
+        c.or_else(|_| torch.getattr("from_dlpack")).map(Bound::unbind)
+    })?;
     from_dlpack.bind(py).call1((capsule,))
 }
 

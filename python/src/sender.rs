@@ -36,7 +36,8 @@ fn read_source<'py>(
     Ok((src, asked))
 }
 
-/// Copies `src` (read in the order of stream `asked`, where one was asked for) into
+/// Copies `src` (a CUDA one read in the order of stream `asked` where given, else of
+/// torch's current stream on its device) into
 /// `lease` at byte `offset`, which the caller checked it fits at: a host copy; device to
 /// host by the driver (done when the call returns: into pageable memory by the driver's
 /// staging, into a pinned slot by a wait here); into a GPU slot, on the lease's stream
@@ -58,9 +59,13 @@ fn copy_into(
                 Place::Cuda(_) => Dir::DeviceToDevice,
                 Place::Host => Dir::HostToDevice,
             };
-            if let Some(raw) = asked {
-                // Read in the order of the stream it was asked for on (no-op when that is
-                // the lease's).
+            if let Place::Cuda(d) = place {
+                // Read in the order of the stream it was asked for on, or torch's current
+                // one (no-op when that is the lease's).
+                let raw = match asked {
+                    Some(raw) => raw,
+                    None => gpu::current_stream(py, d)?,
+                };
                 g.join(l.cuda_stream(), &g.stream(raw)).map_err(|e| e.err(py))?;
             }
             g.copy(dir, l.device_ptr() + offset, ptr, n, l.cuda_stream()).map_err(|e| e.err(py))
@@ -448,7 +453,8 @@ impl PySender {
             drop(src);
             return sent.map_err(|e| e.into_err(py));
         }
-        copy_into(py, &tx, &mut lease, 0, &src, asked)?;
+        // The lease is on `raw_stream`, which a CUDA source was read in the order of.
+        copy_into(py, &tx, &mut lease, 0, &src, Some(raw_stream))?;
         drop(src);
         send_lease(py, &tx, until, lease, meta, tag)
     }

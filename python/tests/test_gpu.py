@@ -263,6 +263,34 @@ def test_lease_torch_view_orders_the_stream_it_was_made_on(name):
             assert got == 1024.0, "control: the unordered write was seen (%r)" % got
 
 
+def test_lease_copy_in_reads_the_source_in_order_of_the_current_stream(name):
+    """``lease.copy_in(t)`` while another stream than the lease's is current: the tensor,
+    written on that stream behind a ~0.3 s kernel, is copied after those writes (the
+    lease's stream waits for the current one). Control: the same copy with the lease's
+    own stream current reads the tensor before the slow writes land."""
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=1 << 20, device=0)
+    tx, rx = ch.sender(), ch.receiver()
+    side = torch.cuda.Stream()
+    for ordered in (True, False):
+        src = torch.ones(1024, device="cuda")
+        torch.cuda.synchronize()
+        with tx.lease((1024,), torch.float32) as buf:  # leased on the default stream
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
+                src.fill_(3.0)
+                if ordered:
+                    buf.copy_in(src)
+            if not ordered:
+                buf.copy_in(src)  # current stream: the lease's, which does not wait for side
+        with rx.recv(timeout=5) as msg:
+            got = msg.torch().sum().item()
+        torch.cuda.synchronize()
+        if ordered:
+            assert got == 3072.0, "copy_in read the source before its stream's writes"
+        else:
+            assert got == 1024.0, "control: the unordered copy saw the slow write (%r)" % got
+
+
 def test_pinned_host_channel_gpu_to_cpu_process(name):
     """GPU process -> this (CPU-side) reader through a host channel pinned by the sender:
     each 54 MB tensor is written after a ~0.3 s kernel, and `send` returns after queueing
