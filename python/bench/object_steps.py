@@ -126,7 +126,7 @@ def object_steps(tx, rx, obj, device, n):
         lease_box.append(tx.lease((packed.total,), "uint8"))
 
     def fill():
-        _objects._fill(lease_box[-1], packed.parts, packed.blob, packed.spill)
+        _objects._fill(lease_box[-1], packed.parts, packed.blob, packed.spill, device)
 
     def header():
         lease_box[-1].header = packed.header
@@ -150,7 +150,7 @@ def object_steps(tx, rx, obj, device, n):
     step_rows(
         [
             ("tx.lease((n,), 'uint8')", lease),
-            ("_fill (lease.copy_in per part)", fill),
+            ("_fill (the copies into the slot)", fill),
             ("lease.header = ...", header),
             ("lease.send()", send),
             ("rx.recv()", recv),

@@ -226,6 +226,9 @@ class Lease:
         ``torch.from_dlpack(lease)``, ordered on torch's current stream), at a fraction of
         the cost. Not to be used after the lease is sent."""
 
+    def torch_views(self, parts: list[Tuple[int, Any, Any]]) -> list[Any]:
+        """Writable torch tensors viewing ``parts`` (byte offset, dtype, shape) of the slot."""
+
     @property
     def shape(self) -> Tuple[int, ...]: ...
     @property

@@ -169,7 +169,7 @@ class Packed:
             )
         lease = tx.lease((self.total,), "uint8", timeout=timeout, tag=tag)
         try:
-            _fill(lease, self.parts, self.blob, self.spill)
+            _fill(lease, self.parts, self.blob, self.spill, self.device)
             lease.header = self.header
             lease.send(timeout)
         except BaseException:
@@ -187,27 +187,55 @@ def _bytes_of_ndarray(np, a):
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def _fill(lease, parts, blob, spill):
+def _fill(lease, parts, blob, spill, device=None):
+    """Copies each part into the lease at its offset, and the spilled pickle after them.
+    Into GPU slots (``device``), the CUDA tensors of gpuring's dtypes go in one
+    ``torch._foreach_copy_`` into views of the slot made in one call (one launch where
+    torch can, against one driver copy of ~4 µs each); the rest one ``copy_in`` each."""
     torch = sys.modules.get("torch")
     np = sys.modules.get("numpy")
+    many = []  # (tensor, offset, nbytes, dtype name): CUDA tensors for the one foreach copy
     for obj, off, n in parts:
         if n == 0:
             continue
         if torch is not None and isinstance(obj, torch.Tensor):
-            try:
-                lease.copy_in(obj, off)
-            except DTypeError:
-                # A dtype DLPack does not carry: torch copies it, as bytes of the slot.
-                view = lease.torch()[off : off + n].view(obj.dtype).view(obj.shape)
-                with torch.no_grad():
-                    view.copy_(obj)
+            name = _torch_name(torch, obj.dtype) if device is not None and obj.is_cuda else None
+            if name is not None:
+                many.append((obj, off, n, name))
+            else:
+                _copy_tensor(lease, obj, off, n, torch)
         else:
             lease.copy_in(_bytes_of_ndarray(np, obj), off)
+    if len(many) > 1:
+        try:
+            # Views ordered on torch's current stream (after the slot's last reader; the
+            # send waits for them), where the sources were written.
+            dsts = lease.torch_views([(off, name, tuple(t.shape)) for t, off, _, name in many])
+        except (DTypeError, BufferError, RuntimeError):
+            dsts = None  # a dtype gpuring or torch's DLPack import refuses: one copy each
+        if dsts is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(dsts, [t for t, _, _, _ in many])
+            del dsts
+            many = []
+    for t, off, n, _ in many:
+        _copy_tensor(lease, t, off, n, torch)
     if spill is not None:
         if np is not None:
             lease.copy_in(np.frombuffer(blob, dtype=np.uint8), spill)
         else:
             lease.copy_in(torch.frombuffer(bytearray(blob), dtype=torch.uint8), spill)
+
+
+def _copy_tensor(lease, t, off, n, torch):
+    """One tensor into the lease: one driver copy, or torch's for a dtype DLPack does not
+    carry (as bytes of the slot)."""
+    try:
+        lease.copy_in(t, off)
+    except DTypeError:
+        view = lease.torch()[off : off + n].view(t.dtype).view(t.shape)
+        with torch.no_grad():
+            view.copy_(t)
 
 
 class _Loader(pickle.Unpickler):

@@ -259,7 +259,7 @@ pub(crate) fn views_at<'py>(
         let (offset, dtype, shape): (u64, Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
         let meta = dtypes::meta(&shape, dtypes::from_py(&dtype)?)?;
         if offset.checked_add(meta.nbytes()).is_none_or(|end| end > len) {
-            return Err(raise(py, Class::Corrupted, "a part lies outside the message's payload"));
+            return Err(raise(py, Class::Corrupted, "a part lies outside the payload"));
         }
         let capsule = dlpack::export(py, ptr + offset as usize, place, &meta, false, keep())?;
         out.append(torch_from_capsule(py, capsule)?)?;

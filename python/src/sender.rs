@@ -12,7 +12,7 @@ use gpuring::{
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyList, PyTuple};
 
 use crate::blocking::{Step, Until, lock_for, wait};
 use crate::channel::AnyChannel;
@@ -615,6 +615,14 @@ impl PyLease {
         raw: Option<usize>,
         versioned: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
+        self.write_on(py, raw)?;
+        dlpack::export(py, self.ptr, self.place, &self.meta, versioned, Box::new(self.tx.clone()))
+    }
+
+    /// Readies views that write on stream `raw` (a raw handle; `None`: the lease's own):
+    /// `raw` waits for the lease's stream (the slot's last reader), and the send will wait
+    /// for `raw`. `Closed` once the lease was sent or cancelled.
+    fn write_on(&self, py: Python<'_>, raw: Option<usize>) -> PyResult<()> {
         let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(lease) = guard.as_mut() else {
             return Err(closed(py, "lease (sent or cancelled)"));
@@ -628,7 +636,15 @@ impl PyLease {
             g.join(&s, l.cuda_stream()).map_err(|e| e.err(py))?;
             foreign.push(s);
         }
-        dlpack::export(py, self.ptr, self.place, &self.meta, versioned, Box::new(self.tx.clone()))
+        Ok(())
+    }
+
+    /// Torch's current stream on the channel's GPU (`None` for host slots).
+    fn current_stream(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        match &self.tx.gpu {
+            Some(g) => gpu::current_stream(py, g.ordinal).map(Some),
+            None => Ok(None),
+        }
     }
 }
 
@@ -740,12 +756,24 @@ impl PyLease {
     /// stream look-ups of ``torch.from_dlpack``'s protocol path (as :meth:`Message.torch`).
     /// Imports torch. The view must not be used after the lease is sent.
     fn torch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let raw = match &self.tx.gpu {
-            Some(g) => Some(gpu::current_stream(py, g.ordinal)?),
-            None => None,
-        };
-        let capsule = self.export(py, raw, false)?;
+        let capsule = self.export(py, self.current_stream(py)?, false)?;
         crate::receiver::torch_from_capsule(py, capsule)
+    }
+
+    /// Writable torch tensors viewing ``parts`` of the slot, a list of ``(byte offset,
+    /// dtype, shape)``: several tensors of one slot in one call, each ordered as
+    /// :meth:`torch` is (writes on torch's current stream come after the slot's last
+    /// reader, and the send waits for them). They must not be used after the lease is
+    /// sent. Raises ``Corrupted`` for a part past the lease's bytes, ``DTypeError``,
+    /// ``Closed``.
+    fn torch_views<'py>(
+        &self,
+        py: Python<'py>,
+        parts: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.write_on(py, self.current_stream(py)?)?;
+        let at = (self.ptr, self.meta.nbytes(), self.place);
+        crate::receiver::views_at(py, at, parts, &|| Box::new(self.tx.clone()))
     }
 
     fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {

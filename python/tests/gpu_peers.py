@@ -138,10 +138,13 @@ def put_state_dict(q, rounds):
 
 
 def put_after_slow_kernel(q, count):
-    """Objects whose tensor is written after a slow kernel on the current stream."""
+    """Objects whose tensors (two: one foreach copy into the slot) are written after a
+    slow kernel on the current stream."""
     for k in range(1, count + 1):
         x = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
+        y = torch.zeros(1 << 10, dtype=torch.float16, device="cuda")
         torch.cuda._sleep(SLOW_CYCLES)
         x.fill_(k)
-        q.put({"k": k, "x": x}, timeout=60)
+        y.fill_(k + 0.5)
+        q.put({"k": k, "x": x, "y": y}, timeout=60)
     torch.cuda.synchronize()

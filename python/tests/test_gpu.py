@@ -384,5 +384,6 @@ def test_object_tensors_written_after_a_slow_kernel_are_read_in_stream_order(nam
         got = q.get(timeout=60)
         assert got["k"] == k
         assert int(got["x"][0].item()) == k and int(got["x"][-1].item()) == k
+        assert float(got["y"][0].item()) == k + 0.5 and float(got["y"][-1].item()) == k + 0.5
     done(p)
     q.close()
