@@ -342,3 +342,82 @@ fn a_pool_larger_than_dev_shm_can_hold_is_no_space_and_leaves_nothing() {
     drop(ch);
     assert!(leftovers(&name).is_empty());
 }
+
+#[test]
+fn a_forked_child_keeps_no_segment_alive() {
+    let name = unique_name("fork");
+    let ch = Channel::builder(&name).capacity(16).slots(4, 64).create().unwrap();
+    let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    let lease = tx.acquire().unwrap();
+    tx.send(lease, TensorMeta::bytes(8)).unwrap();
+    drop(rx.recv().unwrap());
+    assert_eq!(leftovers(&name).len(), 2, "the channel and its pool: {:?}", leftovers(&name));
+    // SAFETY: the child calls only async-signal-safe functions (sleep, _exit) and keeps
+    // every descriptor and mapping it inherited until it is killed.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        // SAFETY: async-signal-safe calls in a forked child.
+        unsafe {
+            libc::sleep(30);
+            libc::_exit(0);
+        }
+    }
+    drop((tx, rx, ch));
+    let left = leftovers(&name);
+    // SAFETY: our child, killed and reaped.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert!(left.is_empty(), "a forked child kept {left:?} alive");
+}
+
+#[test]
+fn a_forked_child_that_drops_what_it_inherited_leaves_the_parents_channel_alone() {
+    let name = unique_name("fork-drop");
+    let ch = Channel::builder(&name).capacity(16).slots(4, 64).create().unwrap();
+    let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    // SAFETY: the child drops the handles it inherited and exits without returning to the
+    // test harness (it allocates no more than the drops do, in a copy of this process).
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        drop((tx, rx, ch));
+        // SAFETY: ends the forked child at once.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: our child, reaped.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    assert_eq!(status, 0, "the child failed");
+    assert_eq!(leftovers(&name).len(), 2, "the child's drops removed {:?}", leftovers(&name));
+    // The parent's endpoints still work, and another process can still open the channel.
+    let lease = tx.acquire_timeout(Duration::from_secs(1)).unwrap();
+    tx.send(lease, TensorMeta::bytes(8)).unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(1)).unwrap().meta().nbytes(), 8);
+    assert!(Channel::builder(&name).open().is_ok(), "the name is gone");
+    drop((tx, rx, ch));
+    assert!(leftovers(&name).is_empty(), "{:?}", leftovers(&name));
+
+    // A ring's endpoints too: the child's drops neither free the roles nor end the stream.
+    let name = unique_name("fork-ring");
+    let ring = SpscRing::<u64>::builder(&name).capacity(8).create().unwrap();
+    let (mut p, mut c) = (ring.producer().unwrap(), ring.consumer().unwrap());
+    // SAFETY: as above.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        drop((p, c, ring));
+        // SAFETY: ends the forked child at once.
+        unsafe { libc::_exit(0) };
+    }
+    // SAFETY: our child, reaped.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    assert_eq!(status, 0, "the child failed");
+    p.push(7).unwrap();
+    assert_eq!(c.pop_timeout(Duration::from_secs(1)).unwrap(), 7);
+    assert!(ring.producer().is_err(), "the child's drop freed the producer role");
+    drop((p, c, ring));
+    assert!(leftovers(&name).is_empty(), "{:?}", leftovers(&name));
+}

@@ -103,6 +103,9 @@ impl<B: Backend> core::fmt::Debug for Receiver<B> {
 
 impl<B: Backend> Drop for Receiver<B> {
     fn drop(&mut self) {
+        if self.channel.segment.inherited() {
+            return; // a forked child's copy: the parent's receiver leaves for itself
+        }
         for pool in self.pools.get_mut().iter().flatten() {
             B::receiver_gone(&pool.imported);
         }

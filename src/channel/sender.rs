@@ -558,6 +558,9 @@ impl<B: Backend> Sender<B> {
 
 impl<B: Backend> Drop for Sender<B> {
     fn drop(&mut self) {
+        if self.pool.inherited() {
+            return; // a forked child's copy: the parent's sender leaves for itself
+        }
         B::leave(&mut self.sending, &self.pool);
         self.channel.close_entry(self.index);
     }

@@ -232,6 +232,11 @@ pub(crate) struct Participant {
 
 impl Drop for Participant {
     fn drop(&mut self) {
+        if self.table.segment.inherited() {
+            // A forked child's copy: the entry and its lock (on the description the parent
+            // shares) stay the parent's.
+            return;
+        }
         let mut own = self.table.own.lock().unwrap_or_else(PoisonError::into_inner);
         let participants = self.table.participants();
         // Every claim of a leaving endpoint is finished. Relaxed: as the entry below.
@@ -379,6 +384,9 @@ impl Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
+        if self.table.segment.inherited() {
+            return; // a forked child's copy: role and count stay the parent's
+        }
         if self.holds_role {
             // Release: pairs with the Acquire CAS in `claim_role` of the next holder.
             self.role_word().store(0, Ordering::Release);

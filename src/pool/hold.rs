@@ -22,6 +22,9 @@ pub struct SlotLease {
 impl Drop for SlotLease {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
+            if pool.inherited() {
+                return; // a forked child's copy: the parent's lease gives the slot back
+            }
             if pool.core.cancel(self.slot) {
                 // The sender may have left while this lease was out.
                 pool.unlink_if_drained();
@@ -48,6 +51,9 @@ impl SlotHold {
 
 impl Drop for SlotHold {
     fn drop(&mut self) {
+        if self.pool.inherited() {
+            return; // a forked child's copy: the parent's message gives the slot back
+        }
         if self.pool.core.release(self.held) {
             self.pool.unlink_if_drained();
         }

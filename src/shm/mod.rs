@@ -36,6 +36,7 @@
 //! | `error.rs` | [`ShmError`] |
 //! | `options.rs` | the create/open options every named object shares, and their setters |
 //! | `lock.rs` | open-file-description byte locks |
+//! | `fork.rs` | which process a handle belongs to (a forked child's copies act for nobody) |
 //! | `tests.rs` | unit tests |
 
 use std::ffi::CString;
@@ -54,6 +55,7 @@ use crate::layout::{Corrupted, INIT_READY, LAYOUT_VERSION, MAGIC, SegmentHeader,
 use crate::sync::Ordering;
 
 mod error;
+mod fork;
 mod lock;
 mod map;
 mod options;
@@ -125,6 +127,8 @@ pub struct Segment {
     /// The inotify watch of the object's closes, made for the first async wait or select
     /// on it.
     closes: std::sync::OnceLock<std::sync::Arc<crate::wait::reactor::Closes>>,
+    /// The process that made this handle (see `fork.rs`).
+    pid: u32,
 }
 
 impl fmt::Debug for Segment {
@@ -231,6 +235,7 @@ impl Segment {
             closes: std::sync::OnceLock::new(),
             last_out: None,
             guard,
+            pid: fork::current_pid(),
         };
 
         let header = segment.header();
@@ -359,6 +364,7 @@ impl Segment {
             closes: std::sync::OnceLock::new(),
             last_out: None,
             guard,
+            pid: fork::current_pid(),
         };
         let header = segment.header();
 
@@ -477,6 +483,13 @@ impl Segment {
     }
 
     /// Gives up the liveness lock on `byte`.
+    /// Whether this handle is a copy a forked child inherited (made by another process
+    /// than this one): its drops must not act on shared state, which its maker's handle
+    /// still owns. No system call.
+    pub(crate) fn inherited(&self) -> bool {
+        self.pid != fork::current_pid()
+    }
+
     pub(crate) fn unlock_byte(&self, byte: u64) {
         unlock_byte(self.fd.as_fd(), byte);
     }
@@ -547,7 +560,10 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if self.unlink_on_drop {
+        if self.inherited() {
+            // A forked child's copy: its parent's handle has the segment open through the
+            // same file description (and locks), and decides when it goes.
+        } else if self.unlink_on_drop {
             let _ = shm::unlink(self.name.as_c_str()); // a create that failed half-way
         } else if let Some(last_out) = self.last_out.take() {
             self.leave(&last_out);

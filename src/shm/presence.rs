@@ -142,6 +142,7 @@ impl Segment {
             last_out: None,
             guard,
             closes: std::sync::OnceLock::new(),
+            pid: super::fork::current_pid(),
         };
         // Acquire: pairs with the Release store of the mark in `remove_locked`. A segment
         // already marked is one whose remover died before unlinking it.
