@@ -19,8 +19,9 @@ _OBJECT = 2
 # than a slot).
 _BIG = 3
 
-# Endpoints a forked child inherited from its parent: never used, never dropped (dropping
-# them in the child would act on the parent's behalf).
+# Endpoints a forked child inherited from its parent: never used again here (the child
+# opens its own). Dropping them would be harmless (the core's drops of a handle another
+# process made act on nothing shared); keeping them spares the child the unmapping.
 _inherited = []
 
 

@@ -1,5 +1,6 @@
 """The host path with numpy: no GPU needed (these run in CI)."""
 
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -660,3 +661,34 @@ def test_a_forked_child_reads_qsize_and_puts_objects(name):
     assert same(q.get(timeout=5), ("from the child", np.arange(3)))
     assert q.empty()
     q.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_dropping_inherited_endpoints_leaves_the_parents_channel(name):
+    """A child made by ``os.fork`` holds copies of the parent's channel, sender, receiver
+    and a received message; collecting them there acts on nothing the parent owns: the
+    parent's endpoints keep working and the channel stays open to others."""
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    tx.send(np.arange(4, dtype=np.int32))
+    held = rx.recv(timeout=5)
+    pid = os.fork()
+    if pid == 0:  # the child: drop every copy, then leave without running the parent's exit
+        code = 0
+        try:
+            del ch, tx, rx, held
+            gc.collect()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert list(np.from_dlpack(held)) == [0, 1, 2, 3]
+    held.release()
+    tx.send(np.full(4, 7, dtype=np.int32), timeout=5)
+    with rx.recv(timeout=5) as msg:
+        assert list(np.from_dlpack(msg)) == [7, 7, 7, 7]
+    other = gpuring.Channel.open(name)  # still there by name
+    with pytest.raises(gpuring.AttachError):
+        other.receiver()  # the parent's receiver still holds the SPSC role
+    other.close()
