@@ -43,16 +43,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(args.get(i).ok_or(usage)?.parse::<u64>()?)
     };
     let (size, n_lat, n_rate, warm) = (num(1)?, num(2)?, num(3)?, num(4)?);
-    let mut lat = gpu::run(size, n_lat + warm, true)?.lat;
-    let lat = lat.split_off(warm as usize);
+    let mut lat = gpu::run(size, n_lat + warm, true)?.lat.split_off(warm as usize);
     let rate = gpu::run(size, n_rate, false)?;
-    let mut lat_ns = lat;
-    lat_ns.sort_unstable();
-    let at = |q: f64| lat_ns[((q * lat_ns.len() as f64) as usize).min(lat_ns.len() - 1)] as f64;
+    let (p50, p99) = gpu::percentiles_us(&mut lat);
     println!(
-        "{{\"p50_us\": {:.2}, \"p99_us\": {:.2}, \"items_per_s\": {:.0}}}",
-        at(0.5) / 1e3,
-        at(0.99) / 1e3,
+        "{{\"p50_us\": {p50:.2}, \"p99_us\": {p99:.2}, \"items_per_s\": {:.0}}}",
         rate.items_per_s
     );
     Ok(())
@@ -92,7 +87,8 @@ mod gpu {
         pub(crate) items_per_s: f64,
     }
 
-    /// The channel the Python bench's channel rows make for `size` bytes.
+    /// A channel name of this process for one run (`size` bytes, latency or rate), under
+    /// the `gpuring-bench-` prefix the benches sweep after a killed run.
     fn name_for(size: u64, lat: bool) -> String {
         let mode = if lat { "lat" } else { "rate" };
         format!("gpuring-bench-handoff-{}-{size}-{mode}", std::process::id())
@@ -218,9 +214,15 @@ mod gpu {
     }
 
     fn print_row(label: &str, mut v: Vec<u64>) {
-        v.sort_unstable();
-        let at = |q: f64| v[((q * v.len() as f64) as usize).min(v.len() - 1)] as f64 / 1e3;
-        println!("  {label:<52} p50 {:7.2} us  p99 {:7.2} us", at(0.5), at(0.99));
+        let (p50, p99) = percentiles_us(&mut v);
+        println!("  {label:<52} p50 {p50:7.2} us  p99 {p99:7.2} us");
+    }
+
+    /// The median and 99th percentile of `ns` (nanoseconds, sorted here), in microseconds.
+    pub(crate) fn percentiles_us(ns: &mut [u64]) -> (f64, f64) {
+        ns.sort_unstable();
+        let at = |q: f64| ns[((q * ns.len() as f64) as usize).min(ns.len() - 1)] as f64 / 1e3;
+        (at(0.5), at(0.99))
     }
 
     /// What the driver's copy calls cost the CPU (a GPU channel's sends make one per part):

@@ -19,8 +19,8 @@
 #   check    all of the tests (Rust and Python) and the demo without and under MPS
 #   bench    before/after, alternated, two rounds, no MPS
 #   mps      before/after under MPS, and the demo under MPS
-#   objects  the Rust GPU tests, the Python suite, python/bench/objects.py --quick (no MPS)
-#   objects-mps  python/bench/objects.py --quick under MPS, then without
+#   objects  python/bench/objects.py --quick without MPS (one call: ~5 min)
+#   objects-mps  the same under MPS (another call, on the same warm machine)
 #   handoff  the one-tensor rows of objects.py (--quick; with the Rust API's, from
 #            .gpu/bin/example-handoff) and object_steps.py, under MPS, then without
 set -uo pipefail
@@ -94,19 +94,13 @@ case $what in
     timeout 60 .gpu/bin/gpuring demo > "$out/demo-mps.log" 2>&1; tail -9 "$out/demo-mps.log"
     mps_off
     ;;
-  objects)  # the Rust GPU tests, the Python suite, and the objects bench without MPS
-    timeout 200 bash .gpu/run.sh > "$out/tests.log" 2>&1; echo "run.sh exit $?"
-    grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq -c
-    timeout 200 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
-    grep -E "passed|failed|FAILED|Error" "$out/py.log" | tail -8
-    OUT=$out timeout 330 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps.log" 2>&1
+  objects)  # the objects bench (--quick) without MPS: ~5 min with the Rust API's rows
+    OUT=$out timeout 560 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps.log" 2>&1
     echo "== objects bench, no MPS (exit $?)"; cat "$out/objects-nomps.log"
     ;;
-  objects-mps)  # the objects bench (--quick) under MPS, then without
-    OUT=$out timeout 280 bash scripts/python-gpu.sh run objects --mps --quick > "$out/objects-mps.log" 2>&1
+  objects-mps)  # the objects bench (--quick) under MPS (run `objects` in the next call)
+    OUT=$out timeout 560 bash scripts/python-gpu.sh run objects --mps --quick > "$out/objects-mps.log" 2>&1
     echo "== objects bench, MPS (exit $?)"; cat "$out/objects-mps.log"
-    OUT=$out timeout 280 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps2.log" 2>&1
-    echo "== objects bench, no MPS (exit $?)"; cat "$out/objects-nomps2.log"
     ;;
   handoff)  # one tensor per item, the Rust API beside the package, under MPS then without
     OUT=$out timeout 250 bash scripts/python-gpu.sh run objects --mps --quick --shapes tensor > "$out/handoff-mps.log" 2>&1

@@ -118,7 +118,7 @@ class _Packer(pickle.Pickler):
             return None  # another device: torch pickles it
         off = self._place(t, t.nbytes)
         dt = t.dtype
-        dtype = _names.get(dt) or _torch_name(torch, dt) or dt
+        dtype = _torch_name(torch, dt) or dt
         param = type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter)
         return (_TENSOR, off, dtype, tuple(t.shape), dev, t.requires_grad, param)
 

@@ -350,14 +350,14 @@ impl PoolSegment {
         self.header().retired.load(Ordering::SeqCst) != 0
     }
 
-    /// After a release: if the sender is gone and every slot is free, nothing can
-    /// refer to the pool any more, so remove its name.
     /// Whether this handle is a forked child's copy (see `Segment::inherited`): its drops
     /// return no slot and close nothing.
     pub(crate) fn inherited(&self) -> bool {
         self.segment.inherited()
     }
 
+    /// After a release: if the sender is gone and every slot is free, nothing can
+    /// refer to the pool any more, so remove its name.
     pub(crate) fn unlink_if_drained(&self) {
         // SeqCst: see `close`.
         if self.header().closed.load(Ordering::SeqCst) == 1 && self.core.all_free() {

@@ -482,7 +482,6 @@ impl Segment {
         lock_byte(self.fd.as_fd(), byte).map_err(io::Error::from)
     }
 
-    /// Gives up the liveness lock on `byte`.
     /// Whether this handle is a copy a forked child inherited (made by another process
     /// than this one): its drops must not act on shared state, which its maker's handle
     /// still owns. No system call.
@@ -490,6 +489,7 @@ impl Segment {
         self.pid != fork::current_pid()
     }
 
+    /// Gives up the liveness lock on `byte`.
     pub(crate) fn unlock_byte(&self, byte: u64) {
         unlock_byte(self.fd.as_fd(), byte);
     }
