@@ -46,9 +46,10 @@ fn send_one(ch: &Channel, tag: u64) -> gpuring::Sender {
 }
 
 /// `replace_stale` after the creator crashed takes the dead instance's pools with its
-/// channel; and a pool of an earlier instance that is still there (one that was open
-/// somewhere when the channel was replaced) is an orphan that `clean` removes while the
-/// new channel of the same name lives, which keeps its own pools.
+/// channel; and a pool of an earlier instance that is still there (put back here by hand, as
+/// a process killed between removing a channel and its pools would leave it) is an orphan
+/// that `clean` removes while the new channel of the same name lives, which keeps its own
+/// pools.
 #[test]
 fn replace_stale_then_clean_leaves_nothing_of_the_old_instance() {
     if role().as_deref() == Some("creator") {
@@ -289,4 +290,36 @@ fn the_last_receiver_out_removes_a_dead_senders_pool() {
     assert_eq!(leftovers(&name).len(), 2, "the channel and the dead sender's pool");
     drop(rx);
     assert_eq!(leftovers(&name), Vec::<String>::new(), "the last one out took both");
+}
+
+/// The numpy-view case of the Python package in Rust terms: a message kept after its
+/// receiver and channel are dropped, its sender killed. The channel's last one out removes
+/// the pool's name although this process still maps it (the message reads on); nothing is
+/// left once the message goes. Before, the pool stayed in `/dev/shm` for good: the last one
+/// out skipped it (open here), and the slot coming back did not unlink a pool that no live
+/// sender had closed.
+#[test]
+fn a_message_kept_past_its_channel_leaves_nothing_once_its_sender_was_killed() {
+    if role().as_deref() == Some("victim") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let _tx = send_one(&ch, 9);
+        die();
+    }
+    let name = unique_name("kept-past");
+    let ch = Channel::builder(&name).capacity(8).slots(2, 64).create().unwrap();
+    let rx = ch.receiver().unwrap();
+    Peer::spawn(
+        "a_message_kept_past_its_channel_leaves_nothing_once_its_sender_was_killed",
+        "victim",
+        &name,
+    )
+    .died();
+    let msg = rx.recv_timeout(LIMIT).unwrap();
+    drop(rx);
+    drop(ch);
+    assert_eq!(leftovers(&name), Vec::<String>::new(), "the channel and its pool went");
+    assert_eq!(msg.tag(), 9);
+    assert_eq!(msg[..8], 9u64.to_le_bytes(), "the message still reads");
+    drop(msg);
+    assert_eq!(leftovers(&name), Vec::<String>::new());
 }

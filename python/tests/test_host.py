@@ -262,6 +262,37 @@ def test_peer_dead_after_the_sender_is_killed(name):
         rx.recv(timeout=5)
 
 
+def test_a_view_held_at_exit_after_the_producer_was_killed_leaves_nothing(name):
+    # The consumer is the channel's last user and exits holding a numpy view of a message
+    # whose producer was SIGKILLed. Before, the producer's pool stayed in /dev/shm (the
+    # name fixture checks): the channel's last one out left a pool still mapped by the view.
+    ready = spawn.Event()
+    p = spawn.Process(target=peers.produce_then_die, args=(name, [5], ready))
+    p.start()
+    assert ready.wait(30)
+    consumer = (
+        "import sys, numpy as np, gpuring\n"
+        "ch = gpuring.Channel.open(sys.argv[1], timeout=10)\n"
+        "rx = ch.receiver()\n"
+        "msg = rx.recv(timeout=10)\n"
+        "view = np.from_dlpack(msg)\n"
+        "print(int(view[0]), flush=True)\n"
+        "sys.stdin.readline()\n"
+        "print(int(view[0]), flush=True)\n"
+    )
+    c = subprocess.Popen(
+        [sys.executable, "-c", consumer, name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert c.stdout.readline() == "5\n"
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    out, _ = c.communicate("go\n", timeout=30)
+    assert (out, c.returncode) == ("5\n", 0)
+
+
 def test_a_producer_killed_then_restarted_gets_its_channel_back(name):
     # The first producer makes the channel, sends 3 and is killed before any consumer came.
     for values in ([0, 1, 2], [3, 4]):

@@ -379,8 +379,8 @@ pub(crate) fn pool_name(base: &str, nonce: u32, index: u32, instance: u32) -> St
 /// What the last user out of a channel asks (see `shm::LastOut`): the channel may go once
 /// its ring is empty; then every pool its table names goes first (pools that their
 /// senders' protocol already removed are gone; those a crash left, or whose slots a
-/// killed receiver held, are removed here). A pool still open somewhere (a message kept
-/// past its channel) stays. Names are derived from the table's indices and instances,
+/// killed receiver held, are removed here), also one still mapped somewhere (a message
+/// kept past its channel). Names are derived from the table's indices and instances,
 /// never read from it.
 pub(crate) fn last_out(seg: &Segment, layout: &ChannelLayout, base: &str, nonce: u32) -> bool {
     if !RingSegment::drained_in(seg, &layout.ring) {
@@ -390,8 +390,12 @@ pub(crate) fn last_out(seg: &Segment, layout: &ChannelLayout, base: &str, nonce:
     true
 }
 
-/// Removes every pool that the table of channel `seg` names and nobody has open: for the
-/// channel's last user out, and tools removing a channel.
+/// Removes the name of every pool that the table of channel `seg` names: for the channel's
+/// last user out, and tools removing a channel nobody has open. Whoever still maps such a
+/// pool (a message kept past its channel) keeps reading it: only the name goes, and nothing
+/// opens a pool by name without its channel (whose name, carrying this instance's nonce,
+/// is going too). Skipping pools still open left one in `/dev/shm` for good when its
+/// sender had died (nobody closed it, so its last slot back did not unlink it).
 pub(crate) fn remove_pools(seg: &Segment, layout: &ChannelLayout, base: &str, nonce: u32) {
     let Some(view) = ChannelView::with_layout(seg, *layout) else { return };
     for (index, entry) in (0u32..).zip(view.entries) {
@@ -401,7 +405,7 @@ pub(crate) fn remove_pools(seg: &Segment, layout: &ChannelLayout, base: &str, no
         }
         // Relaxed: after the Acquire above.
         let instance = entry.instance.load(Ordering::Relaxed) & 0xFFFF;
-        let _ = Segment::remove_if_unattended(&pool_name(base, nonce, index, instance), |_| true);
+        let _ = Segment::unlink(&pool_name(base, nonce, index, instance));
     }
 }
 

@@ -5,8 +5,8 @@
 //! The sender creates the segment; receivers open it. Its handles do not remove it when
 //! they drop: the sender marks it closed, and whoever sees it closed with every slot free
 //! (the sender itself, or the receiver returning the last slot in flight) unlinks it. The
-//! pools that a crash left behind go with their channel (the channel's last user out
-//! removes them).
+//! pools that a crash left behind go with their channel: the channel's last user out
+//! removes their names, even where a message kept past its channel still maps one.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
