@@ -16,7 +16,9 @@ use common::gpu::{memset, setup, value};
 use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
-use gpuring::{Channel, ChannelError, Cuda, CudaError, GpuReady, Message, TensorMeta, WaitPolicy};
+use gpuring::{
+    Channel, ChannelError, Cuda, CudaError, GpuReady, Message, PoolState, TensorMeta, WaitPolicy,
+};
 
 #[global_allocator]
 static GLOBAL: common::counting::Counting = common::counting::Counting;
@@ -604,6 +606,10 @@ fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
                     other => panic!("message {seq}: expected SenderGone, got {other:?}"),
                 }
             }
+            // Refused without importing it, each message's slot given back: the pool drained.
+            let dead = ch.pools().into_iter().find(|p| p.state == PoolState::Closed).unwrap();
+            let path = std::path::Path::new("/dev/shm").join(&dead.name);
+            assert!(!path.exists(), "the dead sender's pool {} is still there", dead.name);
             let m = rx.recv_timeout(LIMIT).unwrap();
             let mut words = [0u32; 2];
             read_words(m.device_ptr(), &mut words, &stream);
@@ -695,5 +701,109 @@ fn gpu_host_flags_receiver_sees_its_senders_death() {
         receiver.expect("peer-dead");
         let status = receiver.child.wait().unwrap();
         assert!(status.success(), "the {role}'s checks failed: {status}");
+    }
+}
+
+/// A GPU sender SIGKILLed with 3 messages queued, whose pool the receiver had imported
+/// (it read the sender's first message): the receiver refuses all 3 with `SenderGone`,
+/// reading nothing, with no sender registering after it; the kernel marked the pool's
+/// owner word at the death, which the receiver reads with one load per message. Then the
+/// dead sender's pool is gone from `/dev/shm` (the receiver closed it) while the channel
+/// lives. The control, a live sender, has the same 3 messages read with their values.
+/// Events and host ready flags. Before, the receiver handed out messages whose memory went
+/// with their process (RELIABILITY.md's "known gaps"). All ends run in children.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
+fn gpu_messages_of_a_killed_sender_are_refused_by_a_receiver_that_imported_its_pool() {
+    const WORDS: usize = 1024;
+    const TEST: &str =
+        "gpu_messages_of_a_killed_sender_are_refused_by_a_receiver_that_imported_its_pool";
+    let marker = |name: &str, what: &str| std::env::temp_dir().join(format!("{name}.{what}"));
+    let victim = std::env::var("GPURING_TEST_MODE").as_deref() == Ok("victim");
+    match role().as_deref() {
+        Some("sender") => {
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+            let tx = ch.sender().unwrap();
+            let send = |seq: u64| {
+                let lease = tx.acquire_timeout(LIMIT).unwrap();
+                memset(lease.device_ptr(), value(seq), WORDS, &stream);
+                tx.send_timeout(lease, TensorMeta::bytes((WORDS * 4) as u64), LIMIT).unwrap();
+            };
+            send(0);
+            common::wait_for("the import", LIMIT, || marker(&ring_name(), "imported").exists());
+            (1..=3).for_each(send);
+            stream.synchronize().unwrap();
+            if victim {
+                die();
+            }
+            announce("sent");
+            common::wait_for("the end", LIMIT, || marker(&ring_name(), "exit").exists());
+            return; // the drop waits for the slots to come back
+        }
+        Some("receiver") => {
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            announce("ready");
+            let mut words = [0u32; 2];
+            let m = rx.recv_timeout(LIMIT).unwrap();
+            read_words(m.device_ptr(), &mut words, &stream);
+            assert_eq!(words, [value(0); 2], "the first message, which imports the pool");
+            drop(m);
+            announce("imported");
+            common::wait_for("the go", LIMIT, || marker(&ring_name(), "go").exists());
+            for seq in 1..=3 {
+                match rx.recv_timeout(LIMIT) {
+                    Err(gpuring::RecvTimeoutError::SenderGone) if victim => {}
+                    Ok(m) if !victim => {
+                        read_words(m.device_ptr(), &mut words, &stream);
+                        assert_eq!(words, [value(seq); 2], "the live sender's message {seq}");
+                    }
+                    other => panic!("message {seq} (victim: {victim}): got {other:?}"),
+                }
+            }
+            if victim {
+                let pools = ch.pools();
+                assert!(pools.iter().all(|p| p.state == PoolState::Closed), "{pools:?}");
+                let pool = &pools[0].name;
+                let gone = !std::path::Path::new("/dev/shm").join(pool).exists();
+                assert!(gone, "the dead sender's pool {pool} is still in /dev/shm");
+            }
+            announce("done");
+            return;
+        }
+        _ => {}
+    }
+    for ready in [GpuReady::Event, GpuReady::HostFlag] {
+        for mode in ["control", "victim"] {
+            let (_, stream) = setup();
+            let name = unique_name("gpu-killed-imported");
+            let ch = Channel::builder(&name).slots(4, (WORDS * 4) as u64).cuda(&stream);
+            let _ch = ch.ready(ready).create().unwrap();
+            let env = [("GPURING_TEST_MODE", mode.to_owned())];
+            let mut receiver = Peer::spawn_with(TEST, "receiver", &name, &env);
+            receiver.expect("ready");
+            let mut sender = Peer::spawn_with(TEST, "sender", &name, &env);
+            receiver.expect("imported");
+            std::fs::write(marker(&name, "imported"), b"").unwrap();
+            if mode == "victim" {
+                sender.died();
+            } else {
+                sender.expect("sent");
+            }
+            std::fs::write(marker(&name, "go"), b"").unwrap();
+            receiver.expect("done");
+            let status = receiver.child.wait().unwrap();
+            std::fs::write(marker(&name, "exit"), b"").unwrap();
+            if mode == "control" {
+                assert!(sender.child.wait().unwrap().success(), "the live sender exits cleanly");
+            }
+            for what in ["imported", "go", "exit"] {
+                let _ = std::fs::remove_file(marker(&name, what));
+            }
+            assert!(status.success(), "{ready:?} {mode}: the receiver's checks failed: {status}");
+            println!("{ready:?} {mode}: passed");
+        }
     }
 }

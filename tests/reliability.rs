@@ -272,7 +272,9 @@ fn a_pool_kept_only_by_a_dead_receiver_gives_its_entry_back() {
 /// of the channel: when it leaves, the channel goes and the dead sender's pool with it.
 /// Before, the receiver let go of the channel before its own mapping of that pool, so the
 /// last-out removal saw the pool still open (by the receiver itself) and left it for
-/// good. (Found by the Python package's tests, whose fixture checks /dev/shm.)
+/// good. (Found by the Python package's tests, whose fixture checks /dev/shm.) Now the
+/// receiver closes the dead sender's pool as it takes the message, so the pool goes with
+/// the message, before the receiver leaves.
 #[test]
 fn the_last_receiver_out_removes_a_dead_senders_pool() {
     if role().as_deref() == Some("victim") {
@@ -287,9 +289,9 @@ fn the_last_receiver_out_removes_a_dead_senders_pool() {
     Peer::spawn("the_last_receiver_out_removes_a_dead_senders_pool", "victim", &name).died();
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 7);
     assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvTimeoutError::PeerDead)));
-    assert_eq!(leftovers(&name).len(), 2, "the channel and the dead sender's pool");
+    assert_eq!(leftovers(&name), [name.clone()], "the dead sender's pool went with its message");
     drop(rx);
-    assert_eq!(leftovers(&name), Vec::<String>::new(), "the last one out took both");
+    assert_eq!(leftovers(&name), Vec::<String>::new(), "the last one out took the channel");
 }
 
 /// The numpy-view case of the Python package in Rust terms: a message kept after its
@@ -322,4 +324,97 @@ fn a_message_kept_past_its_channel_leaves_nothing_once_its_sender_was_killed() {
     assert_eq!(msg[..8], 9u64.to_le_bytes(), "the message still reads");
     drop(msg);
     assert_eq!(leftovers(&name), Vec::<String>::new());
+}
+
+/// What `inspect` says of the pools' owner words: the kernel marked the killed sender's.
+fn owner_died(name: &str) -> Vec<Option<bool>> {
+    gpuring::inspect::inspect(name).unwrap().pools.iter().map(|p| p.owner_died).collect()
+}
+
+/// A sender killed with messages queued, and no sender registering after it: the receiver
+/// gets them (host memory outlives its sender), and the dead sender's pool goes from
+/// `/dev/shm` once they are received, while the channel lives on (SPSC and MPMC). The
+/// kernel marks the pool's owner word at the death (`inspect` shows it; a live sender's
+/// says alive, a cleanly departed one's is cleared). Before, the pool stayed until a
+/// sender registered or the channel went.
+#[test]
+fn a_dead_senders_pool_goes_once_its_messages_are_received() {
+    if role().as_deref() == Some("victim") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tx = ch.sender().unwrap();
+        for tag in 1..=3u64 {
+            let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+            lease.set_tag(tag);
+            tx.send(lease, TensorMeta::bytes(8)).unwrap();
+        }
+        die();
+    }
+    for mpmc in [false, true] {
+        let name = unique_name(if mpmc { "dead-pool-mpmc" } else { "dead-pool-spsc" });
+        let builder = Channel::builder(&name).capacity(8).slots(4, 64);
+        let ch = if mpmc { builder.mpmc().create() } else { builder.create() }.unwrap();
+        let rx = ch.receiver().unwrap();
+        Peer::spawn("a_dead_senders_pool_goes_once_its_messages_are_received", "victim", &name)
+            .died();
+        assert_eq!(owner_died(&name), [Some(true)], "the kernel marked the dead sender's word");
+        assert_eq!(leftovers(&name).len(), 2, "the channel and the dead sender's pool");
+        for tag in 1..=3u64 {
+            assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), tag);
+        }
+        assert_eq!(leftovers(&name), [name.clone()], "the pool went with its last message");
+        assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvTimeoutError::PeerDead)));
+
+        // A live sender's word says alive; a departed one's is cleared.
+        let tx = ch.sender().unwrap();
+        assert_eq!(owner_died(&name), [Some(false)]);
+        let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+        lease.set_tag(4);
+        tx.send(lease, TensorMeta::bytes(8)).unwrap();
+        drop(tx);
+        assert_eq!(owner_died(&name), [None]);
+        assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 4);
+        drop((rx, ch));
+        assert_eq!(leftovers(&name), Vec::<String>::new());
+    }
+}
+
+/// An MPMC sender that dies after its messages were received, beside a live sender that
+/// sends nothing: a receiver waiting for a message closes the dead sender's pool at a
+/// liveness tick of its wait, and it goes from `/dev/shm` within a second. Before, it
+/// stayed until a sender registered or the channel went.
+#[test]
+fn an_idle_receiver_closes_a_dead_senders_pool_within_a_tick() {
+    if role().as_deref() == Some("victim") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tx = send_one(&ch, 5);
+        // Dies once the parent has received the message and given its slot back.
+        while tx.free_slots() < 2 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        die();
+    }
+    let name = unique_name("idle-closes");
+    let ch = Channel::builder(&name).capacity(8).slots(2, 64).mpmc().create().unwrap();
+    let rx = ch.receiver().unwrap();
+    let live = ch.sender().unwrap();
+    let mut victim =
+        Peer::spawn("an_idle_receiver_closes_a_dead_senders_pool_within_a_tick", "victim", &name);
+    assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 5);
+    victim.died();
+    assert_eq!(leftovers(&name).len(), 3, "the channel and both pools");
+    let start = std::time::Instant::now();
+    while leftovers(&name).len() == 3 && start.elapsed() < Duration::from_secs(1) {
+        assert!(matches!(
+            rx.recv_timeout(Duration::from_millis(10)),
+            Err(gpuring::RecvTimeoutError::Timeout)
+        ));
+    }
+    println!(
+        "dead sender's pool gone {:.1} ms after its death was seen",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(
+        leftovers(&name),
+        [name.clone(), live.pool_name().trim_start_matches('/').to_owned()]
+    );
 }

@@ -16,7 +16,7 @@
 //! `head` moves; MPMC: before its cell is freed), so one killed in between leaves the
 //! message for the next receiver, which takes the slot over from the dead holder.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use super::backend::{Backend, Host};
@@ -25,10 +25,10 @@ use super::message::Message;
 use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
-use crate::layout::{MpmcCell, SLOT_HEADER_SIZE, SpscCell};
-use crate::liveness::AttachError;
+use crate::layout::{MpmcCell, ParticipantId, SLOT_HEADER_SIZE, SpscCell};
+use crate::liveness::{AttachError, Watch};
 use crate::pool::{PoolSegment, SlotHold};
-use crate::ring::{PopTimeoutError, ShmStorage, mpmc, spsc};
+use crate::ring::{PopTimeoutError, ShmStorage, Storage, mpmc, spsc};
 #[cfg(feature = "async")]
 use crate::wait::reactor::Parked;
 use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
@@ -48,6 +48,15 @@ impl Rx {
             Flavor::Spsc => Rx::Spsc(RefCell::new(channel.ring.spsc_consumer()?)),
             Flavor::Mpmc => Rx::Mpmc(channel.ring.mpmc_consumer()?),
         })
+    }
+
+    /// This endpoint's identity in the channel's ring.
+    fn id(&self) -> ParticipantId {
+        let id = match self {
+            Rx::Spsc(c) => c.borrow().storage().watch().id(),
+            Rx::Mpmc(c) => c.storage().watch().id(),
+        };
+        id.expect("an endpoint of a ring in shared memory is registered")
     }
 }
 
@@ -91,6 +100,12 @@ pub struct Receiver<B: Backend = Host> {
     /// What the backend keeps besides the ring (a GPU receiver's stream).
     pub(crate) receiving: B::Receiving,
     channel: Arc<ChannelSegment<B>>,
+    /// This receiver's identity in the channel's ring (it closes dead senders' entries
+    /// under it).
+    me: ParticipantId,
+    /// Set when a message came from a pool whose sender died and that nobody has closed
+    /// yet: the receive then closes it (`close_dead_senders`).
+    saw_dead_owner: Cell<bool>,
 }
 
 impl<B: Backend> core::fmt::Debug for Receiver<B> {
@@ -132,9 +147,11 @@ impl<B: Backend> Channel<B> {
         let pools = (0..self.inner.max_pools()).map(|_| None).collect();
         Ok(Receiver {
             pools: RefCell::new(pools),
+            me: rx.id(),
             rx,
             receiving: B::receiving(&self.inner.ctx),
             channel: self.inner.clone(),
+            saw_dead_owner: Cell::new(false),
         })
     }
 }
@@ -146,12 +163,23 @@ impl<B: Backend> Receiver<B> {
     /// leaves the message for the next receiver (SPSC: the next pop; MPMC: a waiting
     /// receiver adopts it within a tick), which takes the slot over from the dead holder
     /// (`PoolCore::receive`).
+    ///
+    /// A sender that died leaves its pool to the receivers: at each liveness tick of a
+    /// wait, after a message from such a pool, and before `PeerDead` is returned, the pools
+    /// of dead senders are closed (`close_dead_senders`).
     fn recv_until(&self, deadline: Deadline) -> Result<Message<B>, RecvTimeoutError<B>> {
         let then = |d| self.check_and_hold(d);
-        let popped = match &self.rx {
-            Rx::Spsc(c) => c.borrow_mut().pop_then_until(deadline, then),
-            Rx::Mpmc(c) => c.pop_then_until(deadline, then),
+        let tick = || {
+            self.close_dead_senders();
+            Ok(false)
         };
+        let popped = match &self.rx {
+            Rx::Spsc(c) => c.borrow_mut().pop_then_ticking(deadline, then, tick),
+            Rx::Mpmc(c) => c.pop_then_ticking(deadline, then, tick),
+        };
+        if self.saw_dead_owner.take() || matches!(popped, Err(PopTimeoutError::PeerDead)) {
+            self.close_dead_senders();
+        }
         let (pool, hold, desc, meta) = popped.map_err(|e| match e {
             PopTimeoutError::Timeout => RecvTimeoutError::Timeout,
             PopTimeoutError::Disconnected => RecvTimeoutError::Disconnected,
@@ -175,7 +203,7 @@ impl<B: Backend> Receiver<B> {
         if index >= self.channel.max_pools() {
             return Err(corrupt("descriptor names an unknown pool"));
         }
-        let pool = self.pool_for(index, instance)?;
+        let pool = self.pool_for(index, instance, &d)?;
         let meta = d.meta().map_err(|_| corrupt("descriptor carries invalid tensor metadata"))?;
         if d.slot >= pool.seg.core.slot_count() {
             return Err(corrupt("descriptor names a slot out of range"));
@@ -193,6 +221,7 @@ impl<B: Backend> Receiver<B> {
         B::check(&pool.imported, &d)?;
         let held = pool.seg.core.receive(d.slot, d.generation)?;
         let hold = SlotHold { pool: pool.seg.clone(), held };
+        self.note_owner(&hold.pool);
         // The slot is ours: a sender giving its device memory up now waits for us, or we
         // see that it has (then the slot goes back unread, with `hold`).
         B::refuse(&hold.pool)?;
@@ -202,8 +231,14 @@ impl<B: Backend> Receiver<B> {
     }
 
     /// The pool at table row `index`, registration `instance`: cached, or mapped (and
-    /// imported) now.
-    fn pool_for(&self, index: u32, instance: u32) -> Result<CachedPool<B>, RecvTimeoutError<B>> {
+    /// imported) now. A pool refused before its import (a device pool whose sender is gone)
+    /// refuses `d`, whose slot is taken and given back at once, so that the pool drains.
+    fn pool_for(
+        &self,
+        index: u32,
+        instance: u32,
+        d: &Descriptor,
+    ) -> Result<CachedPool<B>, RecvTimeoutError<B>> {
         let mut pools = self.pools.borrow_mut();
         let cached = &mut pools[index as usize];
         if let Some(pool) = cached {
@@ -212,11 +247,41 @@ impl<B: Backend> Receiver<B> {
             }
         }
         let seg = Arc::new(self.channel.open_pool(index, instance)?);
-        B::refuse(&seg)?; // a device pool whose sender has gone is not imported
+        self.note_owner(&seg);
+        // A device pool whose sender has gone is not imported.
+        if let Err(why) = B::refuse(&seg) {
+            if let Ok(held) = seg.core.receive(d.slot, d.generation) {
+                drop(SlotHold { pool: seg, held }); // back unread
+            }
+            return Err(why.into());
+        }
         let imported = B::import(&self.channel.ctx, &seg)?;
         let pool = CachedPool { instance, seg, imported };
         *cached = Some(pool.clone());
         Ok(pool)
+    }
+
+    /// Notes a pool whose sender died (the kernel marked its owner word: one load) and that
+    /// nobody has closed yet, for `recv_until` to close.
+    fn note_owner(&self, seg: &PoolSegment) {
+        if seg.owner_died() && !seg.is_closed() {
+            self.saw_dead_owner.set(true);
+        }
+    }
+
+    /// Closes the pool table entries of senders that died (`ChannelSegment::close_dead_owners`:
+    /// one lock probe per live entry): their pools are closed (device pools retired: what is
+    /// still queued is refused), the slots that would never come back marked free, and each
+    /// unlinks itself once what is still queued has been received or refused. Slow paths
+    /// only: liveness ticks, and once per dead sender's pool.
+    fn close_dead_senders(&self) {
+        let ring = &self.channel.ring;
+        let queued = |pool_id: u32, slot: u32, generation: u32| {
+            ring.any_in_ring::<Descriptor>(|d| {
+                d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
+            })
+        };
+        self.channel.close_dead_owners(self.me, &queued);
     }
 
     /// The imports of the pools mapped so far (diagnostics of the backends).

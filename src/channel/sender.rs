@@ -26,6 +26,7 @@ use super::table::ChannelSegment;
 use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::MpmcCell;
 use crate::liveness::Blocked;
+use crate::liveness::keeper::Vigil;
 use crate::pool::{PoolSegment, SlotLease, SlotRef};
 use crate::ring::{PopTimeoutError, PushTimeoutError, ShmStorage, mpmc};
 use crate::wait::{Deadline, WaitPolicy, blocking};
@@ -68,6 +69,9 @@ pub struct Sender<B: Backend = Host> {
     pool_id: u32,
     free: mpmc::Consumer<u32, ShmStorage<MpmcCell<u32>>>,
     pub(crate) seq: Cell<u64>,
+    /// Has the kernel mark the pool's `owner_word` if this process dies; dropped after
+    /// `Drop::drop` has left (device memory freed), clearing the word.
+    _vigil: Option<Vigil>,
 }
 
 impl<B: Backend> core::fmt::Debug for Sender<B> {
@@ -101,9 +105,11 @@ impl<B: Backend> Channel<B> {
         let ring = ProducerRing::attach(&self.inner.ring, self.inner.flavor)?;
         let queued = |pool_id, slot, generation| ring.queued(pool_id, slot, generation);
         let registered = self.inner.register_pool(ring.id(), &queued)?;
+        let vigil = registered.pool.watch_owner();
         Ok(Sender {
             channel: self.inner.clone(),
             free: registered.pool.core.free_consumer(),
+            _vigil: vigil,
             pool: Arc::new(registered.pool),
             sending: B::sending(&self.inner.ctx, ring, registered.made),
             index: registered.index,

@@ -208,7 +208,11 @@ impl<B: Backend> ChannelSegment<B> {
     /// messages still queued are received and given back. Each entry is taken first (a CAS
     /// to its code by `me`), so that of several registering senders one closes it, and a
     /// taker that dies halfway leaves it to the next one. One lock probe per owned entry.
-    fn close_dead_owners(&self, me: ParticipantId, queued: &dyn Fn(u32, u32, u32) -> bool) {
+    pub(super) fn close_dead_owners(
+        &self,
+        me: ParticipantId,
+        queued: &dyn Fn(u32, u32, u32) -> bool,
+    ) {
         for index in 0..self.max_pools() {
             let entry = self.entry(index);
             // Acquire: pairs with the Release store of the state by the entry's last

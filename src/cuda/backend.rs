@@ -296,7 +296,9 @@ impl Backend for Cuda {
     }
 
     fn refuse(seg: &PoolSegment) -> Result<(), Refused<CudaError>> {
-        if seg.retired() { Err(Refused::SenderGone) } else { Ok(()) }
+        // A sender that left retired its pool; one that died had the kernel mark its
+        // owner word (one load, no system call).
+        if seg.retired() || seg.owner_died() { Err(Refused::SenderGone) } else { Ok(()) }
     }
 
     fn deliver(

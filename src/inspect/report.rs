@@ -116,6 +116,10 @@ pub struct PoolReport {
     pub state: PoolState,
     /// The sender's pid and whether it runs.
     pub owner: (u32, Option<bool>),
+    /// What the pool's owner word says (the kernel marks it when the sending process
+    /// dies; no pid involved): `Some(true)` died, `Some(false)` alive, `None` not watched
+    /// (the sender left cleanly, or could not be watched) or the pool could not be opened.
+    pub owner_died: Option<bool>,
     /// Pool segment name.
     pub name: String,
     /// Where its slots live.
@@ -212,6 +216,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
                 p.backend.load(Ordering::Relaxed),
             );
             let owner = p.owner_pid.load(Ordering::Relaxed);
+            let owner_died = owner_word(p);
             let closed = p.closed.load(Ordering::Relaxed) == 1;
             let pool = PoolLayout::for_backend(backend, count, size)
                 .and_then(|layout| Some((PoolView::of(&seg, &layout)?, layout)));
@@ -220,6 +225,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
                 instance: 0,
                 state: if closed { PoolState::Closed } else { PoolState::Active },
                 owner: (owner, pid_alive(owner)),
+                owner_died,
                 name: name.trim_start_matches('/').to_owned(),
                 memory: SlotMemory::of(backend),
                 slot_count: count,
@@ -281,6 +287,15 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
     })
 }
 
+/// A pool header's owner word: `Some(died)` when watched (see `PoolReport::owner_died`).
+fn owner_word(p: &crate::layout::PoolHeader) -> Option<bool> {
+    // Relaxed: a snapshot.
+    match p.owner_word.load(Ordering::Relaxed) {
+        0 => None,
+        w => Some(w & crate::liveness::keeper::OWNER_DIED != 0),
+    }
+}
+
 fn pool_report(index: u32, e: &PoolEntry) -> Option<PoolReport> {
     // Acquire: pairs with the Release store of the state by the registering sender.
     let state = match PoolEntry::code(e.state.load(Ordering::Acquire)) {
@@ -308,6 +323,10 @@ fn pool_report(index: u32, e: &PoolEntry) -> Option<PoolReport> {
         instance: e.instance.load(Ordering::Relaxed),
         state,
         owner: (owner, pid_alive(owner)),
+        owner_died: seg.as_ref().and_then(|seg| {
+            crate::layout::view::<crate::layout::PoolHeader>(seg, size_of::<SegmentHeader>())
+                .and_then(owner_word)
+        }),
         memory: SlotMemory::of(backend),
         slot_count: count,
         slot_size: size,

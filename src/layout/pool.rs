@@ -43,7 +43,22 @@ pub struct PoolHeader {
     /// leaves, and device memory cannot outlive it): receivers refuse the messages still
     /// queued, unread.
     pub retired: AtomicU32,
+    /// The sender process's entry in the robust-futex list of its keeper thread
+    /// (`liveness::keeper`): an address in that process, written there and read by its
+    /// kernel when the process dies; gpuring never reads it.
+    pub keeper_link: AtomicU64,
+    /// Whether the sending process lives, written by the kernel when it dies: the id of
+    /// its keeper thread while it lives (`liveness::keeper`), `OWNER_DIED` (bit 30) set
+    /// by the kernel at its death, 0 when not watched (the sender left, or could not
+    /// start a keeper). Read by receivers without a system call.
+    pub owner_word: AtomicU32,
 }
+
+/// Where `PoolHeader::owner_word` lies from `PoolHeader::keeper_link`: the robust-futex
+/// list's `futex_offset` (the same for every pool).
+pub const KEEPER_FUTEX_OFFSET: isize = (core::mem::offset_of!(PoolHeader, owner_word)
+    - core::mem::offset_of!(PoolHeader, keeper_link))
+    as isize;
 
 /// Per-slot state, one 64-byte line each so that slots in use by different processes do
 /// not share a line.

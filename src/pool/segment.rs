@@ -17,6 +17,7 @@ use crate::layout::{
     BACKEND_CUDA, BACKEND_HOST, Corrupted, CudaPoolInfo, Mapping, MpmcCell, PoolHeader, PoolLayout,
     PoolView, RingView, SegmentKind, SlotEvents, SlotRecord, view, view_slice,
 };
+use crate::liveness::keeper::Vigil;
 use crate::liveness::{AttachError, Role};
 use crate::ring::{RingSegment, ShmStorage};
 use crate::shm::{Segment, ShmError};
@@ -348,6 +349,29 @@ impl PoolSegment {
         // `PoolCore::none_held`.
         crate::sync::fence(Ordering::SeqCst);
         self.header().retired.load(Ordering::SeqCst) != 0
+    }
+
+    /// For the sender that made the pool: has the kernel mark the header's `owner_word`
+    /// when this process dies (`liveness::keeper`), until the returned value drops. `None`
+    /// when this process cannot keep a robust list (the word stays 0: not watched).
+    pub(crate) fn watch_owner(&self) -> Option<Vigil> {
+        let header = self.header();
+        // SAFETY: both words lie in the header of this mapping, which the `Arc<Segment>`
+        // given along keeps mapped at the same address.
+        unsafe { Vigil::watch(&header.keeper_link, &header.owner_word, self.segment.clone()) }
+    }
+
+    /// Whether the process that made the pool has died, as the kernel marked its
+    /// `owner_word` (no system call; see `liveness::keeper`). `false` while it lives, after
+    /// it left cleanly, or when it was not watched.
+    pub(crate) fn owner_died(&self) -> bool {
+        Vigil::died(&self.header().owner_word)
+    }
+
+    /// Whether the pool is marked closed (its sender is gone and it was closed for it).
+    pub(crate) fn is_closed(&self) -> bool {
+        // SeqCst: as in `unlink_if_drained` (a flag only: nothing read after depends on it).
+        self.header().closed.load(Ordering::SeqCst) != 0
     }
 
     /// Whether this handle is a forked child's copy (see `Segment::inherited`): its drops

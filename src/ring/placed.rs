@@ -160,6 +160,31 @@ impl RingSegment {
         RingView::at(&*self.segment, self.layout.ring_header)?.queued().map(|n| n as usize)
     }
 
+    /// Whether an element still in the ring satisfies `pred`: SPSC, one in `[head, tail)`
+    /// (for the ring's producer or consumer only: nobody else can tell those cells are not
+    /// being rewritten); MPMC, one published and not yet freed (anyone: each value is read
+    /// seqlock-style, see `mpmc::Producer::any_unfreed`). Impossible SPSC positions answer
+    /// `true` (nothing is given up on a forged word). Reads up to `capacity` cells: slow
+    /// paths only.
+    pub(crate) fn any_in_ring<T: Pod>(&self, pred: impl FnMut(&T) -> bool) -> bool {
+        let capacity = self.layout.capacity as u64;
+        if self.stamped {
+            assert_eq!(self.layout.cell_size, size_of::<MpmcCell<T>>());
+            // SAFETY: `capacity` cells of this size start at `cells`, inside the mapping
+            // (checked layout); `MpmcCell<T>` is atomics and an `UnsafeCell<T: Pod>`, valid
+            // for any bytes.
+            let cells: &[MpmcCell<T>] = unsafe {
+                std::slice::from_raw_parts(self.cells.cast().as_ptr(), capacity as usize)
+            };
+            return super::repair::any_unfreed_in(self.control(), cells, pred);
+        }
+        assert_eq!(self.layout.cell_size, size_of::<SpscCell<T>>());
+        // SAFETY: as above, for `SpscCell<T>`.
+        let cells: &[SpscCell<T>] =
+            unsafe { std::slice::from_raw_parts(self.cells.cast().as_ptr(), capacity as usize) };
+        spsc::any_queued_in(self.control(), cells, pred)
+    }
+
     /// Threads asleep waiting for an element, and for room (a diagnostic snapshot).
     pub(crate) fn sleepers(&self) -> (u32, u32) {
         let c = self.control();

@@ -29,7 +29,9 @@ use bytemuck::Pod;
 
 use super::mpmc::{Consumer, Producer, try_pop_in};
 use super::{PopTimeoutError, Storage, cell_at, wait_for};
-use crate::layout::{Claims, Corrupted, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
+use crate::layout::{
+    Claims, Corrupted, MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED,
+};
 use crate::liveness::{Blocked, Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering};
 use crate::wait::{Deadline, notify};
@@ -156,32 +158,44 @@ pub fn repair<T: Pod, S: Storage<Cell = MpmcCell<T>>>(storage: &S) -> u32 {
 
 impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
     /// Whether an element still in a cell (published and not yet freed: queued, being
-    /// popped, or adopted) satisfies `pred`. Reads up to `capacity` cells: for slow paths
-    /// only. Each value is read seqlock-style: used only if its cell's stamp is the same
-    /// after the read as before (a cell freed and rewritten meanwhile is skipped).
-    #[cfg_attr(loom, allow(dead_code))] // used by channels, which loom builds leave out
-    pub(crate) fn any_unfreed(&self, mut pred: impl FnMut(&T) -> bool) -> bool {
-        // Relaxed: a window to look at; each cell's stamp decides.
-        let tail = self.storage.control().tail.load(Ordering::Relaxed);
-        let oldest = tail.saturating_sub(self.capacity);
-        (oldest..tail).any(|pos| {
-            let cell = cell_at(&self.storage, self.capacity, pos);
-            // Acquire: pairs with the producer's Release stamp store (the value is there).
-            let before = cell.stamp.load(Ordering::Acquire);
-            if before & !STAMP_FLAGS != pos.wrapping_add(1) || before & STAMP_SKIPPED != 0 {
-                return false;
-            }
-            // SAFETY: in bounds (`cell_at`); a volatile read of a `Pod` (any bytes are a
-            // valid `T`). A producer may rewrite the cell if it is freed meanwhile; the
-            // stamp check below then discards what was read.
-            let value = cell.value.with(|p| unsafe { p.read_volatile() });
-            // Acquire: orders the read above before this load (a later free and rewrite
-            // shows as a changed stamp).
-            crate::sync::fence(Ordering::Acquire);
-            let after = cell.stamp.load(Ordering::Relaxed);
-            before == after && pred(&value)
-        })
+    /// popped, or adopted) satisfies `pred` (see [`any_unfreed_in`]).
+    #[cfg_attr(loom, allow(dead_code))] // used by pools in shared memory
+    pub(crate) fn any_unfreed(&self, pred: impl FnMut(&T) -> bool) -> bool {
+        any_unfreed_in(self.storage.control(), self.storage.cells(), pred)
     }
+}
+
+/// Whether an element still in one of `cells` (published and not yet freed: queued, being
+/// popped, or adopted) satisfies `pred`. Reads up to `capacity` cells: for slow paths only.
+/// Each value is read seqlock-style: used only if its cell's stamp is the same after the
+/// read as before (a cell freed and rewritten meanwhile is skipped), so anyone may ask.
+#[cfg_attr(loom, allow(dead_code))] // used by channels and pools, which loom builds leave out
+pub(crate) fn any_unfreed_in<T: Pod>(
+    control: &RingControl,
+    cells: &[MpmcCell<T>],
+    mut pred: impl FnMut(&T) -> bool,
+) -> bool {
+    let capacity = cells.len() as u64;
+    // Relaxed: a window to look at; each cell's stamp decides.
+    let tail = control.tail.load(Ordering::Relaxed);
+    let oldest = tail.saturating_sub(capacity);
+    (oldest..tail).any(|pos| {
+        let cell = &cells[(pos & (capacity - 1)) as usize];
+        // Acquire: pairs with the producer's Release stamp store (the value is there).
+        let before = cell.stamp.load(Ordering::Acquire);
+        if before & !STAMP_FLAGS != pos.wrapping_add(1) || before & STAMP_SKIPPED != 0 {
+            return false;
+        }
+        // SAFETY: a volatile read of a `Pod` (any bytes are a valid `T`) inside `cells`. A
+        // producer may rewrite the cell if it is freed meanwhile; the stamp check below then
+        // discards what was read.
+        let value = cell.value.with(|p| unsafe { p.read_volatile() });
+        // Acquire: orders the read above before this load (a later free and rewrite shows
+        // as a changed stamp).
+        crate::sync::fence(Ordering::Acquire);
+        let after = cell.stamp.load(Ordering::Relaxed);
+        before == after && pred(&value)
+    })
 }
 
 impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {

@@ -314,23 +314,41 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     /// Reads every queued cell: for slow paths only. An impossible `head` answers `true`
     /// (the caller then leaves things as they are).
     #[cfg_attr(loom, allow(dead_code))] // used by channels, which loom builds leave out
-    pub(crate) fn any_queued(&self, mut pred: impl FnMut(&T) -> bool) -> bool {
-        // Acquire: pairs with the consumer's Release store of `head` in `try_pop_in`: cells
-        // below it are done with, cells from it on are still to be read.
-        let head = self.storage.control().head.load(Ordering::Acquire);
-        let queued = self.local.pos.wrapping_sub(head);
-        if queued > self.local.capacity {
-            return true;
-        }
-        (0..queued).any(|i| {
-            let cell = cell_at(&self.storage, self.local.capacity, head.wrapping_add(i));
-            // SAFETY: cells in [head, tail) were published by this producer, the only
-            // writer of cells, which does not write them again until `head` passes them;
-            // the consumer only reads them. `T: Pod`: any bytes are a valid `T`.
-            let value = cell.value.with(|p| unsafe { p.read() });
-            pred(&value)
-        })
+    pub(crate) fn any_queued(&self, pred: impl FnMut(&T) -> bool) -> bool {
+        any_queued_in(self.storage.control(), self.storage.cells(), pred)
     }
+}
+
+/// Whether an element in `[head, tail)` of an SPSC ring's `cells` satisfies `pred`; `true`
+/// for impossible positions. For the ring's producer or consumer only: the producer is the
+/// only writer of cells and rewrites none in `[head, tail)`, and only the consumer moves
+/// `head` (a third party could read a cell being rewritten). Slow paths only.
+#[cfg_attr(loom, allow(dead_code))] // used by channels, which loom builds leave out
+pub(crate) fn any_queued_in<T: Pod>(
+    control: &crate::layout::RingControl,
+    cells: &[SpscCell<T>],
+    mut pred: impl FnMut(&T) -> bool,
+) -> bool {
+    let capacity = cells.len() as u64;
+    // Acquire: pairs with the consumer's Release store of `head` in `try_pop_in`: cells
+    // below it are done with, cells from it on are still to be read.
+    let head = control.head.load(Ordering::Acquire);
+    // Acquire: pairs with the producer's Release store of `tail` (the cells below it are
+    // written).
+    let tail = control.tail.load(Ordering::Acquire);
+    let queued = tail.wrapping_sub(head);
+    if queued > capacity {
+        return true;
+    }
+    (0..queued).any(|i| {
+        let cell = &cells[(head.wrapping_add(i) & (capacity - 1)) as usize];
+        // SAFETY: cells in [head, tail) were published by the producer, the only writer of
+        // cells, which does not write them again until `head` passes them (and the caller
+        // is the producer, or the consumer, which alone moves `head`). `T: Pod`: any bytes
+        // are a valid `T`.
+        let value = cell.value.with(|p| unsafe { p.read() });
+        pred(&value)
+    })
 }
 
 impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
@@ -368,13 +386,32 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
     ) -> Result<R, PopTimeoutError> {
+        self.pop_then_ticking(deadline, then, || Ok(false))
+    }
+
+    /// As [`pop_then_until`](Self::pop_then_until); at each liveness tick runs `tick` too
+    /// (a channel receiver closes the pools of senders that died there), and looks again
+    /// at once when it says it changed something (`Ok(true)`), or ends the wait when it
+    /// says the pop cannot succeed (`Err`).
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn pop_then_ticking<R>(
+        &mut self,
+        deadline: Deadline,
+        then: impl FnOnce(T) -> R,
+        mut tick: impl FnMut() -> Result<bool, crate::liveness::Blocked>,
+    ) -> Result<R, PopTimeoutError> {
         let Self { storage, local, policy, .. } = self;
         let mut then = Some(then);
         // `then` runs once: only a successful pop calls it, and that ends the wait.
         let attempt = || {
             try_pop_in(storage, local, |v| then.take().map(|f| f(v))).map(Some).or_else(pop_retry)
         };
-        wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
+        let on_tick = || match tick() {
+            Ok(true) => Tick::Retry,
+            Ok(false) => Tick::Idle,
+            Err(why) => Tick::Stop(why),
+        };
+        wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, on_tick)
             .map_err(PopTimeoutError::from)
             .map(|r| r.expect("then runs on the one successful pop"))
     }

@@ -64,6 +64,7 @@ mod space;
 
 pub use error::ShmError;
 use error::io_err;
+pub(crate) use fork::current_pid;
 pub(crate) use lock::presence_held;
 use lock::{PRESENCE_BYTE, held_elsewhere, lock_byte, lock_byte_shared, unlock_byte};
 use map::map_object;
