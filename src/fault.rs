@@ -9,6 +9,8 @@
 //! | point | where |
 //! |---|---|
 //! | `push_after_write` | SPSC push: the cell written, `tail` not yet published |
+//! | `push_won` | MPMC push: the CAS on `tail` won, the claim not yet recorded |
+//! | `pop_won` | MPMC pop: the CAS on `head` won, the claim not yet recorded |
 //! | `push_after_claim` | MPMC push: the cell claimed (CAS on `tail` won), not yet written |
 //! | `push_before_publish` | MPMC push: the cell written, its stamp not yet stored |
 //! | `pop_after_claim` | MPMC pop: the cell claimed (CAS on `head` won), not yet read or freed |

@@ -767,3 +767,97 @@ fn sender_killed_anywhere_gives_its_pool_table_entry_back() {
         assert!(left.is_empty(), "{what}: pools left: {left:?}");
     }
 }
+
+/// A receiver killed while giving a slot back, right after winning its cell of the pool's
+/// free ring and before recording the claim (`push_won`: the window the claim line cannot
+/// cover), at several counts, SPSC and MPMC channels. The free ring must not stall at that
+/// cell: the sender gets every slot back, and the stream goes on. (The storm hang of
+/// issue 40: a sender blocked in `acquire` for good while a new receiver waited.)
+#[test]
+fn receiver_killed_after_winning_its_free_ring_cell() {
+    if role().as_deref() == Some("receiver") {
+        announcing_receiver();
+    }
+    for count in [1u64, 2, 3, 7] {
+        for mpmc in [false, true] {
+            let name = unique_name("fault-won");
+            let b = Channel::builder(&name).capacity(16).slots(SLOTS, 64);
+            let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+            let tx = ch.sender().unwrap();
+            let fault = [("GPURING_FAULT", format!("push_won:{count}"))];
+            let mut peer = Peer::spawn_with(
+                "receiver_killed_after_winning_its_free_ring_cell",
+                "receiver",
+                &name,
+                &fault,
+            );
+            for seq in 0..count {
+                send(&tx, seq);
+            }
+            let got: Vec<u64> = (0..count).map(|_| peer.expect("got").parse().unwrap()).collect();
+            killed_at_point(&mut peer, "push_won");
+            assert_eq!(got, (0..count).collect::<Vec<_>>(), "count {count}, mpmc {mpmc}");
+            let t = Instant::now();
+            // Twice round the pool: the free ring's stalled cell must be passed, not only
+            // the slot pushed again behind it.
+            for round in 0..2 {
+                let leases: Vec<_> = (0..SLOTS)
+                    .map(|_| tx.acquire_timeout(Duration::from_secs(5)))
+                    .collect::<Result<_, _>>()
+                    .unwrap_or_else(|e| panic!("count {count}, mpmc {mpmc}, round {round}: {e}"));
+                drop(leases);
+            }
+            println!("count {count}, mpmc {mpmc}: every slot back in {:?}", t.elapsed());
+            assert_eq!(tx.free_slots(), SLOTS as usize, "count {count}, mpmc {mpmc}");
+            let rx = ch.receiver().unwrap();
+            for seq in 100..100 + 3 * u64::from(SLOTS) {
+                send(&tx, seq);
+                assert_eq!(
+                    rx.recv_timeout(Duration::from_secs(5)).unwrap()[..8],
+                    seq.to_le_bytes()
+                );
+            }
+            assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)), "nothing twice");
+        }
+    }
+}
+
+/// An MPMC receiver killed right after winning a descriptor cell of the channel's ring,
+/// before recording the claim (`pop_won`), at several counts: the message it won arrives
+/// at the next receiver, once, and the ring keeps working for more than a lap (the cell is
+/// freed). Before, the message was lost and the cell stayed full for good.
+#[test]
+fn mpmc_receiver_killed_after_winning_its_ring_cell() {
+    if role().as_deref() == Some("receiver") {
+        announcing_receiver();
+    }
+    for count in [1u64, 2, 5] {
+        let name = unique_name("fault-pop-won");
+        let ch = Channel::builder(&name).capacity(4).slots(SLOTS, 64).mpmc().create().unwrap();
+        let tx = ch.sender().unwrap();
+        let fault = [("GPURING_FAULT", format!("pop_won:{count}"))];
+        let mut peer = Peer::spawn_with(
+            "mpmc_receiver_killed_after_winning_its_ring_cell",
+            "receiver",
+            &name,
+            &fault,
+        );
+        for seq in 0..count {
+            send(&tx, seq);
+        }
+        let got: Vec<u64> = (0..count - 1).map(|_| peer.expect("got").parse().unwrap()).collect();
+        killed_at_point(&mut peer, "pop_won");
+        assert_eq!(got, (0..count - 1).collect::<Vec<_>>(), "count {count}");
+        let rx = ch.receiver().unwrap();
+        let first = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|e| {
+            panic!("count {count}: the message the dead receiver won never came: {e}")
+        });
+        assert_eq!(first[..8], (count - 1).to_le_bytes(), "count {count}");
+        drop(first);
+        for seq in 100..100 + 3 * 4u64 {
+            send(&tx, seq);
+            assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap()[..8], seq.to_le_bytes());
+        }
+        assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)), "nothing twice");
+    }
+}

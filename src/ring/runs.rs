@@ -163,6 +163,10 @@ pub(super) fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             Ordering::Acquire,
         ) {
             Ok(_) => {
+                crate::fault::point(match turn {
+                    Turn::Write => "push_won",
+                    Turn::Read => "pop_won",
+                });
                 if let Some(claims) = storage.watch().claims() {
                     let line = match turn {
                         Turn::Write => &claims.push,
