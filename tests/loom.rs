@@ -110,7 +110,9 @@ fn assert_fifo(consumers: &[&Vec<u64>], rest: &[u64]) {
 }
 
 /// Two producers and two consumers, capacity 4, started three positions into a lap so the
-/// four elements wrap: each delivered exactly once, each producer's elements in order.
+/// four elements wrap: each delivered exactly once, each producer's elements in order. The
+/// consumers take one pop each (two each took 15 min once cells are reserved before use:
+/// one more atomic per element); the drain takes the rest.
 #[test]
 fn mpmc_two_by_two_exactly_once_per_producer_fifo() {
     builder(2).check(|| {
@@ -130,7 +132,7 @@ fn mpmc_two_by_two_exactly_once_per_producer_fifo() {
         let consumers: Vec<_> = (0..2)
             .map(|_| {
                 let rx = rx.clone();
-                thread::spawn(move || pop_some(&rx, 2))
+                thread::spawn(move || pop_some(&rx, 1))
             })
             .collect();
         for p in producers {
@@ -393,6 +395,111 @@ mod tracked {
         counter.store(pos + 1, Relaxed);
         word.store(Claims::word(pos, 1), Relaxed);
     }
+}
+
+/// A producer died right after winning position 0, before recording its claim (the window
+/// no claim line covers): nothing names the cell. A live producer pushes two elements
+/// behind it while a consumer polls and a repairer runs once: the unreserved won cell is
+/// skipped all the same, the consumer gets exactly the live producer's elements, in order,
+/// and the ring works on the next lap. (Before reservations, the cell stalled for good:
+/// the storm hang of issue 40, in a pool's free ring.)
+#[test]
+fn mpmc_unclaimed_dead_producer_cell_is_skipped() {
+    use gpuring::internal::Storage;
+    use tracked::Tracked;
+    builder(2).check(|| {
+        let ring = Tracked::new(4, 0b001);
+        // Line 0's producer won position 0 and died before recording it.
+        ring.control().tail.store(1, loom::sync::atomic::Ordering::Relaxed);
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        let producer = thread::spawn(move || {
+            tx.try_push(7).unwrap();
+            tx.try_push(8).unwrap();
+            tx
+        });
+        let repairer = {
+            let ring = ring.endpoint(2);
+            thread::spawn(move || repair(&ring) > 0)
+        };
+        let consumer = thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < 2 {
+                match rx.try_pop() {
+                    Ok(v) => got.push(v),
+                    Err(TryPopError::Empty) => thread::yield_now(),
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+            (got, rx)
+        });
+        let tx = producer.join().unwrap();
+        assert!(repairer.join().unwrap(), "the dead producer's cell was stalled");
+        let (got, rx) = consumer.join().unwrap();
+        assert_eq!(got, [7, 8], "the live producer's elements, once, in order");
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+        for v in 10..14 {
+            tx.try_push(v).unwrap(); // a full lap: every cell free again
+        }
+        assert_eq!((0..4).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(), [10, 11, 12, 13]);
+    });
+}
+
+/// A repairer runs while a live producer pushes: it may find the producer's cell won and
+/// not yet reserved, and skip it. The producer then fails its reservation and pushes again
+/// at a later position: the consumer gets every element exactly once, in order, and the
+/// ring is whole after (a full lap). Fails if the producer writes a cell it did not reserve.
+#[test]
+fn mpmc_repair_racing_a_live_producer_loses_nothing() {
+    use tracked::Tracked;
+    builder(3).check(|| {
+        let ring = Tracked::new(2, 0);
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        let producer = thread::spawn(move || {
+            tx.try_push(1).unwrap();
+            tx
+        });
+        let repairer = {
+            let ring = ring.endpoint(0);
+            thread::spawn(move || {
+                repair(&ring);
+            })
+        };
+        let tx = producer.join().unwrap();
+        repairer.join().unwrap();
+        assert_eq!(rx.try_pop(), Ok(1), "the element, once");
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+        tx.try_push(2).unwrap();
+        tx.try_push(3).unwrap();
+        assert!(matches!(tx.try_push(4), Err(TryPushError::Full(4))));
+        assert_eq!((rx.try_pop(), rx.try_pop()), (Ok(2), Ok(3)));
+    });
+}
+
+/// An adopter runs while a live consumer pops: it may find the consumer's cell won and not
+/// yet reserved, and adopt it. The element then arrives exactly once (through the pop or
+/// the adoption, never both), and the cell is freed for the next lap. Fails if the
+/// consumer reads a cell it did not reserve.
+#[test]
+fn mpmc_adoption_racing_a_live_consumer_delivers_once() {
+    use tracked::Tracked;
+    builder(3).check(|| {
+        let ring = Tracked::new(2, 0);
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        let adopter = mpmc::Consumer::<u64, _>::new(ring.endpoint(0)).unwrap();
+        tx.try_push(1).unwrap();
+        let consumer = thread::spawn(move || (rx.try_pop().ok(), rx));
+        let adopting = thread::spawn(move || (adopter.try_adopt_then(|v| v), adopter));
+        let (popped, rx) = consumer.join().unwrap();
+        let (adopted, _adopter) = adopting.join().unwrap();
+        let got: Vec<u64> = popped.into_iter().chain(adopted).collect();
+        assert_eq!(got, [1], "the element, exactly once");
+        tx.try_push(2).unwrap();
+        tx.try_push(3).unwrap();
+        assert_eq!((rx.try_pop(), rx.try_pop()), (Ok(2), Ok(3)));
+    });
 }
 
 /// A producer died after winning position 0 (never wrote it). A live producer pushes two

@@ -289,7 +289,11 @@ fn the_last_receiver_out_removes_a_dead_senders_pool() {
     Peer::spawn("the_last_receiver_out_removes_a_dead_senders_pool", "victim", &name).died();
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 7);
     assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvTimeoutError::PeerDead)));
-    assert_eq!(leftovers(&name), [name.clone()], "the dead sender's pool went with its message");
+    assert_eq!(
+        leftovers(&name),
+        std::slice::from_ref(&name),
+        "the dead sender's pool went with its message"
+    );
     drop(rx);
     assert_eq!(leftovers(&name), Vec::<String>::new(), "the last one out took the channel");
 }
@@ -361,7 +365,11 @@ fn a_dead_senders_pool_goes_once_its_messages_are_received() {
         for tag in 1..=3u64 {
             assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), tag);
         }
-        assert_eq!(leftovers(&name), [name.clone()], "the pool went with its last message");
+        assert_eq!(
+            leftovers(&name),
+            std::slice::from_ref(&name),
+            "the pool went with its last message"
+        );
         assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvTimeoutError::PeerDead)));
 
         // A live sender's word says alive; a departed one's is cleared.

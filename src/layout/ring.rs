@@ -250,6 +250,15 @@ impl<T: bytemuck::Zeroable> Default for SpscCell<T> {
 /// it: consumers pass it by, freeing it, without returning an element.
 /// `(p + 1) | STAMP_ADOPTED` means that the consumer that won `p` died before freeing it,
 /// and another consumer has taken over the element (it frees the cell when done).
+///
+/// The winner of a position *reserves* its cell before touching it: a producer CASes `p`
+/// to `p | STAMP_WRITING` before writing, a consumer `p + 1` to `(p + 1) | STAMP_READING`
+/// before reading (a skipped cell keeps its flag). A won cell still unreserved is one whose
+/// winner has not got there (a few instructions) or died before recording its claim; a
+/// repairer may skip (producer side) or adopt (consumer side) it at any time, because a
+/// winner that was merely slow then fails its reservation and tries again, touching
+/// nothing. A reserved cell is repaired only when its winner's claim names it and the
+/// winner is dead.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct MpmcCell<T> {
@@ -275,9 +284,15 @@ pub const STAMP_SKIPPED: u64 = 1 << 63;
 /// The bit of an MPMC stamp that marks a cell being adopted: its consumer died before
 /// freeing it, and another consumer is taking its element (see [`MpmcCell`]).
 pub const STAMP_ADOPTED: u64 = 1 << 62;
-/// Both flag bits; positions stay below them (2^62 elements: centuries at any rate this
+/// The bit of an MPMC stamp that marks a cell reserved by the producer that won it, which
+/// is writing it (see [`MpmcCell`]).
+pub const STAMP_WRITING: u64 = 1 << 61;
+/// The bit of an MPMC stamp that marks a cell reserved by the consumer that won it, which
+/// is reading it (see [`MpmcCell`]).
+pub const STAMP_READING: u64 = 1 << 60;
+/// Every flag bit; positions stay below them (2^60 elements: centuries at any rate this
 /// ring reaches).
-pub const STAMP_FLAGS: u64 = STAMP_SKIPPED | STAMP_ADOPTED;
+pub const STAMP_FLAGS: u64 = STAMP_SKIPPED | STAMP_ADOPTED | STAMP_WRITING | STAMP_READING;
 
 /// Byte offsets and size of a ring segment, derived from its parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

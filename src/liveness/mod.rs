@@ -40,8 +40,8 @@ use crate::layout::{Claims, Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCE
 use crate::wait::{Deadline, TimedOut, WaitPolicy, WaitWord, notify, wait_until};
 
 #[cfg(not(loom))]
-#[cfg(not(loom))]
 pub(crate) mod keeper;
+#[cfg(not(loom))]
 mod participants;
 
 #[cfg(not(loom))]

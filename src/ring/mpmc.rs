@@ -27,12 +27,14 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use super::repair::repair;
+use super::repair::{repair, skip_unreserved};
 use super::{
     Hint, Hints, PopTimeoutError, PushTimeoutError, Storage, TryPopError, TryPushError, cache_hint,
     cell_at, peers_gone, peers_left, wait_for,
 };
-use crate::layout::{Corrupted, MpmcCell, STAMP_FLAGS};
+use crate::layout::{
+    Corrupted, MpmcCell, STAMP_FLAGS, STAMP_READING, STAMP_SKIPPED, STAMP_WRITING,
+};
 use crate::liveness::{Blocked, Role, Tick};
 use crate::sync::Ordering;
 use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
@@ -157,32 +159,68 @@ pub(super) fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     if want == 0 {
         return Ok(0);
     }
-    let Some(Claimed { first, n, .. }) = claim_run(storage, capacity, want, Turn::Write)? else {
-        return Ok(0);
-    };
-    crate::fault::point("push_after_claim");
-    if hints.prefetch {
-        // All of the run's lines at once (see `spsc`'s push).
-        for i in 0..n {
-            cache_hint(cell_at(storage, capacity, first.wrapping_add(i)), Hint::Write);
+    loop {
+        let Some(Claimed { first, n, .. }) = claim_run(storage, capacity, want, Turn::Write)?
+        else {
+            return Ok(0);
+        };
+        crate::fault::point("push_after_claim");
+        if hints.prefetch {
+            // All of the run's lines at once (see `spsc`'s push).
+            for i in 0..n {
+                cache_hint(cell_at(storage, capacity, first.wrapping_add(i)), Hint::Write);
+            }
+        }
+        let mut written = 0;
+        for (i, value) in (0..n).zip(values) {
+            let pos = first.wrapping_add(i);
+            let cell = cell_at(storage, capacity, pos);
+            // The reservation: from here no repairer skips the cell while this producer
+            // lives (a repairer's skip and this are RMWs of one word: one of them fails).
+            // Release on success: pairs with the Acquire stamp load in `ready_run` of a
+            // producer that finds the cell reserved and concludes that `tail` has moved
+            // past it (it has: our winning CAS precedes this). The value is published by
+            // the Release store below.
+            let reserved = cell
+                .stamp
+                .compare_exchange(pos, pos | STAMP_WRITING, Ordering::Release, Ordering::Relaxed)
+                .is_ok();
+            if !reserved {
+                break;
+            }
+            // SAFETY: winning the CAS over the run with stamp == pos for each of its cells,
+            // then reserving this one, makes this producer its only writer until it stores
+            // the next stamp; no consumer reads it before that store.
+            cell.value.with_mut(|p| unsafe { p.write(*value) });
+            crate::fault::point("push_before_publish");
+            // Release: pairs with the consumer's Acquire stamp load in `ready_run`.
+            cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
+            if hints.demote {
+                // Toward the shared cache, where any consumer reads it.
+                cache_hint(cell, Hint::Demote);
+            }
+            written += 1;
+        }
+        if written == n {
+            return Ok(n as usize);
+        }
+        // A repairer skipped a cell of the run before this producer reserved it (it had won
+        // it at least a liveness tick before: descheduled, or stopped in a debugger). The
+        // rest of the run is skipped too, so that no cell of it stalls; what was written
+        // stands, and the unwritten values are pushed again (a later position: this
+        // producer's order is kept, nothing of it having been published after them).
+        let mut skipped = false;
+        for i in written..n {
+            let pos = first.wrapping_add(i);
+            skipped |= skip_unreserved(&cell_at(storage, capacity, pos).stamp, pos);
+        }
+        if skipped {
+            notify(&storage.control().not_empty);
+        }
+        if written > 0 {
+            return Ok(written as usize);
         }
     }
-    for (i, value) in (0..n).zip(values) {
-        let pos = first.wrapping_add(i);
-        let cell = cell_at(storage, capacity, pos);
-        // SAFETY: winning the CAS over the run with stamp == pos for each of its cells
-        // makes this producer the only writer of the cell until it stores the next stamp;
-        // no consumer reads it before that store.
-        cell.value.with_mut(|p| unsafe { p.write(*value) });
-        crate::fault::point("push_before_publish");
-        // Release: pairs with the consumer's Acquire stamp load in `ready_run`.
-        cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
-        if hints.demote {
-            // Toward the shared cache, where any consumer reads it.
-            cache_hint(cell, Hint::Demote);
-        }
-    }
-    Ok(n as usize)
 }
 
 /// Pops the run of up to `want` (≥ 1, ≤ [`MAX_RUN`]) published cells at `head` with one
@@ -211,17 +249,35 @@ pub(super) fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             cells.clone().for_each(|(_, cell)| cache_hint(cell, Hint::Read));
         }
         let mut seen = 0;
-        for (i, (_, cell)) in cells.clone().enumerate() {
-            if skipped >> i & 1 != 0 {
+        let mut taken = 0;
+        for (i, (pos, cell)) in cells.clone().enumerate() {
+            let flag = if skipped >> i & 1 != 0 { STAMP_SKIPPED } else { 0 };
+            let ready = pos.wrapping_add(1) | flag;
+            // The reservation: from here no adopter takes the cell while this consumer
+            // lives. AcqRel on success: Acquire pairs with the producer's Release publish
+            // (the element read below); Release with the Acquire stamp load in `ready_run`
+            // of a consumer that finds the cell reserved and concludes that `head` has
+            // moved past it.
+            let reserved = cell
+                .stamp
+                .compare_exchange(ready, ready | STAMP_READING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+            if !reserved {
+                // An adopter took it (this consumer had won it at least a liveness tick
+                // before); the rest of the run is left to adopters too.
+                break;
+            }
+            taken += 1;
+            if flag != 0 {
                 continue; // its producer died before writing it: nothing to pass on
             }
-            // SAFETY: winning the CAS over the run with stamp == pos + 1 for each cell
-            // makes this consumer the only reader of the cell, and no producer writes it
-            // before the free below. `T: Pod`: any bytes form a valid `T`.
+            // SAFETY: winning the CAS over the run with stamp == pos + 1 for each cell, then
+            // reserving this one, makes this consumer its only reader, and no producer
+            // writes it before the free below. `T: Pod`: any bytes form a valid `T`.
             each(cell.value.with(|p| unsafe { p.read() }));
             seen += 1;
         }
-        for (pos, cell) in cells {
+        for (pos, cell) in cells.take(taken) {
             // Release: pairs with the producer's Acquire stamp load in `ready_run`.
             cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
         }

@@ -14,8 +14,8 @@ use bytemuck::Pod;
 
 use super::{Storage, mpmc, spsc};
 use crate::layout::{
-    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, RingView, STAMP_SKIPPED,
-    SpscCell,
+    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, RingView, STAMP_READING,
+    STAMP_SKIPPED, SpscCell,
 };
 use crate::liveness::{AttachAs, AttachError, Attachment, ParticipantTable, RingParts, Role};
 use crate::shm::Segment;
@@ -223,7 +223,8 @@ impl RingSegment {
         // lap. Anything else is stale or forged and ignored.
         for pos in Claims::positions(pop, head, capacity) {
             // Relaxed: a snapshot; an adopter's CAS changes it, never back.
-            if self.stamp(pos).load(Ordering::Relaxed) & !STAMP_SKIPPED == pos.wrapping_add(1) {
+            let stamp = self.stamp(pos).load(Ordering::Relaxed) & !STAMP_SKIPPED;
+            if stamp & !STAMP_READING == pos.wrapping_add(1) {
                 return false;
             }
         }

@@ -2,35 +2,44 @@
 //!
 //! An endpoint that wins a cell and dies before stamping it would stall the ring there for
 //! ever: a producer's unwritten cell looks empty to every consumer, a consumer's unfreed
-//! cell looks full to every producer a lap later. Storage that tracks its endpoints (named
-//! rings) gives each endpoint a [`Claims`] line, where it records
-//! every run of positions it wins (one position, or a slice's run), right after winning the
-//! compare-and-swap and before touching the cells. A word names a position only if its
-//! endpoint won it, so when the cell at that position is still unfinished and the endpoint
-//! is dead, nobody else will finish it. Every liveness tick, a blocked endpoint:
-//! - stamps a dead producer's unwritten cell *skipped*, `(p + 1) | STAMP_SKIPPED`
-//!   ([`repair`]; producers and consumers both do): consumers pass it, freeing it, without
-//!   returning anything (nothing was published there, so nothing published is lost, and
-//!   every producer's order is unchanged);
-//! - adopts a dead consumer's unfreed cell (consumers only): `| STAMP_ADOPTED`, read the
-//!   element, run the consumer's work on it, free the cell. Consumers run their work before
-//!   freeing a cell (`Consumer::pop_then_until`), so the dead one never returned the element,
-//!   and it arrives exactly once, later than the elements behind it. A consumer's blocking
-//!   wait, which adopts at its ticks, is written here (`Consumer::pop_then_ticking`).
+//! cell looks full to every producer a lap later. Two things let others finish such cells:
+//!
+//! - **Reservations.** The winner of a position reserves its cell before touching it (see
+//!   [`MpmcCell`]: `p | STAMP_WRITING`, `(p + 1) | STAMP_READING`). A won cell that is not
+//!   reserved has not been touched, so anyone may take it away: a winner that was merely
+//!   slow fails its reservation and tries again (a producer pushes at a later position, a
+//!   consumer leaves the cell to the one that took it). This covers the winner that dies
+//!   between its winning compare-and-swap and its claim store, which no claim can name.
+//! - **Claims.** Storage that tracks its endpoints (rings in shared memory) gives each a
+//!   [`Claims`] line, where it records every run of positions it wins, right after winning
+//!   and before reserving any cell. A reserved cell is finished by another endpoint only
+//!   when a dead endpoint's claim names it.
+//!
+//! Every liveness tick, a blocked endpoint:
+//! - stamps a producer's unwritten cell *skipped*, `(p + 1) | STAMP_SKIPPED` ([`repair`];
+//!   producers and consumers both do): unreserved, or reserved by a dead claimant.
+//!   Consumers pass it, freeing it, without returning anything (nothing was published
+//!   there, so nothing published is lost, and every producer's order is unchanged);
+//! - adopts a consumer's unfreed cell (consumers only), unreserved or reserved by a dead
+//!   claimant: `| STAMP_ADOPTED`, read the element, run the consumer's work on it, free the
+//!   cell. Consumers run their work before freeing a cell (`Consumer::pop_then_until`), so
+//!   a dead one never returned the element, and it arrives exactly once, later than the
+//!   elements behind it. A consumer's blocking wait, which adopts at its ticks, is written
+//!   here (`Consumer::pop_then_ticking`).
 //!
 //! Each is a compare-and-swap from the exact stalled stamp, so it can only ever replace a
-//! stamp that the dead winner would have written. What is not covered: an endpoint killed
-//! in the two instructions between its winning CAS and its claim store; two threads sharing
-//! one endpoint (a clone of a handle) whose process dies with both mid-operation (the later
-//! claim overwrote the earlier); a consumer that dies while adopting. Those cells stay
-//! stalled.
+//! stamp that the winner would have written or reserved. What is not covered: two threads
+//! sharing one endpoint (a clone of a handle) whose process dies with both holding reserved
+//! cells (the later claim overwrote the earlier); a consumer that dies while adopting.
+//! Those cells stay stalled.
 
 use bytemuck::Pod;
 
 use super::mpmc::{Consumer, Producer, try_pop_in};
 use super::{PopTimeoutError, Storage, cell_at, wait_for};
 use crate::layout::{
-    Claims, Corrupted, MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED,
+    Claims, Corrupted, MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_READING,
+    STAMP_SKIPPED, STAMP_WRITING,
 };
 use crate::liveness::{Blocked, Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering};
@@ -71,9 +80,18 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         let cell = cell_at(storage, capacity, pos);
         // Relaxed: a candidate; the CAS below decides.
         let raw = cell.stamp.load(Ordering::Relaxed);
-        if raw & !STAMP_SKIPPED != pos.wrapping_add(1)
-            || !storage.watch().claimant_dead(Role::Consumer, pos)
-        {
+        let won = pos.wrapping_add(1);
+        // Below `head`, so won by a consumer: unreserved (its winner has not got to it, or
+        // died before recording its claim: a live one fails its reservation and tries
+        // again), or reserved by a winner that is dead.
+        let orphaned = match raw & !STAMP_SKIPPED {
+            stamp if stamp == won => true,
+            stamp if stamp == won | STAMP_READING => {
+                storage.watch().claimant_dead(Role::Consumer, pos)
+            }
+            _ => false,
+        };
+        if !orphaned {
             continue;
         }
         // Acquire on success: pairs with the producer's Release stamp store (the element's
@@ -104,11 +122,12 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     seen
 }
 
-/// Stamps the cell of position `pos` skipped if it still holds `stamp == pos`: the
-/// producer that won `pos` never wrote it. Call only once that producer is known dead (see
-/// "Repair" above). Returns whether it did.
-pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
-    // Release on success: pairs with the consumer's Acquire stamp load in `try_pop_in`
+/// Stamps the cell of position `pos` skipped if it still holds `stamp == pos`: won (the
+/// caller knows `pos` is below `tail`) and not reserved by its producer, which then fails
+/// its reservation and pushes again, having written nothing. Any endpoint may do it.
+/// Returns whether it did.
+pub(crate) fn skip_unreserved(stamp: &AtomicU64, pos: u64) -> bool {
+    // Release on success: pairs with the consumer's Acquire stamp load in `ready_run`
     // (nothing is published with it; the consumer only learns the cell is passable).
     stamp
         .compare_exchange(
@@ -118,6 +137,22 @@ pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
             Ordering::Relaxed,
         )
         .is_ok()
+}
+
+/// Stamps the cell of position `pos` skipped if its producer never published it, reserved
+/// (`pos | STAMP_WRITING`) or not (`pos`). Call only once that producer is known dead (see
+/// "Repair" above). Returns whether it did.
+pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
+    // Release on success: as in `skip_unreserved`.
+    skip_unreserved(stamp, pos)
+        || stamp
+            .compare_exchange(
+                pos | STAMP_WRITING,
+                pos.wrapping_add(1) | STAMP_SKIPPED,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_ok()
 }
 
 /// Skips the cells that stall an MPMC ring because the producer that won them died before
@@ -139,16 +174,18 @@ pub fn repair<T: Pod, S: Storage<Cell = MpmcCell<T>>>(storage: &S) -> u32 {
         return 0;
     }
     let mut skipped = 0;
-    // Positions won by producers and not yet written: stamp == pos.
+    // Positions won by producers (below `tail`) and not yet written: stamp == pos, not
+    // reserved (any winner: a live one fails its reservation and pushes again), or
+    // `pos | STAMP_WRITING` by a winner that is dead.
     for pos in (0..queued.min(REPAIR_SCAN)).map(|i| head.wrapping_add(i)) {
         let stamp = &cell_at(storage, capacity, pos).stamp;
-        // Relaxed: a candidate; `skip_unwritten`'s CAS decides.
-        if stamp.load(Ordering::Relaxed) == pos
-            && storage.watch().claimant_dead(Role::Producer, pos)
-            && skip_unwritten(stamp, pos)
-        {
-            skipped += 1;
-        }
+        // Relaxed: a candidate; the CASes decide.
+        let raw = stamp.load(Ordering::Relaxed);
+        let stalled = (raw == pos && skip_unreserved(stamp, pos))
+            || (raw == pos | STAMP_WRITING
+                && storage.watch().claimant_dead(Role::Producer, pos)
+                && skip_unwritten(stamp, pos));
+        skipped += u32::from(stalled);
     }
     if skipped > 0 {
         notify(&control.not_empty);

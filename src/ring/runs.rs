@@ -6,7 +6,8 @@ use bytemuck::Pod;
 use super::repair::REPAIR_SCAN;
 use super::{Storage, cell_at};
 use crate::layout::{
-    Claims, Corrupted, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED,
+    Claims, Corrupted, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_READING,
+    STAMP_SKIPPED, STAMP_WRITING,
 };
 use crate::liveness::Watch;
 use crate::sync::{AtomicU64, Ordering, spin_hint};
@@ -63,21 +64,38 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     want: u64,
     turn: Turn,
 ) -> Result<Run, Corrupted> {
-    let (offset, bad_flags, flagged, behind, ahead) = match turn {
+    // `taken`: the flags of a cell at this side's position that its winner has reserved
+    // (or, for consumers, an adopter has taken): the counter has moved past it. `bad`:
+    // flags no cell at this side's position can carry.
+    let (offset, taken, bad, flagged, behind, ahead) = match turn {
         Turn::Write => (
             0,
-            STAMP_FLAGS,
+            STAMP_WRITING,
+            STAMP_FLAGS & !STAMP_WRITING,
             "flagged stamp on a cell free for a producer",
             "cell stamp more than one lap behind tail",
             "cell stamp ahead of tail",
         ),
         Turn::Read => (
             1,
-            STAMP_ADOPTED,
-            "adopted stamp on a cell not yet taken",
+            STAMP_READING | STAMP_ADOPTED,
+            STAMP_WRITING,
+            "adopted or reserved stamp on a cell not yet taken",
             "cell stamp more than one lap behind head",
             "cell stamp ahead of head",
         ),
+    };
+    // Another endpoint of this side won `pos` and already stamped (or reserved) it, so the
+    // counter has moved on, unless `what` says the stamp is forged.
+    let moved = |what| {
+        // Acquire: as the first load in `claim_run`.
+        let current = counter.load(Ordering::Acquire);
+        if current == pos {
+            // The Acquire stamp load saw a store made after the counter passed `pos`, so
+            // it cannot still read `pos`: the stamp is forged.
+            return Err(Corrupted { what });
+        }
+        Ok(Run::Moved(current))
     };
     let mut n = 0;
     let mut skipped = 0;
@@ -86,11 +104,9 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         // Acquire: see above.
         let raw = cell_at(storage, capacity, at).stamp.load(Ordering::Acquire);
         let lag = (raw & !STAMP_FLAGS).wrapping_sub(at.wrapping_add(offset)) as i64;
-        if lag == 0 {
-            if raw & bad_flags != 0 {
-                return Err(Corrupted { what: flagged });
-            }
-            // Producers never get here with the flag (it is in `bad_flags`).
+        if lag == 0 && raw & bad != 0 {
+            return Err(Corrupted { what: flagged });
+        } else if lag == 0 && raw & taken == 0 {
             skipped |= u64::from(raw & STAMP_SKIPPED != 0) << n;
             n += 1;
         } else if lag < -(capacity as i64) {
@@ -98,6 +114,8 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         } else if n > 0 {
             // The run ends here (not yet ready, or already taken: the CAS will tell).
             break;
+        } else if lag == 0 {
+            return moved(flagged); // reserved by its winner
         } else if lag < 0 {
             // Producers: the cell still holds the previous lap's element (stamp p - capacity
             // + 1), or that lap's producer has won it and not yet written it (p - capacity).
@@ -105,15 +123,7 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             // consumer has won it and not yet freed it (p - capacity + 1).
             return Ok(Run::Wait);
         } else {
-            // Another endpoint of this side won `pos` and already stamped it, so the
-            // counter has moved on. Acquire: as the first load in `claim_run`.
-            let current = counter.load(Ordering::Acquire);
-            if current == pos {
-                // The Acquire stamp load above saw a store made after the counter passed
-                // `pos`, so it cannot still read `pos`: the stamp is forged.
-                return Err(Corrupted { what: ahead });
-            }
-            return Ok(Run::Moved(current));
+            return moved(ahead);
         }
     }
     Ok(Run::Ready(n, skipped))
