@@ -426,3 +426,122 @@ fn an_idle_receiver_closes_a_dead_senders_pool_within_a_tick() {
         [name.clone(), live.pool_name().trim_start_matches('/').to_owned()]
     );
 }
+
+/// A receiver that holds up to 2 messages at a time (dropping the oldest as a third comes)
+/// until it is killed; it announces each message's number.
+fn holding_receiver() -> ! {
+    let ch = Channel::builder(ring_name()).open().unwrap();
+    let rx = ch.receiver().unwrap();
+    let mut held = std::collections::VecDeque::new();
+    loop {
+        let m = rx.recv().unwrap();
+        common::announce(&format!("got {}", m.tag()));
+        held.push_back(m);
+        if held.len() > 2 {
+            held.pop_front();
+        }
+    }
+}
+
+/// Receiver kill storms as an independent suite runs them: a sender streams into a channel
+/// of 16 slots while receivers, each holding up to 2 messages, are SIGKILLed at random
+/// 40–250 ms after they start and replaced at once (25 kills; SPSC and MPMC). No blocking
+/// call of the sender may stall: each `acquire` and `send` has a 5 s limit, and the longest
+/// is printed (it includes waiting for the next receiver to start). At the end a last
+/// receiver drains the stream, every slot comes back, and nothing is left in `/dev/shm`.
+/// `GPURING_STORM_RUNS` repeats each flavor (default 1). The hang this looks for was a
+/// stalled free-ring cell (`tests/faults.rs` `receiver_killed_after_winning_its_free_ring_cell`).
+#[test]
+fn receiver_kill_storms_never_stall_the_sender() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    if role().as_deref() == Some("receiver") {
+        holding_receiver();
+    }
+    const KILLS: u32 = 25;
+    const CALL_LIMIT: Duration = Duration::from_secs(5);
+    let runs: u32 =
+        std::env::var("GPURING_STORM_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let mut state = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(std::process::id());
+    let mut rand = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    for mpmc in [false, true] {
+        let mut worst = Duration::ZERO;
+        for run in 0..runs {
+            let name = unique_name(if mpmc { "storm-mpmc" } else { "storm-spsc" });
+            let b = Channel::builder(&name).capacity(16).slots(16, 64);
+            let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+            let tx = ch.sender().unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let longest = Arc::new(Mutex::new((Duration::ZERO, "")));
+            let streamer = {
+                let (stop, longest) = (stop.clone(), longest.clone());
+                std::thread::spawn(move || {
+                    let mut sent = 0u64;
+                    let note = |what: &'static str, t: Instant| {
+                        let took = t.elapsed();
+                        let mut l = longest.lock().unwrap();
+                        if took > l.0 {
+                            *l = (took, what);
+                        }
+                        assert!(took < CALL_LIMIT, "{what} blocked {took:?}");
+                    };
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        let acquired = tx.acquire_timeout(CALL_LIMIT);
+                        note("acquire", t);
+                        let mut lease = match acquired {
+                            Ok(lease) => lease,
+                            // Between a kill and its replacement, with every slot held by
+                            // the dead receiver or queued: it says so, at a tick.
+                            Err(gpuring::AcquireTimeoutError::PeerDead) => {
+                                std::thread::sleep(Duration::from_millis(1));
+                                continue;
+                            }
+                            Err(e) => panic!("acquire stalled after {sent}: {e}"),
+                        };
+                        lease.set_tag(sent);
+                        let t = Instant::now();
+                        match tx.send_timeout(lease, TensorMeta::bytes(8), CALL_LIMIT) {
+                            Ok(()) => sent += 1,
+                            // Between a kill and its replacement: the lease comes back.
+                            Err(gpuring::SendTimeoutError::PeerDead(_)) => {}
+                            Err(e) => panic!("send stalled after {sent}: {e}"),
+                        }
+                        note("send", t);
+                    }
+                    (tx, sent)
+                })
+            };
+            for _ in 0..KILLS {
+                let mut peer =
+                    Peer::spawn("receiver_kill_storms_never_stall_the_sender", "receiver", &name);
+                std::thread::sleep(Duration::from_millis(40 + rand(211)));
+                peer.child.kill().unwrap();
+                peer.killed();
+            }
+            stop.store(true, Ordering::Relaxed);
+            let (tx, sent) = streamer.join().expect("the sender stalled");
+            let rx = ch.receiver().unwrap();
+            while rx.recv_timeout(Duration::from_millis(200)).is_ok() {}
+            let all: Vec<_> = (0..16)
+                .map(|_| tx.acquire_timeout(CALL_LIMIT))
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("mpmc {mpmc}, run {run}: a slot never came back: {e}"));
+            drop(all);
+            let (took, what) = *longest.lock().unwrap();
+            println!(
+                "mpmc {mpmc}, run {run}: {sent} sent, longest blocking call {took:?} ({what})"
+            );
+            worst = worst.max(took);
+            drop((rx, tx, ch));
+            assert_eq!(leftovers(&name), Vec::<String>::new(), "mpmc {mpmc}, run {run}");
+        }
+        println!("mpmc {mpmc}: {runs} storms of {KILLS} kills, longest blocking call {worst:?}");
+    }
+}
