@@ -11,6 +11,7 @@
 # For `bench` / `mps`, the build to compare with, from a worktree of its commit:
 #   (cd ../base && cargo build --release --features cuda --bench rings --bench gpu)
 #   cp <its rings and gpu bench binaries> .gpu/bin/bench-rings-before .gpu/bin/bench-gpu-before
+#   (and, for the host channel rows, its payloads bench as .gpu/bin/bench-payloads-before)
 # Then a device `run` with carry [".gpu"] of `OUT=$OUT bash .gpu/gpu-machine.sh PART`:
 #   tests    .gpu/run.sh (every test binary, --include-ignored), the demo, /dev/shm after
 #   python   the Python suite, then again under MPS
@@ -40,6 +41,7 @@ mps_off() { echo quit | nvidia-cuda-mps-control; sleep 1; echo "MPS daemon stopp
 show() { grep -E '^[A-Za-z_0-9]+/[A-Za-z_0-9/]+( +time:.*)?$|^ +time:|^ +thrpt:|panicked|STALLED' "$1" | grep -v '%' | sed -E 's/ +/ /g'; }
 rings_rows='latency_one_way/gpuring_spsc_(spin|sleep)$|throughput/gpuring_(spsc|spsc_batch32|mpmc)/'
 gpu_rows='gpu_handoff_one_way/(floor_ipc_events_spin|gpuring_spsc_(spin|default)(_host_flags)?)$|gpu_stream/(floor_ipc_events_stream|gpuring_spsc_1p1c)'
+payload_rows='payload_4KB/gpuring_(spsc|mpmc)$'
 bench() { # tag binary rows
   timeout 240 .gpu/bin/$2 --bench "$3" > "$out/$1-$2.log" 2>&1; echo "== $1 $2 (exit $?)"; show "$out/$1-$2.log"
 }
@@ -54,10 +56,14 @@ case $what in
     timeout 280 bash scripts/python-gpu.sh run tests 2>&1 | tee "$out/py-nomps.log" | tail -8
     timeout 280 bash scripts/python-gpu.sh run tests --mps 2>&1 | tee "$out/py-mps.log" | tail -8
     ;;
-  bench)
-    for r in 1 2; do
+  bench)  # ROUNDS (default "1 2"): which rounds this call runs
+    for r in ${ROUNDS:-1 2}; do
       bench nomps-$r bench-rings-before "$rings_rows"; bench nomps-$r bench-rings "$rings_rows"
       bench nomps-$r bench-gpu-before "$gpu_rows"; bench nomps-$r bench-gpu "$gpu_rows"
+      if [ -x .gpu/bin/bench-payloads-before ]; then
+        bench nomps-$r bench-payloads-before "$payload_rows"
+        bench nomps-$r bench-payloads "$payload_rows"
+      fi
     done
     ;;
   mps)
