@@ -406,42 +406,9 @@ mod tracked {
 #[test]
 fn mpmc_unclaimed_dead_producer_cell_is_skipped() {
     use gpuring::internal::Storage;
-    use tracked::Tracked;
-    builder(2).check(|| {
-        let ring = Tracked::new(4, 0b001);
-        // Line 0's producer won position 0 and died before recording it.
+    // Line 0's producer won position 0 and died before recording it.
+    dead_producer_cell_is_skipped(|ring| {
         ring.control().tail.store(1, loom::sync::atomic::Ordering::Relaxed);
-        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
-        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
-        let producer = thread::spawn(move || {
-            tx.try_push(7).unwrap();
-            tx.try_push(8).unwrap();
-            tx
-        });
-        let repairer = {
-            let ring = ring.endpoint(2);
-            thread::spawn(move || repair(&ring) > 0)
-        };
-        let consumer = thread::spawn(move || {
-            let mut got = Vec::new();
-            while got.len() < 2 {
-                match rx.try_pop() {
-                    Ok(v) => got.push(v),
-                    Err(TryPopError::Empty) => thread::yield_now(),
-                    Err(e) => panic!("{e:?}"),
-                }
-            }
-            (got, rx)
-        });
-        let tx = producer.join().unwrap();
-        assert!(repairer.join().unwrap(), "the dead producer's cell was stalled");
-        let (got, rx) = consumer.join().unwrap();
-        assert_eq!(got, [7, 8], "the live producer's elements, once, in order");
-        assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
-        for v in 10..14 {
-            tx.try_push(v).unwrap(); // a full lap: every cell free again
-        }
-        assert_eq!((0..4).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(), [10, 11, 12, 13]);
     });
 }
 
@@ -509,10 +476,18 @@ fn mpmc_adoption_racing_a_live_consumer_delivers_once() {
 #[test]
 fn mpmc_dead_producer_claim_is_skipped() {
     use gpuring::Role;
-    use tracked::{Tracked, die_after_claim};
-    builder(2).check(|| {
+    dead_producer_cell_is_skipped(|ring| tracked::die_after_claim(ring, 0, Role::Producer));
+}
+
+/// The model of `mpmc_unclaimed_dead_producer_cell_is_skipped` and
+/// `mpmc_dead_producer_claim_is_skipped`: `die` leaves line 0's producer dead after winning position
+/// 0 of a ring of 4; a live producer pushes two elements behind it while a consumer polls
+/// and a repairer runs once.
+fn dead_producer_cell_is_skipped(die: impl Fn(&tracked::Tracked) + Sync + Send + 'static) {
+    use tracked::Tracked;
+    builder(2).check(move || {
         let ring = Tracked::new(4, 0b001);
-        die_after_claim(&ring, 0, Role::Producer);
+        die(&ring);
         let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
         let producer = thread::spawn(move || {
