@@ -21,7 +21,10 @@
 //! The keeper's own robust list replaces the one glibc registered for it; the keeper never
 //! locks a robust pthread mutex, and glibc's exit-time walk of its own list runs only if a
 //! thread's function returns, which the keeper's never does. A forked child has no keeper
-//! (only the forking thread is copied): its first watch starts one, with an empty list.
+//! (only the forking thread is copied): its first watch starts one, with an empty list. A
+//! child forked while another thread of the parent held the keeper's mutex (registering or
+//! dropping a sender at that instant) would block on it at its first sender: the usual
+//! rule for locks across `fork`.
 
 use std::sync::Mutex;
 // Not `crate::sync`: process-private state outside every loom model (and a static).
