@@ -38,7 +38,7 @@ classes! {
     Full(Timeout) ["queue.Full"] "``Queue.put``: no slot or ring room in time (also a ``queue.Full``).";
     PeerDead(Error) [] "Every peer this call waits for has died (noticed within ~30 ms of waiting). A receiver gets it once everything the dead senders published has been received; a sender, when the ring is full and every receiver has died.";
     Disconnected(Error) [] "Every peer left cleanly: for a receiver, every sender left and everything they sent was received (the channel's end, seen at once); for a sender, every receiver left. Not for ever: a peer that attaches later makes the channel work again.";
-    SenderGone(Error) [] "GPU channels: the message's sender left, and its device memory with it; the message was dropped unread. The next ``recv`` carries on.";
+    SenderGone(Error) [] "GPU channels: the message's sender left or died, and its device memory with it; the message was dropped unread. The next ``recv`` carries on.";
     Corrupted(Error) [] "A value read from shared memory is impossible (a corrupt segment, or a descriptor that does not match its pool). A bad descriptor is dropped; the next ``recv`` carries on.";
     ShmError(Error) ["OSError"] "A shared-memory segment could not be created or opened: not a gpuring channel, of another owner, of another layout version, and the like.";
     NotFound(ShmError) ["FileNotFoundError"] "No channel of this name exists (within the open timeout).";

@@ -282,11 +282,11 @@ wait_errors! {
         /// received (seen at once): the channel's end, as `std::sync::mpsc` reports it. Not
         /// for ever: a sender that attaches later makes receiving work again.
         Disconnected => f.write_str("every sender has left, and all they sent was received");
-        /// GPU channels: the message's sender has left, and its device memory with it
-        /// (device memory cannot outlive its process): the message was dropped unread. The
-        /// next receive carries on.
+        /// GPU channels: the message's sender has left or died, and its device memory with
+        /// it (device memory cannot outlive its process): the message was dropped unread.
+        /// The next receive carries on.
         SenderGone => f.write_str(
-            "the message's sender has left, and its device memory with it: dropped unread",
+            "the message's sender has left or died, and its device memory with it: dropped unread",
         );
     }
 }
