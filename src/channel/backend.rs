@@ -138,10 +138,11 @@ pub(crate) mod sealed {
         }
 
         /// Whether messages of pool `seg` are refused, unread: before the pool is imported,
-        /// and after each slot is taken. Host memory outlives its sender (never); device
-        /// memory does not (a retired pool).
-        fn refuse(seg: &PoolSegment) -> Result<(), Refused<Self::Error>> {
-            let _ = seg;
+        /// and after each slot is taken; `owner_died` is what the pool's owner word said
+        /// (read once by the receiver). Host memory outlives its sender (never); device
+        /// memory does not (a retired pool, or a sender that died).
+        fn refuse(seg: &PoolSegment, owner_died: bool) -> Result<(), Refused<Self::Error>> {
+            let _ = (seg, owner_died);
             Ok(())
         }
 

@@ -101,7 +101,7 @@ pub struct Receiver<B: Backend = Host> {
     pub(crate) receiving: B::Receiving,
     channel: Arc<ChannelSegment<B>>,
     /// This receiver's identity in the channel's ring (it closes dead senders' entries
-    /// under it).
+    /// under it); kept here because the SPSC consumer is borrowed during a wait's tick.
     me: ParticipantId,
     /// Set when a message came from a pool whose sender died and that nobody has closed
     /// yet: the receive then closes it (`close_dead_senders`).
@@ -221,10 +221,10 @@ impl<B: Backend> Receiver<B> {
         B::check(&pool.imported, &d)?;
         let held = pool.seg.core.receive(d.slot, d.generation)?;
         let hold = SlotHold { pool: pool.seg.clone(), held };
-        self.note_owner(&hold.pool);
+        let died = self.note_owner(&hold.pool);
         // The slot is ours: a sender giving its device memory up now waits for us, or we
         // see that it has (then the slot goes back unread, with `hold`).
-        B::refuse(&hold.pool)?;
+        B::refuse(&hold.pool, died)?;
         // The slot is ours and the descriptor still in the ring.
         crate::fault::point("recv_holding");
         Ok((pool, hold, d, meta))
@@ -247,9 +247,9 @@ impl<B: Backend> Receiver<B> {
             }
         }
         let seg = Arc::new(self.channel.open_pool(index, instance)?);
-        self.note_owner(&seg);
+        let died = self.note_owner(&seg);
         // A device pool whose sender has gone is not imported.
-        if let Err(why) = B::refuse(&seg) {
+        if let Err(why) = B::refuse(&seg, died) {
             if let Ok(held) = seg.core.receive(d.slot, d.generation) {
                 drop(SlotHold { pool: seg, held }); // back unread
             }
@@ -261,12 +261,14 @@ impl<B: Backend> Receiver<B> {
         Ok(pool)
     }
 
-    /// Notes a pool whose sender died (the kernel marked its owner word: one load) and that
-    /// nobody has closed yet, for `recv_until` to close.
-    fn note_owner(&self, seg: &PoolSegment) {
-        if seg.owner_died() && !seg.is_closed() {
+    /// Whether the sender of pool `seg` died (the kernel marked its owner word: one load);
+    /// a dead sender's pool that nobody has closed yet is noted for `recv_until` to close.
+    fn note_owner(&self, seg: &PoolSegment) -> bool {
+        let died = seg.owner_died();
+        if died && !seg.is_closed() {
             self.saw_dead_owner.set(true);
         }
+        died
     }
 
     /// Closes the pool table entries of senders that died (`ChannelSegment::close_dead_owners`:

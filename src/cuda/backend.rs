@@ -295,10 +295,10 @@ impl Backend for Cuda {
         Ok(())
     }
 
-    fn refuse(seg: &PoolSegment) -> Result<(), Refused<CudaError>> {
-        // A sender that left retired its pool; one that died had the kernel mark its
-        // owner word (one load, no system call).
-        if seg.retired() || seg.owner_died() { Err(Refused::SenderGone) } else { Ok(()) }
+    fn refuse(seg: &PoolSegment, owner_died: bool) -> Result<(), Refused<CudaError>> {
+        // A sender that died had the kernel mark its owner word; one that left retired
+        // its pool.
+        if owner_died || seg.retired() { Err(Refused::SenderGone) } else { Ok(()) }
     }
 
     fn deliver(

@@ -342,10 +342,9 @@ pub(crate) fn any_queued_in<T: Pod>(
     }
     (0..queued).any(|i| {
         let cell = &cells[(head.wrapping_add(i) & (capacity - 1)) as usize];
-        // SAFETY: cells in [head, tail) were published by the producer, the only writer of
-        // cells, which does not write them again until `head` passes them (and the caller
-        // is the producer, or the consumer, which alone moves `head`). `T: Pod`: any bytes
-        // are a valid `T`.
+        // SAFETY: [head, tail) is published; the caller is the producer (the only writer,
+        // which rewrites no cell until `head` passes it) or the consumer (which alone moves
+        // `head`), so no cell read here is being written. `T: Pod`: any bytes are a `T`.
         let value = cell.value.with(|p| unsafe { p.read() });
         pred(&value)
     })
