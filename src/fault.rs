@@ -17,6 +17,8 @@
 //! | `inside_wake` | a publisher waking sleepers: the epoch bumped, the futex not yet woken |
 //! | `send_holding_lease` | a sender: a slot leased, not yet sent |
 //! | `recv_holding` | a receiver: a slot taken (HELD), the message not yet returned |
+//! | `recv_popped` | a receiver: the descriptor out of the ring, the message not yet returned |
+//! | `redeliver_holding` | a receiver: a dead receiver's message taken over, not yet returned |
 //! | `release_marked` | a slot given back: marked RETURNING, not yet on the free ring |
 //! | `pool_made` | a sender registering: its entry claimed and its pool made, not yet `ACTIVE` |
 

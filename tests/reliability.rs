@@ -428,14 +428,15 @@ fn an_idle_receiver_closes_a_dead_senders_pool_within_a_tick() {
 }
 
 /// A receiver that holds up to 2 messages at a time (dropping the oldest as a third comes)
-/// until it is killed; it announces each message's number.
+/// until it is killed; it announces each message's number, and whether it was a
+/// redelivery, before holding it.
 fn holding_receiver() -> ! {
     let ch = Channel::builder(ring_name()).open().unwrap();
     let rx = ch.receiver().unwrap();
     let mut held = std::collections::VecDeque::new();
     loop {
         let m = rx.recv().unwrap();
-        common::announce(&format!("got {}", m.tag()));
+        common::announce(&format!("got {} {}", m.tag(), m.redelivered()));
         held.push_back(m);
         if held.len() > 2 {
             held.pop_front();
@@ -443,16 +444,59 @@ fn holding_receiver() -> ! {
     }
 }
 
+/// What a storm's receivers got: every message number with how often it came, and how
+/// often as a redelivery.
+#[derive(Default)]
+struct Deliveries(std::collections::HashMap<u64, (u32, u32)>);
+
+impl Deliveries {
+    fn note(&mut self, tag: u64, redelivered: bool) {
+        let e = self.0.entry(tag).or_default();
+        e.0 += 1;
+        e.1 += u32::from(redelivered);
+    }
+
+    /// A peer's `got <tag> <redelivered>` lines.
+    fn note_line(&mut self, line: &str) {
+        let mut words = line.strip_prefix("got ").expect("a got line").split(' ');
+        let tag = words.next().unwrap().parse().unwrap();
+        self.note(tag, words.next() == Some("true"));
+    }
+
+    /// Every message of `0..sent` came at least once, and each extra copy of one was
+    /// marked a redelivery. Returns how many came again.
+    fn check(&self, sent: u64, what: &str) -> u32 {
+        let lost: Vec<u64> = (0..sent).filter(|t| !self.0.contains_key(t)).collect();
+        assert!(lost.is_empty(), "{what}: {} of {sent} lost: {lost:?}", lost.len());
+        assert!(self.0.keys().all(|&t| t < sent), "{what}: a message nobody sent");
+        let mut again = 0;
+        for (tag, &(n, redelivered)) in &self.0 {
+            assert!(redelivered >= n - 1, "{what}: message {tag} came {n} times, {redelivered} marked");
+            again += redelivered;
+        }
+        again
+    }
+}
+
 /// Receiver kill storms as an independent suite runs them: a sender streams into a channel
 /// of 16 slots while receivers, each holding up to 2 messages, are SIGKILLed at random
 /// 40–250 ms after they start and replaced at once (25 kills; SPSC and MPMC). No blocking
 /// call of the sender may stall: each `acquire` and `send` has a 5 s limit, and the longest
-/// is printed (it includes waiting for the next receiver to start). At the end a last
-/// receiver drains the stream, every slot comes back, and nothing is left in `/dev/shm`.
+/// is printed (it includes waiting for the next receiver to start). Nothing is lost: every
+/// message sent reaches a receiver (the killed ones announce each message they got) or the
+/// last receiver, which drains the stream; a message that comes twice is marked a
+/// redelivery. Every slot comes back, and nothing is left in `/dev/shm`.
 /// `GPURING_STORM_RUNS` repeats each flavor (default 1). The hang this looks for was a
 /// stalled free-ring cell (`tests/faults.rs` `receiver_killed_after_winning_its_free_ring_cell`).
 #[test]
 fn receiver_kill_storms_never_stall_the_sender() {
+    // A stand-in for a peer's child once the test has taken it (the peer's drop kills and
+    // reaps it: a process that has exited already).
+    fn dummy_child() -> std::process::Child {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        c.wait().unwrap();
+        c
+    }
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
@@ -518,17 +562,35 @@ fn receiver_kill_storms_never_stall_the_sender() {
                     (tx, sent)
                 })
             };
+            let got = Arc::new(Mutex::new(Deliveries::default()));
             for _ in 0..KILLS {
                 let mut peer =
                     Peer::spawn("receiver_kill_storms_never_stall_the_sender", "receiver", &name);
+                let mut child = std::mem::replace(&mut peer.child, dummy_child());
+                // Its announcements, read as they come (a full pipe would slow it down).
+                let reader = {
+                    let got = got.clone();
+                    std::thread::spawn(move || {
+                        while let Some(line) = peer.next_line() {
+                            got.lock().unwrap().note_line(&line);
+                        }
+                    })
+                };
                 std::thread::sleep(Duration::from_millis(40 + rand(211)));
-                peer.child.kill().unwrap();
-                peer.killed();
+                child.kill().unwrap();
+                let status = child.wait().unwrap();
+                use std::os::unix::process::ExitStatusExt;
+                assert_eq!(status.signal(), Some(9), "killed: {status}");
+                reader.join().unwrap();
             }
             stop.store(true, Ordering::Relaxed);
             let (tx, sent) = streamer.join().expect("the sender stalled");
             let rx = ch.receiver().unwrap();
-            while rx.recv_timeout(Duration::from_millis(200)).is_ok() {}
+            while let Ok(m) = rx.recv_timeout(Duration::from_millis(200)) {
+                got.lock().unwrap().note(m.tag(), m.redelivered());
+            }
+            let what = format!("mpmc {mpmc}, run {run}");
+            let again = got.lock().unwrap().check(sent, &what);
             let all: Vec<_> = (0..16)
                 .map(|_| tx.acquire_timeout(CALL_LIMIT))
                 .collect::<Result<_, _>>()
@@ -536,7 +598,8 @@ fn receiver_kill_storms_never_stall_the_sender() {
             drop(all);
             let (took, what) = *longest.lock().unwrap();
             println!(
-                "mpmc {mpmc}, run {run}: {sent} sent, longest blocking call {took:?} ({what})"
+                "mpmc {mpmc}, run {run}: {sent} sent, none lost, {again} redelivered, longest \
+                 blocking call {took:?} ({what})"
             );
             worst = worst.max(took);
             drop((rx, tx, ch));

@@ -66,6 +66,7 @@ pub struct ChannelBuilder<B: Backend = Host> {
     slot_count: u32,
     slot_size: u64,
     max_senders: Option<u32>,
+    redeliver: bool,
     pub(crate) ctx: B::Context,
 }
 
@@ -79,6 +80,7 @@ impl<B: Backend> Clone for ChannelBuilder<B> {
             slot_count: self.slot_count,
             slot_size: self.slot_size,
             max_senders: self.max_senders,
+            redeliver: self.redeliver,
             ctx: self.ctx.clone(),
         }
     }
@@ -94,6 +96,7 @@ impl ChannelBuilder<Host> {
             slot_count: 8,
             slot_size: 1 << 20,
             max_senders: None,
+            redeliver: true,
             ctx: (),
         }
     }
@@ -102,9 +105,18 @@ impl ChannelBuilder<Host> {
     /// builders).
     pub(crate) fn with_backend<C: Backend>(self, ctx: C::Context) -> ChannelBuilder<C> {
         let ChannelBuilder {
-            segment, flavor, capacity, slot_count, slot_size, max_senders, ..
+            segment, flavor, capacity, slot_count, slot_size, max_senders, redeliver, ..
         } = self;
-        ChannelBuilder { segment, flavor, capacity, slot_count, slot_size, max_senders, ctx }
+        ChannelBuilder {
+            segment,
+            flavor,
+            capacity,
+            slot_count,
+            slot_size,
+            max_senders,
+            redeliver,
+            ctx,
+        }
     }
 }
 
@@ -138,6 +150,30 @@ impl<B: Backend> ChannelBuilder<B> {
     /// senders whose messages are still in flight (default 4 for SPSC, 16 for MPMC).
     pub fn max_senders(mut self, n: u32) -> Self {
         self.max_senders = Some(n);
+        self
+    }
+
+    /// Whether a message whose receiver died holding it (killed after its `recv` took the
+    /// message and before the message was dropped) is delivered again, to the next
+    /// receiver that receives, marked [`Message::redelivered`](crate::Message::redelivered)
+    /// (default `true`; set at create, `open` takes the creator's).
+    ///
+    /// With it, nothing sent is lost to a receiver's crash: each message reaches a live
+    /// receiver at least once, and a receiver may see one a dead one had already acted on
+    /// (the mark says so). Without it, such a message is dropped and its slot taken back:
+    /// each message reaches a receiver at most once. Choose `false` where a late duplicate
+    /// is worse than a gap (a live video frame, say). The cost of the default is a copy of
+    /// each descriptor (384 bytes) beside its slot when it is sent, and one load per
+    /// receive.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-builder-redeliver");
+    /// let ch = gpuring::Channel::builder("doc-builder-redeliver").redeliver(false).create()?;
+    /// assert!(!ch.redelivers());
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn redeliver(mut self, on: bool) -> Self {
+        self.redeliver = on;
         self
     }
 
@@ -200,6 +236,7 @@ impl<B: Backend> ChannelBuilder<B> {
             h.slot_size.store(slot_size, Ordering::Relaxed);
             h.nonce.store(nonce, Ordering::Relaxed);
             h.backend.store(B::CODE, Ordering::Relaxed);
+            h.redeliver.store(u32::from(self.redeliver), Ordering::Relaxed);
             // Pool entries are zero (EMPTY) in a fresh object.
             match flavor {
                 Flavor::Spsc => RingSegment::init_in::<Descriptor, SpscCell<Descriptor>>(
@@ -215,7 +252,8 @@ impl<B: Backend> ChannelBuilder<B> {
             }
             Ok::<_, ShmError>(())
         })?;
-        Ok(self.channel(segment, layout, flavor, (slot_count, slot_size, nonce), base))
+        let params = Params { slot_count, slot_size, nonce, redeliver: self.redeliver };
+        Ok(self.channel(segment, layout, flavor, params, base))
     }
 
     /// Opens the channel if it exists, and creates it (with these options) where it does
@@ -298,7 +336,13 @@ impl<B: Backend> ChannelBuilder<B> {
         let slots = (h.slot_count.load(Ordering::Relaxed), h.slot_size.load(Ordering::Relaxed));
         let nonce = h.nonce.load(Ordering::Relaxed);
         let backend = h.backend.load(Ordering::Relaxed);
+        let redeliver = h.redeliver.load(Ordering::Relaxed);
         let corrupted = |what| ChannelError::Corrupted(Corrupted { what });
+        let redeliver = match redeliver {
+            0 => false,
+            1 => true,
+            _ => return Err(corrupted("channel names an unknown delivery guarantee")),
+        };
         if backend != B::CODE {
             let channel = match backend {
                 BACKEND_HOST => "host",
@@ -325,7 +369,8 @@ impl<B: Backend> ChannelBuilder<B> {
         }
         RingSegment::check_in::<Descriptor>(&segment, &layout.ring)?;
         segment.populate();
-        Ok(self.channel(segment, layout, flavor, (slots.0, slots.1, nonce), base))
+        let params = Params { slot_count: slots.0, slot_size: slots.1, nonce, redeliver };
+        Ok(self.channel(segment, layout, flavor, params, base))
     }
 
     fn channel(
@@ -333,7 +378,7 @@ impl<B: Backend> ChannelBuilder<B> {
         mut segment: crate::shm::Segment,
         layout: ChannelLayout,
         flavor: Flavor,
-        (slot_count, slot_size, nonce): (u32, u64, u32),
+        Params { slot_count, slot_size, nonce, redeliver }: Params,
         base: String,
     ) -> Channel<B> {
         // The last user out removes the channel and its pools, unless messages wait in it.
@@ -350,10 +395,19 @@ impl<B: Backend> ChannelBuilder<B> {
                 slot_count,
                 slot_size,
                 nonce,
+                redeliver,
                 base,
                 open_timeout: self.segment.open_timeout,
                 ctx: self.ctx.clone(),
             }),
         }
     }
+}
+
+/// A channel's parameters, as created or as read (and checked) at open.
+struct Params {
+    slot_count: u32,
+    slot_size: u64,
+    nonce: u32,
+    redeliver: bool,
 }

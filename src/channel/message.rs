@@ -32,6 +32,7 @@ pub struct Message<B: Backend = Host> {
     pub(crate) hold: SlotHold,
     desc: Descriptor,
     meta: TensorMeta,
+    redelivered: bool,
 }
 
 impl<B: Backend> core::fmt::Debug for Message<B> {
@@ -43,6 +44,7 @@ impl<B: Backend> core::fmt::Debug for Message<B> {
             .field("slot", &self.hold.held.slot)
             .field("generation", &self.hold.held.generation)
             .field("meta", &self.meta)
+            .field("redelivered", &self.redelivered)
             .field("memory", &self.slot)
             .finish()
     }
@@ -54,8 +56,9 @@ impl<B: Backend> Message<B> {
         desc: Descriptor,
         meta: TensorMeta,
         slot: B::MessageSlot,
+        redelivered: bool,
     ) -> Self {
-        Self { slot, hold, desc, meta }
+        Self { slot, hold, desc, meta, redelivered }
     }
 
     /// The message as its parts, the slot not returned: for the backends' own ways of
@@ -89,6 +92,24 @@ impl<B: Backend> Message<B> {
     /// ```
     pub fn seq(&self) -> u64 {
         self.desc.seq
+    }
+
+    /// Whether this message was delivered before, to a receiver that died holding it
+    /// (see [`ChannelBuilder::redeliver`](crate::ChannelBuilder::redeliver)): that receiver
+    /// may have acted on it. Such a message comes before the ones queued behind it, and may
+    /// come after later messages of its sender that other receivers took meanwhile.
+    ///
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-message-redelivered", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-message-redelivered").open()?;
+    /// let msg = ch.receiver()?.recv()?;
+    /// if msg.redelivered() {
+    ///     println!("message {} again: a receiver died holding it", msg.seq());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn redelivered(&self) -> bool {
+        self.redelivered
     }
 
     /// The application tag the sender set ([`Lease::set_tag`](crate::Lease::set_tag)).

@@ -155,6 +155,19 @@ impl<B: Backend> Channel<B> {
         self.inner.flavor
     }
 
+    /// Whether a message whose receiver died holding it is delivered again (as its
+    /// creator chose: [`ChannelBuilder::redeliver`]).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-redelivers");
+    /// let ch = gpuring::Channel::builder("doc-mod-redelivers").create()?;
+    /// assert!(ch.redelivers(), "the default");
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn redelivers(&self) -> bool {
+        self.inner.redeliver
+    }
+
     /// Descriptor ring cells.
     ///
     /// ```

@@ -26,7 +26,7 @@ use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::{MpmcCell, ParticipantId, SLOT_HEADER_SIZE, SpscCell};
-use crate::liveness::{AttachError, Watch};
+use crate::liveness::{AttachError, Tick, Watch};
 use crate::pool::{PoolSegment, SlotHold};
 use crate::ring::{PopTimeoutError, ShmStorage, Storage, mpmc, spsc};
 #[cfg(feature = "async")]
@@ -106,6 +106,19 @@ pub struct Receiver<B: Backend = Host> {
     /// Set when a message came from a pool whose sender died and that nobody has closed
     /// yet: the receive then closes it (`close_dead_senders`).
     saw_dead_owner: Cell<bool>,
+    /// Set until the first receive, which looks for messages to deliver again (a receiver
+    /// that replaces a dead one takes over what that one held).
+    first: Cell<bool>,
+}
+
+/// A message taken, checked and held, not yet made ready by the backend.
+struct Taken<B: Backend> {
+    pool: CachedPool<B>,
+    hold: SlotHold,
+    desc: Descriptor,
+    meta: TensorMeta,
+    /// Taken over from a receiver that died holding it.
+    redelivered: bool,
 }
 
 impl<B: Backend> core::fmt::Debug for Receiver<B> {
@@ -152,6 +165,7 @@ impl<B: Backend> Channel<B> {
             receiving: B::receiving(&self.inner.ctx),
             channel: self.inner.clone(),
             saw_dead_owner: Cell::new(false),
+            first: Cell::new(true),
         })
     }
 }
@@ -164,46 +178,84 @@ impl<B: Backend> Receiver<B> {
     /// receiver adopts it within a tick), which takes the slot over from the dead holder
     /// (`PoolCore::receive`).
     ///
+    /// Where the channel delivers again (`ChannelBuilder::redeliver`), a message whose
+    /// receiver died holding it comes first (`redeliver_one`): looked for on the first
+    /// receive, on a receive after a sender hinted at one (`ChannelHeader::orphans`, one
+    /// load), and at each liveness tick of a wait.
+    ///
     /// A sender that died leaves its pool to the receivers: at each liveness tick of a
     /// wait, after a message from such a pool, and before `PeerDead` is returned, the pools
     /// of dead senders are closed (`close_dead_senders`).
     fn recv_until(&self, deadline: Deadline) -> Result<Message<B>, RecvTimeoutError<B>> {
+        let redeliver = self.channel.redeliver;
+        if redeliver && (self.first.get() || self.channel.orphans_hinted()) {
+            self.first.set(false);
+            self.channel.clear_orphans_hint();
+            if let Some(taken) = self.redeliver_one() {
+                // There may be more: the next receive looks again.
+                self.channel.note_orphans();
+                return self.deliver(taken?);
+            }
+        }
         let then = |d| self.check_and_hold(d);
         let tick = || {
             self.close_dead_senders();
-            Ok(false)
+            match redeliver.then(|| self.redeliver_one()).flatten() {
+                Some(taken) => Tick::Done(taken),
+                None => Tick::Idle,
+            }
         };
         let popped = match &self.rx {
             Rx::Spsc(c) => c.borrow_mut().pop_then_ticking(deadline, then, tick),
             Rx::Mpmc(c) => c.pop_then_ticking(deadline, then, tick),
         };
+        if matches!(popped, Ok(Ok(_))) {
+            // The descriptor has left the ring; the message is this receiver's alone.
+            crate::fault::point("recv_popped");
+        }
         if self.saw_dead_owner.take() || matches!(popped, Err(PopTimeoutError::PeerDead)) {
             self.close_dead_senders();
         }
-        let (pool, hold, desc, meta) = popped.map_err(|e| match e {
+        let taken = popped.map_err(|e| match e {
             PopTimeoutError::Timeout => RecvTimeoutError::Timeout,
             PopTimeoutError::Disconnected => RecvTimeoutError::Disconnected,
             PopTimeoutError::PeerDead => RecvTimeoutError::PeerDead,
             PopTimeoutError::Corrupted(c) => RecvTimeoutError::Corrupted(c),
         })??;
-        // On an error the hold goes, and the slot back unread.
+        self.deliver(taken)
+    }
+
+    /// The backend's part of a receive (a GPU receiver's stream waits for the sender's
+    /// writes), then the message. On an error the hold goes, and the slot back unread.
+    fn deliver(&self, t: Taken<B>) -> Result<Message<B>, RecvTimeoutError<B>> {
         let policy = self.wait_policy();
-        let view = B::deliver(&self.receiving, &pool.imported, &hold, &desc, policy)?;
-        Ok(Message::new(hold, desc, meta, view))
+        let view = B::deliver(&self.receiving, &t.pool.imported, &t.hold, &t.desc, policy)?;
+        Ok(Message::new(t.hold, t.desc, t.meta, view, t.redelivered))
     }
 
     /// Checks a popped descriptor against the pool table, its pool and the backend, then
     /// claims its slot.
-    #[allow(clippy::type_complexity)]
-    fn check_and_hold(
-        &self,
-        d: Descriptor,
-    ) -> Result<(CachedPool<B>, SlotHold, Descriptor, TensorMeta), RecvTimeoutError<B>> {
+    fn check_and_hold(&self, d: Descriptor) -> Result<Taken<B>, RecvTimeoutError<B>> {
         let (index, instance) = (d.pool_id & 0xFFFF, d.pool_id >> 16);
         if index >= self.channel.max_pools() {
             return Err(corrupt("descriptor names an unknown pool"));
         }
         let pool = self.pool_for(index, instance, &d)?;
+        let meta = self.check(&pool, &d)?;
+        let held = pool.seg.core.receive(d.slot, d.generation)?;
+        let hold = SlotHold { pool: pool.seg.clone(), held };
+        let died = self.note_owner(&hold.pool);
+        // The slot is ours: a sender giving its device memory up now waits for us, or we
+        // see that it has (then the slot goes back unread, with `hold`).
+        B::refuse(&hold.pool, died)?;
+        // The slot is ours and the descriptor still in the ring.
+        crate::fault::point("recv_holding");
+        Ok(Taken { pool, hold, desc: d, meta, redelivered: false })
+    }
+
+    /// The checks of a descriptor `d` of `pool` before its slot is used: metadata, slot
+    /// in range, payload and header within the slot, and the backend's own fields.
+    fn check(&self, pool: &CachedPool<B>, d: &Descriptor) -> Result<TensorMeta, RecvTimeoutError<B>> {
         let meta = d.meta().map_err(|_| corrupt("descriptor carries invalid tensor metadata"))?;
         if d.slot >= pool.seg.core.slot_count() {
             return Err(corrupt("descriptor names a slot out of range"));
@@ -218,16 +270,67 @@ impl<B: Backend> Receiver<B> {
         if d.header_len as usize > SLOT_HEADER_SIZE {
             return Err(corrupt("descriptor header is longer than a slot's header"));
         }
-        B::check(&pool.imported, &d)?;
-        let held = pool.seg.core.receive(d.slot, d.generation)?;
-        let hold = SlotHold { pool: pool.seg.clone(), held };
+        B::check(&pool.imported, d)?;
+        Ok(meta)
+    }
+
+    /// Takes over one message whose receiver died holding it, from any pool of the
+    /// channel (`PoolCore::adopt`: a slot HELD by a party that is gone, whose descriptor is
+    /// no longer queued), and checks its sent copy as any descriptor: `None` when there is
+    /// none. A copy that fails the checks, or a device pool whose sender is gone, gives the
+    /// slot back unread with the error. Probes the holders' locks, and maps the pools not
+    /// seen yet: slow paths only.
+    fn redeliver_one(&self) -> Option<Result<Taken<B>, RecvTimeoutError<B>>> {
+        let ring = &self.channel.ring;
+        for info in self.channel.pools() {
+            if info.state == super::PoolState::Registering {
+                continue;
+            }
+            let (index, instance) = (info.index, info.instance & 0xFFFF);
+            let pool_id = instance << 16 | index;
+            let queued = |slot: u32, generation: u32| {
+                ring.any_in_ring::<Descriptor>(|d| {
+                    d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
+                })
+            };
+            let pool = match self.pool_at(index, instance) {
+                Ok(pool) => pool,
+                Err((Some(seg), why)) => {
+                    // Refused (a device pool whose sender is gone): what it held goes back.
+                    let Some(held) = seg.core.adopt(B::holder_gone, queued) else { continue };
+                    drop(SlotHold { pool: seg, held });
+                    return Some(Err(why));
+                }
+                Err((None, _)) => continue,
+            };
+            let Some(held) = pool.seg.core.adopt(B::holder_gone, queued) else { continue };
+            let hold = SlotHold { pool: pool.seg.clone(), held };
+            return Some(self.check_adopted(pool, hold, pool_id));
+        }
+        None
+    }
+
+    /// Checks the sent copy of a slot taken over by `redeliver_one`: it must name that
+    /// pool, slot and generation, and pass the checks of any descriptor.
+    fn check_adopted(
+        &self,
+        pool: CachedPool<B>,
+        hold: SlotHold,
+        pool_id: u32,
+    ) -> Result<Taken<B>, RecvTimeoutError<B>> {
+        let d = pool.seg.read_sent(hold.held.slot);
+        if d.pool_id != pool_id
+            || d.slot != hold.held.slot
+            || d.generation != u64::from(hold.held.generation)
+        {
+            return Err(corrupt("a held slot's sent copy names another message"));
+        }
+        let meta = self.check(&pool, &d)?;
         let died = self.note_owner(&hold.pool);
-        // The slot is ours: a sender giving its device memory up now waits for us, or we
-        // see that it has (then the slot goes back unread, with `hold`).
         B::refuse(&hold.pool, died)?;
-        // The slot is ours and the descriptor still in the ring.
-        crate::fault::point("recv_holding");
-        Ok((pool, hold, d, meta))
+        // The slot is ours again; a death here leaves it to the next receiver the same way.
+        crate::fault::point("redeliver_holding");
+        Ok(Taken { pool, hold, desc: d, meta, redelivered: true })
     }
 
     /// The pool at table row `index`, registration `instance`: cached, or mapped (and
@@ -239,6 +342,24 @@ impl<B: Backend> Receiver<B> {
         instance: u32,
         d: &Descriptor,
     ) -> Result<CachedPool<B>, RecvTimeoutError<B>> {
+        self.pool_at(index, instance).map_err(|(seg, why)| {
+            if let Some(seg) = seg {
+                if let Ok(held) = seg.core.receive(d.slot, d.generation) {
+                    drop(SlotHold { pool: seg, held }); // back unread
+                }
+            }
+            why
+        })
+    }
+
+    /// The pool at table row `index`, registration `instance`: cached, or mapped (and
+    /// imported) now. The error carries the pool when it was mapped and then refused
+    /// before its import (a device pool whose sender is gone).
+    fn pool_at(
+        &self,
+        index: u32,
+        instance: u32,
+    ) -> Result<CachedPool<B>, (Option<Arc<PoolSegment>>, RecvTimeoutError<B>)> {
         let mut pools = self.pools.borrow_mut();
         let cached = &mut pools[index as usize];
         if let Some(pool) = cached {
@@ -246,16 +367,13 @@ impl<B: Backend> Receiver<B> {
                 return Ok(pool.clone());
             }
         }
-        let seg = Arc::new(self.channel.open_pool(index, instance)?);
+        let seg = Arc::new(self.channel.open_pool(index, instance).map_err(|e| (None, e))?);
         let died = self.note_owner(&seg);
         // A device pool whose sender has gone is not imported.
         if let Err(why) = B::refuse(&seg, died) {
-            if let Ok(held) = seg.core.receive(d.slot, d.generation) {
-                drop(SlotHold { pool: seg, held }); // back unread
-            }
-            return Err(why.into());
+            return Err((Some(seg), why.into()));
         }
-        let imported = B::import(&self.channel.ctx, &seg)?;
+        let imported = B::import(&self.channel.ctx, &seg).map_err(|e| (None, e.into()))?;
         let pool = CachedPool { instance, seg, imported };
         *cached = Some(pool.clone());
         Ok(pool)

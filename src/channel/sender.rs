@@ -138,10 +138,17 @@ impl<B: Backend> Sender<B> {
         }
         let core = &self.pool.core;
         // At each liveness tick of the wait (it probes locks): slots of dead receivers are
-        // taken back; if there were none, every receiver of the channel gone ends it.
+        // taken back (or, where messages are delivered again, the receivers told to take
+        // the messages those held); if there were none, every receiver of the channel gone
+        // ends it.
+        let redeliver = self.channel.redeliver;
         let tick = || {
             let queued = |slot, generation| self.queued(slot, generation);
-            if core.reclaim_dead(B::holder_gone, queued) > 0 {
+            let found = core.reclaim_dead(B::holder_gone, queued, redeliver);
+            if found.orphans > 0 {
+                self.channel.note_orphans();
+            }
+            if found.back > 0 {
                 return Ok(true);
             }
             self.ring(|r| r.receivers_gone(true)).map_or(Ok(false), Err)
@@ -408,6 +415,9 @@ impl<B: Backend> Sender<B> {
         let slot = lease.hold.slot;
         let mut d = self.descriptor(&lease, &meta);
         B::fill(&lease.slot, slot.slot, &mut d).map_err(SendTimeoutError::Device)?;
+        if self.channel.redeliver {
+            self.pool.write_sent(slot.slot, &d);
+        }
         self.pool.core.mark_sent(slot);
         match self.ring(|r| r.push_until(d, deadline)) {
             Ok(()) => {

@@ -73,6 +73,9 @@ pub(crate) struct ChannelSegment<B: Backend> {
     pub(super) slot_count: u32,
     pub(super) slot_size: u64,
     pub(super) nonce: u32,
+    /// Whether messages whose receiver died holding them are delivered again (the
+    /// header's `redeliver`, read once).
+    pub(super) redeliver: bool,
     /// The channel name without its leading `/`: the stem of its pools' names.
     pub(super) base: String,
     pub(super) open_timeout: Duration,
@@ -287,7 +290,28 @@ impl<B: Backend> ChannelSegment<B> {
             sender_dead,
             B::holder_gone,
             |slot, generation| queued(pool_id, slot, generation),
+            self.redeliver,
         )
+    }
+
+    /// Notes, for every receiver's next receive, that a message whose receiver died holding
+    /// it waits to be delivered again (`ChannelHeader::orphans`).
+    pub(super) fn note_orphans(&self) {
+        // Relaxed: a hint; the receiver that acts on it acquires the slot by its own CAS.
+        self.header().orphans.store(1, Ordering::Relaxed);
+    }
+
+    /// Whether `note_orphans` was called since the last `take_orphans_hint`: one load.
+    #[inline]
+    pub(super) fn orphans_hinted(&self) -> bool {
+        // Relaxed: as in `note_orphans`.
+        self.header().orphans.load(Ordering::Relaxed) != 0
+    }
+
+    /// Clears the hint, before a look for such messages (a hint set after is seen again).
+    pub(super) fn clear_orphans_hint(&self) {
+        // Relaxed: as in `note_orphans`.
+        self.header().orphans.store(0, Ordering::Relaxed);
     }
 
     /// The registration instance an entry records (16 bits), read after an Acquire load of

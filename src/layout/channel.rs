@@ -34,6 +34,13 @@ pub struct ChannelHeader {
     pub nonce: AtomicU32,
     /// Where every sender's slots live: [`BACKEND_HOST`] or [`BACKEND_CUDA`].
     pub backend: AtomicU32,
+    /// 1: a message whose receiver died holding it is delivered again; 0: it is dropped
+    /// (its slot taken back). Anything else is corrupt. Set at create.
+    pub redeliver: AtomicU32,
+    /// A hint, set (1) by a sender that found messages whose receiver died holding them:
+    /// receivers read it on every receive (one load) and then look for such messages to
+    /// deliver again. Whoever looks clears it first.
+    pub orphans: AtomicU32,
 }
 
 /// Pool backend code: host shared memory.

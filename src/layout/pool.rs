@@ -9,6 +9,7 @@
 //! | 256 | `slot_count` × [`SlotRecord`] |
 //! | next 128 | the free ring: an MPMC ring of `u32` slot indices ([`RingLayout::at`]) |
 //! | next 128 | device pools: [`CudaPoolInfo`], then `slot_count` × [`SlotEvents`] |
+//! | next 128 | `slot_count` sent copies: the descriptor each slot was last sent with ([`SENT_COPY_SIZE`] bytes) |
 //! | next page | `slot_count` slot headers of [`SLOT_HEADER_SIZE`] bytes (host memory, every backend) |
 //! | next page | host pools: the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
 
@@ -24,6 +25,10 @@ pub const MAX_SLOT_SIZE: u64 = 1 << 38;
 /// one slot, or a pickled object whose tensors sit in the slot). One page, so that a pool's
 /// unused headers cost no memory.
 pub const SLOT_HEADER_SIZE: usize = 4096;
+/// Bytes of each slot's sent copy: the descriptor the sender last published for it,
+/// written before the publish, so that a message whose receiver died holding it can be
+/// delivered again (read only then, and checked as any descriptor).
+pub const SENT_COPY_SIZE: usize = size_of::<crate::descriptor::Descriptor>();
 
 /// Parameters of a pool, after the segment header.
 #[repr(C, align(128))]
@@ -157,6 +162,7 @@ pub const CUDA_SLOT_ALIGN: u64 = 2 << 20;
 /// | 256 | `slot_count` × [`SlotRecord`] |
 /// | next 128 | the free ring: an MPMC ring of `u32` slot indices ([`RingLayout::at`]) |
 /// | next 128 | device pools: [`CudaPoolInfo`], then `slot_count` × [`SlotEvents`] |
+/// | next 128 | `slot_count` sent copies, [`SENT_COPY_SIZE`] bytes each |
 /// | next page | `slot_count` slot headers, [`SLOT_HEADER_SIZE`] bytes each |
 /// | next page | host pools: the slots, `stride` bytes apart (256-byte aligned, 4096 when ≥ a page) |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +185,8 @@ pub struct PoolLayout {
     pub cuda_info: usize,
     /// Device pools: offset of the first [`SlotEvents`]; host pools: 0.
     pub slot_events: usize,
+    /// Offset of slot 0's sent copy ([`SENT_COPY_SIZE`] bytes per slot).
+    pub sent: usize,
     /// Offset of slot 0's header ([`SLOT_HEADER_SIZE`] bytes per slot, page aligned).
     pub headers: usize,
     /// Size of the whole segment.
@@ -224,8 +232,9 @@ impl PoolLayout {
         if backend == BACKEND_CUDA {
             let cuda_info = free_ring.total_size.next_multiple_of(128);
             let slot_events = cuda_info + size_of::<CudaPoolInfo>();
-            let headers = (slot_events + slot_count as usize * size_of::<SlotEvents>())
-                .next_multiple_of(4096);
+            let sent = (slot_events + slot_count as usize * size_of::<SlotEvents>())
+                .next_multiple_of(128);
+            let headers = (sent + slot_count as usize * SENT_COPY_SIZE).next_multiple_of(4096);
             let total_size = headers + slot_count as usize * SLOT_HEADER_SIZE;
             let stride = slot_size.next_multiple_of(CUDA_SLOT_ALIGN) as usize;
             if stride.checked_mul(slot_count as usize).is_none() {
@@ -241,11 +250,13 @@ impl PoolLayout {
                 stride,
                 cuda_info,
                 slot_events,
+                sent,
                 headers,
                 total_size,
             });
         }
-        let headers = free_ring.total_size.next_multiple_of(4096);
+        let sent = free_ring.total_size.next_multiple_of(128);
+        let headers = (sent + slot_count as usize * SENT_COPY_SIZE).next_multiple_of(4096);
         let data = headers + slot_count as usize * SLOT_HEADER_SIZE;
         let align = if slot_size >= 4096 { 4096 } else { 256 };
         let stride = (slot_size as usize).next_multiple_of(align);
@@ -268,6 +279,7 @@ impl PoolLayout {
             stride,
             cuda_info: 0,
             slot_events: 0,
+            sent,
             headers,
             total_size,
         })
@@ -276,6 +288,11 @@ impl PoolLayout {
     /// Offset of slot `slot`'s first byte (`slot < slot_count`).
     pub const fn slot_offset(&self, slot: usize) -> usize {
         self.data + slot * self.stride
+    }
+
+    /// Offset of slot `slot`'s sent copy (`slot < slot_count`).
+    pub const fn sent_offset(&self, slot: usize) -> usize {
+        self.sent + slot * SENT_COPY_SIZE
     }
 
     /// Offset of slot `slot`'s header (`slot < slot_count`).
@@ -290,4 +307,5 @@ const _: () = {
     assert!(size_of::<SlotRecord>() == 64);
     assert!(size_of::<CudaPoolInfo>() == 128);
     assert!(size_of::<SlotEvents>() == 128);
+    assert!(SENT_COPY_SIZE % 64 == 0);
 };

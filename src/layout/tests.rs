@@ -78,8 +78,11 @@ fn pool_layouts() {
     assert_eq!(p.records, 256);
     assert_eq!(p.free_ring.ring_header, 512, "records end at 448, rounded up to 128");
     assert_eq!(p.free_ring.capacity, 4);
+    assert_eq!(p.sent % 128, 0);
+    assert!(p.sent >= p.free_ring.total_size);
+    assert_eq!(p.sent_offset(2), p.sent + 2 * SENT_COPY_SIZE);
     assert_eq!(p.headers % 4096, 0);
-    assert!(p.headers >= p.free_ring.total_size);
+    assert!(p.headers >= p.sent + 3 * SENT_COPY_SIZE, "headers after the sent copies");
     assert_eq!(p.header_offset(2), p.headers + 2 * SLOT_HEADER_SIZE);
     assert_eq!(p.data, p.headers + 3 * SLOT_HEADER_SIZE, "slots after the headers");
     assert_eq!(p.stride, 1024, "small slots are 256-byte aligned");
@@ -95,7 +98,8 @@ fn pool_layouts() {
     assert_eq!(g.cuda_info % 128, 0);
     assert!(g.cuda_info >= g.free_ring.total_size);
     assert_eq!(g.slot_events, g.cuda_info + 128);
-    assert!(g.headers >= g.slot_events + 3 * 128);
+    assert!(g.sent >= g.slot_events + 3 * 128);
+    assert!(g.headers >= g.sent + 3 * SENT_COPY_SIZE);
     assert_eq!(g.headers % 4096, 0);
     assert_eq!(g.total_size, g.headers + 3 * SLOT_HEADER_SIZE);
     assert_eq!(g.stride, 2 << 20, "device slots 2 MiB apart");

@@ -28,7 +28,7 @@
 use std::ops::Deref;
 
 use crate::layout::{Corrupted, MpmcCell, SlotRecord};
-use crate::liveness::{Blocked, Watch};
+use crate::liveness::{Blocked, Tick, Watch};
 use crate::ring::{Heap, PopTimeoutError, Storage, mpmc};
 use crate::sync::Ordering;
 use crate::wait::Deadline;
@@ -86,6 +86,15 @@ pub(crate) const fn phase(word: u64) -> Phase {
         SENT => Phase::Sent,
         _ => Phase::Held,
     }
+}
+
+/// What [`PoolCore::reclaim_dead`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Slots it put back on the free ring.
+    pub back: u32,
+    /// Slots held by receivers that died, left to be delivered again.
+    pub orphans: u32,
 }
 
 /// A slot and the generation it was leased at: what a descriptor names.
@@ -220,7 +229,12 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         deadline: Deadline,
         tick: impl FnMut() -> Result<bool, Blocked>,
     ) -> Result<SlotRef, PopTimeoutError> {
-        let slot = free.pop_then_ticking(deadline, |slot| slot, tick)?;
+        let mut tick = tick;
+        let slot = free.pop_then_ticking(deadline, |slot| slot, || match tick() {
+            Ok(true) => Tick::Retry,
+            Ok(false) => Tick::Idle,
+            Err(why) => Tick::Stop(why),
+        })?;
         self.lease_popped(slot).map_err(PopTimeoutError::Corrupted)
     }
 
@@ -295,13 +309,15 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         let Ok(generation) = u32::try_from(generation) else {
             return Err(Corrupted { what: "descriptor carries a stale slot generation" });
         };
-        // Relaxed: the slot's bytes were published by the descriptor ring (Release push,
-        // Acquire pop); this CAS only makes the receiver the slot's one holder.
+        // Release: pairs with the Acquire CAS of `adopt`, by which a receiver takes the slot
+        // over should this one die holding it: the slot's bytes and its sent copy, published
+        // to us by the descriptor ring (Release push, Acquire pop), reach that receiver too.
+        // Relaxed on failure: nothing is read on the strength of it.
         let mine = pack(generation, self.held_state());
         match record.state.compare_exchange(
             pack(generation, SENT),
             mine,
-            Ordering::Relaxed,
+            Ordering::Release,
             Ordering::Relaxed,
         ) {
             Ok(_) => Ok(SlotRef { slot, generation }),
@@ -311,13 +327,14 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             // Held by a receiver that died before the descriptor left the ring (an SPSC
             // receiver takes the slot first, then moves `head`): the message was never
             // returned to it, so it is ours now. A probe of the holder's lock: this case only.
+            // Release: as above.
             Err(found)
                 if unpack(found).1 == HELD
                     && found != mine
                     && self.free_rx.storage().watch().id_gone(party(found)).is_some()
                     && record
                         .state
-                        .compare_exchange(found, mine, Ordering::Relaxed, Ordering::Relaxed)
+                        .compare_exchange(found, mine, Ordering::Release, Ordering::Relaxed)
                         .is_ok() =>
             {
                 Ok(SlotRef { slot, generation })
@@ -355,30 +372,92 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// the channel's ring: then its dead holder took the slot without consuming the
     /// descriptor, and the next receiver takes the slot over with it (see `receive`), so
     /// it is left alone.
+    ///
+    /// With `redeliver`, a slot HELD by a receiver that died (and not `queued`) is a
+    /// message to deliver again: it is left for a receiver to [`adopt`](Self::adopt), and
+    /// counted in [`Reclaimed::orphans`].
     pub fn reclaim_dead(
         &self,
         exited: impl Fn(u32) -> bool,
         queued: impl Fn(u32, u32) -> bool,
-    ) -> u32 {
+        redeliver: bool,
+    ) -> Reclaimed {
         let gone = |word: u64| self.party_gone(word, &exited);
-        let mut reclaimed = 0;
+        let mut found = Reclaimed::default();
         for (slot, record) in self.records.iter().enumerate() {
             // Relaxed: the CAS in `give_back` decides; a stale read only skips a slot.
             let word = record.state.load(Ordering::Relaxed);
             let (generation, state) = unpack(word);
             let lease = SlotRef { slot: slot as u32, generation };
-            let back = match state {
-                HELD => {
-                    gone(word)
-                        && !queued(lease.slot, generation)
-                        && self.give_back(lease, word as u32)
+            match state {
+                HELD if gone(word) && !queued(lease.slot, generation) => {
+                    if redeliver {
+                        found.orphans += 1;
+                    } else {
+                        found.back += u32::from(self.give_back(lease, word as u32));
+                    }
                 }
-                RETURNING => gone(word) && self.push_again(lease, word as u32),
-                _ => false,
-            };
-            reclaimed += u32::from(back);
+                RETURNING => {
+                    found.back += u32::from(gone(word) && self.push_again(lease, word as u32));
+                }
+                _ => {}
+            }
         }
-        reclaimed
+        found
+    }
+
+    /// Takes over one message whose receiver died holding it, for a receiver that will
+    /// deliver it again: a slot HELD by a party that is gone (and for which `exited`
+    /// agrees, as in [`reclaim_dead`](Self::reclaim_dead)) and not `queued` (a descriptor
+    /// still in the ring goes to its next receiver with the slot: see `receive`) becomes
+    /// HELD by this endpoint. Of several adopters one wins the slot (a CAS from the dead
+    /// holder's word, which never comes back). Returns the slot, or `None` when there is
+    /// none. Probes the holders' locks: slow paths only.
+    ///
+    /// What the message was is the slot's sent copy (`PoolSegment::read_sent`), written by
+    /// the sender before it published the message; the caller checks it as any descriptor.
+    pub fn adopt(
+        &self,
+        exited: impl Fn(u32) -> bool,
+        queued: impl Fn(u32, u32) -> bool,
+    ) -> Option<SlotRef> {
+        let mine = self.held_state();
+        // The last party probed and whether it was gone: holders are few, slots many.
+        let mut probed: Option<(u32, bool)> = None;
+        for (slot, record) in self.records.iter().enumerate() {
+            // Relaxed: the CAS below decides (and acquires); a stale read only skips a slot.
+            let word = record.state.load(Ordering::Relaxed);
+            let (generation, state) = unpack(word);
+            if state != HELD || word as u32 == mine {
+                continue;
+            }
+            let gone = match probed {
+                Some((p, gone)) if p == party(word) => gone,
+                _ => {
+                    let gone = self.party_gone(word, &exited);
+                    probed = Some((party(word), gone));
+                    gone
+                }
+            };
+            // AcqRel: acquires the dead holder's Release take of the slot (`receive`, or an
+            // earlier adopter's CAS here), so the slot's bytes and its sent copy are visible;
+            // releases them in turn to whoever adopts the slot should this endpoint die.
+            if gone
+                && !queued(slot as u32, generation)
+                && record
+                    .state
+                    .compare_exchange(
+                        word,
+                        pack(generation, mine),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                return Some(SlotRef { slot: slot as u32, generation });
+            }
+        }
+        None
     }
 
     /// Whether the party a HELD or RETURNING state `word` names is gone (its registration
@@ -403,11 +482,16 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     ///
     /// A receiver taking a SENT slot meanwhile moves it to HELD before its descriptor
     /// leaves the ring, so the CAS from SENT fails if it did, whatever the scan saw.
+    ///
+    /// With `redeliver`, slots HELD by a receiver that is gone are messages to deliver
+    /// again: left for a receiver to [`adopt`](Self::adopt) (the pool unlinks itself once
+    /// that one drops them).
     pub fn abandon(
         &self,
         sender_dead: bool,
         exited: impl Fn(u32) -> bool,
         queued: impl Fn(u32, u32) -> bool,
+        redeliver: bool,
     ) -> u32 {
         let gone = |word: u64| self.party_gone(word, &exited);
         let returning = by(RETURNING, self.me());
@@ -419,7 +503,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             let orphan = match state {
                 LEASED => sender_dead,
                 SENT => sender_dead && !queued(slot as u32, generation),
-                HELD => gone(word) && !queued(slot as u32, generation),
+                HELD => !redeliver && gone(word) && !queued(slot as u32, generation),
                 _ => false,
             };
             // SeqCst: pairs with the SeqCst loads in `all_free`, as in `give_back`.

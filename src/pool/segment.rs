@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::lease::PoolCore;
+use crate::descriptor::Descriptor;
 use crate::layout::{
     BACKEND_CUDA, BACKEND_HOST, Corrupted, CudaPoolInfo, Mapping, MpmcCell, PoolHeader, PoolLayout,
     PoolView, RingView, SegmentKind, SlotEvents, SlotRecord, view, view_slice,
@@ -64,6 +65,8 @@ pub struct PoolSegment {
     data: Option<NonNull<u8>>,
     // Slot 0's header (every backend).
     headers: NonNull<u8>,
+    // Slot 0's sent copy (every backend).
+    sent: NonNull<Descriptor>,
 }
 
 // SAFETY: `data` points into the mapping `segment` keeps alive; slot bytes are only
@@ -126,7 +129,7 @@ impl PoolSegment {
 
     /// Closes pool `name` whose sender is gone, for a sender registering in its channel:
     /// marks free the slots that would never come back ([`PoolCore::abandon`], with
-    /// `sender_dead`, `exited` and `queued` as there), marks the pool closed (a device
+    /// `sender_dead`, `exited`, `queued` and `redeliver` as there), marks the pool closed (a device
     /// pool of a sender that died also retired: its memory went with its process, so
     /// receivers refuse what is still queued), and unlinks it if that left every slot
     /// free; otherwise the last slot to come back unlinks it. Maps the pool without
@@ -138,6 +141,7 @@ impl PoolSegment {
         sender_dead: bool,
         exited: impl Fn(u32) -> bool,
         queued: impl Fn(u32, u32) -> bool,
+        redeliver: bool,
     ) -> Result<(), PoolSegmentError> {
         let params = (slot_count, slot_size);
         let pool = match Self::open_as(name, backend, params, Duration::ZERO, false) {
@@ -147,7 +151,7 @@ impl PoolSegment {
         if sender_dead && backend == BACKEND_CUDA {
             pool.retire();
         }
-        pool.core.abandon(sender_dead, exited, queued);
+        pool.core.abandon(sender_dead, exited, queued, redeliver);
         pool.close();
         Ok(())
     }
@@ -205,11 +209,14 @@ impl PoolSegment {
         let data = (backend == BACKEND_HOST).then(|| unsafe { segment.at::<u8>(layout.data) });
         // SAFETY: as above; the headers lie inside the mapping the layout sized.
         let headers = unsafe { segment.at::<u8>(layout.headers) };
+        // SAFETY: as above; the sent copies lie inside the mapping the layout sized, at an
+        // offset aligned for a descriptor (128, of a page-aligned base).
+        let sent = unsafe { segment.at::<Descriptor>(layout.sent) };
         let records =
             ShmRecords { _segment: segment.clone(), ptr: records, len: layout.slot_count };
         let ring = RingSegment::view(segment.clone(), layout.free_ring, true);
         let core = PoolCore::new(records, ring.attached_storage::<MpmcCell<u32>>(role)?)?;
-        Ok(Self { core, segment, layout, backend, data, headers })
+        Ok(Self { core, segment, layout, backend, data, headers, sent })
     }
 
     /// The bytes of slot `slot` (`slot < slot_count`, checked by the caller's lease).
@@ -234,6 +241,34 @@ impl PoolSegment {
         assert!((slot as usize) < self.layout.slot_count, "slot index checked by the caller");
         // SAFETY: slot < slot_count, so its header lies inside the mapping.
         unsafe { self.headers.add(self.layout.header_offset(slot as usize) - self.layout.headers) }
+    }
+
+    /// Records `d` as slot `slot`'s sent copy: the sender does, before publishing `d`
+    /// (whose Release push orders these writes for the receiver, and through its Release
+    /// take of the slot, for whoever takes the slot over from it; see
+    /// [`PoolCore::adopt`]).
+    ///
+    /// # Panics
+    ///
+    /// On a slot out of range.
+    pub(crate) fn write_sent(&self, slot: u32, d: &Descriptor) {
+        assert!((slot as usize) < self.layout.slot_count, "slot index checked by the lease");
+        // SAFETY: slot < slot_count, so its copy lies inside the mapping, aligned. A
+        // volatile write of plain data: only a forger writes it concurrently, and what a
+        // reader makes of it is checked as any descriptor.
+        unsafe { self.sent.add(slot as usize).write_volatile(*d) }
+    }
+
+    /// Slot `slot`'s sent copy, for a receiver that took the slot over from a holder that
+    /// died ([`PoolCore::adopt`]): untrusted, checked as any descriptor by the caller.
+    ///
+    /// # Panics
+    ///
+    /// On a slot out of range.
+    pub(crate) fn read_sent(&self, slot: u32) -> Descriptor {
+        assert!((slot as usize) < self.layout.slot_count, "slot index checked by the caller");
+        // SAFETY: as in `write_sent`; any bytes are a valid `Descriptor` (`Pod`).
+        unsafe { self.sent.add(slot as usize).read_volatile() }
     }
 
     /// The host slots' pages, from slot 0 to the end of the mapping (whose last page is

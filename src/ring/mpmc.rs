@@ -452,7 +452,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
     ) -> Result<R, PopTimeoutError> {
-        self.pop_then_ticking(deadline, then, || Ok(false))
+        self.pop_then_ticking(deadline, then, || Tick::Idle)
     }
 
     /// Pops the oldest element, waiting for one until `deadline`.

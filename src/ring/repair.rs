@@ -41,7 +41,7 @@ use crate::layout::{
     Claims, Corrupted, MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_READING,
     STAMP_SKIPPED, STAMP_WRITING,
 };
-use crate::liveness::{Blocked, Role, Tick, Watch};
+use crate::liveness::{Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering};
 use crate::wait::{Deadline, notify};
 use std::sync::atomic::Ordering::Relaxed;
@@ -238,14 +238,16 @@ pub(crate) fn any_unfreed_in<T: Pod>(
 impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
     /// As [`pop_then_until`](Self::pop_then_until); at each liveness tick, after this
     /// ring's own repairs, runs `tick` too (a pool's sender takes back the slots of dead
-    /// receivers there), and looks again at once when it says it changed something
-    /// (`Ok(true)`), or ends the wait when it says the pop cannot succeed (`Err`).
+    /// receivers there; a channel receiver takes over the messages of dead ones), and ends
+    /// the wait with what it gives (`Tick::Done`), looks again at once when it says it
+    /// changed something (`Tick::Retry`), or ends the wait when it says the pop cannot
+    /// succeed (`Tick::Stop`).
     #[cfg_attr(loom, allow(dead_code))] // used by pools in shared memory
     pub(crate) fn pop_then_ticking<R>(
         &self,
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
-        mut tick: impl FnMut() -> Result<bool, Blocked>,
+        mut tick: impl FnMut() -> Tick<R>,
     ) -> Result<R, PopTimeoutError> {
         // `then` runs once: only a successful pop or adoption calls it, and that ends the
         // wait.
@@ -273,9 +275,10 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
             || match adopt_one() {
                 Some(r) => Tick::Done(r),
                 None => match tick() {
-                    Ok(true) => Tick::Retry,
-                    Ok(false) => Tick::Idle,
-                    Err(why) => Tick::Stop(why),
+                    Tick::Done(r) => Tick::Done(Some(r)),
+                    Tick::Retry => Tick::Retry,
+                    Tick::Idle => Tick::Idle,
+                    Tick::Stop(why) => Tick::Stop(why),
                 },
             },
         )

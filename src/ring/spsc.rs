@@ -385,19 +385,21 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
     ) -> Result<R, PopTimeoutError> {
-        self.pop_then_ticking(deadline, then, || Ok(false))
+        self.pop_then_ticking(deadline, then, || Tick::Idle)
     }
 
     /// As [`pop_then_until`](Self::pop_then_until); at each liveness tick runs `tick` too
-    /// (a channel receiver closes the pools of senders that died there), and looks again
-    /// at once when it says it changed something (`Ok(true)`), or ends the wait when it
-    /// says the pop cannot succeed (`Err`).
+    /// (a channel receiver closes the pools of senders that died there, and takes over
+    /// the messages of receivers that died), and ends the wait with what it gives
+    /// (`Tick::Done`), looks again at once when it says it changed something
+    /// (`Tick::Retry`), or ends the wait when it says the pop cannot succeed
+    /// (`Tick::Stop`).
     #[cfg_attr(loom, allow(dead_code))] // used by channels
     pub(crate) fn pop_then_ticking<R>(
         &mut self,
         deadline: Deadline,
         then: impl FnOnce(T) -> R,
-        mut tick: impl FnMut() -> Result<bool, crate::liveness::Blocked>,
+        mut tick: impl FnMut() -> Tick<R>,
     ) -> Result<R, PopTimeoutError> {
         let Self { storage, local, policy, .. } = self;
         let mut then = Some(then);
@@ -406,9 +408,10 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
             try_pop_in(storage, local, |v| then.take().map(|f| f(v))).map(Some).or_else(pop_retry)
         };
         let on_tick = || match tick() {
-            Ok(true) => Tick::Retry,
-            Ok(false) => Tick::Idle,
-            Err(why) => Tick::Stop(why),
+            Tick::Done(r) => Tick::Done(Some(r)),
+            Tick::Retry => Tick::Retry,
+            Tick::Idle => Tick::Idle,
+            Tick::Stop(why) => Tick::Stop(why),
         };
         wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, on_tick)
             .map_err(PopTimeoutError::from)
