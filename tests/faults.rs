@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Peer, announce, assert_noticed, now_ns, ring_name, role, unique_name};
+use common::{Peer, announce, assert_noticed, die, now_ns, ring_name, role, unique_name};
 use gpuring::{
     Channel, MpmcRing, PopTimeoutError, Receiver, RecvError, TensorMeta, TryRecvError, WaitPolicy,
 };
@@ -198,6 +198,69 @@ fn receiver_killed_holding_a_slot() {
         send(&tx, 7);
         assert_eq!(rx.recv().unwrap()[..8], 7u64.to_le_bytes());
         assert_eq!(tx.free_slots(), 4, "{flavor}: no slot lost");
+    }
+}
+
+/// Redelivery's steps, with a receiver SIGKILLed at each (SPSC and MPMC): after the
+/// descriptor left the ring and before `recv` returned (`recv_popped`, the third message:
+/// before redelivery that message was lost), and while taking over a dead receiver's message
+/// (`redeliver_holding`: a first receiver died holding message 0, a second one dies taking
+/// it over). The next receiver gets the message, marked a redelivery, then the rest in
+/// order; every slot comes back.
+#[test]
+fn receiver_killed_at_each_redelivery_step() {
+    const TEST: &str = "receiver_killed_at_each_redelivery_step";
+    if role().as_deref() == Some("receiver") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let m = rx.recv().unwrap();
+        if std::env::var("GPURING_TEST_HOLD").is_ok() {
+            announce("holding");
+            die(); // holding `m`
+        }
+        drop(m);
+        loop {
+            drop(rx.recv().unwrap()); // killed at its fault point
+        }
+    }
+    let seq_of = |m: &gpuring::Message| u64::from_le_bytes(m[..8].try_into().unwrap());
+    for mpmc in [false, true] {
+        for (point, count) in [("recv_popped", 3), ("redeliver_holding", 1)] {
+            let what = format!("{} {point}", if mpmc { "mpmc" } else { "spsc" });
+            let name = unique_name("fault-redeliver");
+            let b = Channel::builder(&name).capacity(8).slots(4, 64);
+            let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+            let tx = ch.sender().unwrap();
+            let fault = [("GPURING_FAULT", format!("{point}:{count}"))];
+            let lost = if point == "recv_popped" {
+                (0..3).for_each(|seq| send(&tx, seq));
+                killed_at_point(&mut Peer::spawn_with(TEST, "receiver", &name, &fault), point);
+                2
+            } else {
+                send(&tx, 0);
+                let mut holder =
+                    Peer::spawn_with(TEST, "receiver", &name, &[("GPURING_TEST_HOLD", "1".into())]);
+                holder.expect("holding");
+                holder.died();
+                killed_at_point(&mut Peer::spawn_with(TEST, "receiver", &name, &fault), point);
+                0
+            };
+            send(&tx, 10);
+            let rx = ch.receiver().unwrap();
+            let t = Instant::now();
+            let m = rx.recv_timeout(Duration::from_secs(5)).expect("the message again");
+            println!("{what}: redelivered in {:?}", t.elapsed());
+            assert_eq!((seq_of(&m), m.redelivered()), (lost, true), "{what}");
+            drop(m);
+            let m = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert_eq!((seq_of(&m), m.redelivered()), (10, false), "{what}");
+            drop(m);
+            assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)), "{what}: once");
+            let all: Vec<_> =
+                (0..4).map(|_| tx.acquire_timeout(Duration::from_secs(5)).unwrap()).collect();
+            drop(all);
+            assert_eq!(tx.free_slots(), 4, "{what}: no slot lost");
+        }
     }
 }
 

@@ -130,6 +130,8 @@ fn pools_of(name: &str) -> Vec<String> {
         .collect()
 }
 
+/// Without redelivery (`redeliver(false)`), the sender takes back the slots a killed
+/// receiver held, at the ticks of its wait.
 #[test]
 fn slots_held_by_a_killed_receiver_go_back_to_the_pool() {
     if role().as_deref() == Some("holder") {
@@ -142,7 +144,7 @@ fn slots_held_by_a_killed_receiver_go_back_to_the_pool() {
         die(); // with both messages (and their slots) held
     }
     let name = unique_name("reclaim");
-    let ch = Channel::builder(&name).capacity(16).slots(4, 64).create().unwrap();
+    let ch = Channel::builder(&name).capacity(16).slots(4, 64).redeliver(false).create().unwrap();
     let tx = ch.sender().unwrap();
     let mut peer =
         Peer::spawn("slots_held_by_a_killed_receiver_go_back_to_the_pool", "holder", &name);
@@ -164,6 +166,59 @@ fn slots_held_by_a_killed_receiver_go_back_to_the_pool() {
     assert_noticed("reclaim", died, now_ns());
     drop((short, back));
     assert_eq!(tx.free_slots(), 4, "every slot is free again, none lost or doubled");
+}
+
+/// With redelivery (the default), the messages a killed receiver held go to the next
+/// receiver, marked, before what is queued behind them; then their slots come back. Until a
+/// receiver comes, a sender short of slots is told `PeerDead`, and the slots stay held.
+#[test]
+fn messages_held_by_a_killed_receiver_go_to_the_next_receiver() {
+    const TEST: &str = "messages_held_by_a_killed_receiver_go_to_the_next_receiver";
+    if role().as_deref() == Some("holder") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let held: Vec<_> = (0..2).map(|_| rx.recv().unwrap()).collect();
+        assert!(held.iter().all(|m| !m.redelivered()));
+        announce("holding");
+        die(); // with both messages held
+    }
+    let name = unique_name("redeliver");
+    let ch = Channel::builder(&name).capacity(16).slots(4, 64).create().unwrap();
+    assert!(ch.redelivers(), "the default");
+    let tx = ch.sender().unwrap();
+    let mut peer = Peer::spawn(TEST, "holder", &name);
+    let send = |tag: u64| {
+        let mut lease = tx.acquire().unwrap();
+        lease.set_tag(tag);
+        lease[..8].copy_from_slice(&(tag * 3).to_le_bytes());
+        tx.send(lease, TensorMeta::bytes(8)).unwrap();
+    };
+    send(0);
+    send(1);
+    peer.expect("holding");
+    peer.died();
+    send(2);
+    send(3);
+    // Every slot is out: two held by the dead receiver, two queued; nobody to take them.
+    match tx.acquire_timeout(Duration::from_secs(5)) {
+        Err(gpuring::AcquireTimeoutError::PeerDead) => {}
+        other => panic!("expected PeerDead, got {other:?}"),
+    }
+    let rx = ch.receiver().unwrap();
+    let got: Vec<_> = (0..4)
+        .map(|_| {
+            let m = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            let value = u64::from_le_bytes(m[..8].try_into().unwrap());
+            assert_eq!(value, m.tag() * 3, "the bytes the sender wrote");
+            (m.tag(), m.redelivered())
+        })
+        .collect();
+    assert_eq!(got, [(0, true), (1, true), (2, false), (3, false)]);
+    let all: Vec<_> = (0..4).map(|_| tx.acquire_timeout(Duration::from_secs(5)).unwrap()).collect();
+    assert_eq!(tx.free_slots(), 0);
+    drop(all);
+    assert_eq!(tx.free_slots(), 4, "every slot back, none lost or doubled");
+    assert!(rx.try_recv().is_err(), "nothing delivered twice more");
 }
 
 #[test]

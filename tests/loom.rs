@@ -688,3 +688,179 @@ fn mpmc_disconnected_only_after_what_was_pushed() {
         assert_eq!(got, [7], "everything pushed arrives before Disconnected");
     });
 }
+
+/// A pool's free ring on the heap whose endpoints each have an identity, and a fixed set of
+/// identities that are "gone": the pool protocol's view of its participant table, for the
+/// models of redelivery (`PoolCore::adopt`).
+mod parties {
+    use gpuring::internal::{Heap, MpmcCell, PoolCore, RingControl, SlotRecord, Storage, Watch};
+    use std::sync::Arc;
+
+    #[derive(Clone)]
+    pub struct Party {
+        heap: Heap<MpmcCell<u32>>,
+        me: u32,
+        /// Bit `i`: the endpoint of identity `i` is gone.
+        gone: u32,
+    }
+
+    // SAFETY: delegates the memory to `Heap`, which keeps the Storage promises.
+    unsafe impl Storage for Party {
+        type Cell = MpmcCell<u32>;
+        type Watch = Self;
+        fn control(&self) -> &RingControl {
+            self.heap.control()
+        }
+        fn cells(&self) -> &[MpmcCell<u32>] {
+            self.heap.cells()
+        }
+        fn watch(&self) -> &Self {
+            self
+        }
+    }
+
+    impl Watch for Party {
+        const WATCHES: bool = false;
+        fn id(&self) -> Option<u32> {
+            Some(self.me)
+        }
+        fn id_gone(&self, id: u32) -> Option<Option<u32>> {
+            (self.gone & (1 << id) != 0).then_some(None)
+        }
+    }
+
+    pub type PartyPool = PoolCore<Arc<[SlotRecord]>, Party>;
+
+    /// A pool of one slot, free, and its view as the endpoint of each identity in `ids`
+    /// (the endpoints of identities in `gone` count as gone).
+    pub fn pool(ids: &[u32], gone: u32) -> Vec<PartyPool> {
+        let heap =
+            Heap::new(
+                2,
+                |i| {
+                    if i == 0 { MpmcCell::written(0, 0) } else { MpmcCell::new(i as u64) }
+                },
+            );
+        // Relaxed: nobody else holds the storage yet.
+        heap.control().tail.store(1, loom::sync::atomic::Ordering::Relaxed);
+        let records: Arc<[SlotRecord]> = Arc::from(vec![SlotRecord::new()].into_boxed_slice());
+        ids.iter()
+            .map(|&me| {
+                let party = Party { heap: heap.clone(), me, gone };
+                PoolCore::new(records.clone(), party).expect("a fresh ring")
+            })
+            .collect()
+    }
+}
+
+/// Redelivery: a sender writes a slot and its sent copy and publishes the message, and a
+/// receiver (identity 2, which the others see as gone) takes the slot and dies holding it
+/// (one thread: the hand-off through the descriptor ring is the rings' models' business);
+/// two live receivers each look once for such messages meanwhile (`adopt`). At most one of
+/// them takes it over, and whoever does reads what the sender wrote, bytes and copy: loom
+/// fails the model if the take is not ordered after those writes (the dead receiver's
+/// Release take of the slot, the adopter's Acquire; with a Relaxed take it fails). If
+/// neither found it (they looked before the receiver took it), a later look does. Its
+/// return frees the slot, and nothing is left to take over.
+#[test]
+fn redelivery_takes_a_dead_receivers_message_over_once() {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    builder(3).check(|| {
+        let mut pools = parties::pool(&[1, 2, 3, 4], 1 << 2).into_iter();
+        let (sender, dead) = (pools.next().unwrap(), pools.next().unwrap());
+        // The slot's bytes and its sent copy.
+        let bytes = Arc::new((UnsafeCell::new(0u64), UnsafeCell::new(0u64)));
+        let writer = {
+            let bytes = bytes.clone();
+            thread::spawn(move || {
+                let lease = sender.try_lease().unwrap().expect("the slot is free");
+                // SAFETY: the lease makes the sender the slot's only user.
+                bytes.0.with_mut(|p| unsafe { *p = 7 });
+                // SAFETY: as above: the copy is the sender's until the slot is sent.
+                bytes.1.with_mut(|p| unsafe { *p = u64::from(lease.generation) });
+                sender.mark_sent(lease);
+                dead.receive(0, u64::from(lease.generation)).expect("a sent slot");
+                // ... and the receiver dies holding it: never released.
+            })
+        };
+        let read = |held: gpuring::internal::SlotRef| {
+            // SAFETY: `adopt` made this receiver the slot's only holder.
+            let got = (bytes.0.with(|p| unsafe { *p }), bytes.1.with(|p| unsafe { *p }));
+            assert_eq!(got, (7, u64::from(held.generation)), "what the sender wrote");
+        };
+        let adopters: Vec<_> = pools
+            .map(|pool| {
+                let bytes = bytes.clone();
+                thread::spawn(move || {
+                    let held = pool.adopt(|_| true, |_, _| false);
+                    if let Some(held) = held {
+                        // SAFETY: as in `read`.
+                        let got =
+                            (bytes.0.with(|p| unsafe { *p }), bytes.1.with(|p| unsafe { *p }));
+                        assert_eq!(got, (7, u64::from(held.generation)), "what the sender wrote");
+                    }
+                    (pool, held)
+                })
+            })
+            .collect();
+        writer.join().unwrap();
+        let looked: Vec<_> = adopters.into_iter().map(|a| a.join().unwrap()).collect();
+        let taken: Vec<usize> = (0..2).filter(|&i| looked[i].1.is_some()).collect();
+        assert!(taken.len() <= 1, "taken over once");
+        let (who, held) = match taken.first() {
+            Some(&i) => (i, looked[i].1.unwrap()),
+            None => {
+                let held = looked[0].0.adopt(|_| true, |_, _| false);
+                let held = held.expect("the dead receiver's message is still there");
+                read(held);
+                (0, held)
+            }
+        };
+        assert!(looked[who].0.release(held), "returned once");
+        assert_eq!(looked[who].0.free_slots(), 1, "the slot is free again");
+        assert!(looked[1 - who].0.adopt(|_| true, |_, _| false).is_none(), "nothing left");
+    });
+}
+
+/// A receiver (identity 2, gone) took a slot and died before its descriptor left the ring;
+/// a live receiver pops that descriptor and takes the slot over (`receive`), then moves the
+/// ring on, while another looks for messages to deliver again (`adopt`, which checks that
+/// the descriptor is no longer queued after reading the slot's word). The message goes to
+/// the live receiver through the ring, and is never also taken over.
+#[test]
+fn redelivery_never_takes_a_message_still_queued() {
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    builder(3).check(|| {
+        let mut pools = parties::pool(&[1, 2, 3, 4], 1 << 2).into_iter();
+        let (sender, dead, live, adopter) = (
+            pools.next().unwrap(),
+            pools.next().unwrap(),
+            pools.next().unwrap(),
+            pools.next().unwrap(),
+        );
+        let lease = sender.try_lease().unwrap().unwrap();
+        sender.mark_sent(lease);
+        dead.receive(0, u64::from(lease.generation)).unwrap();
+        // Its descriptor is still in the ring: the dead receiver never moved `head`.
+        let queued = Arc::new(AtomicBool::new(true));
+        let popper = {
+            let queued = queued.clone();
+            thread::spawn(move || {
+                let held = live.receive(0, u64::from(lease.generation));
+                // Release: pairs with the adopter's Acquire (the ring's `head`).
+                queued.store(false, Ordering::Release);
+                (live, held)
+            })
+        };
+        let looker = thread::spawn(move || {
+            // Acquire: as above.
+            adopter.adopt(|_| true, |_, _| queued.load(Ordering::Acquire))
+        });
+        let (live, held) = popper.join().unwrap();
+        assert!(looker.join().unwrap().is_none(), "a queued message is never taken over");
+        let held = held.expect("the live receiver takes the dead one's slot over");
+        assert!(live.release(held));
+    });
+}

@@ -79,11 +79,14 @@ class Channel:
         device: Optional[int] = None,
         mpmc: bool = False,
         max_senders: Optional[int] = None,
+        redeliver: bool = True,
         replace_stale: bool = False,
         pinned: bool = False,
         ready: Optional[str] = None,
     ) -> Channel:
         """Creates channel ``name`` (exclusively). ``device=None``: host slots.
+        ``redeliver``: a message whose receiver died holding it goes to the next receiver,
+        marked :attr:`Message.redelivered` (``False``: it is dropped).
         ``pinned``: host channels; this process's pools are registered with CUDA, so that
         copies between CUDA tensors and slots are asynchronous DMA. ``ready``: GPU
         channels; how this process's senders signal a sent tensor: ``"flag"`` (a flag in
@@ -101,6 +104,7 @@ class Channel:
         device: Optional[int] = None,
         mpmc: bool = False,
         max_senders: Optional[int] = None,
+        redeliver: bool = True,
         pinned: bool = False,
         ready: Optional[str] = None,
     ) -> Channel:
@@ -150,6 +154,9 @@ class Channel:
     def slot_bytes(self) -> int: ...
     @property
     def max_senders(self) -> int: ...
+    @property
+    def redelivers(self) -> bool:
+        """Whether a message whose receiver died holding it is delivered again."""
     @property
     def ready(self) -> Optional[str]:
         """``"event"`` or ``"flag"``: how this process's senders signal (None: host)."""
@@ -296,6 +303,9 @@ class Message:
     def seq(self) -> int: ...
     @property
     def tag(self) -> int: ...
+    @property
+    def redelivered(self) -> bool:
+        """Whether a receiver that died holding this message had it before."""
     @property
     def header(self) -> bytes: ...
     @property

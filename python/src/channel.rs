@@ -64,6 +64,7 @@ pub(crate) struct PyChannel {
     slots: u32,
     slot_bytes: u64,
     max_senders: u32,
+    redelivers: bool,
     /// How this process's senders of a GPU channel signal a send, as `ready=` asked
     /// (`None`: the default, or a host channel).
     ready: Option<GpuReady>,
@@ -71,12 +72,13 @@ pub(crate) struct PyChannel {
 
 impl PyChannel {
     fn new(ch: AnyChannel, ready: Option<GpuReady>) -> Self {
-        let (name, flavor, capacity, (slots, slot_bytes), max_senders) = each_channel!(&ch, c => (
+        let (name, flavor, capacity, (slots, slot_bytes), max_senders, redelivers) = each_channel!(&ch, c => (
             c.name().to_owned(),
             c.flavor(),
             c.capacity(),
             c.slots(),
             c.max_senders(),
+            c.redelivers(),
         ));
         let device = match &ch {
             AnyChannel::Cuda(_, g) => Some(g.ordinal),
@@ -91,6 +93,7 @@ impl PyChannel {
             slots,
             slot_bytes,
             max_senders,
+            redelivers,
             ready,
         }
     }
@@ -217,6 +220,7 @@ struct Options<'a> {
     device: Option<i32>,
     mpmc: bool,
     max_senders: Option<u32>,
+    redeliver: bool,
     pinned: bool,
     ready: Option<&'a str>,
 }
@@ -233,6 +237,7 @@ impl Options<'_> {
             Some(n) => b.max_senders(n),
             None => b,
         };
+        let b = b.redeliver(self.redeliver);
         let made = py.detach(|| make(b, &pin, &gpu, signal, how));
         made.map(|c| PyChannel::new(c, signal)).map_err(|e| {
             e.map_or_else(|| raise(py, Class::NotFound, "the channel vanished"), |e| e.into_err(py))
@@ -248,7 +253,11 @@ impl PyChannel {
     /// each sender's pool (made when the sender is), reserved in ``/dev/shm`` for host
     /// channels (``device=None``) or allocated on GPU ``device``. ``mpmc``: any number of
     /// senders and receivers (else one of each). ``max_senders``: pool table entries
-    /// (default 4, or 16 for MPMC). ``replace_stale``: replace a channel of this name
+    /// (default 4, or 16 for MPMC). ``redeliver``: a message whose receiver died holding
+    /// it (killed after ``recv`` returned it, before it was released) is delivered again
+    /// to the next receiver, with :attr:`Message.redelivered` set, so that nothing sent is
+    /// lost to a receiver's crash (at least once); ``False``: it is dropped (at most once),
+    /// for streams where a late duplicate is worse than a gap. ``replace_stale``: replace a channel of this name
     /// that no process has open (left by a crash). ``pinned``: host channels only; this
     /// process's pools are registered with CUDA (page-locked), so that copies between
     /// CUDA tensors and slots are asynchronous DMA (see :meth:`Sender.send` and
@@ -274,7 +283,7 @@ impl PyChannel {
     /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError`` (also for a ``ready`` that is
     /// not ``"event"`` or ``"flag"``, or one given with ``device=None``), ``CudaError``.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, replace_stale=false, pinned=false, ready=None))]
+    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, replace_stale=false, pinned=false, ready=None))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -285,6 +294,7 @@ impl PyChannel {
         device: Option<i32>,
         mpmc: bool,
         #[pyo3(from_py_with = opt_max_senders_arg)] max_senders: Option<u32>,
+        redeliver: bool,
         replace_stale: bool,
         pinned: bool,
         ready: Option<&str>,
@@ -293,7 +303,7 @@ impl PyChannel {
             .capacity(capacity)
             .slots(slots, slot_bytes)
             .replace_stale(replace_stale);
-        let opts = Options { device, mpmc, max_senders, pinned, ready };
+        let opts = Options { device, mpmc, max_senders, redeliver, pinned, ready };
         opts.make(py, b, Make::Create)
     }
 
@@ -307,7 +317,7 @@ impl PyChannel {
     ///
     /// Raises what :meth:`open` and :meth:`create` raise.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, pinned=false, ready=None))]
+    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, pinned=false, ready=None))]
     #[allow(clippy::too_many_arguments)]
     fn open_or_create(
         py: Python<'_>,
@@ -318,11 +328,12 @@ impl PyChannel {
         device: Option<i32>,
         mpmc: bool,
         #[pyo3(from_py_with = opt_max_senders_arg)] max_senders: Option<u32>,
+        redeliver: bool,
         pinned: bool,
         ready: Option<&str>,
     ) -> PyResult<Self> {
         let b = Channel::builder(name).capacity(capacity).slots(slots, slot_bytes);
-        let opts = Options { device, mpmc, max_senders, pinned, ready };
+        let opts = Options { device, mpmc, max_senders, redeliver, pinned, ready };
         opts.make(py, b, Make::OpenOrCreate)
     }
 
@@ -480,6 +491,13 @@ impl PyChannel {
     #[getter]
     fn max_senders(&self) -> u32 {
         self.max_senders
+    }
+
+    /// Whether a message whose receiver died holding it is delivered again (the
+    /// creator's ``redeliver``).
+    #[getter]
+    fn redelivers(&self) -> bool {
+        self.redelivers
     }
 
     /// How this process's senders signal a sent tensor, as ``ready=`` asked: ``"event"``

@@ -330,6 +330,7 @@ pub(crate) struct PyMessage {
     meta: TensorMeta,
     seq: u64,
     tag: u64,
+    redelivered: bool,
     place: (i32, i32),
     ptr: usize,
     /// The header the sender wrote, copied out (empty: no allocation).
@@ -343,6 +344,11 @@ impl PyMessage {
             AnyMessage::Pinned(p) => p.get().header().to_vec(),
             AnyMessage::Cuda(m, _) => m.header().to_vec(),
         };
+        let redelivered = match &m {
+            AnyMessage::Host(m) => m.redelivered(),
+            AnyMessage::Pinned(p) => p.get().redelivered(),
+            AnyMessage::Cuda(m, _) => m.redelivered(),
+        };
         let (meta, seq, tag, place, ptr) = match &m {
             AnyMessage::Host(m) => {
                 (*m.meta(), m.seq(), m.tag(), (DEVICE_CPU, 0), m.as_ptr() as usize)
@@ -355,7 +361,8 @@ impl PyMessage {
                 (*m.meta(), m.seq(), m.tag(), (DEVICE_CUDA, g.ordinal), m.device_ptr() as usize)
             }
         };
-        PyMessage { held: Mutex::new(Some(Arc::new(Held(m)))), meta, seq, tag, place, ptr, header }
+        let held = Mutex::new(Some(Arc::new(Held(m))));
+        PyMessage { held, meta, seq, tag, redelivered, place, ptr, header }
     }
 }
 
@@ -494,6 +501,13 @@ impl PyMessage {
     #[getter]
     fn tag(&self) -> u64 {
         self.tag
+    }
+
+    /// Whether this message was delivered before, to a receiver that died holding it
+    /// (that receiver may have acted on it): see ``redeliver`` in :meth:`Channel.create`.
+    #[getter]
+    fn redelivered(&self) -> bool {
+        self.redelivered
     }
 
     /// The header the sender wrote beside the payload (``send(..., header=)``,

@@ -105,7 +105,14 @@ impl ChannelBuilder<Host> {
     /// builders).
     pub(crate) fn with_backend<C: Backend>(self, ctx: C::Context) -> ChannelBuilder<C> {
         let ChannelBuilder {
-            segment, flavor, capacity, slot_count, slot_size, max_senders, redeliver, ..
+            segment,
+            flavor,
+            capacity,
+            slot_count,
+            slot_size,
+            max_senders,
+            redeliver,
+            ..
         } = self;
         ChannelBuilder {
             segment,

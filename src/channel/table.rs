@@ -246,7 +246,7 @@ impl<B: Backend> ChannelSegment<B> {
             } else {
                 // A pool that cannot be opened (damaged, or its free ring's participant table
                 // full) stays until the channel goes; the entry is closed all the same.
-                drop(self.close_pool(index, instance, true, queued));
+                drop(self.close_pool(index, instance, true, queued, self.redeliver));
             }
             // Release: pairs with the Acquire loads of the state in `claim`.
             entry.state.store(PoolEntry::CLOSED, Ordering::Release);
@@ -266,7 +266,9 @@ impl<B: Backend> ChannelSegment<B> {
                 continue;
             }
             let instance = self.instance(entry);
-            let closed = self.close_pool(index, instance, false, queued);
+            // Room first: a message a dead receiver held here is dropped, even where the
+            // channel delivers again (a table this full has no better way to make room).
+            let closed = self.close_pool(index, instance, false, queued, false);
             let gone = !Segment::exists(&self.pool_name(index, instance)).unwrap_or(true);
             drained += u32::from(closed.is_ok() && gone);
         }
@@ -274,13 +276,15 @@ impl<B: Backend> ChannelSegment<B> {
     }
 
     /// `PoolSegment::close_orphaned` for the pool at entry `index`, registration
-    /// `instance`, whose sender died (`sender_dead`) or left.
+    /// `instance`, whose sender died (`sender_dead`) or left; with `redeliver`, the
+    /// messages of dead receivers stay for a receiver to take over.
     fn close_pool(
         &self,
         index: u32,
         instance: u32,
         sender_dead: bool,
         queued: &dyn Fn(u32, u32, u32) -> bool,
+        redeliver: bool,
     ) -> Result<(), PoolSegmentError> {
         let pool_id = instance << 16 | index;
         PoolSegment::close_orphaned(
@@ -290,7 +294,7 @@ impl<B: Backend> ChannelSegment<B> {
             sender_dead,
             B::holder_gone,
             |slot, generation| queued(pool_id, slot, generation),
-            self.redeliver,
+            redeliver,
         )
     }
 

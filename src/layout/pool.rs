@@ -232,8 +232,8 @@ impl PoolLayout {
         if backend == BACKEND_CUDA {
             let cuda_info = free_ring.total_size.next_multiple_of(128);
             let slot_events = cuda_info + size_of::<CudaPoolInfo>();
-            let sent = (slot_events + slot_count as usize * size_of::<SlotEvents>())
-                .next_multiple_of(128);
+            let sent =
+                (slot_events + slot_count as usize * size_of::<SlotEvents>()).next_multiple_of(128);
             let headers = (sent + slot_count as usize * SENT_COPY_SIZE).next_multiple_of(4096);
             let total_size = headers + slot_count as usize * SLOT_HEADER_SIZE;
             let stride = slot_size.next_multiple_of(CUDA_SLOT_ALIGN) as usize;

@@ -1,0 +1,118 @@
+//! The pools a receiver maps (on first sight of each), and redelivery from them: a
+//! receiver takes over the messages of receivers that died holding them
+//! (`ChannelBuilder::redeliver`), checking each slot's sent copy as any descriptor.
+
+use super::{CachedPool, Receiver, Taken};
+use crate::channel::PoolState;
+use crate::channel::backend::Backend;
+use crate::channel::error::{RecvTimeoutError, corrupt};
+use crate::descriptor::Descriptor;
+use crate::pool::{PoolSegment, SlotHold};
+use std::sync::Arc;
+
+/// Why a pool was not mapped, with the pool where it was mapped and then refused before
+/// its import (a device pool whose sender is gone).
+type Refused<B> = (Option<Arc<PoolSegment>>, RecvTimeoutError<B>);
+
+impl<B: Backend> Receiver<B> {
+    /// Takes over one message whose receiver died holding it, from any pool of the
+    /// channel (`PoolCore::adopt`: a slot HELD by a party that is gone, whose descriptor is
+    /// no longer queued), and checks its sent copy as any descriptor: `None` when there is
+    /// none. A copy that fails the checks, or a device pool whose sender is gone, gives the
+    /// slot back unread with the error. Probes the holders' locks, and maps the pools not
+    /// seen yet: slow paths only.
+    pub(super) fn redeliver_one(&self) -> Option<Result<Taken<B>, RecvTimeoutError<B>>> {
+        let ring = &self.channel.ring;
+        for info in self.channel.pools() {
+            if info.state == PoolState::Registering {
+                continue;
+            }
+            let (index, instance) = (info.index, info.instance & 0xFFFF);
+            let pool_id = instance << 16 | index;
+            let queued = |slot: u32, generation: u32| {
+                ring.any_in_ring::<Descriptor>(|d| {
+                    d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
+                })
+            };
+            let pool = match self.pool_at(index, instance) {
+                Ok(pool) => pool,
+                Err((Some(seg), why)) => {
+                    // Refused (a device pool whose sender is gone): what it held goes back.
+                    let Some(held) = seg.core.adopt(B::holder_gone, queued) else { continue };
+                    drop(SlotHold { pool: seg, held });
+                    return Some(Err(why));
+                }
+                Err((None, _)) => continue,
+            };
+            let Some(held) = pool.seg.core.adopt(B::holder_gone, queued) else { continue };
+            let hold = SlotHold { pool: pool.seg.clone(), held };
+            return Some(self.check_adopted(pool, hold, pool_id));
+        }
+        None
+    }
+
+    /// Checks the sent copy of a slot taken over by `redeliver_one`: it must name that
+    /// pool, slot and generation, and pass the checks of any descriptor.
+    fn check_adopted(
+        &self,
+        pool: CachedPool<B>,
+        hold: SlotHold,
+        pool_id: u32,
+    ) -> Result<Taken<B>, RecvTimeoutError<B>> {
+        let d = pool.seg.read_sent(hold.held.slot);
+        if d.pool_id != pool_id
+            || d.slot != hold.held.slot
+            || d.generation != u64::from(hold.held.generation)
+        {
+            return Err(corrupt("a held slot's sent copy names another message"));
+        }
+        let meta = self.check(&pool, &d)?;
+        let died = self.note_owner(&hold.pool);
+        B::refuse(&hold.pool, died)?;
+        // The slot is ours again; a death here leaves it to the next receiver the same way.
+        crate::fault::point("redeliver_holding");
+        Ok(Taken { pool, hold, desc: d, meta, redelivered: true })
+    }
+
+    /// The pool at table row `index`, registration `instance`: cached, or mapped (and
+    /// imported) now. A pool refused before its import (a device pool whose sender is gone)
+    /// refuses `d`, whose slot is taken and given back at once, so that the pool drains.
+    pub(super) fn pool_for(
+        &self,
+        index: u32,
+        instance: u32,
+        d: &Descriptor,
+    ) -> Result<CachedPool<B>, RecvTimeoutError<B>> {
+        self.pool_at(index, instance).map_err(|(seg, why)| {
+            if let Some(seg) = seg {
+                if let Ok(held) = seg.core.receive(d.slot, d.generation) {
+                    drop(SlotHold { pool: seg, held }); // back unread
+                }
+            }
+            why
+        })
+    }
+
+    /// The pool at table row `index`, registration `instance`: cached, or mapped (and
+    /// imported) now. The error carries the pool when it was mapped and then refused
+    /// before its import (a device pool whose sender is gone).
+    fn pool_at(&self, index: u32, instance: u32) -> Result<CachedPool<B>, Refused<B>> {
+        let mut pools = self.pools.borrow_mut();
+        let cached = &mut pools[index as usize];
+        if let Some(pool) = cached {
+            if pool.instance == instance {
+                return Ok(pool.clone());
+            }
+        }
+        let seg = Arc::new(self.channel.open_pool(index, instance).map_err(|e| (None, e))?);
+        let died = self.note_owner(&seg);
+        // A device pool whose sender has gone is not imported.
+        if let Err(why) = B::refuse(&seg, died) {
+            return Err((Some(seg), why.into()));
+        }
+        let imported = B::import(&self.channel.ctx, &seg).map_err(|e| (None, e.into()))?;
+        let pool = CachedPool { instance, seg, imported };
+        *cached = Some(pool.clone());
+        Ok(pool)
+    }
+}
