@@ -807,3 +807,72 @@ fn gpu_messages_of_a_killed_sender_are_refused_by_a_receiver_that_imported_its_p
         }
     }
 }
+
+/// A GPU receiver SIGKILLed holding two messages (taken, not dropped) while the sender's
+/// slow writes of them may still run: the next receiver gets both again, marked
+/// redelivered, reads the sender's values on its stream (ordered after the writes as any
+/// message: the ready event or flag of the first delivery still stands), then the message
+/// queued behind them; every slot comes back. SPSC and MPMC, events and host ready flags.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
+fn gpu_messages_held_by_a_killed_receiver_are_redelivered() {
+    const TEST: &str = "gpu_messages_held_by_a_killed_receiver_are_redelivered";
+    const BYTES: usize = 8 << 20;
+    const WORDS: usize = BYTES / 4;
+    match role().as_deref() {
+        Some("holder") => {
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            let held: Vec<_> = (0..2).map(|_| rx.recv_timeout(LIMIT).unwrap()).collect();
+            assert!(held.iter().all(|m| !m.redelivered()));
+            announce("holding");
+            die();
+        }
+        Some("taker") => {
+            let (_, stream) = setup();
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            let mut last = [0u32; 1];
+            for (seq, again) in [(0, true), (1, true), (2, false)] {
+                let m = rx.recv_timeout(LIMIT).unwrap();
+                read_words(m.device_ptr() + (WORDS as u64 - 1) * 4, &mut last, &stream);
+                assert_eq!((last[0], m.redelivered()), (value(seq), again), "message {seq}");
+            }
+            announce("took");
+            return;
+        }
+        _ => {}
+    }
+    for mpmc in [false, true] {
+        for ready in [GpuReady::Event, GpuReady::HostFlag] {
+            let what = format!("mpmc {mpmc}, {ready:?}");
+            let (_, stream) = setup();
+            let name = unique_name("gpu-redeliver");
+            let b = Channel::builder(&name).slots(4, BYTES as u64).cuda(&stream).ready(ready);
+            let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+            let tx = ch.sender().unwrap();
+            let send = |seq: u64| {
+                let lease = tx.acquire_timeout(LIMIT).unwrap();
+                for pass in 0..256 {
+                    memset(lease.device_ptr(), pass, WORDS, &stream);
+                }
+                memset(lease.device_ptr(), value(seq), WORDS, &stream);
+                tx.send_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
+            };
+            let mut holder = Peer::spawn(TEST, "holder", &name);
+            send(0);
+            send(1);
+            holder.expect("holding");
+            holder.died();
+            send(2);
+            let mut taker = Peer::spawn(TEST, "taker", &name);
+            taker.expect("took");
+            assert!(taker.child.wait().unwrap().success(), "{what}: the taker's checks");
+            let all: Vec<_> = (0..4).map(|_| tx.acquire_timeout(LIMIT).unwrap()).collect();
+            drop(all);
+            assert_eq!(tx.free_slots(), 4, "{what}: every slot back");
+            println!("{what}: both held messages redelivered, values read");
+        }
+    }
+}

@@ -332,7 +332,10 @@ impl<B: Backend> ChannelSegment<B> {
     }
 
     /// Maps the pool at table row `index`, registration `instance`, for a receiver that
-    /// sees it for the first time, after checking the entry against the channel.
+    /// sees it for the first time, after checking the entry against the channel; with
+    /// `wait`, waits up to the open timeout for its segment to be ready (a receiver that
+    /// got a descriptor of it), else not at all (a look for messages to deliver again,
+    /// which finds a closed pool already gone).
     ///
     /// # Errors
     ///
@@ -342,6 +345,7 @@ impl<B: Backend> ChannelSegment<B> {
         &self,
         index: u32,
         instance: u32,
+        wait: bool,
     ) -> Result<PoolSegment, RecvTimeoutError<B>> {
         let entry = self.entry(index);
         // Acquire: pairs with the Release store of ACTIVE in `register_pool`.
@@ -363,8 +367,8 @@ impl<B: Backend> ChannelSegment<B> {
         if read_name(entry) != name {
             return Err(corrupt("pool table entry names an unexpected segment"));
         }
-        let opened =
-            PoolSegment::open(&name, B::CODE, self.slot_count, self.slot_size, self.open_timeout);
+        let timeout = if wait { self.open_timeout } else { Duration::ZERO };
+        let opened = PoolSegment::open(&name, B::CODE, self.slot_count, self.slot_size, timeout);
         opened.map_err(|e| match e {
             PoolSegmentError::Segment(ShmError::NotFound { .. }) => {
                 corrupt("descriptor names a pool that no longer exists")

@@ -34,7 +34,7 @@ impl<B: Backend> Receiver<B> {
                     d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
                 })
             };
-            let pool = match self.pool_at(index, instance) {
+            let pool = match self.pool_at(index, instance, false) {
                 Ok(pool) => pool,
                 Err((Some(seg), why)) => {
                     // Refused (a device pool whose sender is gone): what it held goes back.
@@ -83,7 +83,7 @@ impl<B: Backend> Receiver<B> {
         instance: u32,
         d: &Descriptor,
     ) -> Result<CachedPool<B>, RecvTimeoutError<B>> {
-        self.pool_at(index, instance).map_err(|(seg, why)| {
+        self.pool_at(index, instance, true).map_err(|(seg, why)| {
             if let Some(seg) = seg {
                 if let Ok(held) = seg.core.receive(d.slot, d.generation) {
                     drop(SlotHold { pool: seg, held }); // back unread
@@ -94,9 +94,10 @@ impl<B: Backend> Receiver<B> {
     }
 
     /// The pool at table row `index`, registration `instance`: cached, or mapped (and
-    /// imported) now. The error carries the pool when it was mapped and then refused
-    /// before its import (a device pool whose sender is gone).
-    fn pool_at(&self, index: u32, instance: u32) -> Result<CachedPool<B>, Refused<B>> {
+    /// imported) now, waiting for its segment as `wait` says (see `open_pool`). The error
+    /// carries the pool when it was mapped and then refused before its import (a device
+    /// pool whose sender is gone).
+    fn pool_at(&self, index: u32, instance: u32, wait: bool) -> Result<CachedPool<B>, Refused<B>> {
         let mut pools = self.pools.borrow_mut();
         let cached = &mut pools[index as usize];
         if let Some(pool) = cached {
@@ -104,7 +105,7 @@ impl<B: Backend> Receiver<B> {
                 return Ok(pool.clone());
             }
         }
-        let seg = Arc::new(self.channel.open_pool(index, instance).map_err(|e| (None, e))?);
+        let seg = Arc::new(self.channel.open_pool(index, instance, wait).map_err(|e| (None, e))?);
         let died = self.note_owner(&seg);
         // A device pool whose sender has gone is not imported.
         if let Err(why) = B::refuse(&seg, died) {
