@@ -7,21 +7,10 @@ mod common;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
-use common::{Peer, die, ring_name, role, unique_name};
+use common::{Deliveries, Peer, die, ring_name, role, unique_name};
 use gpuring::{Channel, PoolState, TensorMeta};
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// Every object in /dev/shm of channel `name`: itself and its pools.
-fn leftovers(name: &str) -> Vec<String> {
-    let mut found: Vec<String> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|f| f == name || f.starts_with(&format!("{name}.")))
-        .collect();
-    found.sort();
-    found
-}
 
 /// Makes object `name` in /dev/shm (mode 0600, as gpuring's are) holding `image`: a
 /// segment copied or left as another process would have.
@@ -64,19 +53,19 @@ fn replace_stale_then_clean_leaves_nothing_of_the_old_instance() {
         &name,
     );
     creator.died();
-    let old = leftovers(&name);
+    let old = common::leftovers_of(&name);
     assert_eq!(old.len(), 2, "the dead instance's channel and pool: {old:?}");
     let old_pool = old.iter().find(|n| **n != name).unwrap().clone();
     let image = std::fs::read(format!("/dev/shm/{old_pool}")).unwrap();
 
     let ch = Channel::builder(&name).slots(2, 64).replace_stale(true).create().unwrap();
     assert_eq!(
-        leftovers(&name),
+        common::leftovers_of(&name),
         std::slice::from_ref(&name),
         "replace_stale took the old pool along"
     );
     let _tx = send_one(&ch, 2);
-    let live = leftovers(&name);
+    let live = common::leftovers_of(&name);
     assert_eq!(live.len(), 2, "the new channel and its pool: {live:?}");
 
     // An old instance's pool that outlived the replacement.
@@ -87,7 +76,7 @@ fn replace_stale_then_clean_leaves_nothing_of_the_old_instance() {
     let cleaned = gpuring::inspect::clean(false, false, &name).unwrap();
     let names: Vec<&str> = cleaned.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, [old_pool.as_str()], "clean removed the old pool and nothing else");
-    assert_eq!(leftovers(&name), live, "the live channel and its pool stay");
+    assert_eq!(common::leftovers_of(&name), live, "the live channel and its pool stay");
     let rx = ch.receiver().unwrap();
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 2);
 }
@@ -211,14 +200,14 @@ fn crashed_senders_leave_the_pool_table_free(test: &str, mpmc: bool, max_senders
         if let Some(previous) = tag.checked_sub(1) {
             assert_eq!(tag_of(&rx.recv_timeout(LIMIT).unwrap()), previous);
         }
-        let found = leftovers(&name);
+        let found = common::leftovers_of(&name);
         assert!(found.len() <= 2, "the channel and the last victim's pool only: {found:?}");
     }
     let tx = send_one(&ch, crashes);
     assert_eq!(tag_of(&rx.recv_timeout(LIMIT).unwrap()), crashes - 1, "the last victim's");
     assert_eq!(tag_of(&rx.recv_timeout(LIMIT).unwrap()), crashes, "the live sender's");
     let own = tx.pool_name().trim_start_matches('/').to_owned();
-    assert_eq!(leftovers(&name), [name.clone(), own], "no dead sender's pool is left");
+    assert_eq!(common::leftovers_of(&name), [name.clone(), own], "no dead sender's pool is left");
     let active: Vec<_> = ch.pools().into_iter().filter(|p| p.state != PoolState::Closed).collect();
     assert_eq!(active.len(), 1, "only the live sender's entry is active: {active:?}");
 }
@@ -264,9 +253,9 @@ fn a_pool_kept_only_by_a_dead_receiver_gives_its_entry_back() {
     assert_eq!(holder.expect("holding"), "1");
     drop(tx); // leaves cleanly; the held slot keeps its pool
     holder.died();
-    assert!(leftovers(&name).contains(&old_pool), "the pool waits for its held slot");
+    assert!(common::leftovers_of(&name).contains(&old_pool), "the pool waits for its held slot");
     let tx = send_one(&ch, 2);
-    assert!(!leftovers(&name).contains(&old_pool), "the dead receiver's slot came back");
+    assert!(!common::leftovers_of(&name).contains(&old_pool), "the dead receiver's slot came back");
     let rx = ch.receiver().unwrap();
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 2);
     drop(tx);
@@ -294,12 +283,16 @@ fn the_last_receiver_out_removes_a_dead_senders_pool() {
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 7);
     assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvTimeoutError::PeerDead)));
     assert_eq!(
-        leftovers(&name),
+        common::leftovers_of(&name),
         std::slice::from_ref(&name),
         "the dead sender's pool went with its message"
     );
     drop(rx);
-    assert_eq!(leftovers(&name), Vec::<String>::new(), "the last one out took the channel");
+    assert_eq!(
+        common::leftovers_of(&name),
+        Vec::<String>::new(),
+        "the last one out took the channel"
+    );
 }
 
 /// The numpy-view case of the Python package in Rust terms: a message kept after its
@@ -327,11 +320,11 @@ fn a_message_kept_past_its_channel_leaves_nothing_once_its_sender_was_killed() {
     let msg = rx.recv_timeout(LIMIT).unwrap();
     drop(rx);
     drop(ch);
-    assert_eq!(leftovers(&name), Vec::<String>::new(), "the channel and its pool went");
+    assert_eq!(common::leftovers_of(&name), Vec::<String>::new(), "the channel and its pool went");
     assert_eq!(msg.tag(), 9);
     assert_eq!(msg[..8], 9u64.to_le_bytes(), "the message still reads");
     drop(msg);
-    assert_eq!(leftovers(&name), Vec::<String>::new());
+    assert_eq!(common::leftovers_of(&name), Vec::<String>::new());
 }
 
 /// What `inspect` says of the pools' owner words: the kernel marked the killed sender's.
@@ -365,12 +358,12 @@ fn a_dead_senders_pool_goes_once_its_messages_are_received() {
         Peer::spawn("a_dead_senders_pool_goes_once_its_messages_are_received", "victim", &name)
             .died();
         assert_eq!(owner_died(&name), [Some(true)], "the kernel marked the dead sender's word");
-        assert_eq!(leftovers(&name).len(), 2, "the channel and the dead sender's pool");
+        assert_eq!(common::leftovers_of(&name).len(), 2, "the channel and the dead sender's pool");
         for tag in 1..=3u64 {
             assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), tag);
         }
         assert_eq!(
-            leftovers(&name),
+            common::leftovers_of(&name),
             std::slice::from_ref(&name),
             "the pool went with its last message"
         );
@@ -386,7 +379,7 @@ fn a_dead_senders_pool_goes_once_its_messages_are_received() {
         assert_eq!(owner_died(&name), [None]);
         assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 4);
         drop((rx, ch));
-        assert_eq!(leftovers(&name), Vec::<String>::new());
+        assert_eq!(common::leftovers_of(&name), Vec::<String>::new());
     }
 }
 
@@ -413,9 +406,9 @@ fn an_idle_receiver_closes_a_dead_senders_pool_within_a_tick() {
         Peer::spawn("an_idle_receiver_closes_a_dead_senders_pool_within_a_tick", "victim", &name);
     assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), 5);
     victim.died();
-    assert_eq!(leftovers(&name).len(), 3, "the channel and both pools");
+    assert_eq!(common::leftovers_of(&name).len(), 3, "the channel and both pools");
     let start = std::time::Instant::now();
-    while leftovers(&name).len() == 3 && start.elapsed() < Duration::from_secs(1) {
+    while common::leftovers_of(&name).len() == 3 && start.elapsed() < Duration::from_secs(1) {
         assert!(matches!(
             rx.recv_timeout(Duration::from_millis(10)),
             Err(gpuring::RecvTimeoutError::Timeout)
@@ -426,7 +419,7 @@ fn an_idle_receiver_closes_a_dead_senders_pool_within_a_tick() {
         start.elapsed().as_secs_f64() * 1e3
     );
     assert_eq!(
-        leftovers(&name),
+        common::leftovers_of(&name),
         [name.clone(), live.pool_name().trim_start_matches('/').to_owned()]
     );
 }
@@ -445,43 +438,6 @@ fn holding_receiver() -> ! {
         if held.len() > 2 {
             held.pop_front();
         }
-    }
-}
-
-/// What a storm's receivers got: every message number with how often it came, and how
-/// often as a redelivery.
-#[derive(Default)]
-struct Deliveries(std::collections::HashMap<u64, (u32, u32)>);
-
-impl Deliveries {
-    fn note(&mut self, tag: u64, redelivered: bool) {
-        let e = self.0.entry(tag).or_default();
-        e.0 += 1;
-        e.1 += u32::from(redelivered);
-    }
-
-    /// A peer's `got <tag> <redelivered>` lines.
-    fn note_line(&mut self, line: &str) {
-        let mut words = line.strip_prefix("got ").expect("a got line").split(' ');
-        let tag = words.next().unwrap().parse().unwrap();
-        self.note(tag, words.next() == Some("true"));
-    }
-
-    /// Every message of `0..sent` came at least once, and each extra copy of one was
-    /// marked a redelivery. Returns how many came again.
-    fn check(&self, sent: u64, what: &str) -> u32 {
-        let lost: Vec<u64> = (0..sent).filter(|t| !self.0.contains_key(t)).collect();
-        assert!(lost.is_empty(), "{what}: {} of {sent} lost: {lost:?}", lost.len());
-        assert!(self.0.keys().all(|&t| t < sent), "{what}: a message nobody sent");
-        let mut again = 0;
-        for (tag, &(n, redelivered)) in &self.0 {
-            assert!(
-                redelivered >= n - 1,
-                "{what}: message {tag} came {n} times, {redelivered} marked"
-            );
-            again += redelivered;
-        }
-        again
     }
 }
 
@@ -610,7 +566,7 @@ fn receiver_kill_storms_never_stall_the_sender() {
             );
             worst = worst.max(took);
             drop((rx, tx, ch));
-            assert_eq!(leftovers(&name), Vec::<String>::new(), "mpmc {mpmc}, run {run}");
+            assert_eq!(common::leftovers_of(&name), Vec::<String>::new(), "mpmc {mpmc}, run {run}");
         }
         println!("mpmc {mpmc}: {runs} storms of {KILLS} kills, longest blocking call {worst:?}");
     }

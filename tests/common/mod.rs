@@ -215,3 +215,63 @@ impl Drop for Watchdog {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+/// What a storm's receivers got: every message number with how often it came, and how
+/// often as a redelivery.
+#[derive(Default)]
+pub struct Deliveries(std::collections::HashMap<u64, (u32, u32)>);
+
+impl Deliveries {
+    pub fn note(&mut self, tag: u64, redelivered: bool) {
+        let e = self.0.entry(tag).or_default();
+        e.0 += 1;
+        e.1 += u32::from(redelivered);
+    }
+
+    /// A peer's `got <tag> <redelivered>` lines.
+    pub fn note_line(&mut self, line: &str) {
+        let mut words = line.strip_prefix("got ").expect("a got line").split(' ');
+        let tag = words.next().unwrap().parse().unwrap();
+        self.note(tag, words.next() == Some("true"));
+    }
+
+    /// Every message of `0..sent` came at least once, and each extra copy of one was
+    /// marked a redelivery; nothing else came. Returns how many came again.
+    pub fn check(&self, sent: u64, what: &str) -> u32 {
+        assert!(self.0.keys().all(|&t| t < sent), "{what}: a message nobody sent");
+        self.check_each(0..sent, what)
+    }
+
+    /// Every message of `sent` came at least once, and each extra copy of any message was
+    /// marked a redelivery. Returns how many came again.
+    pub fn check_each(&self, sent: impl IntoIterator<Item = u64>, what: &str) -> u32 {
+        let sent: Vec<u64> = sent.into_iter().collect();
+        let lost: Vec<u64> = sent.iter().copied().filter(|t| !self.0.contains_key(t)).collect();
+        assert!(lost.is_empty(), "{what}: {} of {} lost: {lost:?}", lost.len(), sent.len());
+        let mut again = 0;
+        for (tag, &(n, redelivered)) in &self.0 {
+            assert!(
+                redelivered >= n - 1,
+                "{what}: message {tag} came {n} times, {redelivered} marked"
+            );
+            again += redelivered;
+        }
+        again
+    }
+
+    /// The messages that came (each once).
+    pub fn tags(&self) -> impl Iterator<Item = u64> + '_ {
+        self.0.keys().copied()
+    }
+}
+
+/// Every object in /dev/shm of channel `name`: itself and its pools.
+pub fn leftovers_of(name: &str) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|f| f == name || f.starts_with(&format!("{name}.")))
+        .collect();
+    found.sort();
+    found
+}
