@@ -876,3 +876,107 @@ fn gpu_messages_held_by_a_killed_receiver_are_redelivered() {
         }
     }
 }
+
+/// A receiver kill storm on a GPU channel (SPSC and MPMC, host ready flags and events):
+/// the sender here streams device messages (each slot's words set to its number's value)
+/// while receivers, each reading every message's first word on its stream and holding up
+/// to 2, are SIGKILLed 0.4–1 s after they start and replaced (8 kills). Every message sent
+/// reaches a receiver at least once, with the sender's value; every extra copy is marked a
+/// redelivery; every slot comes back.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
+fn gpu_receiver_kill_storm_loses_nothing() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const TEST: &str = "gpu_receiver_kill_storm_loses_nothing";
+    const WORDS: usize = 1024;
+    if role().as_deref() == Some("receiver") {
+        let (_, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        let mut held = std::collections::VecDeque::new();
+        let mut first = [0u32; 1];
+        loop {
+            let m = rx.recv_timeout(LIMIT).unwrap();
+            read_words(m.device_ptr(), &mut first, &stream);
+            assert_eq!(first[0], value(m.tag()), "message {}", m.tag());
+            announce(&format!("got {} {}", m.tag(), m.redelivered()));
+            held.push_back(m);
+            if held.len() > 2 {
+                held.pop_front();
+            }
+        }
+    }
+    let mut state = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(std::process::id());
+    let mut rand = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    for mpmc in [false, true] {
+        for ready in [GpuReady::HostFlag, GpuReady::Event] {
+            let what = format!("mpmc {mpmc}, {ready:?}");
+            let (_, stream) = setup();
+            let name = unique_name("gpu-storm");
+            let b = Channel::builder(&name).capacity(16).slots(8, (WORDS * 4) as u64);
+            let b = b.cuda(&stream).ready(ready);
+            let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let streamer = {
+                let (stop, ch, stream) = (stop.clone(), ch.clone(), stream.clone());
+                std::thread::spawn(move || {
+                    let tx = ch.sender().unwrap();
+                    let mut sent = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(mut lease) = tx.acquire_timeout(Duration::from_millis(20)) else {
+                            continue;
+                        };
+                        memset(lease.device_ptr(), value(sent), WORDS, &stream);
+                        lease.set_tag(sent);
+                        let meta = TensorMeta::bytes((WORDS * 4) as u64);
+                        if tx.send_timeout(lease, meta, LIMIT).is_ok() {
+                            sent += 1;
+                        }
+                    }
+                    (tx, sent)
+                })
+            };
+            let got = Arc::new(Mutex::new(common::Deliveries::default()));
+            for _ in 0..8 {
+                let mut peer = Peer::spawn(TEST, "receiver", &name);
+                let mut child = std::mem::replace(
+                    &mut peer.child,
+                    std::process::Command::new("true").spawn().unwrap(),
+                );
+                let reader = {
+                    let got = got.clone();
+                    std::thread::spawn(move || {
+                        while let Some(line) = peer.next_line() {
+                            got.lock().unwrap().note_line(&line);
+                        }
+                    })
+                };
+                std::thread::sleep(Duration::from_millis(400 + rand(601)));
+                let _ = child.kill();
+                use std::os::unix::process::ExitStatusExt;
+                let status = child.wait().unwrap();
+                assert_eq!(status.signal(), Some(9), "{what}: the receiver's checks: {status}");
+                reader.join().unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+            let (tx, sent) = streamer.join().unwrap();
+            let rx = ch.receiver().unwrap();
+            let mut first = [0u32; 1];
+            while let Ok(m) = rx.recv_timeout(Duration::from_millis(500)) {
+                read_words(m.device_ptr(), &mut first, &stream);
+                assert_eq!(first[0], value(m.tag()), "{what}: message {}", m.tag());
+                got.lock().unwrap().note(m.tag(), m.redelivered());
+            }
+            let again = got.lock().unwrap().check(sent, &what);
+            let all: Vec<_> = (0..8).map(|_| tx.acquire_timeout(LIMIT).unwrap()).collect();
+            drop(all);
+            println!("{what}: 8 receiver kills, {sent} sent, none lost, {again} redelivered");
+        }
+    }
+}

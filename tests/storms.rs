@@ -217,12 +217,12 @@ fn storms_lose_nothing() {
         let (mut kills, mut at_points, mut sender_kills) = (0, 0, 0);
         while kills < RECEIVER_KILLS {
             std::thread::sleep(Duration::from_millis(2));
-            for i in 0..receivers.len() {
-                let due = Instant::now() >= receivers[i].until;
-                if due || receivers[i].child.try_wait().unwrap().is_some() {
+            for r in &mut receivers {
+                let due = Instant::now() >= r.until;
+                if due || r.child.try_wait().unwrap().is_some() {
                     // The dead one first: an SPSC channel has room for one receiver.
-                    at_points += u32::from(stop(&mut receivers[i]));
-                    receivers[i] = spawn_receiver(&mut rand);
+                    at_points += u32::from(stop(r));
+                    *r = spawn_receiver(&mut rand);
                     kills += 1;
                     if mpmc && kills % 10 == 0 {
                         let victim = rand.below(senders.len() as u64) as usize;

@@ -262,6 +262,41 @@ def test_peer_dead_after_the_sender_is_killed(name):
         rx.recv(timeout=5)
 
 
+@pytest.mark.parametrize("redeliver", [True, False])
+def test_a_message_held_by_a_killed_consumer_goes_to_the_next_one(name, redeliver):
+    # A consumer takes message 0 and is SIGKILLed holding it. By default the next consumer
+    # gets it again, marked, before message 1; with redeliver=False it is dropped.
+    ch = gpuring.Channel.create(name, slots=4, slot_bytes=64, redeliver=redeliver)
+    assert ch.redelivers is redeliver
+    tx = ch.sender()
+    for i in range(2):
+        tx.send(np.full(2, i, dtype=np.int8), tag=i)
+    consumer = (
+        "import sys, gpuring\n"
+        "rx = gpuring.Channel.open(sys.argv[1], timeout=10).receiver()\n"
+        "msg = rx.recv(timeout=10)\n"
+        "print(msg.tag, msg.redelivered, flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    c = subprocess.Popen(
+        [sys.executable, "-c", consumer, name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert c.stdout.readline() == "0 False\n"
+    os.kill(c.pid, signal.SIGKILL)
+    c.wait(10)
+    rx = ch.receiver()
+    got = []
+    for _ in range(2 if redeliver else 1):
+        with rx.recv(timeout=5) as msg:
+            got.append((msg.tag, msg.redelivered, int(np.from_dlpack(msg)[0])))
+    assert got == ([(0, True, 0), (1, False, 1)] if redeliver else [(1, False, 1)])
+    with pytest.raises(gpuring.Timeout):
+        rx.recv(timeout=0)
+
+
 def test_a_view_held_at_exit_after_the_producer_was_killed_leaves_nothing(name):
     # The consumer is the channel's last user and exits holding a numpy view of a message
     # whose producer was SIGKILLed. Before, the producer's pool stayed in /dev/shm (the
