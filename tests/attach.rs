@@ -420,3 +420,23 @@ fn messages_say_what_is_wrong_and_what_to_do() {
     let e = Channel::builder(format!("{name}-x")).slots(1, 0).create().unwrap_err().to_string();
     assert!(e.contains("a pool of 1 slot of 0 bytes"), "{e}");
 }
+
+/// The channel header's delivery guarantee (`ChannelHeader::redeliver`, offset 156) is
+/// read once at open: 0 and 1 are the two settings, anything else is `Corrupted`.
+#[test]
+fn a_forged_delivery_guarantee_is_corrupted_at_open() {
+    use gpuring::{Channel, ChannelError};
+    let name = unique_name("forged-redeliver");
+    let ch = Channel::builder(&name).slots(2, 64).create().unwrap();
+    assert!(Channel::builder(&name).open().unwrap().redelivers());
+    poke(&name, 156, &0u32.to_le_bytes());
+    assert!(!Channel::builder(&name).open().unwrap().redelivers());
+    poke(&name, 156, &7u32.to_le_bytes());
+    match Channel::builder(&name).open() {
+        Err(ChannelError::Corrupted(c)) => {
+            assert_eq!(c.what, "channel names an unknown delivery guarantee")
+        }
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+    drop(ch);
+}

@@ -424,6 +424,51 @@ fn an_idle_receiver_closes_a_dead_senders_pool_within_a_tick() {
     );
 }
 
+/// A receiver killed holding a message whose sent copy a hostile process then rewrote (a
+/// descriptor of another slot, then impossible metadata): the next receiver refuses it as
+/// `Corrupted`, reading nothing, and the slot goes back to the sender; the next message
+/// arrives as usual.
+#[test]
+fn a_forged_sent_copy_is_corrupted_and_its_slot_comes_back() {
+    use std::os::unix::fs::FileExt;
+    const TEST: &str = "a_forged_sent_copy_is_corrupted_and_its_slot_comes_back";
+    if role().as_deref() == Some("holder") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let m = ch.receiver().unwrap().recv_timeout(LIMIT).unwrap();
+        common::announce(&format!("holding {}", m.tag()));
+        die();
+    }
+    let layout = gpuring::internal::PoolLayout::new(2, 64).unwrap();
+    for forged in ["another slot", "bad metadata"] {
+        let name = unique_name("forged-copy");
+        let ch = Channel::builder(&name).capacity(8).slots(2, 64).create().unwrap();
+        let tx = send_one(&ch, 1);
+        let mut holder = Peer::spawn(TEST, "holder", &name);
+        assert_eq!(holder.expect("holding"), "1");
+        holder.died();
+        let pool = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/dev/shm/{}", tx.pool_name().trim_start_matches('/')))
+            .unwrap();
+        // Slot 0's copy: `slot` at byte 20, `ndim` at byte 53 of the descriptor.
+        let (at, bytes): (u64, &[u8]) =
+            if forged == "another slot" { (20, &1u32.to_le_bytes()) } else { (53, &[200]) };
+        pool.write_all_at(bytes, (layout.sent_offset(0) as u64) + at).unwrap();
+        let rx = ch.receiver().unwrap();
+        match rx.recv_timeout(LIMIT) {
+            Err(gpuring::RecvTimeoutError::Corrupted(c)) => println!("{forged}: {}", c.what),
+            other => panic!("{forged}: expected Corrupted, got {other:?}"),
+        }
+        let both: Vec<_> = (0..2).map(|_| tx.acquire_timeout(LIMIT).unwrap()).collect();
+        drop(both);
+        let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+        lease.set_tag(2);
+        tx.send(lease, TensorMeta::bytes(8)).unwrap();
+        let m = rx.recv_timeout(LIMIT).unwrap();
+        assert_eq!((m.tag(), m.redelivered()), (2, false), "{forged}");
+    }
+}
+
 /// A receiver that holds up to 2 messages at a time (dropping the oldest as a third comes)
 /// until it is killed; it announces each message's number, and whether it was a
 /// redelivery, before holding it.
