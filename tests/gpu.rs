@@ -458,7 +458,8 @@ fn gpu_receiver_on_the_last_device() {
 
 /// A GPU receiver killed while holding two messages: once its process has exited (so the
 /// driver has torn its context down), the sender's blocking acquire takes the two device
-/// slots back, and every slot can be leased again.
+/// slots back, and every slot can be leased again (a channel without redelivery; with it,
+/// see `gpu_messages_held_by_a_killed_receiver_are_redelivered`).
 #[test]
 #[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
@@ -473,7 +474,8 @@ fn gpu_slots_of_a_killed_receiver_are_reclaimed() {
     }
     let (_, stream) = setup();
     let name = unique_name("gpu-reclaim");
-    let ch = Channel::builder(&name).capacity(8).slots(4, 4096).cuda(&stream).create().unwrap();
+    let b = Channel::builder(&name).capacity(8).slots(4, 4096).redeliver(false);
+    let ch = b.cuda(&stream).create().unwrap();
     let tx = ch.sender().unwrap();
     let mut peer = Peer::spawn("gpu_slots_of_a_killed_receiver_are_reclaimed", "holder", &name);
     for seq in 0..2 {

@@ -111,6 +111,9 @@ pub struct Receiver<B: Backend = Host> {
     /// Set until the first receive, which looks for messages to deliver again (a receiver
     /// that replaces a dead one takes over what that one held).
     first: Cell<bool>,
+    /// Per pool table row, `instance + 1` of a pool that a look for messages to deliver
+    /// again could not map (gone, or refused): not tried again (0: none). Preallocated.
+    unmapped: RefCell<Box<[u32]>>,
 }
 
 /// A message taken, checked and held, not yet made ready by the backend.
@@ -160,6 +163,7 @@ impl<B: Backend> Channel<B> {
     pub fn receiver(&self) -> Result<Receiver<B>, super::ChannelError<B>> {
         let rx = Rx::attach(&self.inner)?;
         let pools = (0..self.inner.max_pools()).map(|_| None).collect();
+        let unmapped = vec![0; self.inner.max_pools() as usize].into_boxed_slice();
         Ok(Receiver {
             pools: RefCell::new(pools),
             me: rx.id(),
@@ -168,6 +172,7 @@ impl<B: Backend> Channel<B> {
             channel: self.inner.clone(),
             saw_dead_owner: Cell::new(false),
             first: Cell::new(true),
+            unmapped: RefCell::new(unmapped),
         })
     }
 }

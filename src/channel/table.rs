@@ -18,7 +18,7 @@ use super::backend::sealed::Backend;
 use super::error::{ChannelError, PoolError, RecvTimeoutError, corrupt};
 use crate::layout::{
     ChannelHeader, ChannelLayout, ChannelView, LAYOUT_VERSION, POOL_NAME_BYTES, ParticipantId,
-    PoolEntry, SegmentKind, load_bytes, store_bytes,
+    PoolEntry, SegmentKind, load_bytes, store_bytes, view,
 };
 use crate::pool::{PoolSegment, PoolSegmentError};
 use crate::ring::RingSegment;
@@ -308,8 +308,10 @@ impl<B: Backend> ChannelSegment<B> {
     /// Whether `note_orphans` was called since the last `take_orphans_hint`: one load.
     #[inline]
     pub(super) fn orphans_hinted(&self) -> bool {
+        // The header alone (not the whole view): this is on every receive.
+        let header = view::<ChannelHeader>(&*self.segment, self.layout.header);
         // Relaxed: as in `note_orphans`.
-        self.header().orphans.load(Ordering::Relaxed) != 0
+        header.expect("checked at create or open").orphans.load(Ordering::Relaxed) != 0
     }
 
     /// Clears the hint, before a look for such messages (a hint set after is seen again).
@@ -378,6 +380,17 @@ impl<B: Backend> ChannelSegment<B> {
             }
             PoolSegmentError::Segment(e) => RecvTimeoutError::Pool(PoolError::Segment(e)),
             PoolSegmentError::Attach(e) => RecvTimeoutError::Pool(PoolError::Attach(e)),
+        })
+    }
+
+    /// The row and instance of every entry whose pool may hold messages (active or
+    /// closed), without allocating: for receivers' looks for messages to deliver again.
+    pub(super) fn pools_in_use(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        (0..self.max_pools()).filter_map(|index| {
+            let e = self.entry(index);
+            // Acquire: pairs with the Release store of the state in `register_pool`.
+            let code = PoolEntry::code(e.state.load(Ordering::Acquire));
+            matches!(code, PoolEntry::ACTIVE | PoolEntry::CLOSED).then(|| (index, self.instance(e)))
         })
     }
 

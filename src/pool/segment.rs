@@ -148,10 +148,12 @@ impl PoolSegment {
             Err(PoolSegmentError::Segment(ShmError::NotFound { .. })) => return Ok(()),
             opened => opened?,
         };
-        if sender_dead && backend == BACKEND_CUDA {
+        // A device pool of a dead sender refuses its messages: nothing to deliver again.
+        let retired = sender_dead && backend == BACKEND_CUDA;
+        if retired {
             pool.retire();
         }
-        pool.core.abandon(sender_dead, exited, queued, redeliver);
+        pool.core.abandon(sender_dead, exited, queued, redeliver && !retired);
         pool.close();
         Ok(())
     }

@@ -3,7 +3,6 @@
 //! (`ChannelBuilder::redeliver`), checking each slot's sent copy as any descriptor.
 
 use super::{CachedPool, Receiver, Taken};
-use crate::channel::PoolState;
 use crate::channel::backend::Backend;
 use crate::channel::error::{RecvTimeoutError, corrupt};
 use crate::descriptor::Descriptor;
@@ -20,14 +19,16 @@ impl<B: Backend> Receiver<B> {
     /// no longer queued), and checks its sent copy as any descriptor: `None` when there is
     /// none. A copy that fails the checks, or a device pool whose sender is gone, gives the
     /// slot back unread with the error. Probes the holders' locks, and maps the pools not
-    /// seen yet: slow paths only.
+    /// seen yet (a pool that cannot be mapped, or is refused, is not tried again: its
+    /// segment is gone, or its messages are refused anyway): slow paths only. Allocates
+    /// only to map a pool.
     pub(super) fn redeliver_one(&self) -> Option<Result<Taken<B>, RecvTimeoutError<B>>> {
         let ring = &self.channel.ring;
-        for info in self.channel.pools() {
-            if info.state == PoolState::Registering {
+        for (index, instance) in self.channel.pools_in_use() {
+            let unmapped = &mut self.unmapped.borrow_mut()[index as usize];
+            if *unmapped == instance + 1 {
                 continue;
             }
-            let (index, instance) = (info.index, info.instance & 0xFFFF);
             let pool_id = instance << 16 | index;
             let queued = |slot: u32, generation: u32| {
                 ring.any_in_ring::<Descriptor>(|d| {
@@ -38,11 +39,15 @@ impl<B: Backend> Receiver<B> {
                 Ok(pool) => pool,
                 Err((Some(seg), why)) => {
                     // Refused (a device pool whose sender is gone): what it held goes back.
+                    *unmapped = instance + 1;
                     let Some(held) = seg.core.adopt(B::holder_gone, queued) else { continue };
                     drop(SlotHold { pool: seg, held });
                     return Some(Err(why));
                 }
-                Err((None, _)) => continue,
+                Err((None, _)) => {
+                    *unmapped = instance + 1;
+                    continue;
+                }
             };
             let Some(held) = pool.seg.core.adopt(B::holder_gone, queued) else { continue };
             let hold = SlotHold { pool: pool.seg.clone(), held };
