@@ -116,16 +116,25 @@ fn sink(mut r: impl Read, mut w: impl Write, size: usize) {
     }
 }
 
-fn bench_channel(g: &mut Group<'_>, flavor: Flavor, size: usize, slots: u32) {
+/// A gpuring channel of `flavor`, with redelivery (the default) or without (`redeliver`
+/// false: the row `_no_redelivery`, which shows what the descriptor's copy beside its slot
+/// costs a send).
+fn bench_channel(g: &mut Group<'_>, flavor: Flavor, size: usize, slots: u32, redeliver: bool) {
     let name = unique("payload");
-    let builder = Channel::builder(&name).capacity(64).slots(slots, size as u64);
+    let builder =
+        Channel::builder(&name).capacity(64).slots(slots, size as u64).redeliver(redeliver);
     let builder = if flavor == Flavor::Mpmc { builder.mpmc() } else { builder };
     let ch = builder.create().unwrap();
     let tx = ch.sender().unwrap();
     let _peer = peer(&format!("chan:{size}"), &name, 0, false);
     let meta = TensorMeta::bytes(size as u64);
     let mut seq = 0u64;
-    let label = if flavor == Flavor::Mpmc { "gpuring_mpmc" } else { "gpuring_spsc" };
+    let label = match (flavor, redeliver) {
+        (Flavor::Mpmc, true) => "gpuring_mpmc",
+        (Flavor::Mpmc, false) => "gpuring_mpmc_no_redelivery",
+        (_, true) => "gpuring_spsc",
+        (_, false) => "gpuring_spsc_no_redelivery",
+    };
     g.run(label, size, |iters| {
         let t = Instant::now();
         for _ in 0..iters {
@@ -260,8 +269,10 @@ fn main() {
     for (label, size, slots) in SIZES {
         let mut g = Group::new(&mut c, &mut samples, &format!("payload_{label}"));
         g.g.throughput(Throughput::Elements(1));
-        bench_channel(&mut g, Flavor::Spsc, size, slots);
-        bench_channel(&mut g, Flavor::Mpmc, size, slots);
+        bench_channel(&mut g, Flavor::Spsc, size, slots, true);
+        bench_channel(&mut g, Flavor::Spsc, size, slots, false);
+        bench_channel(&mut g, Flavor::Mpmc, size, slots, true);
+        bench_channel(&mut g, Flavor::Mpmc, size, slots, false);
         {
             let mut p = peer(&format!("pipe:{size}"), "", 0, true);
             let mut w = p.0.stdin.take().unwrap();
