@@ -946,19 +946,11 @@ fn gpu_receiver_kill_storm_loses_nothing() {
             };
             let got = Arc::new(Mutex::new(common::Deliveries::default()));
             for _ in 0..8 {
-                let mut peer = Peer::spawn(TEST, "receiver", &name);
-                let mut child = std::mem::replace(
-                    &mut peer.child,
-                    std::process::Command::new("true").spawn().unwrap(),
-                );
-                let reader = {
-                    let got = got.clone();
-                    std::thread::spawn(move || {
-                        while let Some(line) = peer.next_line() {
-                            got.lock().unwrap().note_line(&line);
-                        }
-                    })
-                };
+                let got = got.clone();
+                let (mut child, reader) =
+                    common::spawn_reading(TEST, "receiver", &name, &[], move |line| {
+                        got.lock().unwrap().note_line(line)
+                    });
                 std::thread::sleep(Duration::from_millis(400 + rand(601)));
                 let _ = child.kill();
                 use std::os::unix::process::ExitStatusExt;

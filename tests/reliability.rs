@@ -498,13 +498,6 @@ fn holding_receiver() -> ! {
 /// stalled free-ring cell (`tests/faults.rs` `receiver_killed_after_winning_its_free_ring_cell`).
 #[test]
 fn receiver_kill_storms_never_stall_the_sender() {
-    // A stand-in for a peer's child once the test has taken it (the peer's drop kills and
-    // reaps it: a process that has exited already).
-    fn dummy_child() -> std::process::Child {
-        let mut c = std::process::Command::new("true").spawn().unwrap();
-        c.wait().unwrap();
-        c
-    }
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
@@ -572,18 +565,14 @@ fn receiver_kill_storms_never_stall_the_sender() {
             };
             let got = Arc::new(Mutex::new(Deliveries::default()));
             for _ in 0..KILLS {
-                let mut peer =
-                    Peer::spawn("receiver_kill_storms_never_stall_the_sender", "receiver", &name);
-                let mut child = std::mem::replace(&mut peer.child, dummy_child());
-                // Its announcements, read as they come (a full pipe would slow it down).
-                let reader = {
-                    let got = got.clone();
-                    std::thread::spawn(move || {
-                        while let Some(line) = peer.next_line() {
-                            got.lock().unwrap().note_line(&line);
-                        }
-                    })
-                };
+                let got = got.clone();
+                let (mut child, reader) = common::spawn_reading(
+                    "receiver_kill_storms_never_stall_the_sender",
+                    "receiver",
+                    &name,
+                    &[],
+                    move |line| got.lock().unwrap().note_line(line),
+                );
                 std::thread::sleep(Duration::from_millis(40 + rand(211)));
                 child.kill().unwrap();
                 let status = child.wait().unwrap();

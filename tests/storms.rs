@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{Deliveries, Peer, announce, ring_name, role, unique_name};
+use common::{Deliveries, announce, ring_name, role, unique_name};
 use gpuring::{Channel, TensorMeta};
 
 /// The receiving side's fault points; a receiver is killed at one (at a random count) or
@@ -112,27 +112,16 @@ fn start(
     sent: &Arc<Mutex<Vec<u64>>>,
     until: Instant,
 ) -> Running {
-    let mut peer = Peer::spawn_with("storms_lose_nothing", role, name, env);
-    let child = std::mem::replace(&mut peer.child, exited_child());
     let (got, sent) = (got.clone(), sent.clone());
-    let reader = std::thread::spawn(move || {
-        while let Some(line) = peer.next_line() {
+    let (child, reader) =
+        common::spawn_reading("storms_lose_nothing", role, name, env, move |line| {
             if line.starts_with("got ") {
-                got.lock().unwrap().note_line(&line);
+                got.lock().unwrap().note_line(line);
             } else if let Some(tag) = line.strip_prefix("sent ") {
                 sent.lock().unwrap().push(tag.parse().unwrap());
             }
-        }
-    });
+        });
     Running { child, reader: Some(reader), until }
-}
-
-/// A stand-in for a peer's child once the test has taken it (the peer's drop kills and
-/// reaps it: a process that has exited already).
-fn exited_child() -> Child {
-    let mut c = std::process::Command::new("true").spawn().unwrap();
-    c.wait().unwrap();
-    c
 }
 
 /// Kills `r` (if its fault point has not already) and waits for it and its reader; says

@@ -262,6 +262,17 @@ def test_peer_dead_after_the_sender_is_killed(name):
         rx.recv(timeout=5)
 
 
+def _consumer(script, name):
+    """Runs `script` (Python source) in a new interpreter with the channel's name as its
+    argument; its stdin and stdout are pipes to the test."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 @pytest.mark.parametrize("redeliver", [True, False])
 def test_a_message_held_by_a_killed_consumer_goes_to_the_next_one(name, redeliver):
     # A consumer takes message 0 and is SIGKILLed holding it. By default the next consumer
@@ -278,12 +289,7 @@ def test_a_message_held_by_a_killed_consumer_goes_to_the_next_one(name, redelive
         "print(msg.tag, msg.redelivered, flush=True)\n"
         "sys.stdin.readline()\n"
     )
-    c = subprocess.Popen(
-        [sys.executable, "-c", consumer, name],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    c = _consumer(consumer, name)
     assert c.stdout.readline() == "0 False\n"
     os.kill(c.pid, signal.SIGKILL)
     c.wait(10)
@@ -315,12 +321,7 @@ def test_a_view_held_at_exit_after_the_producer_was_killed_leaves_nothing(name):
         "sys.stdin.readline()\n"
         "print(int(view[0]), flush=True)\n"
     )
-    c = subprocess.Popen(
-        [sys.executable, "-c", consumer, name],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    c = _consumer(consumer, name)
     assert c.stdout.readline() == "5\n"
     os.kill(p.pid, signal.SIGKILL)
     p.join(10)

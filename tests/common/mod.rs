@@ -275,3 +275,27 @@ pub fn leftovers_of(name: &str) -> Vec<String> {
     found.sort();
     found
 }
+
+/// Spawns `role` of `test` (with `env`), and reads its announcements on a thread, handing
+/// each line (without its prefix) to `each`: for storms, whose peers say much while they
+/// run (a full pipe would slow them down). Returns the process, to kill, and the reader, to
+/// join once it is dead.
+pub fn spawn_reading(
+    test: &str,
+    role: &str,
+    name: &str,
+    env: &[(&str, String)],
+    mut each: impl FnMut(&str) + Send + 'static,
+) -> (Child, std::thread::JoinHandle<()>) {
+    let mut peer = Peer::spawn_with(test, role, name, env);
+    // A stand-in for the peer's own (its drop kills and reaps it): a process that exited.
+    let mut exited = Command::new("true").spawn().unwrap();
+    exited.wait().unwrap();
+    let child = std::mem::replace(&mut peer.child, exited);
+    let reader = std::thread::spawn(move || {
+        while let Some(line) = peer.next_line() {
+            each(&line);
+        }
+    });
+    (child, reader)
+}
