@@ -909,13 +909,8 @@ fn gpu_receiver_kill_storm_loses_nothing() {
             }
         }
     }
-    let mut state = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(std::process::id());
-    let mut rand = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut rng = common::Rand::from_pid(0x2545_f491_4f6c_dd1d);
+    let mut rand = move |n: u64| rng.below(n);
     for mpmc in [false, true] {
         for ready in [GpuReady::HostFlag, GpuReady::Event] {
             let what = format!("mpmc {mpmc}, {ready:?}");

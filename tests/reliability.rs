@@ -508,13 +508,8 @@ fn receiver_kill_storms_never_stall_the_sender() {
     const CALL_LIMIT: Duration = Duration::from_secs(5);
     let runs: u32 =
         std::env::var("GPURING_STORM_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let mut state = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(std::process::id());
-    let mut rand = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut rng = common::Rand::from_pid(0x2545_f491_4f6c_dd1d);
+    let mut rand = move |n: u64| rng.below(n);
     for mpmc in [false, true] {
         let mut worst = Duration::ZERO;
         for run in 0..runs {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{Deliveries, announce, ring_name, role, unique_name};
+use common::{Deliveries, Rand, announce, ring_name, role, unique_name};
 use gpuring::{Channel, TensorMeta};
 
 /// The receiving side's fault points; a receiver is killed at one (at a random count) or
@@ -26,18 +26,6 @@ const POINTS: [&str; 5] =
 const RECEIVER_KILLS: u32 = 100;
 const SLOTS: u32 = 8;
 const LIMIT: Duration = Duration::from_secs(5);
-
-/// A small xorshift generator, seeded from the pid (printed, to replay a failure).
-struct Rand(u64);
-
-impl Rand {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 /// A receiver that holds up to 2 messages (dropping the oldest as a third comes) and
 /// announces each (`got <tag> <redelivered>`) before holding it, until it is killed.
@@ -151,9 +139,8 @@ fn storms_lose_nothing() {
         Some("sender") => return streaming_sender(),
         _ => {}
     }
-    let seed = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
-    println!("seed {seed:#x}");
-    let mut rand = Rand(seed);
+    let mut rand = Rand::from_pid(0x9e37_79b9_7f4a_7c15);
+    println!("seed {:#x}", rand.0);
     for mpmc in [false, true] {
         let what = if mpmc { "mpmc 3 x 3" } else { "spsc" };
         let name = unique_name(if mpmc { "storm-mpmc" } else { "storm-spsc" });

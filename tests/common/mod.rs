@@ -299,3 +299,22 @@ pub fn spawn_reading(
     });
     (child, reader)
 }
+
+/// A small xorshift generator for storms' random timings (seeded from the process id by
+/// [`Rand::from_pid`], so runs differ).
+pub struct Rand(pub u64);
+
+impl Rand {
+    /// Seeded with `seed` mixed with this process's id.
+    pub fn from_pid(seed: u64) -> Self {
+        Self(seed ^ u64::from(std::process::id()))
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
