@@ -295,6 +295,11 @@ class Queue:
         Waits up to ``timeout`` seconds (forever if ``None``; not at all if ``block`` is
         false); raises :class:`gpuring.Empty` (a ``queue.Empty``). ``copy=False``
         returns zero-copy views of the slot, which goes back when every view is freed.
+
+        An item is the queue's until ``get`` returns it: a consumer killed inside ``get``
+        leaves it to another consumer. With ``copy=False``, one killed while it still holds
+        the views leaves it to another consumer too (which may then see an item the dead one
+        had acted on).
         """
         rx = self._endpoint("rx")
         until = _Until(timeout if block else 0)
