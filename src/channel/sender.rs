@@ -171,7 +171,10 @@ impl<B: Backend> Sender<B> {
 
     blocking! {
         /// Leases a free slot, waiting (spin, then sleep) until a receiver returns one.
-        /// Slots held by receivers that died are taken back while it waits. On a GPU
+        /// Slots held by receivers that died come back while it waits: their messages go
+        /// to the next receiver first (the default; see
+        /// [`ChannelBuilder::redeliver`](crate::ChannelBuilder::redeliver)), or, without
+        /// redelivery, they are taken back at once. On a GPU
         /// channel, the sender's stream is made to wait for the slot's last reader (the CPU
         /// waits only for a free slot, never for GPU work), and kernels written on that
         /// stream after this call write the slot.
@@ -188,8 +191,8 @@ impl<B: Backend> Sender<B> {
         ///
         /// # Errors
         ///
-        /// [`AcquireError::PeerDead`] when every slot is out and every receiver holding
-        /// them has died; [`AcquireError::Disconnected`] when every receiver has left;
+        /// [`AcquireError::PeerDead`] when every slot is out and the channel has no
+        /// receiver left to return one, one of them having died; [`AcquireError::Disconnected`] when every receiver has left;
         /// [`AcquireError::Corrupted`] when the pool's shared state is impossible;
         /// [`AcquireError::Device`] when the backend's step failed (the slot goes back).
         /// (`try_acquire`: [`TryAcquireError::Exhausted`].)
