@@ -61,102 +61,79 @@ impl Flavor {
 #[derive(Debug)]
 pub struct ChannelBuilder<B: Backend = Host> {
     segment: SegmentOptions,
+    opts: Options,
+    pub(crate) ctx: B::Context,
+}
+
+/// The options besides the segment's and the backend's: the same for every backend.
+#[derive(Debug, Clone, Copy)]
+struct Options {
     flavor: Option<Flavor>,
     capacity: u64,
     slot_count: u32,
     slot_size: u64,
     max_senders: Option<u32>,
     redeliver: bool,
-    pub(crate) ctx: B::Context,
 }
 
 // By hand: a derive would ask `B: Clone` of the backend marker, not of what is cloned.
 impl<B: Backend> Clone for ChannelBuilder<B> {
     fn clone(&self) -> Self {
-        Self {
-            segment: self.segment.clone(),
-            flavor: self.flavor,
-            capacity: self.capacity,
-            slot_count: self.slot_count,
-            slot_size: self.slot_size,
-            max_senders: self.max_senders,
-            redeliver: self.redeliver,
-            ctx: self.ctx.clone(),
-        }
+        Self { segment: self.segment.clone(), opts: self.opts, ctx: self.ctx.clone() }
     }
 }
 
 impl ChannelBuilder<Host> {
     /// Options for host channel `name`: SPSC, capacity 256, 8 slots of 1 MiB per sender.
     pub fn new(name: impl Into<String>) -> Self {
-        Self {
-            segment: SegmentOptions::new(name.into()),
+        let opts = Options {
             flavor: None,
             capacity: 256,
             slot_count: 8,
             slot_size: 1 << 20,
             max_senders: None,
             redeliver: true,
-            ctx: (),
-        }
+        };
+        Self { segment: SegmentOptions::new(name.into()), opts, ctx: () }
     }
 
     /// The same options for the backend `C`, whose context is `ctx` (the GPU wing's
     /// builders).
     pub(crate) fn with_backend<C: Backend>(self, ctx: C::Context) -> ChannelBuilder<C> {
-        let ChannelBuilder {
-            segment,
-            flavor,
-            capacity,
-            slot_count,
-            slot_size,
-            max_senders,
-            redeliver,
-            ..
-        } = self;
-        ChannelBuilder {
-            segment,
-            flavor,
-            capacity,
-            slot_count,
-            slot_size,
-            max_senders,
-            redeliver,
-            ctx,
-        }
+        ChannelBuilder { segment: self.segment, opts: self.opts, ctx }
     }
 }
 
 impl<B: Backend> ChannelBuilder<B> {
     /// One sender, one receiver (the default for `create`).
     pub fn spsc(mut self) -> Self {
-        self.flavor = Some(Flavor::Spsc);
+        self.opts.flavor = Some(Flavor::Spsc);
         self
     }
 
     /// Any number of senders and receivers.
     pub fn mpmc(mut self) -> Self {
-        self.flavor = Some(Flavor::Mpmc);
+        self.opts.flavor = Some(Flavor::Mpmc);
         self
     }
 
     /// Descriptor ring cells, a power of two in `1..=2^24` (`2..` for MPMC).
     pub fn capacity(mut self, capacity: u64) -> Self {
-        self.capacity = capacity;
+        self.opts.capacity = capacity;
         self
     }
 
     /// Each sender's pool: `count` slots (`1..=2^20`) of `bytes` bytes each.
     pub fn slots(mut self, count: u32, bytes: u64) -> Self {
-        self.slot_count = count;
-        self.slot_size = bytes;
+        self.opts.slot_count = count;
+        self.opts.slot_size = bytes;
         self
     }
 
     /// Pool table entries: how many senders may have pools at once, counting departed
     /// senders whose messages are still in flight (default 4 for SPSC, 16 for MPMC).
     pub fn max_senders(mut self, n: u32) -> Self {
-        self.max_senders = Some(n);
+        self.opts.max_senders = Some(n);
         self
     }
 
@@ -180,7 +157,7 @@ impl<B: Backend> ChannelBuilder<B> {
     /// # Ok::<(), gpuring::ChannelError>(())
     /// ```
     pub fn redeliver(mut self, on: bool) -> Self {
-        self.redeliver = on;
+        self.opts.redeliver = on;
         self
     }
 
@@ -212,23 +189,23 @@ impl<B: Backend> ChannelBuilder<B> {
     /// [`ShmError::PermissionDenied`] or [`ShmError::Io`].
     pub fn create(&self) -> Result<Channel<B>, ChannelError<B>> {
         let base = check_name(&self.segment.name)?;
-        let flavor = self.flavor.unwrap_or(Flavor::Spsc);
-        let max_pools = self.max_senders.unwrap_or(match flavor {
+        let flavor = self.opts.flavor.unwrap_or(Flavor::Spsc);
+        let max_pools = self.opts.max_senders.unwrap_or(match flavor {
             Flavor::Spsc => 4,
             Flavor::Mpmc => 16,
         });
         if max_pools == 0 || max_pools > MAX_POOLS {
             return Err(ChannelError::InvalidConfig { reason: "max_senders must be in 1..=1024" });
         }
-        let (slot_count, slot_size) = (self.slot_count, self.slot_size);
+        let (slot_count, slot_size) = (self.opts.slot_count, self.opts.slot_size);
         if PoolLayout::for_backend(B::CODE, slot_count, slot_size).is_none() {
             return Err(ChannelError::InvalidPool { slot_count, slot_size });
         }
-        if flavor == Flavor::Mpmc && self.capacity < 2 {
-            return Err(ChannelError::InvalidCapacity { capacity: self.capacity });
+        if flavor == Flavor::Mpmc && self.opts.capacity < 2 {
+            return Err(ChannelError::InvalidCapacity { capacity: self.opts.capacity });
         }
-        let layout = ChannelLayout::new(max_pools, self.capacity, flavor.cell_size())
-            .ok_or(ChannelError::InvalidCapacity { capacity: self.capacity })?;
+        let layout = ChannelLayout::new(max_pools, self.opts.capacity, flavor.cell_size())
+            .ok_or(ChannelError::InvalidCapacity { capacity: self.opts.capacity })?;
         if self.segment.replace_stale {
             // The stale channel goes with its pools (their names carry its nonce).
             table::remove_stale(&self.segment.name)?;
@@ -243,7 +220,7 @@ impl<B: Backend> ChannelBuilder<B> {
             h.slot_size.store(slot_size, Ordering::Relaxed);
             h.nonce.store(nonce, Ordering::Relaxed);
             h.backend.store(B::CODE, Ordering::Relaxed);
-            h.redeliver.store(u32::from(self.redeliver), Ordering::Relaxed);
+            h.redeliver.store(u32::from(self.opts.redeliver), Ordering::Relaxed);
             // Pool entries are zero (EMPTY) in a fresh object.
             match flavor {
                 Flavor::Spsc => RingSegment::init_in::<Descriptor, SpscCell<Descriptor>>(
@@ -259,7 +236,7 @@ impl<B: Backend> ChannelBuilder<B> {
             }
             Ok::<_, ShmError>(())
         })?;
-        let params = Params { slot_count, slot_size, nonce, redeliver: self.redeliver };
+        let params = Params { slot_count, slot_size, nonce, redeliver: self.opts.redeliver };
         Ok(self.channel(segment, layout, flavor, params, base))
     }
 
@@ -326,7 +303,7 @@ impl<B: Backend> ChannelBuilder<B> {
     /// [`ShmError::Io`].
     pub fn open(&self) -> Result<Channel<B>, ChannelError<B>> {
         let base = check_name(&self.segment.name)?;
-        let kinds = match self.flavor {
+        let kinds = match self.opts.flavor {
             Some(f) => vec![f.kind()],
             None => vec![SegmentKind::SpscChannel, SegmentKind::MpmcChannel],
         };

@@ -229,9 +229,8 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         &self,
         free: &mpmc::Consumer<u32, S>,
         deadline: Deadline,
-        tick: impl FnMut() -> Result<bool, Blocked>,
+        mut tick: impl FnMut() -> Result<bool, Blocked>,
     ) -> Result<SlotRef, PopTimeoutError> {
-        let mut tick = tick;
         let slot = free.pop_then_ticking(
             deadline,
             |slot| slot,
