@@ -337,7 +337,9 @@ pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};
 #[doc(hidden)]
 pub mod internal {
     pub use crate::layout::*;
-    pub use crate::liveness::{Gone, ProcessState, Unwatched, Watch, process_state};
+    pub use crate::liveness::{
+        ClaimLine, ClaimLock, Gone, ProcessState, Unwatched, Watch, process_state,
+    };
     pub use crate::pool::{HeapPool, PoolCore, SlotRef, heap_pool};
     pub use crate::ring::{Heap, Storage, mpmc, repair, spsc};
     #[cfg(not(loom))]

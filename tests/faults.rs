@@ -832,8 +832,8 @@ fn sender_killed_anywhere_gives_its_pool_table_entry_back() {
 }
 
 /// A receiver killed while giving a slot back, right after winning its cell of the pool's
-/// free ring and before recording the claim (`push_won`: the window the claim line cannot
-/// cover), at several counts, SPSC and MPMC channels. The free ring must not stall at that
+/// free ring (`push_won`: the claim recorded, the cell unwritten), at several counts, SPSC
+/// and MPMC channels. The free ring must not stall at that
 /// cell: the sender gets every slot back, and the stream goes on. (The storm hang of
 /// issue 40: a sender blocked in `acquire` for good while a new receiver waited.)
 #[test]
@@ -886,7 +886,7 @@ fn receiver_killed_after_winning_its_free_ring_cell() {
 }
 
 /// An MPMC receiver killed right after winning a descriptor cell of the channel's ring,
-/// before recording the claim (`pop_won`), at several counts: the message it won arrives
+/// before reading it (`pop_won`), at several counts: the message it won arrives
 /// at the next receiver, once, and the ring keeps working for more than a lap (the cell is
 /// freed). Before, the message was lost and the cell stayed full for good.
 #[test]

@@ -111,8 +111,7 @@ fn assert_fifo(consumers: &[&Vec<u64>], rest: &[u64]) {
 
 /// Two producers and two consumers, capacity 4, started three positions into a lap so the
 /// four elements wrap: each delivered exactly once, each producer's elements in order. The
-/// consumers take one pop each (two each took 15 min once cells are reserved before use:
-/// one more atomic per element); the drain takes the rest.
+/// consumers take one pop each (two each took 15 min); the drain takes the rest.
 #[test]
 fn mpmc_two_by_two_exactly_once_per_producer_fifo() {
     builder(2).check(|| {
@@ -319,16 +318,20 @@ fn pool_lease_and_return_two_receivers() {
     });
 }
 
-/// Heap MPMC storage whose endpoints each have a claim line (as named rings give them), and
-/// a fixed set of endpoints that are "dead": the repair's view of the participant table.
+/// Heap MPMC storage whose endpoints each have a claim line and its lock (as named rings
+/// give them), and a fixed set of endpoints that are "dead": the repair's view of the
+/// participant table.
 mod tracked {
     use gpuring::Role;
-    use gpuring::internal::{Claims, Heap, MpmcCell, RingControl, Storage, Watch};
+    use gpuring::internal::{
+        ClaimLine, ClaimLock, Claims, Heap, MpmcCell, RingControl, Storage, Watch,
+    };
     use loom::sync::Arc;
 
     pub struct Tracked {
         heap: Heap<MpmcCell<u64>>,
         lines: Arc<[Claims; 3]>,
+        locks: Arc<[ClaimLock; 3]>,
         /// Which line this endpoint writes.
         me: usize,
         /// Bit `i`: the endpoint of line `i` is dead.
@@ -339,12 +342,15 @@ mod tracked {
         pub fn new(capacity: usize, dead: u32) -> Self {
             let heap = Heap::new(capacity, |i| MpmcCell::new(i as u64));
             let lines = Arc::new([Claims::new(), Claims::new(), Claims::new()]);
-            Self { heap, lines, me: 0, dead }
+            let locks = Arc::new([ClaimLock::new(), ClaimLock::new(), ClaimLock::new()]);
+            Self { heap, lines, locks, me: 0, dead }
         }
 
-        /// Another endpoint of the same ring, writing line `me`.
+        /// Another endpoint of the same ring, writing line `me` (a clone of the endpoint
+        /// of that line if there is one already: the two share its line and lock).
         pub fn endpoint(&self, me: usize) -> Self {
-            Self { heap: self.heap.clone(), lines: self.lines.clone(), me, dead: self.dead }
+            let (heap, lines, locks) = (self.heap.clone(), self.lines.clone(), self.locks.clone());
+            Self { heap, lines, locks, me, dead: self.dead }
         }
     }
 
@@ -368,23 +374,26 @@ mod tracked {
     /// them are dead.
     impl Watch for Tracked {
         const WATCHES: bool = true;
-        fn claims(&self) -> Option<&Claims> {
-            Some(&self.lines[self.me])
+        fn claims(&self) -> Option<ClaimLine<'_>> {
+            Some(ClaimLine { line: &self.lines[self.me], lock: &self.locks[self.me] })
         }
-        fn claimant_dead(&self, role: Role, pos: u64) -> bool {
-            (0..3).any(|i| {
+        fn orphaned(&self, role: Role, pos: u64) -> bool {
+            let names = |i: usize| {
                 let word = match role {
                     Role::Producer => &self.lines[i].push,
                     Role::Consumer => &self.lines[i].pop,
                 };
-                self.dead & (1 << i) != 0
-                    && Claims::names(word.load(loom::sync::atomic::Ordering::Relaxed), pos)
-            })
+                // Relaxed: as `ParticipantTable::names` (after the caller's Acquire load of
+                // the position counter).
+                Claims::names(word.load(loom::sync::atomic::Ordering::Relaxed), pos)
+            };
+            let dead = |i: usize| self.dead & (1 << i) != 0;
+            (0..3).any(|i| dead(i) && names(i)) && !(0..3).any(|i| !dead(i) && names(i))
         }
     }
 
     /// What an endpoint of line `line` leaves when it dies right after winning `side`'s
-    /// next position: the CAS won and recorded, the cell untouched.
+    /// next position: the claim stored, the CAS won, the cell untouched.
     pub fn die_after_claim(storage: &Tracked, line: usize, role: Role) {
         use loom::sync::atomic::Ordering::Relaxed;
         let (counter, word) = match role {
@@ -392,50 +401,68 @@ mod tracked {
             Role::Consumer => (&storage.control().head, &storage.lines[line].pop),
         };
         let pos = counter.load(Relaxed);
-        counter.store(pos + 1, Relaxed);
         word.store(Claims::word(pos, 1), Relaxed);
+        counter.store(pos + 1, Relaxed);
+    }
+
+    /// What an endpoint of line `line` leaves when it dies right after naming the next `n`
+    /// positions of `side` in its line, before its CAS (or after losing it): a claim on
+    /// positions it never won.
+    pub fn die_before_winning(storage: &Tracked, line: usize, role: Role, n: u64) {
+        use loom::sync::atomic::Ordering::Relaxed;
+        let (counter, word) = match role {
+            Role::Producer => (&storage.control().tail, &storage.lines[line].push),
+            Role::Consumer => (&storage.control().head, &storage.lines[line].pop),
+        };
+        word.store(Claims::word(counter.load(Relaxed), n), Relaxed);
     }
 }
 
-/// A producer died right after winning position 0, before recording its claim (the window
-/// no claim line covers): nothing names the cell. A live producer pushes two elements
-/// behind it while a consumer polls and a repairer runs once: the unreserved won cell is
-/// skipped all the same, the consumer gets exactly the live producer's elements, in order,
-/// and the ring works on the next lap. (Before reservations, the cell stalled for good:
-/// the storm hang of issue 40, in a pool's free ring.)
-#[test]
-fn mpmc_unclaimed_dead_producer_cell_is_skipped() {
-    use gpuring::internal::Storage;
-    // Line 0's producer won position 0 and died before recording it.
-    dead_producer_cell_is_skipped(|ring| {
-        ring.control().tail.store(1, loom::sync::atomic::Ordering::Relaxed);
-    });
+/// Pops from `rx` until it has `n` elements, yielding while the ring is empty.
+fn pop_n<S: gpuring::internal::Storage<Cell = gpuring::internal::MpmcCell<u64>>>(
+    rx: &mpmc::Consumer<u64, S>,
+    n: usize,
+) -> Vec<u64> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match rx.try_pop() {
+            Ok(v) => got.push(v),
+            Err(TryPopError::Empty) => thread::yield_now(),
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    got
 }
 
-/// A repairer runs while a live producer pushes: it may find the producer's cell won and
-/// not yet reserved, and skip it. The producer then fails its reservation and pushes again
-/// at a later position: the consumer gets every element exactly once, in order, and the
-/// ring is whole after (a full lap). Fails if the producer writes a cell it did not reserve.
+/// A producer died after naming position 0 in its claim line and before winning it. A live
+/// producer then wins position 0 and pushes, while another endpoint runs a repair and then
+/// pops: the repair must leave the live producer's cell alone (its own line names it),
+/// and the element arrives once; the ring is whole after (a full lap). Fails if a repair
+/// acts on a dead claim alone, if the claim is stored after the winning CAS, or if the
+/// repair reads `tail` without Acquire (it may then miss the live claim): the skipped
+/// cell is freed, the live producer's publish lands on a freed cell, and the element is
+/// lost (the consumer waits for good).
 #[test]
-fn mpmc_repair_racing_a_live_producer_loses_nothing() {
-    use tracked::Tracked;
+fn mpmc_a_dead_producers_claim_never_repairs_a_live_producers_cell() {
+    use gpuring::Role;
+    use tracked::{Tracked, die_before_winning};
     builder(3).check(|| {
-        let ring = Tracked::new(2, 0);
+        let ring = Tracked::new(2, 0b001);
+        die_before_winning(&ring, 0, Role::Producer, 1);
         let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
         let producer = thread::spawn(move || {
             tx.try_push(1).unwrap();
             tx
         });
-        let repairer = {
-            let ring = ring.endpoint(0);
-            thread::spawn(move || {
-                repair(&ring);
-            })
-        };
+        let fix = ring.endpoint(2);
+        let repairer = thread::spawn(move || {
+            repair(&fix);
+            (pop_n(&rx, 1), rx)
+        });
         let tx = producer.join().unwrap();
-        repairer.join().unwrap();
-        assert_eq!(rx.try_pop(), Ok(1), "the element, once");
+        let (got, rx) = repairer.join().unwrap();
+        assert_eq!(got, [1], "the element, once");
         assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
         tx.try_push(2).unwrap();
         tx.try_push(3).unwrap();
@@ -444,19 +471,66 @@ fn mpmc_repair_racing_a_live_producer_loses_nothing() {
     });
 }
 
-/// An adopter runs while a live consumer pops: it may find the consumer's cell won and not
-/// yet reserved, and adopt it. The element then arrives exactly once (through the pop or
-/// the adoption, never both), and the cell is freed for the next lap. Fails if the
-/// consumer reads a cell it did not reserve.
+/// Two threads share one producer endpoint (clones: one claim line) and push one element
+/// each, while a dead producer's line names positions 0 and 1 (claimed, never won) and
+/// another endpoint repairs, then pops (a few tries: two threads spinning at once starve
+/// a third in loom's scheduler), and the rest is drained after. The clones take turns
+/// with their line, so it names each one's cell until that is written: nothing is
+/// skipped, both elements arrive once, and a full lap works after. Fails without the
+/// clones' lock (the second clone's claim overwrites the first's, the repair skips the
+/// first's cell while it is being written, the consumer frees it, and that element is
+/// lost).
 #[test]
-fn mpmc_adoption_racing_a_live_consumer_delivers_once() {
-    use tracked::Tracked;
+fn mpmc_clones_sharing_a_claim_line_are_never_repaired() {
+    use gpuring::Role;
+    use tracked::{Tracked, die_before_winning};
+    builder(2).check(|| {
+        let ring = Tracked::new(4, 0b001);
+        die_before_winning(&ring, 0, Role::Producer, 2);
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+        let clones: Vec<_> = (1..=2u64)
+            .map(|v| {
+                let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+                thread::spawn(move || tx.try_push(v).unwrap())
+            })
+            .collect();
+        let fix = ring.endpoint(2);
+        let repairer = thread::spawn(move || {
+            repair(&fix);
+            let got: Vec<u64> = (0..3).filter_map(|_| rx.try_pop().ok()).collect();
+            (got, rx)
+        });
+        for c in clones {
+            c.join().unwrap();
+        }
+        let (mut got, rx) = repairer.join().unwrap();
+        got.extend(std::iter::from_fn(|| rx.try_pop().ok()));
+        got.sort_unstable();
+        assert_eq!(got, [1, 2], "both elements, once each");
+        for v in 10..14 {
+            tx.try_push(v).unwrap(); // a full lap: every cell free again
+        }
+        assert_eq!((0..4).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(), [10, 11, 12, 13]);
+    });
+}
+
+/// A consumer died after naming position 0 in its claim line and before winning it. A live
+/// consumer then wins position 0 and pops while another consumer tries to adopt: the
+/// element arrives exactly once (the live consumer's line names its cell), and the cell is
+/// freed for the next lap. Fails if adoption acts on a dead claim alone or the claim is
+/// stored after the winning CAS (both get the element).
+#[test]
+fn mpmc_a_dead_consumers_claim_never_adopts_a_live_consumers_cell() {
+    use gpuring::Role;
+    use tracked::{Tracked, die_before_winning};
     builder(3).check(|| {
-        let ring = Tracked::new(2, 0);
+        let ring = Tracked::new(2, 0b001);
         let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
-        let adopter = mpmc::Consumer::<u64, _>::new(ring.endpoint(0)).unwrap();
+        let adopter = mpmc::Consumer::<u64, _>::new(ring.endpoint(1)).unwrap();
         tx.try_push(1).unwrap();
+        die_before_winning(&ring, 0, Role::Consumer, 1);
         let consumer = thread::spawn(move || (rx.try_pop().ok(), rx));
         let adopting = thread::spawn(move || (adopter.try_adopt_then(|v| v), adopter));
         let (popped, rx) = consumer.join().unwrap();
@@ -479,10 +553,9 @@ fn mpmc_dead_producer_claim_is_skipped() {
     dead_producer_cell_is_skipped(|ring| tracked::die_after_claim(ring, 0, Role::Producer));
 }
 
-/// The model of `mpmc_unclaimed_dead_producer_cell_is_skipped` and
-/// `mpmc_dead_producer_claim_is_skipped`: `die` leaves line 0's producer dead after winning position
-/// 0 of a ring of 4; a live producer pushes two elements behind it while a consumer polls
-/// and a repairer runs once.
+/// The model of `mpmc_dead_producer_claim_is_skipped`: `die` leaves line 0's producer dead
+/// after winning position 0 of a ring of 4; a live producer pushes two elements behind it
+/// while a consumer polls and a repairer runs once.
 fn dead_producer_cell_is_skipped(die: impl Fn(&tracked::Tracked) + Sync + Send + 'static) {
     use tracked::Tracked;
     builder(2).check(move || {

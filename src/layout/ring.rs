@@ -91,21 +91,24 @@ pub struct Participants {
     pub claims: [Claims; MAX_PARTICIPANTS],
 }
 
-/// The run of MPMC positions one endpoint last won, as a claim word ([`Claims::word`]), or
-/// 0 for none.
+/// The run of MPMC positions one endpoint last claimed, as a claim word ([`Claims::word`]),
+/// or 0 for none.
 ///
-/// An endpoint that wins the compare-and-swap of `tail` (`push`) or `head` (`pop`), for one
-/// position or a run of them (a slice), stores the run here at once, in one store, before
-/// touching the cells. A word names a position only if its endpoint won it, so a cell
-/// still unfinished at a position that a *dead* endpoint's word names was won by that
-/// endpoint, which will never finish it: the cell can be repaired (`ring::mpmc`, "Repair")
-/// with no risk of racing a live writer.
+/// An endpoint names the run it is about to win (one position, or a run of them for a
+/// slice) here, in one store, *before* its compare-and-swap of `tail` (`push`) or `head`
+/// (`pop`), rewriting it on every retry, and the clones of one endpoint take turns with
+/// the line until each has finished its cells (a process-local lock). So a live
+/// endpoint's line names every cell it has won and not finished, and an unfinished cell
+/// that a dead endpoint's word names while no live one's does was won by that dead
+/// endpoint, which will never finish it: it can be repaired (`ring::repair`) with no
+/// risk of racing a live writer. A dead word may name positions its holder never won
+/// (it lost the CAS, or died before it): the live winner's word names them too.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct Claims {
-    /// The run of `tail` positions last won.
+    /// The run of `tail` positions last claimed.
     pub push: AtomicU64,
-    /// The run of `head` positions last won.
+    /// The run of `head` positions last claimed.
     pub pop: AtomicU64,
 }
 
@@ -251,14 +254,9 @@ impl<T: bytemuck::Zeroable> Default for SpscCell<T> {
 /// `(p + 1) | STAMP_ADOPTED` means that the consumer that won `p` died before freeing it,
 /// and another consumer has taken over the element (it frees the cell when done).
 ///
-/// The winner of a position *reserves* its cell before touching it: a producer CASes `p`
-/// to `p | STAMP_WRITING` before writing, a consumer `p + 1` to `(p + 1) | STAMP_READING`
-/// before reading (a skipped cell keeps its flag). A won cell still unreserved is one whose
-/// winner has not got there (a few instructions) or died before recording its claim; a
-/// repairer may skip (producer side) or adopt (consumer side) it at any time, because a
-/// winner that was merely slow then fails its reservation and tries again, touching
-/// nothing. A reserved cell is repaired only when its winner's claim names it and the
-/// winner is dead.
+/// A won cell is finished only by its winner while that lives: a repair touches an
+/// unfinished cell only when a dead endpoint's claim names it and no live one's does (see
+/// [`Claims`]).
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct MpmcCell<T> {
@@ -284,15 +282,11 @@ pub const STAMP_SKIPPED: u64 = 1 << 63;
 /// The bit of an MPMC stamp that marks a cell being adopted: its consumer died before
 /// freeing it, and another consumer is taking its element (see [`MpmcCell`]).
 pub const STAMP_ADOPTED: u64 = 1 << 62;
-/// The bit of an MPMC stamp that marks a cell reserved by the producer that won it, which
-/// is writing it (see [`MpmcCell`]).
-pub const STAMP_WRITING: u64 = 1 << 61;
-/// The bit of an MPMC stamp that marks a cell reserved by the consumer that won it, which
-/// is reading it (see [`MpmcCell`]).
-pub const STAMP_READING: u64 = 1 << 60;
+/// Bits of an MPMC stamp that no cell carries: a stamp with one set is forged.
+pub const STAMP_UNUSED: u64 = 0b11 << 60;
 /// Every flag bit; positions stay below them (2^60 elements: centuries at any rate this
 /// ring reaches).
-pub const STAMP_FLAGS: u64 = STAMP_SKIPPED | STAMP_ADOPTED | STAMP_WRITING | STAMP_READING;
+pub const STAMP_FLAGS: u64 = STAMP_SKIPPED | STAMP_ADOPTED | STAMP_UNUSED;
 
 /// Byte offsets and size of a ring segment, derived from its parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,14 +36,16 @@
 use std::io;
 use std::time::Duration;
 
-use crate::layout::{Claims, Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER};
+use crate::layout::{Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER};
 use crate::wait::{Deadline, TimedOut, WaitPolicy, WaitWord, notify, wait_until};
 
+mod claims;
 #[cfg(not(loom))]
 pub(crate) mod keeper;
 #[cfg(not(loom))]
 mod participants;
 
+pub use claims::{ClaimLine, ClaimLock};
 #[cfg(not(loom))]
 pub use participants::Attachment;
 #[cfg(not(loom))]
@@ -257,15 +259,19 @@ pub trait Watch {
     fn damaged(&self) -> Option<Corrupted> {
         None
     }
-    /// This endpoint's claim line, where an MPMC endpoint records each run of positions it
-    /// wins. Read on every MPMC push and pop: keep it a field access.
+    /// This endpoint's claim line, where an MPMC endpoint names each run of positions it
+    /// is about to win, and the lock its clones share (see [`ClaimLine`]). Read on every
+    /// MPMC push and pop: keep it field accesses.
     #[inline(always)]
-    fn claims(&self) -> Option<&Claims> {
+    fn claims(&self) -> Option<ClaimLine<'_>> {
         None
     }
-    /// Whether an endpoint of `role` that recorded winning MPMC position `pos` in its claim
-    /// line is dead. Probes locks: slow paths only.
-    fn claimant_dead(&self, role: Role, pos: u64) -> bool {
+    /// Whether an unfinished MPMC cell at position `pos` on `role`'s side was left by an
+    /// endpoint that died: a dead endpoint's claim line names `pos` and no live one's does.
+    /// Callers read the side's position counter with Acquire first (so that a live
+    /// winner's claim, stored before its winning CAS, is seen). Probes locks: slow paths
+    /// only.
+    fn orphaned(&self, role: Role, pos: u64) -> bool {
         let _ = (role, pos);
         false
     }

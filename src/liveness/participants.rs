@@ -5,7 +5,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{AttachError, Gone, PeerCount, Role, Watch};
+use super::{AttachError, ClaimLine, ClaimLock, Gone, PeerCount, Role, Watch};
 use crate::layout::{
     Claims, Corrupted, MAX_PARTICIPANTS, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, ParticipantId,
     Participants, RingControl, RingHeader, entry_pid, entry_role, entry_serial, entry_value,
@@ -38,9 +38,9 @@ unsafe impl Send for ParticipantTable {}
 unsafe impl Sync for ParticipantTable {}
 
 /// What a registration must settle before it reuses a dead endpoint's entry: given the
-/// entry's claim line, returns `false` to leave the entry alone (its claims are still
-/// needed as evidence).
-pub(crate) type Settle<'a> = &'a dyn Fn(&Claims) -> bool;
+/// entry's claim line, and whether a live endpoint's line names a position of a side,
+/// returns `false` to leave the entry alone (its claims are still needed as evidence).
+pub(crate) type Settle<'a> = &'a dyn Fn(&Claims, &dyn Fn(Role, u64) -> bool) -> bool;
 
 impl ParticipantTable {
     /// The table at `offset` in `segment`, of the ring whose header is at `header`.
@@ -97,7 +97,9 @@ impl ParticipantTable {
                 let claims = &self.participants().claims[index];
                 // A dead endpoint's claims are the only evidence of cells it won and never
                 // finished: settle them before they are overwritten, or leave the entry.
-                if !settle(claims) {
+                let own_now = *own;
+                let live_names = |role, pos| self.names(role, pos, own_now).1;
+                if !settle(claims, &live_names) {
                     self.segment.unlock_byte(byte);
                     continue;
                 }
@@ -202,21 +204,35 @@ impl ParticipantTable {
             .unwrap_or(0)
     }
 
-    /// Whether a dead endpoint's claim line names MPMC position `pos` on `role`'s side: a
-    /// word names a position only after its endpoint won it, and the lock says whether that
-    /// endpoint is dead.
-    pub(crate) fn claimant_dead(&self, role: Role, pos: u64) -> bool {
-        let own = self.own();
-        let claims = &self.participants().claims;
-        (0..MAX_PARTICIPANTS).any(|i| {
+    /// Whether the claim lines of `role`'s side name position `pos`: (some dead endpoint's
+    /// does, some live one's does). An entry whose probe fails counts as live (leaving a
+    /// cell alone is the safe answer). Callers read the position counter with Acquire
+    /// first: a live winner stores its claim before its winning CAS, so its line then names
+    /// the cell until it has finished it (see `ClaimLine`).
+    fn names(&self, role: Role, pos: u64, own: u64) -> (bool, bool) {
+        let (mut dead, mut live) = (false, false);
+        for (i, line) in self.participants().claims.iter().enumerate() {
             let word = match role {
-                Role::Producer => &claims[i].push,
-                Role::Consumer => &claims[i].pop,
+                Role::Producer => &line.push,
+                Role::Consumer => &line.pop,
             };
-            // Relaxed: see above; the probe that follows reads the lock.
-            Claims::names(word.load(Ordering::Relaxed), pos)
-                && matches!(self.probe(i, own), Ok(Some((_, false))))
-        })
+            // Relaxed: ordered after the caller's Acquire load of the position counter
+            // (see above); the probe that follows reads the lock.
+            if Claims::names(word.load(Ordering::Relaxed), pos) {
+                match self.probe(i, own) {
+                    Ok(Some((_, false))) => dead = true,
+                    Ok(None) => {}
+                    _ => live = true,
+                }
+            }
+        }
+        (dead, live)
+    }
+
+    /// Whether an unfinished cell at MPMC position `pos` on `role`'s side is a dead
+    /// endpoint's: a dead endpoint's line names it and no live one's does (see `names`).
+    pub(crate) fn orphaned(&self, role: Role, pos: u64) -> bool {
+        matches!(self.names(role, pos, self.own()), (true, false))
     }
 }
 
@@ -285,6 +301,8 @@ pub struct Attachment {
     ring: RingParts,
     /// The entry's claim line, inside the mapping (read on every MPMC push and pop).
     claims: NonNull<Claims>,
+    /// Makes the clones of this endpoint take turns with its claim line.
+    claim_lock: ClaimLock,
     /// `None` only inside `drop`, which gives the entry back before the count.
     participant: Option<Participant>,
     /// Keeps the mapping while `drop` runs after the entry is given back.
@@ -321,6 +339,7 @@ impl Attachment {
             how,
             ring,
             claims,
+            claim_lock: ClaimLock::new(),
             participant: Some(participant),
             table: table.clone(),
             holds_role: false,
@@ -450,13 +469,14 @@ impl Watch for Attachment {
         })
     }
     #[inline(always)]
-    fn claims(&self) -> Option<&Claims> {
+    fn claims(&self) -> Option<ClaimLine<'_>> {
         // SAFETY: the entry's claim line, inside the mapping the table keeps alive; atomics
         // only.
-        Some(unsafe { self.claims.as_ref() })
+        let line = unsafe { self.claims.as_ref() };
+        Some(ClaimLine { line, lock: &self.claim_lock })
     }
-    fn claimant_dead(&self, role: Role, pos: u64) -> bool {
-        self.table.claimant_dead(role, pos)
+    fn orphaned(&self, role: Role, pos: u64) -> bool {
+        self.table.orphaned(role, pos)
     }
     fn id(&self) -> Option<ParticipantId> {
         self.participant.as_ref().map(|p| p.id)

@@ -19,23 +19,21 @@
 //! [`Corrupted`]; so is a position at or above 2^62 (the stamps' flag bits).
 //!
 //! An endpoint that wins a cell and dies before stamping it would stall the ring there for
-//! ever. Each endpoint records every run it wins in its `Claims` line, right after the
-//! winning CAS and before touching the cells, so that a blocked endpoint can tell such
-//! cells and repair them at its liveness ticks: `repair.rs`.
+//! ever. Each endpoint names every run it is about to win in its `Claims` line, before its
+//! CAS, and keeps its line's lock until the run is finished, so that a blocked endpoint
+//! can tell such cells and repair them at its liveness ticks: `repair.rs`.
 
 use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use super::repair::{repair, skip_unreserved};
+use super::repair::repair;
 use super::{
     Hint, Hints, PopTimeoutError, PushTimeoutError, Storage, TryPopError, TryPushError, cache_hint,
     cell_at, peers_gone, peers_left, wait_for,
 };
-use crate::layout::{
-    Corrupted, MpmcCell, STAMP_FLAGS, STAMP_READING, STAMP_SKIPPED, STAMP_WRITING,
-};
-use crate::liveness::{Blocked, Role, Tick};
+use crate::layout::{Corrupted, MpmcCell, STAMP_FLAGS};
+use crate::liveness::{Blocked, Role, Tick, Watch};
 use crate::sync::Ordering;
 use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
 
@@ -159,68 +157,37 @@ pub(super) fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     if want == 0 {
         return Ok(0);
     }
-    loop {
-        let Some(Claimed { first, n, .. }) = claim_run(storage, capacity, want, Turn::Write)?
-        else {
-            return Ok(0);
-        };
-        crate::fault::point("push_after_claim");
-        if hints.prefetch {
-            // All of the run's lines at once (see `spsc`'s push).
-            for i in 0..n {
-                cache_hint(cell_at(storage, capacity, first.wrapping_add(i)), Hint::Write);
-            }
-        }
-        let mut written = 0;
-        for (i, value) in (0..n).zip(values) {
-            let pos = first.wrapping_add(i);
-            let cell = cell_at(storage, capacity, pos);
-            // The reservation: from here no repairer skips the cell while this producer
-            // lives (a repairer's skip and this are RMWs of one word: one of them fails).
-            // Release on success: pairs with the Acquire stamp load in `ready_run` of a
-            // producer that finds the cell reserved and concludes that `tail` has moved
-            // past it (it has: our winning CAS precedes this). The value is published by
-            // the Release store below.
-            let reserved = cell
-                .stamp
-                .compare_exchange(pos, pos | STAMP_WRITING, Ordering::Release, Ordering::Relaxed)
-                .is_ok();
-            if !reserved {
-                break;
-            }
-            // SAFETY: winning the CAS over the run with stamp == pos for each of its cells,
-            // then reserving this one, makes this producer its only writer until it stores
-            // the next stamp; no consumer reads it before that store.
-            cell.value.with_mut(|p| unsafe { p.write(*value) });
-            crate::fault::point("push_before_publish");
-            // Release: pairs with the consumer's Acquire stamp load in `ready_run`.
-            cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
-            if hints.demote {
-                // Toward the shared cache, where any consumer reads it.
-                cache_hint(cell, Hint::Demote);
-            }
-            written += 1;
-        }
-        if written == n {
-            return Ok(n as usize);
-        }
-        // A repairer skipped a cell of the run before this producer reserved it (it had won
-        // it at least a liveness tick before: descheduled, or stopped in a debugger). The
-        // rest of the run is skipped too, so that no cell of it stalls; what was written
-        // stands, and the unwritten values are pushed again (a later position: this
-        // producer's order is kept, nothing of it having been published after them).
-        let mut skipped = false;
-        for i in written..n {
-            let pos = first.wrapping_add(i);
-            skipped |= skip_unreserved(&cell_at(storage, capacity, pos).stamp, pos);
-        }
-        if skipped {
-            notify(&storage.control().not_empty);
-        }
-        if written > 0 {
-            return Ok(written as usize);
+    let line = storage.watch().claims();
+    // Held until the run's last stamp: while it lives, this endpoint's line names the run.
+    let _turn = line.map(|l| l.lock.lock());
+    let Some(Claimed { first, n, .. }) = claim_run(storage, capacity, want, Turn::Write, line)?
+    else {
+        return Ok(0);
+    };
+    crate::fault::point("push_after_claim");
+    if hints.prefetch {
+        // All of the run's lines at once (see `spsc`'s push).
+        for i in 0..n {
+            cache_hint(cell_at(storage, capacity, first.wrapping_add(i)), Hint::Write);
         }
     }
+    for (i, value) in (0..n).zip(values) {
+        let pos = first.wrapping_add(i);
+        let cell = cell_at(storage, capacity, pos);
+        // SAFETY: winning the CAS over the run with stamp == pos for each of its cells makes
+        // this producer its only writer until it stores the next stamp: no consumer reads
+        // it before that store, and no repairer touches it while this producer lives (its
+        // claim line names it: see `ClaimLine`).
+        cell.value.with_mut(|p| unsafe { p.write(*value) });
+        crate::fault::point("push_before_publish");
+        // Release: pairs with the consumer's Acquire stamp load in `ready_run`.
+        cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
+        if hints.demote {
+            // Toward the shared cache, where any consumer reads it.
+            cache_hint(cell, Hint::Demote);
+        }
+    }
+    Ok(n as usize)
 }
 
 /// Pops the run of up to `want` (≥ 1, ≤ [`MAX_RUN`]) published cells at `head` with one
@@ -237,8 +204,13 @@ pub(super) fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     mut each: impl FnMut(T),
 ) -> Result<Option<usize>, Corrupted> {
     let control = storage.control();
+    let line = storage.watch().claims();
     loop {
-        let Some(Claimed { first, n, skipped }) = claim_run(storage, capacity, want, Turn::Read)?
+        // Held until the run's cells are freed: while it lives, this endpoint's line names
+        // them, so no adopter takes them.
+        let turn = line.map(|l| l.lock.lock());
+        let Some(Claimed { first, n, skipped }) =
+            claim_run(storage, capacity, want, Turn::Read, line)?
         else {
             return Ok(None);
         };
@@ -249,38 +221,23 @@ pub(super) fn try_pop_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             cells.clone().for_each(|(_, cell)| cache_hint(cell, Hint::Read));
         }
         let mut seen = 0;
-        let mut taken = 0;
-        for (i, (pos, cell)) in cells.clone().enumerate() {
-            let flag = if skipped >> i & 1 != 0 { STAMP_SKIPPED } else { 0 };
-            let ready = pos.wrapping_add(1) | flag;
-            // The reservation: from here no adopter takes the cell while this consumer
-            // lives. AcqRel on success: Acquire pairs with the producer's Release publish
-            // (the element read below); Release with the Acquire stamp load in `ready_run`
-            // of a consumer that finds the cell reserved and concludes that `head` has
-            // moved past it.
-            let reserved = cell
-                .stamp
-                .compare_exchange(ready, ready | STAMP_READING, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok();
-            if !reserved {
-                // An adopter took it (this consumer had won it at least a liveness tick
-                // before); the rest of the run is left to adopters too.
-                break;
-            }
-            taken += 1;
-            if flag != 0 {
+        for (i, (_, cell)) in cells.clone().enumerate() {
+            if skipped >> i & 1 != 0 {
                 continue; // its producer died before writing it: nothing to pass on
             }
-            // SAFETY: winning the CAS over the run with stamp == pos + 1 for each cell, then
-            // reserving this one, makes this consumer its only reader, and no producer
-            // writes it before the free below. `T: Pod`: any bytes form a valid `T`.
+            // SAFETY: winning the CAS over the run with stamp == pos + 1 for each cell (read
+            // with Acquire: the producer's write is visible) makes this consumer its only
+            // reader: no producer writes it before the free below, and no adopter takes it
+            // while this consumer lives (its claim line names it: see `ClaimLine`).
+            // `T: Pod`: any bytes form a valid `T`.
             each(cell.value.with(|p| unsafe { p.read() }));
             seen += 1;
         }
-        for (pos, cell) in cells.take(taken) {
+        for (pos, cell) in cells {
             // Release: pairs with the producer's Acquire stamp load in `ready_run`.
             cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
         }
+        drop(turn);
         if seen > 0 {
             return Ok(Some(seen));
         }

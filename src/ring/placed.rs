@@ -14,8 +14,8 @@ use bytemuck::Pod;
 
 use super::{Storage, mpmc, spsc};
 use crate::layout::{
-    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, RingView, STAMP_READING,
-    STAMP_SKIPPED, SpscCell,
+    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, RingView, STAMP_SKIPPED,
+    SpscCell,
 };
 use crate::liveness::{AttachAs, AttachError, Attachment, ParticipantTable, RingParts, Role};
 use crate::shm::Segment;
@@ -205,32 +205,37 @@ impl RingSegment {
     /// Settles the claims of a participant entry whose lock a registering endpoint has just
     /// taken (so its previous holder, if any, is dead), before the entry is reused: a cell
     /// it won as a producer and left unwritten is skipped. Returns `false`, leaving the
-    /// claims alone, when it won a cell as a consumer and never freed it: that element
-    /// waits for a consumer to adopt it (which needs this evidence), so the entry is not
-    /// reused yet.
-    fn settle(&self, claims: &Claims) -> bool {
+    /// claims alone, when its pop claim names a cell won and not yet freed: either it won
+    /// that cell and died (the element waits for a consumer to adopt it, which needs this
+    /// evidence) or a live consumer won it and is finishing it; the entry is not reused
+    /// yet. A position that `live_names` (a live endpoint's line names it) is left alone:
+    /// the dead word may name a position it never won (see `ClaimLine`).
+    fn settle(&self, claims: &Claims, live_names: &dyn Fn(Role, u64) -> bool) -> bool {
         if !self.stamped {
             return true;
         }
-        // Relaxed: the previous holder is dead; the stamp CASes decide.
-        let (push, pop) = (claims.push.load(Ordering::Relaxed), claims.pop.load(Ordering::Relaxed));
         let capacity = self.layout.capacity as u64;
         let control = self.control();
-        // Relaxed: bounds for a forged word; the CASes decide.
+        // Acquire: pairs with the Release CASes of the winners that moved the counters, so
+        // a live winner's claim (stored before its CAS) is seen by `live_names`.
         let (tail, head) =
-            (control.tail.load(Ordering::Relaxed), control.head.load(Ordering::Relaxed));
-        // A word names positions its holder won: below tail (push) or head (pop), within a
-        // lap. Anything else is stale or forged and ignored.
+            (control.tail.load(Ordering::Acquire), control.head.load(Ordering::Acquire));
+        // Relaxed: the previous holder is dead; the stamp CASes decide.
+        let (push, pop) = (claims.push.load(Ordering::Relaxed), claims.pop.load(Ordering::Relaxed));
+        // A word names positions below tail (push) or head (pop) within a lap that its
+        // holder won or was about to; anything else is stale or forged and ignored.
         for pos in Claims::positions(pop, head, capacity) {
             // Relaxed: a snapshot; an adopter's CAS changes it, never back.
             let stamp = self.stamp(pos).load(Ordering::Relaxed) & !STAMP_SKIPPED;
-            if stamp & !STAMP_READING == pos.wrapping_add(1) {
+            if stamp == pos.wrapping_add(1) {
                 return false;
             }
         }
         let mut skipped = false;
         for pos in Claims::positions(push, tail, capacity) {
-            skipped |= super::repair::skip_unwritten(self.stamp(pos), pos);
+            if !live_names(Role::Producer, pos) {
+                skipped |= super::repair::skip_unwritten(self.stamp(pos), pos);
+            }
         }
         if skipped {
             crate::wait::notify(&control.not_empty);
@@ -248,7 +253,7 @@ impl RingSegment {
     ) -> Result<Attachment, AttachError> {
         let ring = RingParts { header: NonNull::from(self.header()), control: self.control };
         let how = AttachAs { role, spsc, counted };
-        Attachment::take(&self.table, how, ring, &|claims| self.settle(claims))
+        Attachment::take(&self.table, how, ring, &|claims, live| self.settle(claims, live))
     }
 
     /// The SPSC producer end, claiming the producer role.

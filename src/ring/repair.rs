@@ -2,45 +2,37 @@
 //!
 //! An endpoint that wins a cell and dies before stamping it would stall the ring there for
 //! ever: a producer's unwritten cell looks empty to every consumer, a consumer's unfreed
-//! cell looks full to every producer a lap later. Two things let others finish such cells:
-//!
-//! - **Reservations.** The winner of a position reserves its cell before touching it (see
-//!   [`MpmcCell`]: `p | STAMP_WRITING`, `(p + 1) | STAMP_READING`). A won cell that is not
-//!   reserved has not been touched, so anyone may take it away: a winner that was merely
-//!   slow fails its reservation and tries again (a producer pushes at a later position, a
-//!   consumer leaves the cell to the one that took it). This covers the winner that dies
-//!   between its winning compare-and-swap and its claim store, which no claim can name.
-//! - **Claims.** Storage that tracks its endpoints (rings in shared memory) gives each a
-//!   [`Claims`] line, where it records every run of positions it wins, right after winning
-//!   and before reserving any cell. A reserved cell is finished by another endpoint only
-//!   when a dead endpoint's claim names it.
+//! cell looks full to every producer a lap later. Storage that tracks its endpoints (rings
+//! in shared memory) gives each a claim line ([`ClaimLine`](crate::liveness::ClaimLine)),
+//! where it names every run of positions it is about to win, before its compare-and-swap,
+//! and keeps that line (its clones take turns with it) until the run is finished. So an
+//! unfinished cell that a dead endpoint's line names and no live one's does
+//! ([`Watch::orphaned`]) will never be finished by its winner.
 //!
 //! Every liveness tick, a blocked endpoint:
-//! - stamps a producer's unwritten cell *skipped*, `(p + 1) | STAMP_SKIPPED` ([`repair`];
-//!   producers and consumers both do): unreserved, or reserved by a dead claimant.
-//!   Consumers pass it, freeing it, without returning anything (nothing was published
-//!   there, so nothing published is lost, and every producer's order is unchanged);
-//! - adopts a consumer's unfreed cell (consumers only), unreserved or reserved by a dead
-//!   claimant: `| STAMP_ADOPTED`, read the element, run the consumer's work on it, free the
-//!   cell. Consumers run their work before freeing a cell (`Consumer::pop_then_until`), so
-//!   a dead one never returned the element, and it arrives exactly once, later than the
-//!   elements behind it. A consumer's blocking wait, which adopts at its ticks, is written
-//!   here (`Consumer::pop_then_ticking`).
+//! - stamps such a producer's unwritten cell *skipped*, `(p + 1) | STAMP_SKIPPED`
+//!   ([`repair`]; producers and consumers both do). Consumers pass it, freeing it,
+//!   without returning anything (nothing was published there, so nothing published is
+//!   lost, and every producer's order is unchanged);
+//! - adopts such a consumer's unfreed cell (consumers only): `| STAMP_ADOPTED`, read the
+//!   element, run the consumer's work on it, free the cell. Consumers run their work
+//!   before freeing a cell (`Consumer::pop_then_until`), so a dead one never returned the
+//!   element, and it arrives exactly once, later than the elements behind it. A consumer's
+//!   blocking wait, which adopts at its ticks, is written here
+//!   (`Consumer::pop_then_ticking`).
 //!
 //! Each is a compare-and-swap from the exact stalled stamp, so it can only ever replace a
-//! stamp that the winner would have written or reserved. What is not covered: two threads
-//! sharing one endpoint (a clone of a handle) whose process dies with both holding reserved
-//! cells (the later claim overwrote the earlier); a consumer that dies while adopting.
-//! Those cells stay stalled.
+//! stamp that the winner would have written (stamps only grow: a finished cell never
+//! shows the stalled stamp again). The position counter is read with Acquire before the
+//! lines: it pairs with the winners' Release CASes, so the claim a live winner stored
+//! before its CAS is seen. What is not covered: a consumer that dies while adopting
+//! (the cell stays stalled).
 
 use bytemuck::Pod;
 
 use super::mpmc::{Consumer, Producer, try_pop_in};
 use super::{PopTimeoutError, Storage, cell_at, wait_for};
-use crate::layout::{
-    Claims, Corrupted, MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_READING,
-    STAMP_SKIPPED, STAMP_WRITING,
-};
+use crate::layout::{Corrupted, MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
 use crate::liveness::{Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering};
 use crate::wait::{Deadline, notify};
@@ -62,12 +54,14 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     mut each: impl FnMut(T),
 ) -> usize {
     let control = storage.control();
-    // Relaxed: a window to look at; the stamp CAS decides. The two loads are not one
+    // Relaxed for `tail`: a bound for the window. Acquire for `head`: pairs with the
+    // Release CASes of the consumers that moved it, so the claim a live winner of a cell
+    // below it stored before its CAS is seen by `orphaned`. The two loads are not one
     // snapshot: while others push and pop, the window can look impossible (head moved on
     // between the loads). That is no evidence of corruption (the operations themselves
     // check the positions), so this only gives up until the next tick.
     let tail = control.tail.load(Ordering::Relaxed);
-    let head = control.head.load(Ordering::Relaxed);
+    let head = control.head.load(Ordering::Acquire);
     if tail.wrapping_sub(head) > capacity || (tail | head) & STAMP_FLAGS != 0 {
         return 0;
     }
@@ -80,18 +74,11 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         let cell = cell_at(storage, capacity, pos);
         // Relaxed: a candidate; the CAS below decides.
         let raw = cell.stamp.load(Ordering::Relaxed);
-        let won = pos.wrapping_add(1);
-        // Below `head`, so won by a consumer: unreserved (its winner has not got to it, or
-        // died before recording its claim: a live one fails its reservation and tries
-        // again), or reserved by a winner that is dead.
-        let orphaned = match raw & !STAMP_SKIPPED {
-            stamp if stamp == won => true,
-            stamp if stamp == won | STAMP_READING => {
-                storage.watch().claimant_dead(Role::Consumer, pos)
-            }
-            _ => false,
-        };
-        if !orphaned {
+        // Below `head`, so won by a consumer, and not yet freed: its winner's, unless that
+        // is dead.
+        if raw & !STAMP_SKIPPED != pos.wrapping_add(1)
+            || !storage.watch().orphaned(Role::Consumer, pos)
+        {
             continue;
         }
         // Acquire on success: pairs with the producer's Release stamp store (the element's
@@ -103,10 +90,6 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             .is_err()
         {
             continue;
-        }
-        if let Some(claims) = storage.watch().claims() {
-            // Relaxed: as in `claim_run`.
-            claims.pop.store(Claims::word(pos, 1), Ordering::Relaxed);
         }
         if raw & STAMP_SKIPPED == 0 {
             // SAFETY: the CAS made this consumer the cell's only user: its winner is dead,
@@ -122,11 +105,10 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     seen
 }
 
-/// Stamps the cell of position `pos` skipped if it still holds `stamp == pos`: won (the
-/// caller knows `pos` is below `tail`) and not reserved by its producer, which then fails
-/// its reservation and pushes again, having written nothing. Any endpoint may do it.
-/// Returns whether it did.
-pub(crate) fn skip_unreserved(stamp: &AtomicU64, pos: u64) -> bool {
+/// Stamps the cell of position `pos` skipped if its producer never published it (stamp
+/// `pos`). Call only once that producer is known dead (see the module docs). Returns
+/// whether it did.
+pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
     // Release on success: pairs with the consumer's Acquire stamp load in `ready_run`
     // (nothing is published with it; the consumer only learns the cell is passable).
     stamp
@@ -139,33 +121,19 @@ pub(crate) fn skip_unreserved(stamp: &AtomicU64, pos: u64) -> bool {
         .is_ok()
 }
 
-/// Stamps the cell of position `pos` skipped if its producer never published it, reserved
-/// (`pos | STAMP_WRITING`) or not (`pos`). Call only once that producer is known dead (see
-/// "Repair" above). Returns whether it did.
-pub(crate) fn skip_unwritten(stamp: &AtomicU64, pos: u64) -> bool {
-    // Release on success: as in `skip_unreserved`.
-    skip_unreserved(stamp, pos)
-        || stamp
-            .compare_exchange(
-                pos | STAMP_WRITING,
-                pos.wrapping_add(1) | STAMP_SKIPPED,
-                Ordering::Release,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-}
-
 /// Skips the cells that stall an MPMC ring because the producer that won them died before
 /// writing them (see the module docs): among the first `REPAIR_SCAN` (64) positions from
-/// `head`, each still stamped unwritten whose winner the storage's
-/// [`Watch::claimant_dead`] says is dead. Wakes consumers if it skipped any; returns how
+/// `head`, each still stamped unwritten that the storage's [`Watch::orphaned`] says a
+/// dead endpoint won. Wakes consumers if it skipped any; returns how
 /// many. Not for the fast path: it reads up to 64 stamps and may probe locks. Blocked
 /// endpoints run it every liveness tick.
 pub fn repair<T: Pod, S: Storage<Cell = MpmcCell<T>>>(storage: &S) -> u32 {
     let control = storage.control();
     let capacity = storage.cells().len() as u64;
-    // Relaxed: a window to look at; every repair is a CAS on a stamp, which decides.
-    let tail = control.tail.load(Ordering::Relaxed);
+    // Acquire for `tail`: pairs with the Release CASes of the producers that moved it, so
+    // the claim a live winner of a cell below it stored before its CAS is seen by
+    // `orphaned`. Relaxed for `head`: a bound; every repair is a CAS on a stamp.
+    let tail = control.tail.load(Ordering::Acquire);
     let head = control.head.load(Ordering::Relaxed);
     let queued = tail.wrapping_sub(head);
     if queued > capacity || (tail | head) & STAMP_FLAGS != 0 {
@@ -174,17 +142,14 @@ pub fn repair<T: Pod, S: Storage<Cell = MpmcCell<T>>>(storage: &S) -> u32 {
         return 0;
     }
     let mut skipped = 0;
-    // Positions won by producers (below `tail`) and not yet written: stamp == pos, not
-    // reserved (any winner: a live one fails its reservation and pushes again), or
-    // `pos | STAMP_WRITING` by a winner that is dead.
+    // Positions won by producers (below `tail`) and not yet written (stamp == pos), by a
+    // winner that is dead.
     for pos in (0..queued.min(REPAIR_SCAN)).map(|i| head.wrapping_add(i)) {
         let stamp = &cell_at(storage, capacity, pos).stamp;
-        // Relaxed: a candidate; the CASes decide.
-        let raw = stamp.load(Ordering::Relaxed);
-        let stalled = (raw == pos && skip_unreserved(stamp, pos))
-            || (raw == pos | STAMP_WRITING
-                && storage.watch().claimant_dead(Role::Producer, pos)
-                && skip_unwritten(stamp, pos));
+        // Relaxed: a candidate; the CAS decides.
+        let stalled = stamp.load(Ordering::Relaxed) == pos
+            && storage.watch().orphaned(Role::Producer, pos)
+            && skip_unwritten(stamp, pos);
         skipped += u32::from(stalled);
     }
     if skipped > 0 {

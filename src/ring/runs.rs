@@ -6,10 +6,10 @@ use bytemuck::Pod;
 use super::repair::REPAIR_SCAN;
 use super::{Storage, cell_at};
 use crate::layout::{
-    Claims, Corrupted, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_READING,
-    STAMP_SKIPPED, STAMP_WRITING,
+    Claims, Corrupted, MAX_CLAIM_RUN, MpmcCell, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED,
+    STAMP_UNUSED,
 };
-use crate::liveness::Watch;
+use crate::liveness::ClaimLine;
 use crate::sync::{AtomicU64, Ordering, spin_hint};
 
 /// The longest run of cells one push or pop claims with one compare-and-swap (a slice
@@ -64,23 +64,23 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     want: u64,
     turn: Turn,
 ) -> Result<Run, Corrupted> {
-    // `taken`: the flags of a cell at this side's position that its winner has reserved
-    // (or, for consumers, an adopter has taken): the counter has moved past it. `bad`:
-    // flags no cell at this side's position can carry.
+    // `taken`: the flags of a cell at this side's position that an adopter has taken
+    // (consumers): the counter has moved past it. `bad`: flags no cell at this side's
+    // position can carry.
     let (offset, taken, bad, flagged, behind, ahead) = match turn {
         Turn::Write => (
             0,
-            STAMP_WRITING,
-            STAMP_FLAGS & !STAMP_WRITING,
+            0,
+            STAMP_FLAGS,
             "flagged stamp on a cell free for a producer",
             "cell stamp more than one lap behind tail",
             "cell stamp ahead of tail",
         ),
         Turn::Read => (
             1,
-            STAMP_READING | STAMP_ADOPTED,
-            STAMP_WRITING,
-            "adopted or reserved stamp on a cell not yet taken",
+            STAMP_ADOPTED,
+            STAMP_UNUSED,
+            "adopted stamp on a cell not yet taken",
             "cell stamp more than one lap behind head",
             "cell stamp ahead of head",
         ),
@@ -115,7 +115,7 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             // The run ends here (not yet ready, or already taken: the CAS will tell).
             break;
         } else if lag == 0 {
-            return moved(flagged); // reserved by its winner
+            return moved(flagged); // taken by an adopter
         } else if lag < 0 {
             // Producers: the cell still holds the previous lap's element (stamp p - capacity
             // + 1), or that lap's producer has won it and not yet written it (p - capacity).
@@ -130,14 +130,16 @@ fn ready_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
 }
 
 /// Claims a run of up to `want` (≥ 1) cells ready for `turn` from the side's position
-/// counter, records it in the endpoint's claim line, and returns it; `None` when the first
-/// cell is not ready (full / empty).
+/// counter and returns it; `None` when the first cell is not ready (full / empty). With a
+/// claim `line` (whose lock the caller holds until it has finished the run's cells), names
+/// the run there before each compare-and-swap.
 #[inline(always)]
 pub(super) fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     storage: &S,
     capacity: u64,
     want: u64,
     turn: Turn,
+    line: Option<ClaimLine<'_>>,
 ) -> Result<Option<Claimed>, Corrupted> {
     let control = storage.control();
     let counter = match turn {
@@ -159,13 +161,24 @@ pub(super) fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                 continue;
             }
         };
+        if let Some(line) = line {
+            let word = match turn {
+                Turn::Write => &line.line.push,
+                Turn::Read => &line.line.pop,
+            };
+            // The claim, before the CAS (rewritten on every retry): if this endpoint wins,
+            // its line names the run from the moment the counter passes it. Relaxed: the
+            // Release CAS below orders it for whoever reads the new position with Acquire
+            // (a repairer: `Watch::orphaned`).
+            word.store(Claims::word(pos, n), Ordering::Relaxed);
+        }
         // Ownership of the cells is handed over by their stamps, not by the counter. A
         // cell of the run cannot change under us before the CAS: only the winner of its
         // position (which moves the counter past it, failing our CAS) or a repair of a cell
         // of an earlier, dead winner (never a ready one) touches it. Release on success,
         // Acquire on failure: pairs with the counter loads above and in `ready_run` (the
         // stamps this endpoint read before winning are visible to whoever reads the new
-        // position).
+        // position), and with the repairers' Acquire counter loads (our claim is visible).
         match counter.compare_exchange_weak(
             pos,
             pos.wrapping_add(n),
@@ -177,15 +190,6 @@ pub(super) fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
                     Turn::Write => "push_won",
                     Turn::Read => "pop_won",
                 });
-                if let Some(claims) = storage.watch().claims() {
-                    let line = match turn {
-                        Turn::Write => &claims.push,
-                        Turn::Read => &claims.pop,
-                    };
-                    // Relaxed: read only by a repairer after this process died (its
-                    // liveness lock gone); nothing is published through it.
-                    line.store(Claims::word(pos, n), Ordering::Relaxed);
-                }
                 return Ok(Some(Claimed { first: pos, n, skipped }));
             }
             Err(current) => pos = current,
