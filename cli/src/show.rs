@@ -72,6 +72,17 @@ fn print_inspection(i: Inspection) {
             );
         }
     }
+    if let Some(d) = i.delivery {
+        say!(
+            "delivery  {}{}",
+            match d.redeliver {
+                Some(true) => "a message whose receiver dies holding it goes to another receiver",
+                Some(false) => "a message whose receiver dies holding it is dropped",
+                None => "corrupt (neither redelivery nor not): the channel refuses to open",
+            },
+            if d.orphans_hinted { "; some are waiting for the next receive" } else { "" }
+        );
+    }
     #[cfg(feature = "cuda")]
     if i.pools.iter().any(|p| p.memory == SlotMemory::Cuda) && crate::demo::gpu_present() {
         for line in crate::gpu_demo::machine_lines() {

@@ -103,6 +103,7 @@ fn inspect_shows_capacity_depth_and_pools() {
     assert!(stdout.contains("capacity 64"), "{stdout}");
     assert!(stdout.contains("depth 3"), "{stdout}");
     assert!(stdout.contains(&format!("pid {} (alive)", std::process::id())), "{stdout}");
+    assert!(stdout.contains("dies holding it goes to another receiver"), "{stdout}");
     // The pool row: host slots (no ready signal), 4 slots, 1 free, 3 in flight.
     let cells = pool_cells(&stdout, tx.pool_name());
     assert_eq!(&cells[3..11], ["host", "-", "4", "256 B", "1", "0", "3", "0"], "{cells:?}");
@@ -125,6 +126,17 @@ fn inspect_shows_capacity_depth_and_pools() {
     let rx = ch.receiver().unwrap();
     drop(rx.recv().unwrap()); // a slot goes back: the waiting sender takes it
     waiter.join().unwrap();
+}
+
+#[test]
+fn inspect_says_what_becomes_of_a_dead_receivers_messages() {
+    let name = unique_name("cli-delivery");
+    let _ch = Channel::builder(&name).redeliver(false).mpmc().create().unwrap();
+    let (stdout, stderr) = text(&gpuring(&["inspect", &name]));
+    assert!(
+        stdout.contains("delivery  a message whose receiver dies holding it is dropped"),
+        "{stdout}{stderr}"
+    );
 }
 
 /// The cells of `inspect`'s table row for pool segment `pool` (its name starts with '/').

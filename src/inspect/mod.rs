@@ -20,7 +20,8 @@ use crate::liveness::{ProcessState, process_state};
 use crate::shm::{Removal, Segment, ShmError};
 use crate::sync::Ordering;
 pub use report::{
-    Inspection, Participant, PoolReport, ReadySignal, RingState, SlotCounts, SlotMemory, inspect,
+    Delivery, Inspection, Participant, PoolReport, ReadySignal, RingState, SlotCounts, SlotMemory,
+    inspect,
 };
 
 /// Whether process `pid` runs, as far as the process table tells (`None` when it cannot:

@@ -158,6 +158,20 @@ pub struct Inspection {
     pub moving: bool,
     /// The pools (channels: one per table row in use; a pool segment: itself).
     pub pools: Vec<PoolReport>,
+    /// Channels: what becomes of a message whose receiver dies holding it.
+    pub delivery: Option<Delivery>,
+}
+
+/// A channel's delivery guarantee, as its header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// `Some(true)`: such a message is delivered again to another receiver (marked);
+    /// `Some(false)`: it is dropped and its slot taken back; `None`: the header holds
+    /// neither (corrupt: the channel refuses to open).
+    pub redeliver: Option<bool>,
+    /// A sender found messages whose receiver died holding them, and no receiver has
+    /// looked for them since (they go at the next receive).
+    pub orphans_hinted: bool,
 }
 
 /// Opens segment `name` read-only in spirit (nothing is claimed or changed) and reports it.
@@ -181,6 +195,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
         ring: None,
         moving: false,
         pools: Vec::new(),
+        delivery: None,
     };
     // The channel's layout, read once: its table size is shared memory, and a second read
     // could disagree with the first.
@@ -203,6 +218,15 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
             let layout = channel.expect("a channel without a layout returned above");
             let table = ChannelView::with_layout(&seg, layout);
             let table = table.ok_or_else(|| corrupted("channel pool table beyond the segment"))?;
+            // Relaxed: a snapshot.
+            report.delivery = Some(Delivery {
+                redeliver: match table.header.redeliver.load(Ordering::Relaxed) {
+                    0 => Some(false),
+                    1 => Some(true),
+                    _ => None,
+                },
+                orphans_hinted: table.header.orphans.load(Ordering::Relaxed) != 0,
+            });
             report.pools.extend((0u32..).zip(table.entries).filter_map(|(i, e)| pool_report(i, e)));
         }
         SegmentKind::HostPool | SegmentKind::CudaPool => {
