@@ -405,16 +405,18 @@ mod tracked {
         counter.store(pos + 1, Relaxed);
     }
 
-    /// What an endpoint of line `line` leaves when it dies right after naming the next `n`
-    /// positions of `side` in its line, before its CAS (or after losing it): a claim on
-    /// positions it never won.
-    pub fn die_before_winning(storage: &Tracked, line: usize, role: Role, n: u64) {
+    /// A ring of `capacity` whose line 0 is a dead endpoint that named the next `n`
+    /// positions of `role`'s side in its line and died before its CAS (or after losing
+    /// it): a claim on positions it never won.
+    pub fn with_dead_claim(capacity: usize, role: Role, n: u64) -> Tracked {
         use loom::sync::atomic::Ordering::Relaxed;
+        let ring = Tracked::new(capacity, 0b001);
         let (counter, word) = match role {
-            Role::Producer => (&storage.control().tail, &storage.lines[line].push),
-            Role::Consumer => (&storage.control().head, &storage.lines[line].pop),
+            Role::Producer => (&ring.control().tail, &ring.lines[0].push),
+            Role::Consumer => (&ring.control().head, &ring.lines[0].pop),
         };
         word.store(Claims::word(counter.load(Relaxed), n), Relaxed);
+        ring
     }
 }
 
@@ -444,11 +446,8 @@ fn pop_n<S: gpuring::internal::Storage<Cell = gpuring::internal::MpmcCell<u64>>>
 /// lost (the consumer waits for good).
 #[test]
 fn mpmc_a_dead_producers_claim_never_repairs_a_live_producers_cell() {
-    use gpuring::Role;
-    use tracked::{Tracked, die_before_winning};
     builder(3).check(|| {
-        let ring = Tracked::new(2, 0b001);
-        die_before_winning(&ring, 0, Role::Producer, 1);
+        let ring = tracked::with_dead_claim(2, gpuring::Role::Producer, 1);
         let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
         let producer = thread::spawn(move || {
@@ -482,11 +481,8 @@ fn mpmc_a_dead_producers_claim_never_repairs_a_live_producers_cell() {
 /// lost).
 #[test]
 fn mpmc_clones_sharing_a_claim_line_are_never_repaired() {
-    use gpuring::Role;
-    use tracked::{Tracked, die_before_winning};
     builder(2).check(|| {
-        let ring = Tracked::new(4, 0b001);
-        die_before_winning(&ring, 0, Role::Producer, 2);
+        let ring = tracked::with_dead_claim(4, gpuring::Role::Producer, 2);
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
         let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
         let clones: Vec<_> = (1..=2u64)
@@ -522,15 +518,12 @@ fn mpmc_clones_sharing_a_claim_line_are_never_repaired() {
 /// stored after the winning CAS (both get the element).
 #[test]
 fn mpmc_a_dead_consumers_claim_never_adopts_a_live_consumers_cell() {
-    use gpuring::Role;
-    use tracked::{Tracked, die_before_winning};
     builder(3).check(|| {
-        let ring = Tracked::new(2, 0b001);
+        let ring = tracked::with_dead_claim(2, gpuring::Role::Consumer, 1);
         let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
         let adopter = mpmc::Consumer::<u64, _>::new(ring.endpoint(1)).unwrap();
         tx.try_push(1).unwrap();
-        die_before_winning(&ring, 0, Role::Consumer, 1);
         let consumer = thread::spawn(move || (rx.try_pop().ok(), rx));
         let adopting = thread::spawn(move || (adopter.try_adopt_then(|v| v), adopter));
         let (popped, rx) = consumer.join().unwrap();
