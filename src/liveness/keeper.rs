@@ -21,12 +21,12 @@
 //! The keeper's own robust list replaces the one glibc registered for it; the keeper never
 //! locks a robust pthread mutex, and glibc's exit-time walk of its own list runs only if a
 //! thread's function returns, which the keeper's never does. A forked child has no keeper
-//! (only the forking thread is copied): its first watch starts one, with an empty list. A
-//! child forked while another thread of the parent held the keeper's mutex (registering or
-//! dropping a sender at that instant) would block on it at its first sender: the usual
-//! rule for locks across `fork`.
+//! (only the forking thread is copied): its first watch starts one, with an empty list.
+//! The keeper's state is behind a lock that records its holder's pid ([`PidLock`]), so a
+//! child forked while another thread of the parent held it (registering or dropping a
+//! sender at that instant) takes it over instead of waiting for a thread it does not have.
 
-use std::sync::Mutex;
+use std::cell::UnsafeCell;
 // Not `crate::sync`: process-private state outside every loom model (and a static).
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -63,7 +63,78 @@ struct Keeper {
     links: Vec<usize>,
 }
 
-static KEEPER: Mutex<Option<Keeper>> = Mutex::new(None);
+static KEEPER: PidLock<Option<Keeper>> = PidLock::new(None);
+
+/// A lock that records the pid of the process whose thread holds it. Every thread of a
+/// process shares its pid, so within a process it excludes as a mutex does; a forked child,
+/// which finds it held by a pid not its own (a thread of the parent, which the child does
+/// not have), takes it over. What it guards may then be half-changed: the keeper's state is
+/// the parent's anyway, and the child leaks it and starts its own (`Vigil::watch`).
+struct PidLock<T> {
+    /// 0 when free, else the holder's pid.
+    holder: AtomicU32,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is reached only through a guard, which the lock makes exclusive among
+// the threads of one process (a static is never shared between processes).
+unsafe impl<T: Send> Sync for PidLock<T> {}
+
+impl<T> PidLock<T> {
+    const fn new(value: T) -> Self {
+        Self { holder: AtomicU32::new(0), value: UnsafeCell::new(value) }
+    }
+
+    /// Takes the lock, waiting (yielding) while another thread of this process holds it;
+    /// taken over from a holder of another pid. Not for hot paths: one `getpid` a call.
+    fn lock(&self) -> PidGuard<'_, T> {
+        let me = std::process::id();
+        let mut seen = 0;
+        loop {
+            // Acquire: pairs with the Release store in `PidGuard::drop` of the previous
+            // holder (its changes to the value come before ours).
+            match self.holder.compare_exchange(seen, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return PidGuard { lock: self },
+                // Held by a thread of this process: wait for it.
+                Err(h) if h == me => {
+                    seen = 0;
+                    std::thread::yield_now();
+                }
+                // Free (try again from 0), or held by a pid that is not this process's:
+                // a thread of the process this one was forked from, absent here. Take it
+                // over with a CAS from that exact pid.
+                Err(h) => seen = h,
+            }
+        }
+    }
+}
+
+/// Exclusive access to a [`PidLock`]'s value; gives the lock back on drop.
+struct PidGuard<'a, T> {
+    lock: &'a PidLock<T>,
+}
+
+impl<T> std::ops::Deref for PidGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock (see `PidLock`).
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for PidGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`, and `&mut self` makes this the guard's only borrow.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for PidGuard<'_, T> {
+    fn drop(&mut self) {
+        // Release: pairs with the Acquire CAS in `PidLock::lock` of the next holder.
+        self.lock.holder.store(0, Ordering::Release);
+    }
+}
 
 fn head_addr() -> usize {
     &HEAD as *const RobustListHead as usize
@@ -142,9 +213,11 @@ impl Vigil {
             (link as *const AtomicU64 as usize, word as *const AtomicU32 as usize);
         assert_eq!(word_addr as isize - link_addr as isize, KEEPER_FUTEX_OFFSET);
         let pid = crate::shm::current_pid();
-        let mut keeper = KEEPER.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keeper = KEEPER.lock();
         if keeper.as_ref().is_none_or(|k| k.pid != pid) {
-            *keeper = Some(Keeper { pid, tid: start(), links: Vec::new() });
+            // A forked child's copy of the parent's state may be half-changed (the lock
+            // taken over from a thread the child does not have): leaked, never used.
+            std::mem::forget(keeper.replace(Keeper { pid, tid: start(), links: Vec::new() }));
         }
         let keeper = keeper.as_mut().expect("set above");
         let tid = keeper.tid?;
@@ -180,7 +253,7 @@ impl Drop for Vigil {
         // Cleared first, unlinked after: a death in between leaves a word the kernel does
         // not touch (it no longer holds the keeper's id). Relaxed: as in `watch`.
         word.store(0, Ordering::Relaxed);
-        let mut keeper = KEEPER.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keeper = KEEPER.lock();
         let Some(keeper) = keeper.as_mut() else { return };
         let Some(i) = keeper.links.iter().position(|&l| l == self.link) else { return };
         let next = keeper.links.get(i + 1).copied().unwrap_or_else(head_addr);
@@ -195,5 +268,48 @@ impl Drop for Vigil {
             prev.store(next as u64, Ordering::Relaxed);
         }
         keeper.links.remove(i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PidLock;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    /// Held by another pid (what a forked child finds when a thread of its parent held the
+    /// lock at the fork): taken over at once.
+    #[test]
+    fn a_lock_held_by_another_process_is_taken_over() {
+        let lock = PidLock::new(5);
+        let me = std::process::id();
+        lock.holder.store(me.wrapping_add(1).max(1), Ordering::Relaxed);
+        let t = Instant::now();
+        *lock.lock() += 1;
+        assert!(t.elapsed() < Duration::from_secs(1));
+        assert_eq!(lock.holder.load(Ordering::Relaxed), 0, "given back");
+        assert_eq!(*lock.lock(), 6);
+    }
+
+    /// Held by another thread of this process: waited for, as a mutex is.
+    #[test]
+    fn a_lock_held_by_another_thread_excludes() {
+        const ROUNDS: u64 = if cfg!(miri) { 50 } else { 10_000 };
+        let lock = std::sync::Arc::new(PidLock::new(0u64));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let lock = lock.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..ROUNDS {
+                        let mut g = lock.lock();
+                        let v = *g;
+                        std::hint::black_box(&mut *g);
+                        *g = v + 1;
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(*lock.lock(), 4 * ROUNDS);
     }
 }
