@@ -405,6 +405,16 @@ mod tracked {
         counter.store(pos + 1, Relaxed);
     }
 
+    /// Stores in line `line` the claim of `role`'s position `pos` (what an endpoint that
+    /// tried for `pos` and lost the CAS leaves there).
+    pub fn claim(storage: &Tracked, line: usize, role: Role, pos: u64) {
+        let word = match role {
+            Role::Producer => &storage.lines[line].push,
+            Role::Consumer => &storage.lines[line].pop,
+        };
+        word.store(Claims::word(pos, 1), loom::sync::atomic::Ordering::Relaxed);
+    }
+
     /// A ring of `capacity` whose line 0 is a dead endpoint that named the next `n`
     /// positions of `role`'s side in its line and died before its CAS (or after losing
     /// it): a claim on positions it never won.
@@ -586,6 +596,34 @@ fn dead_producer_cell_is_skipped(die: impl Fn(&tracked::Tracked) + Sync + Send +
         }
         assert!(matches!(tx.try_push(99), Err(TryPushError::Full(99))));
         assert_eq!((0..4).map(|_| rx.try_pop().unwrap()).collect::<Vec<_>>(), [10, 11, 12, 13]);
+    });
+}
+
+/// A live producer's line still names a position it tried for and lost, to a producer that
+/// then died holding it unwritten, and the ring is full behind the dead cell. While the
+/// live line names it, no repair touches the cell; once the live producer finds nothing to
+/// claim (the ring full), its word is cleared, the next repair skips the dead cell, and the
+/// consumer gets the live element and passes the dead one. Fails without the clearing (the
+/// ring stalls for good: the live producer waits for room behind that very cell).
+#[test]
+fn mpmc_a_lost_claim_does_not_stall_a_dead_winners_cell() {
+    use gpuring::Role;
+    use tracked::{Tracked, claim, die_after_claim};
+    builder(2).check(|| {
+        let ring = Tracked::new(2, 0b001);
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        tx.try_push(7).unwrap();
+        die_after_claim(&ring, 0, Role::Producer); // won position 1, never wrote it
+        claim(&ring, 1, Role::Producer, 1); // the live producer lost position 1 to it
+        assert_eq!(repair(&ring.endpoint(2)), 0, "a live line names the cell");
+        assert!(matches!(tx.try_push(8), Err(TryPushError::Full(8))));
+        assert_eq!(repair(&ring.endpoint(2)), 1, "the dead winner's cell, skipped");
+        assert_eq!(rx.try_pop(), Ok(7));
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty), "the skipped cell passed");
+        tx.try_push(8).unwrap();
+        tx.try_push(9).unwrap();
+        assert_eq!((rx.try_pop(), rx.try_pop()), (Ok(8), Ok(9)));
     });
 }
 

@@ -154,7 +154,23 @@ pub(super) fn claim_run<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     loop {
         let (n, skipped) = match ready_run(storage, capacity, counter, pos, want, turn)? {
             Run::Ready(n, skipped) => (n, skipped),
-            Run::Wait => return Ok(None),
+            Run::Wait => {
+                if let Some(line) = line {
+                    // Nothing to claim: our word may still name a position we tried for and
+                    // lost (or one we finished), and a tentative claim left there would
+                    // keep a dead winner's cell at that position from being repaired for as
+                    // long as we wait (a stall: we may be waiting for that very cell).
+                    // Relaxed: clearing a word that names no cell of ours is never unsafe.
+                    let word = match turn {
+                        Turn::Write => &line.line.push,
+                        Turn::Read => &line.line.pop,
+                    };
+                    if word.load(Ordering::Relaxed) != 0 {
+                        word.store(0, Ordering::Relaxed);
+                    }
+                }
+                return Ok(None);
+            }
             Run::Moved(current) => {
                 pos = current;
                 spin_hint();
