@@ -174,11 +174,15 @@ pub(super) fn try_push_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     for (i, value) in (0..n).zip(values) {
         let pos = first.wrapping_add(i);
         let cell = cell_at(storage, capacity, pos);
-        // SAFETY: winning the CAS over the run with stamp == pos for each of its cells makes
-        // this producer its only writer until it stores the next stamp: no consumer reads
+        // Winning the CAS over the run with stamp == pos for each of its cells makes this
+        // producer the cell's only writer until it stores the next stamp: no consumer reads
         // it before that store, and no repairer touches it while this producer lives (its
         // claim line names it: see `ClaimLine`).
-        cell.value.with_mut(|p| unsafe { p.write(*value) });
+        let write = |p: *mut T| {
+            // SAFETY: this producer is the cell's only writer (above); `p` is the cell's.
+            unsafe { p.write(*value) }
+        };
+        cell.value.with_mut(write);
         crate::fault::point("push_before_publish");
         // Release: pairs with the consumer's Acquire stamp load in `ready_run`.
         cell.stamp.store(pos.wrapping_add(1), Ordering::Release);
