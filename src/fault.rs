@@ -9,8 +9,9 @@
 //! | point | where |
 //! |---|---|
 //! | `push_after_write` | SPSC push: the cell written, `tail` not yet published |
-//! | `push_won` | MPMC push: the CAS on `tail` won, the claim not yet recorded |
-//! | `pop_won` | MPMC pop: the CAS on `head` won, the claim not yet recorded |
+//! | `push_won` | MPMC push: its claim named, the CAS on `tail` won, the cell not yet written |
+//! | `pop_won` | MPMC pop: its claim named, the CAS on `head` won, the cell not yet read |
+//! | `adopt_won` | MPMC adoption: a dead consumer's cell taken (named, stamped adopted), not yet read or freed |
 //! | `push_after_claim` | MPMC push: the cell claimed (CAS on `tail` won), not yet written |
 //! | `push_before_publish` | MPMC push: the cell written, its stamp not yet stored |
 //! | `pop_after_claim` | MPMC pop: the cell claimed (CAS on `head` won), not yet read or freed |

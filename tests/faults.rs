@@ -885,6 +885,73 @@ fn receiver_killed_after_winning_its_free_ring_cell() {
     }
 }
 
+/// An MPMC receiver killed after winning a descriptor cell (`pop_won`), and then the
+/// sender leaves: the next receiver gets the message the dead one won (adopted at once,
+/// not a tick later), then `Disconnected`. Before, it said `Disconnected` at once: the
+/// message was lost (what the MPMC kill storms hit at their end).
+#[test]
+fn mpmc_message_of_a_dead_receiver_comes_before_disconnected() {
+    if role().as_deref() == Some("receiver") {
+        announcing_receiver();
+    }
+    let name = unique_name("fault-won-left");
+    let ch = Channel::builder(&name).capacity(4).slots(SLOTS, 64).mpmc().create().unwrap();
+    let tx = ch.sender().unwrap();
+    let winner = [("GPURING_FAULT", "pop_won:1".to_owned())];
+    let test = "mpmc_message_of_a_dead_receiver_comes_before_disconnected";
+    let mut peer = Peer::spawn_with(test, "receiver", &name, &winner);
+    send(&tx, 7);
+    killed_at_point(&mut peer, "pop_won");
+    drop(tx);
+    let rx = ch.receiver().unwrap();
+    let m = rx.recv_timeout(Duration::from_secs(5)).expect("the dead receiver's message");
+    assert_eq!(m[..8], 7u64.to_le_bytes());
+    drop(m);
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_secs(5)),
+        Err(gpuring::RecvTimeoutError::Disconnected)
+    ));
+}
+
+/// An MPMC receiver killed after winning a descriptor cell (`pop_won`), then the receiver
+/// that adopted that cell killed too before freeing it: right after taking the cell
+/// (`adopt_won`), or holding the message's slot (`recv_holding`). The next receiver adopts
+/// the cell again: the message arrives once, and the ring keeps working for more than a
+/// lap. Before, the cell stayed adopted for good: the message lost and the ring stalled
+/// (what the MPMC kill storms hit about one run in three).
+#[test]
+fn mpmc_adopter_killed_before_freeing_the_cell() {
+    if role().as_deref() == Some("receiver") {
+        announcing_receiver();
+    }
+    for point in ["adopt_won", "recv_holding"] {
+        let name = unique_name("fault-adopter");
+        let ch = Channel::builder(&name).capacity(4).slots(SLOTS, 64).mpmc().create().unwrap();
+        let tx = ch.sender().unwrap();
+        let test = "mpmc_adopter_killed_before_freeing_the_cell";
+        let winner = [("GPURING_FAULT", "pop_won:1".to_owned())];
+        let mut peer = Peer::spawn_with(test, "receiver", &name, &winner);
+        send(&tx, 7);
+        killed_at_point(&mut peer, "pop_won");
+        // It waits on an empty ring, adopts the dead winner's cell at a tick, and dies.
+        let adopter = [("GPURING_FAULT", format!("{point}:1"))];
+        let mut peer = Peer::spawn_with(test, "receiver", &name, &adopter);
+        killed_at_point(&mut peer, point);
+        let rx = ch.receiver().unwrap();
+        let first = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|e| {
+            panic!("{point}: the message the dead adopter took never came: {e}")
+        });
+        assert_eq!(first[..8], 7u64.to_le_bytes(), "{point}");
+        assert!(!first.redelivered(), "{point}: no receiver returned it before");
+        drop(first);
+        for seq in 100..100 + 3 * 4u64 {
+            send(&tx, seq);
+            assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap()[..8], seq.to_le_bytes());
+        }
+        assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)), "{point}: nothing twice");
+    }
+}
+
 /// An MPMC receiver killed right after winning a descriptor cell of the channel's ring,
 /// before reading it (`pop_won`), at several counts: the message it won arrives
 /// at the next receiver, once, and the ring keeps working for more than a lap (the cell is

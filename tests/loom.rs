@@ -328,10 +328,13 @@ mod tracked {
     };
     use loom::sync::Arc;
 
+    /// How many endpoints (claim lines) a model ring has.
+    const LINES: usize = 4;
+
     pub struct Tracked {
         heap: Heap<MpmcCell<u64>>,
-        lines: Arc<[Claims; 3]>,
-        locks: Arc<[ClaimLock; 3]>,
+        lines: Arc<[Claims; LINES]>,
+        locks: Arc<[ClaimLock; LINES]>,
         /// Which line this endpoint writes.
         me: usize,
         /// Bit `i`: the endpoint of line `i` is dead.
@@ -341,8 +344,8 @@ mod tracked {
     impl Tracked {
         pub fn new(capacity: usize, dead: u32) -> Self {
             let heap = Heap::new(capacity, |i| MpmcCell::new(i as u64));
-            let lines = Arc::new([Claims::new(), Claims::new(), Claims::new()]);
-            let locks = Arc::new([ClaimLock::new(), ClaimLock::new(), ClaimLock::new()]);
+            let lines = Arc::new(std::array::from_fn(|_| Claims::new()));
+            let locks = Arc::new(std::array::from_fn(|_| ClaimLock::new()));
             Self { heap, lines, locks, me: 0, dead }
         }
 
@@ -388,8 +391,29 @@ mod tracked {
                 Claims::names(word.load(loom::sync::atomic::Ordering::Relaxed), pos)
             };
             let dead = |i: usize| self.dead & (1 << i) != 0;
-            (0..3).any(|i| dead(i) && names(i)) && !(0..3).any(|i| !dead(i) && names(i))
+            (0..LINES).any(|i| dead(i) && names(i)) && !(0..LINES).any(|i| !dead(i) && names(i))
         }
+        fn orphaned_but_mine(&self, pos: u64) -> bool {
+            let names = |i: usize| {
+                // Relaxed: as `ParticipantTable::names` (after the adopter's fence).
+                Claims::names(self.lines[i].pop.load(loom::sync::atomic::Ordering::Relaxed), pos)
+            };
+            let dead = |i: usize| self.dead & (1 << i) != 0;
+            let others = (0..LINES).filter(|&i| i != self.me);
+            others.clone().any(|i| dead(i) && names(i))
+                && !others.into_iter().any(|i| !dead(i) && names(i))
+        }
+    }
+
+    /// What an adopter of line `line` leaves when it dies after taking the cell of the
+    /// consumer position `pos` (whose winner died): its claim, the adopted stamp, the cell
+    /// not freed.
+    pub fn die_adopting(storage: &Tracked, line: usize, pos: u64) {
+        use gpuring::internal::STAMP_ADOPTED;
+        use loom::sync::atomic::Ordering::Relaxed;
+        storage.lines[line].pop.store(Claims::word(pos, 1), Relaxed);
+        let cell = &storage.cells()[(pos % storage.cells().len() as u64) as usize];
+        cell.stamp_word().store((pos + 1) | STAMP_ADOPTED, Relaxed);
     }
 
     /// What an endpoint of line `line` leaves when it dies right after winning `side`'s
@@ -674,6 +698,96 @@ fn mpmc_dead_consumers_element_is_adopted() {
         let (got, rx) = consumer.join().unwrap();
         assert_eq!(got, [2, 1], "the live element, then the dead consumer's, once each");
         assert_eq!(rx.try_pop(), Ok(3));
+        assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
+    });
+}
+
+/// A consumer died after winning position 0 (never freed the cell). Two live consumers
+/// try to adopt it at once: exactly one gets the element, and the cell is freed (a full
+/// lap fits after). Fails if an adopter does not name the cell in its line before looking
+/// (the second takes the first's adopted cell too: the element twice).
+#[test]
+fn mpmc_two_adopters_take_a_dead_consumers_element_once() {
+    two_adopters(false);
+}
+
+/// As `mpmc_two_adopters_take_a_dead_consumers_element_once`, where the consumer that
+/// adopted the cell first died too: two live consumers adopt it again at once. Fails
+/// without the fence between an adopter's claim and its look (the stamp no longer
+/// changes, so each may miss the other's claim and both take the element).
+#[test]
+fn mpmc_two_adopters_take_a_dead_adopters_element_once() {
+    two_adopters(true);
+}
+
+/// The model of the two tests above: line 0 won position 0 and died (and, with
+/// `dead_adopter`, line 1 adopted it and died); lines 2 and 3 adopt at once.
+fn two_adopters(dead_adopter: bool) {
+    use gpuring::Role;
+    use tracked::{Tracked, die_adopting, die_after_claim};
+    builder(3).check(move || {
+        let ring = Tracked::new(2, 0b0011);
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(1)).unwrap();
+        tx.try_push(1).unwrap();
+        die_after_claim(&ring, 0, Role::Consumer);
+        if dead_adopter {
+            die_adopting(&ring, 1, 0);
+        }
+        let adopters: Vec<_> = [2, 3]
+            .map(|line| {
+                let adopter = mpmc::Consumer::<u64, _>::new(ring.endpoint(line)).unwrap();
+                thread::spawn(move || adopter.try_adopt_then(|v| v))
+            })
+            .into_iter()
+            .collect();
+        let got: Vec<u64> = adopters.into_iter().filter_map(|a| a.join().unwrap()).collect();
+        assert!(got.len() <= 1, "the element once at most: {got:?}");
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        let got: Vec<u64> = got.into_iter().chain(rx.try_adopt_then(|v| v)).collect();
+        assert_eq!(got, [1], "the element, exactly once");
+        tx.try_push(2).unwrap();
+        tx.try_push(3).unwrap();
+        assert_eq!((rx.try_pop(), rx.try_pop()), (Ok(2), Ok(3)));
+    });
+}
+
+/// A consumer died after winning position 0 of a full ring of 2, and the consumer that
+/// adopted its cell died too, before freeing it. A live consumer adopts the cell again
+/// while a producer waits for room: the consumer gets element 1 once (and element 2), the
+/// producer's push lands in the freed cell. Fails if an adopted cell is never adopted
+/// again (the ring stalls there for good, its element never delivered: what the MPMC
+/// kill storms hit).
+#[test]
+fn mpmc_a_dead_adopters_cell_is_adopted_again() {
+    use gpuring::Role;
+    use tracked::{Tracked, die_adopting, die_after_claim};
+    builder(2).check(|| {
+        let ring = Tracked::new(2, 0b0011);
+        let tx = mpmc::Producer::<u64, _>::new(ring.endpoint(2)).unwrap();
+        tx.try_push(1).unwrap();
+        tx.try_push(2).unwrap();
+        die_after_claim(&ring, 0, Role::Consumer);
+        die_adopting(&ring, 1, 0);
+        let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(3)).unwrap();
+        let producer = thread::spawn(move || {
+            let mut item = 3;
+            loop {
+                match tx.try_push(item) {
+                    Ok(()) => return tx,
+                    Err(TryPushError::Full(back)) => {
+                        item = back;
+                        thread::yield_now();
+                    }
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        });
+        let adopted = rx.try_adopt_then(|v| v);
+        assert_eq!(adopted, Some(1), "the dead adopter's cell, adopted again");
+        assert_eq!(rx.try_pop(), Ok(2));
+        let _tx = producer.join().unwrap();
+        assert_eq!(rx.try_pop(), Ok(3));
+        assert_eq!(rx.try_adopt_then(|v| v), None, "nothing twice");
         assert_eq!(rx.try_pop(), Err(TryPopError::Empty));
     });
 }

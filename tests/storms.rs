@@ -20,9 +20,10 @@ use gpuring::{Channel, TensorMeta};
 
 /// The receiving side's fault points; a receiver is killed at one (at a random count) or
 /// at a random time, whichever comes first (`redeliver_holding` is reached only where
-/// there is something to take over; `pop_won` only in MPMC).
-const POINTS: [&str; 5] =
-    ["recv_holding", "recv_popped", "redeliver_holding", "release_marked", "pop_won"];
+/// there is something to take over; `pop_won` only in MPMC, `adopt_won` only where a dead
+/// receiver's ring cell is adopted).
+const POINTS: [&str; 6] =
+    ["recv_holding", "recv_popped", "redeliver_holding", "release_marked", "pop_won", "adopt_won"];
 const RECEIVER_KILLS: u32 = 100;
 const SLOTS: u32 = 8;
 const LIMIT: Duration = Duration::from_secs(5);
@@ -80,7 +81,12 @@ struct Running {
     child: Child,
     reader: Option<JoinHandle<()>>,
     until: Instant,
+    label: String,
 }
+
+/// What happened in a storm, in order (ms since its start, who, what): read only when a
+/// message was lost, to show what was around it.
+type Timeline = Arc<Mutex<Vec<(u128, String, String)>>>;
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -90,32 +96,75 @@ impl Drop for Running {
     }
 }
 
-/// Spawns `role` of `test` with `env`, its `got` lines noted in `got` and its `sent` lines
-/// in `sent`; killed at `until` at the latest.
+/// The shared records of one storm.
+#[derive(Clone)]
+struct Records {
+    got: Arc<Mutex<Deliveries>>,
+    sent: Arc<Mutex<Vec<u64>>>,
+    timeline: Timeline,
+    started: Instant,
+}
+
+impl Records {
+    fn note(&self, who: &str, what: String) {
+        let at = self.started.elapsed().as_millis();
+        self.timeline.lock().unwrap().push((at, who.to_owned(), what));
+    }
+}
+
+/// Spawns `role` of `test` with `env` as `label`, its `got` lines noted in `got` and its
+/// `sent` lines in `sent` (each also in the timeline); killed at `until` at the latest.
 fn start(
     name: &str,
     role: &str,
+    label: String,
     env: &[(&str, String)],
-    got: &Arc<Mutex<Deliveries>>,
-    sent: &Arc<Mutex<Vec<u64>>>,
+    records: &Records,
     until: Instant,
 ) -> Running {
-    let (got, sent) = (got.clone(), sent.clone());
+    let r = records.clone();
+    let who = label.clone();
     let (child, reader) =
         common::spawn_reading("storms_lose_nothing", role, name, env, move |line| {
             if line.starts_with("got ") {
-                got.lock().unwrap().note_line(line);
+                r.got.lock().unwrap().note_line(line);
             } else if let Some(tag) = line.strip_prefix("sent ") {
-                sent.lock().unwrap().push(tag.parse().unwrap());
+                r.sent.lock().unwrap().push(tag.parse().unwrap());
             }
+            r.note(&who, line.to_owned());
         });
-    Running { child, reader: Some(reader), until }
+    let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    records.note(&label, format!("started pid {} {}", child.id(), env.join(" ")));
+    Running { child, reader: Some(reader), until, label }
+}
+
+/// The timeline around each lost message (`lost`, tags): its sender's messages before and
+/// after it, and every kill and start near the time it was announced.
+fn explain(lost: &[u64], records: &Records) {
+    let timeline = records.timeline.lock().unwrap();
+    for &tag in lost {
+        let (id, seq) = (tag >> 32, tag & 0xFFFF_FFFF);
+        let sent_at = timeline.iter().find(|(_, _, w)| *w == format!("sent {tag}")).map(|e| e.0);
+        println!("lost {tag:#x} (sender {id}, number {seq}), announced at {sent_at:?} ms");
+        let Some(at) = sent_at else { continue };
+        for (t, who, what) in timeline.iter() {
+            let near = t.abs_diff(at) <= 300;
+            let neighbour = [seq.wrapping_sub(2), seq.wrapping_sub(1), seq + 1, seq + 2]
+                .iter()
+                .any(|s| what.starts_with(&format!("got {} ", id << 32 | s)));
+            let event = !what.starts_with("got ") && !what.starts_with("sent ");
+            if (near && event) || neighbour || what.contains(&tag.to_string()) {
+                println!("  {t:>6} ms {who:>5} {what}");
+            }
+        }
+    }
 }
 
 /// Kills `r` (if its fault point has not already) and waits for it and its reader; says
 /// whether it died at its fault point.
-fn stop(r: &mut Running) -> bool {
+fn stop(r: &mut Running, records: &Records) -> bool {
     let at_point = r.child.try_wait().unwrap().is_some();
+    records.note(&r.label, if at_point { "died at its point" } else { "killed" }.to_owned());
     let _ = r.child.kill();
     let status = r.child.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
@@ -162,9 +211,14 @@ fn storms(which: &[(bool, bool)]) {
         let name = unique_name(if mpmc { "storm-mpmc" } else { "storm-spsc" });
         let b = Channel::builder(&name).capacity(16).slots(SLOTS, 64);
         let ch = if mpmc { b.mpmc().max_senders(16) } else { b }.create().unwrap();
-        let got = Arc::new(Mutex::new(Deliveries::default()));
-        let sent = Arc::new(Mutex::new(Vec::new()));
         let started = Instant::now();
+        let records = Records {
+            got: Arc::new(Mutex::new(Deliveries::default())),
+            sent: Arc::new(Mutex::new(Vec::new())),
+            timeline: Arc::new(Mutex::new(Vec::new())),
+            started,
+        };
+        let (got, sent) = (records.got.clone(), records.sent.clone());
         // The senders: a thread here (SPSC), or processes (MPMC).
         let done = Arc::new(AtomicBool::new(false));
         let mut in_process = None;
@@ -172,7 +226,8 @@ fn storms(which: &[(bool, bool)]) {
         let mut next_id = 1u64;
         let spawn_sender = |id: u64| {
             let env = [("GPURING_TEST_TAG", id.to_string())];
-            start(&name, "sender", &env, &got, &sent, Instant::now() + Duration::from_secs(3600))
+            let until = Instant::now() + Duration::from_secs(3600);
+            start(&name, "sender", format!("s{id}"), &env, &records, until)
         };
         if mpmc {
             for _ in 0..3 {
@@ -198,11 +253,13 @@ fn storms(which: &[(bool, bool)]) {
             }));
         }
         // The receivers, killed and replaced.
-        let spawn_receiver = |rand: &mut Rand| {
+        let mut next_receiver = 0;
+        let mut spawn_receiver = |rand: &mut Rand| {
             let point = POINTS[rand.below(POINTS.len() as u64) as usize];
             let env = [("GPURING_FAULT", format!("{point}:{}", 1 + rand.below(20)))];
             let until = Instant::now() + Duration::from_millis(40 + rand.below(211));
-            start(&name, "receiver", &env, &got, &sent, until)
+            next_receiver += 1;
+            start(&name, "receiver", format!("r{next_receiver}"), &env, &records, until)
         };
         let mut receivers: Vec<Running> =
             (0..if mpmc { 3 } else { 1 }).map(|_| spawn_receiver(&mut rand)).collect();
@@ -213,12 +270,12 @@ fn storms(which: &[(bool, bool)]) {
                 let due = Instant::now() >= r.until;
                 if due || r.child.try_wait().unwrap().is_some() {
                     // The dead one first: an SPSC channel has room for one receiver.
-                    at_points += u32::from(stop(r));
+                    at_points += u32::from(stop(r, &records));
                     *r = spawn_receiver(&mut rand);
                     kills += 1;
                     if kill_senders && kills % 10 == 0 {
                         let victim = rand.below(senders.len() as u64) as usize;
-                        stop(&mut senders[victim]);
+                        stop(&mut senders[victim], &records);
                         senders[victim] = spawn_sender(next_id);
                         next_id += 1;
                         sender_kills += 1;
@@ -240,14 +297,24 @@ fn storms(which: &[(bool, bool)]) {
             Some(in_process.take().unwrap().join().unwrap())
         };
         for r in &mut receivers {
-            at_points += u32::from(stop(r));
+            at_points += u32::from(stop(r, &records));
         }
         let rx = ch.receiver().unwrap();
         while let Ok(m) = rx.recv_timeout(Duration::from_millis(500)) {
+            records.note("drain", format!("got {} {}", m.tag(), m.redelivered()));
             got.lock().unwrap().note(m.tag(), m.redelivered());
         }
-        drop(rx);
         let published = sent.lock().unwrap().clone();
+        let lost: Vec<u64> =
+            published.iter().copied().filter(|t| !got.lock().unwrap().has(*t)).collect();
+        if !lost.is_empty() {
+            // Late (a stall) or gone (lost)? A last, longer wait tells them apart.
+            while let Ok(m) = rx.recv_timeout(Duration::from_secs(3)) {
+                records.note("late", format!("got {} {}", m.tag(), m.redelivered()));
+            }
+            explain(&lost, &records);
+        }
+        drop(rx);
         let got = got.lock().unwrap();
         let again = got.check_each(published.iter().copied(), what);
         // Whatever came was sent: by a sender that announced it, or the one a killed

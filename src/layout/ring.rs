@@ -252,7 +252,8 @@ impl<T: bytemuck::Zeroable> Default for SpscCell<T> {
 /// `(p + 1) | STAMP_SKIPPED` means that the producer that won `p` died before writing
 /// it: consumers pass it by, freeing it, without returning an element.
 /// `(p + 1) | STAMP_ADOPTED` means that the consumer that won `p` died before freeing it,
-/// and another consumer has taken over the element (it frees the cell when done).
+/// and another consumer has taken over the element (it frees the cell when done; should
+/// it die first, the next adopter takes the cell over in turn).
 ///
 /// A won cell is finished only by its winner while that lives: a repair touches an
 /// unfinished cell only when a dead endpoint's claim names it and no live one's does (see
@@ -268,6 +269,12 @@ impl<T: bytemuck::Zeroable> MpmcCell<T> {
     /// A cell free for the producer of position `stamp`.
     pub fn new(stamp: u64) -> Self {
         Self { stamp: AtomicU64::new(stamp), value: UnsafeCell::new(T::zeroed()) }
+    }
+
+    /// The stamp word, for models and tests that build a state a death leaves behind.
+    #[doc(hidden)]
+    pub fn stamp_word(&self) -> &AtomicU64 {
+        &self.stamp
     }
 
     /// A cell holding `value`, written at position `pos` and ready for its consumer (how a

@@ -275,6 +275,13 @@ pub trait Watch {
         let _ = (role, pos);
         false
     }
+    /// As [`orphaned`](Self::orphaned) for a consumer cell, asked by an adopter that holds
+    /// its own claim line's lock (so no clone of it is mid-run) and has named `pos` in its
+    /// line: its own line does not count, every other one does.
+    fn orphaned_but_mine(&self, pos: u64) -> bool {
+        let _ = pos;
+        false
+    }
     /// This endpoint's identity in its ring's participant table (see
     /// [`ParticipantId`](crate::layout::ParticipantId)).
     fn id(&self) -> Option<u32> {
@@ -395,17 +402,32 @@ pub(crate) fn block_on<W: Watch, R>(
         Err(c) => Some(Err(Blocked::Corrupted(c))),
     };
     // What the side waited for left behind is taken before its departure is reported
-    // (the attempt that read the hint ran before the hint was read).
-    let last =
-        |attempt: &mut dyn FnMut() -> Option<Result<R, Blocked>>, why: Blocked| match attempt() {
-            Some(Ok(r)) => done(r),
-            Some(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
+    // (the attempt that read the hint ran before the hint was read). Where no tick ran
+    // since, one tick's work too (`with_tick`): an endpoint of this side that died may have
+    // left something of the departed side's in the ring (an MPMC consumer's won cell, which
+    // only a tick adopts), and that is theirs as much as what is queued.
+    let last = |attempt: &mut dyn FnMut() -> Option<Result<R, Blocked>>,
+                with_tick: Option<&mut dyn FnMut() -> Tick<R>>,
+                why: Blocked| {
+        match attempt() {
+            Some(Ok(r)) => return done(r),
+            Some(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
+            _ => {}
+        }
+        match with_tick.filter(|_| W::WATCHES).map(|t| t()) {
+            Some(Tick::Done(r)) => done(r),
+            Some(Tick::Retry) => match attempt() {
+                Some(Ok(r)) => done(r),
+                Some(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
+                _ => Err(why),
+            },
             _ => Err(why),
-        };
+        }
+    };
     match attempt() {
         Some(Ok(r)) => return done(r),
         Some(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
-        Some(Err(why)) => return last(&mut attempt, why),
+        Some(Err(why)) => return last(&mut attempt, Some(&mut on_tick), why),
         None if deadline == Deadline::Now => return Err(Blocked::Timeout),
         None => {}
     }
@@ -413,12 +435,13 @@ pub(crate) fn block_on<W: Watch, R>(
         return match wait_until(wait_on, policy, deadline, &mut attempt) {
             Ok(Ok(r)) => done(r),
             Ok(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
-            Ok(Err(why)) => last(&mut attempt, why),
+            Ok(Err(why)) => last(&mut attempt, None, why),
             Err(TimedOut) => Err(Blocked::Timeout),
         };
     }
     // The slow-path work of one tick: `Some` when it ended the wait.
-    let mut tick = |attempt: &mut dyn FnMut() -> Option<Result<R, Blocked>>| {
+    let tick = |attempt: &mut dyn FnMut() -> Option<Result<R, Blocked>>,
+                on_tick: &mut dyn FnMut() -> Tick<R>| {
         if let Some(c) = watch.damaged() {
             return Some(Err(Blocked::Corrupted(c)));
         }
@@ -427,22 +450,22 @@ pub(crate) fn block_on<W: Watch, R>(
             Tick::Retry => match attempt() {
                 Some(Ok(r)) => return Some(done(r)),
                 Some(Err(Blocked::Corrupted(c))) => return Some(Err(Blocked::Corrupted(c))),
-                Some(Err(why)) => return Some(last(attempt, why)),
+                Some(Err(why)) => return Some(last(attempt, None, why)),
                 None => {}
             },
             Tick::Idle => {}
-            Tick::Stop(why) => return Some(last(attempt, why)),
+            Tick::Stop(why) => return Some(last(attempt, None, why)),
         }
         refuted.set(false);
         None
     };
     if deadline == Deadline::Tick {
         // One tick, and the probe of the side waited for, then give up.
-        if let Some(end) = tick(&mut attempt) {
+        if let Some(end) = tick(&mut attempt, &mut on_tick) {
             return end;
         }
         return match watch.gone(waits_for) {
-            Some(gone) => last(&mut attempt, gone.into()),
+            Some(gone) => last(&mut attempt, None, gone.into()),
             None => Err(Blocked::Timeout),
         };
     }
@@ -451,18 +474,18 @@ pub(crate) fn block_on<W: Watch, R>(
         match wait_until(wait_on, policy, chunk, &mut attempt) {
             Ok(Ok(r)) => return done(r),
             Ok(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
-            Ok(Err(why)) => return last(&mut attempt, why),
+            Ok(Err(why)) => return last(&mut attempt, Some(&mut on_tick), why),
             Err(TimedOut) => {
-                if let Some(end) = tick(&mut attempt) {
+                if let Some(end) = tick(&mut attempt, &mut on_tick) {
                     return end;
                 }
                 if deadline.passed() {
                     // One last attempt: the tick's work may just have unblocked us.
-                    return last(&mut attempt, Blocked::Timeout);
+                    return last(&mut attempt, None, Blocked::Timeout);
                 }
                 if let Some(gone) = watch.gone(waits_for) {
                     // What the gone published before going is in the ring: take it first.
-                    return last(&mut attempt, gone.into());
+                    return last(&mut attempt, None, gone.into());
                 }
             }
         }

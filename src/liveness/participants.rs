@@ -98,7 +98,7 @@ impl ParticipantTable {
                 // A dead endpoint's claims are the only evidence of cells it won and never
                 // finished: settle them before they are overwritten, or leave the entry.
                 let own_now = *own;
-                let live_names = |role, pos| self.names(role, pos, own_now).1;
+                let live_names = |role, pos| self.names(role, pos, own_now, None).1;
                 if !settle(claims, &live_names) {
                     self.segment.unlock_byte(byte);
                     continue;
@@ -209,9 +209,12 @@ impl ParticipantTable {
     /// cell alone is the safe answer). Callers read the position counter with Acquire
     /// first: a live winner stores its claim before its winning CAS, so its line then names
     /// the cell until it has finished it (see `ClaimLine`).
-    fn names(&self, role: Role, pos: u64, own: u64) -> (bool, bool) {
+    fn names(&self, role: Role, pos: u64, own: u64, skip: Option<usize>) -> (bool, bool) {
         let (mut dead, mut live) = (false, false);
         for (i, line) in self.participants().claims.iter().enumerate() {
+            if Some(i) == skip {
+                continue;
+            }
             let word = match role {
                 Role::Producer => &line.push,
                 Role::Consumer => &line.pop,
@@ -232,7 +235,13 @@ impl ParticipantTable {
     /// Whether an unfinished cell at MPMC position `pos` on `role`'s side is a dead
     /// endpoint's: a dead endpoint's line names it and no live one's does (see `names`).
     pub(crate) fn orphaned(&self, role: Role, pos: u64) -> bool {
-        matches!(self.names(role, pos, self.own()), (true, false))
+        matches!(self.names(role, pos, self.own(), None), (true, false))
+    }
+
+    /// As [`orphaned`](Self::orphaned) for the consumer side, leaving out line `mine` (an
+    /// adopter's own, which names the cell while it adopts: see `repair::adopt_cell`).
+    pub(crate) fn orphaned_but(&self, mine: usize, pos: u64) -> bool {
+        matches!(self.names(Role::Consumer, pos, self.own(), Some(mine)), (true, false))
     }
 }
 
@@ -477,6 +486,10 @@ impl Watch for Attachment {
     }
     fn orphaned(&self, role: Role, pos: u64) -> bool {
         self.table.orphaned(role, pos)
+    }
+    fn orphaned_but_mine(&self, pos: u64) -> bool {
+        // An endpoint that is not registered has no line of its own (and adopts nothing).
+        self.participant.as_ref().is_some_and(|p| self.table.orphaned_but(p.index, pos))
     }
     fn id(&self) -> Option<ParticipantId> {
         self.participant.as_ref().map(|p| p.id)

@@ -14,8 +14,8 @@ use bytemuck::Pod;
 
 use super::{Storage, mpmc, spsc};
 use crate::layout::{
-    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, RingView, STAMP_SKIPPED,
-    SpscCell,
+    Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, RingView, STAMP_ADOPTED,
+    STAMP_SKIPPED, SpscCell,
 };
 use crate::liveness::{AttachAs, AttachError, Attachment, ParticipantTable, RingParts, Role};
 use crate::shm::Segment;
@@ -205,9 +205,10 @@ impl RingSegment {
     /// Settles the claims of a participant entry whose lock a registering endpoint has just
     /// taken (so its previous holder, if any, is dead), before the entry is reused: a cell
     /// it won as a producer and left unwritten is skipped. Returns `false`, leaving the
-    /// claims alone, when its pop claim names a cell won and not yet freed: either it won
-    /// that cell and died (the element waits for a consumer to adopt it, which needs this
-    /// evidence) or a live consumer won it and is finishing it; the entry is not reused
+    /// claims alone, when its pop claim names a cell won (or adopted) and not yet freed:
+    /// either it won that cell and died (the element waits for a consumer to adopt it,
+    /// which needs this evidence) or a live consumer won it and is finishing it; the entry
+    /// is not reused
     /// yet. A position that `live_names` (a live endpoint's line names it) is left alone:
     /// the dead word may name a position it never won (see `ClaimLine`).
     fn settle(&self, claims: &Claims, live_names: &dyn Fn(Role, u64) -> bool) -> bool {
@@ -225,8 +226,10 @@ impl RingSegment {
         // A word names positions below tail (push) or head (pop) within a lap that its
         // holder won or was about to; anything else is stale or forged and ignored.
         for pos in Claims::positions(pop, head, capacity) {
-            // Relaxed: a snapshot; an adopter's CAS changes it, never back.
-            let stamp = self.stamp(pos).load(Ordering::Relaxed) & !STAMP_SKIPPED;
+            // Relaxed: a snapshot; only a free changes it for good. Adopted or not: an
+            // adopter that died leaves the cell to the next one, which needs this
+            // evidence as much as the first did.
+            let stamp = self.stamp(pos).load(Ordering::Relaxed) & !(STAMP_SKIPPED | STAMP_ADOPTED);
             if stamp == pos.wrapping_add(1) {
                 return false;
             }

@@ -17,23 +17,25 @@
 //! - adopts such a consumer's unfreed cell (consumers only): `| STAMP_ADOPTED`, read the
 //!   element, run the consumer's work on it, free the cell. Consumers run their work
 //!   before freeing a cell (`Consumer::pop_then_until`), so a dead one never returned the
-//!   element, and it arrives exactly once, later than the elements behind it. A consumer's
-//!   blocking wait, which adopts at its ticks, is written here
-//!   (`Consumer::pop_then_ticking`).
+//!   element, and it arrives exactly once, later than the elements behind it. An adopter
+//!   names the cell in its own claim line first, so an adopter that dies before freeing
+//!   the cell leaves it to the next one in turn (`adopt_cell`). A consumer's blocking
+//!   wait, which adopts at its ticks, is written here (`Consumer::pop_then_ticking`).
 //!
 //! Each is a compare-and-swap from the exact stalled stamp, so it can only ever replace a
 //! stamp that the winner would have written (stamps only grow: a finished cell never
 //! shows the stalled stamp again). The position counter is read with Acquire before the
 //! lines: it pairs with the winners' Release CASes, so the claim a live winner stored
-//! before its CAS is seen. What is not covered: a consumer that dies while adopting
-//! (the cell stays stalled).
+//! before its CAS is seen.
 
 use bytemuck::Pod;
 
 use super::mpmc::{Consumer, Producer, try_pop_in};
 use super::{PopTimeoutError, Storage, cell_at, wait_for};
-use crate::layout::{Corrupted, MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED};
-use crate::liveness::{Role, Tick, Watch};
+use crate::layout::{
+    Claims, Corrupted, MpmcCell, RingControl, STAMP_ADOPTED, STAMP_FLAGS, STAMP_SKIPPED,
+};
+use crate::liveness::{ClaimLine, Role, Tick, Watch};
 use crate::sync::{AtomicU64, Ordering};
 use crate::wait::{Deadline, notify};
 use std::sync::atomic::Ordering::Relaxed;
@@ -43,10 +45,10 @@ use std::sync::atomic::Ordering::Relaxed;
 pub(super) const REPAIR_SCAN: u64 = 64;
 
 /// Adopts the elements of up to `max` cells whose consumer won them and died before
-/// freeing them: takes each cell (stamp `| STAMP_ADOPTED`, a CAS from the exact stalled
-/// stamp), runs `each` on its element, frees the cell. Looks at the first [`REPAIR_SCAN`]
-/// positions from `tail - capacity` below `head`. Returns how many elements `each` saw (a
-/// skipped cell among them is freed and not counted).
+/// freeing them, or whose adopter died before freeing them: takes each cell
+/// ([`adopt_cell`]), runs `each` on its element, frees the cell. Looks at the first
+/// [`REPAIR_SCAN`] positions from `tail - capacity` below `head`. Returns how many elements
+/// `each` saw (a skipped cell among them is freed and not counted).
 pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     storage: &S,
     capacity: u64,
@@ -56,15 +58,19 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
     let control = storage.control();
     // Relaxed for `tail`: a bound for the window. Acquire for `head`: pairs with the
     // Release CASes of the consumers that moved it, so the claim a live winner of a cell
-    // below it stored before its CAS is seen by `orphaned`. The two loads are not one
-    // snapshot: while others push and pop, the window can look impossible (head moved on
-    // between the loads). That is no evidence of corruption (the operations themselves
+    // below it stored before its CAS is seen by `orphaned_but_mine`. The two loads are not
+    // one snapshot: while others push and pop, the window can look impossible (head moved
+    // on between the loads). That is no evidence of corruption (the operations themselves
     // check the positions), so this only gives up until the next tick.
     let tail = control.tail.load(Ordering::Relaxed);
     let head = control.head.load(Ordering::Acquire);
+    let Some(line) = storage.watch().claims() else { return 0 };
     if tail.wrapping_sub(head) > capacity || (tail | head) & STAMP_FLAGS != 0 {
         return 0;
     }
+    // Held across every adoption: no clone of this endpoint is mid-run while its line
+    // names a cell it adopts, so that line can be left out of the check (`adopt_cell`).
+    let _turn = line.lock.lock();
     let oldest = tail.saturating_sub(capacity);
     let mut seen = 0;
     for pos in (0..(head - oldest).min(REPAIR_SCAN)).map(|i| oldest + i) {
@@ -72,28 +78,17 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
             break;
         }
         let cell = cell_at(storage, capacity, pos);
-        // Relaxed: a candidate; the CAS below decides.
-        let raw = cell.stamp.load(Ordering::Relaxed);
-        // Below `head`, so won by a consumer, and not yet freed: its winner's, unless that
-        // is dead.
-        if raw & !STAMP_SKIPPED != pos.wrapping_add(1)
-            || !storage.watch().orphaned(Role::Consumer, pos)
-        {
+        // Relaxed: a candidate (below `head`, so won by a consumer, and not yet freed);
+        // `adopt_cell` looks again after its claim.
+        if cell.stamp.load(Ordering::Relaxed) & !ADOPTABLE != pos.wrapping_add(1) {
             continue;
         }
-        // Acquire on success: pairs with the producer's Release stamp store (the element's
-        // bytes are visible). The flag keeps producers out (the cell is not free) and every
-        // other adopter (the stamp is no longer the stalled one).
-        if cell
-            .stamp
-            .compare_exchange(raw, raw | STAMP_ADOPTED, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            continue;
-        }
+        let Some(raw) = adopt_cell(storage, line, cell, pos) else { continue };
+        crate::fault::point("adopt_won");
         if raw & STAMP_SKIPPED == 0 {
-            // SAFETY: the CAS made this consumer the cell's only user: its winner is dead,
-            // producers wait for the free below, other adopters saw the stamp change.
+            // SAFETY: `adopt_cell` made this consumer the cell's only user: its winner and
+            // any earlier adopter are dead, producers wait for the free below, and every
+            // other adopter sees this one's claim (or its stamp) and leaves the cell alone.
             // `T: Pod`: any bytes form a valid `T`.
             each(cell.value.with(|p| unsafe { p.read() }));
             seen += 1;
@@ -103,6 +98,51 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         notify(&control.not_full);
     }
     seen
+}
+
+/// The flags a consumer cell that is won and not yet freed may carry: skipped by a repair,
+/// adopted by a consumer that may since have died.
+const ADOPTABLE: u64 = STAMP_SKIPPED | STAMP_ADOPTED;
+
+/// Takes the unfreed cell `cell` at position `pos` (below `head`) for this consumer if
+/// nobody alive will finish it: its winner died, and any adopter since died too. Returns the
+/// stamp it found (with `STAMP_SKIPPED` if the cell was skipped), or `None`, leaving the
+/// cell alone and the line cleared. The caller holds `line`'s lock.
+///
+/// The protocol, for each adopter: name `pos` in its own line, a SeqCst fence, then read
+/// the stamp and the other lines, and take the cell (a CAS from the stamp it read, setting
+/// `STAMP_ADOPTED`) only if a dead line names it and no live one does. Of two adopters, the
+/// one whose fence comes later in the SeqCst order sees the other's claim (stored before
+/// the other's fence) and leaves the cell; so while an adopter lives, nobody else takes its
+/// cell, and once it dies (its line dead, naming the cell), the next one can: an adopter
+/// killed mid-adoption stalls nothing. The CAS also fails if the cell was freed meanwhile
+/// (stamps only grow).
+fn adopt_cell<T, S: Storage<Cell = MpmcCell<T>>>(
+    storage: &S,
+    line: ClaimLine<'_>,
+    cell: &MpmcCell<T>,
+    pos: u64,
+) -> Option<u64> {
+    // Relaxed: the fence below orders it before this adopter's loads.
+    line.line.pop.store(Claims::word(pos, 1), Ordering::Relaxed);
+    // SeqCst: pairs with the same fence of every other adopter (see above).
+    crate::sync::fence(Ordering::SeqCst);
+    // Acquire: pairs with the producer's Release stamp store (the element is visible) and
+    // with an earlier adopter's Release CAS below.
+    let raw = cell.stamp.load(Ordering::Acquire);
+    let taken = raw & !ADOPTABLE == pos.wrapping_add(1)
+        && storage.watch().orphaned_but_mine(pos)
+        // AcqRel: acquires as the load above; releases this claim to later adopters.
+        && cell
+            .stamp
+            .compare_exchange(raw, raw | STAMP_ADOPTED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+    if !taken {
+        // Relaxed: clearing a word that names no cell of ours is never unsafe (and a
+        // claim left here would keep the cell from the next adopter while we live).
+        line.line.pop.store(0, Ordering::Relaxed);
+    }
+    taken.then_some(raw)
 }
 
 /// Stamps the cell of position `pos` skipped if its producer never published it (stamp

@@ -228,6 +228,11 @@ impl Deliveries {
         e.1 += u32::from(redelivered);
     }
 
+    /// Whether `tag` came.
+    pub fn has(&self, tag: u64) -> bool {
+        self.0.contains_key(&tag)
+    }
+
     /// A peer's `got <tag> <redelivered>` lines.
     pub fn note_line(&mut self, line: &str) {
         let mut words = line.strip_prefix("got ").expect("a got line").split(' ');
