@@ -697,6 +697,47 @@ fn receiver_killed_returning_a_slot() {
     }
 }
 
+/// A receiver killed giving a slot back right after winning its cell of the free ring
+/// (`push_won`: the cell won, not yet written), with the pool's other slot back on the
+/// free ring after it. The sender passes the dead cell and pushes the slot again at its
+/// next wait, without waiting for room (it is the free ring's only taker: waiting would be
+/// waiting for itself). Before, with a free ring of exactly the slots, the dead cell took
+/// the position the slot needed: the sender's `acquire` hung for good, inside its own
+/// tick (the storms' hang of issue 40).
+#[test]
+fn receiver_killed_after_winning_a_free_ring_cell() {
+    if role().as_deref() == Some("receiver") {
+        announcing_receiver();
+    }
+    let _dog = common::watchdog("a sender taking a dead returner's slot", Duration::from_secs(60));
+    for mpmc in [false, true] {
+        let name = unique_name("fault-push-won");
+        let b = Channel::builder(&name).capacity(4).slots(2, 64);
+        let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+        let tx = ch.sender().unwrap();
+        let fault = [("GPURING_FAULT", "push_won:1".to_owned())];
+        let test = "receiver_killed_after_winning_a_free_ring_cell";
+        let mut peer = Peer::spawn_with(test, "receiver", &name, &fault);
+        send(&tx, 0);
+        assert_eq!(peer.expect("got"), "0", "mpmc {mpmc}");
+        killed_at_point(&mut peer, "push_won");
+        let rx = ch.receiver().unwrap();
+        for seq in 1..=4u64 {
+            let mut lease = tx.acquire_timeout(Duration::from_secs(5)).unwrap();
+            lease[..8].copy_from_slice(&seq.to_le_bytes());
+            tx.send(lease, TensorMeta::bytes(8)).unwrap();
+            let m = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert_eq!(m[..8], seq.to_le_bytes(), "mpmc {mpmc}");
+        }
+        let t = Instant::now();
+        let both: Vec<_> =
+            (0..2).map(|_| tx.acquire_timeout(Duration::from_secs(5)).unwrap()).collect();
+        println!("mpmc {mpmc}: both slots leased in {:?}", t.elapsed());
+        drop(both);
+        assert_eq!(tx.free_slots(), 2, "mpmc {mpmc}");
+    }
+}
+
 /// A kill storm: 100 receivers in turn, each killed at a fault point of the receiving side
 /// (taking a slot, or giving one back) at a varying count, while a sender streams. Every
 /// message arrives exactly once (what a receiver killed while taking a message did not

@@ -334,6 +334,15 @@ fn storms(which: &[(bool, bool)]) {
         }
         let pools: Vec<String> =
             common::leftovers_of(&name).into_iter().filter(|n| *n != name).collect();
+        if !pools.is_empty() {
+            // What is left, and the senders' lives.
+            println!("{:#?}", gpuring::inspect::inspect(&name));
+            for (t, who, what) in records.timeline.lock().unwrap().iter() {
+                if who.starts_with('s') && !what.starts_with("sent ") {
+                    println!("  {t:>6} ms {who:>5} {what}");
+                }
+            }
+        }
         assert!(pools.is_empty(), "{what}: pools still there (a slot never came back): {pools:?}");
         println!(
             "{what}: {kills} receiver kills ({at_points} at a fault point), {sender_kills} \

@@ -175,7 +175,7 @@ pub struct PoolLayout {
     pub slot_count: usize,
     /// Usable bytes per slot.
     pub slot_size: usize,
-    /// The free ring (capacity: `slot_count` rounded up to a power of two).
+    /// The free ring (capacity: `2 * slot_count` rounded up to a power of two).
     pub free_ring: RingLayout,
     /// Host pools: offset of slot 0's bytes. Device pools: 0 (no bytes here).
     pub data: usize,
@@ -224,8 +224,13 @@ impl PoolLayout {
         let records = header + size_of::<PoolHeader>();
         let ring_base =
             (records + slot_count as usize * size_of::<SlotRecord>()).next_multiple_of(128);
-        // At least 2: an MPMC ring of one cell cannot tell full from empty (see `mpmc`).
-        let cap = if slot_count < 2 { 2 } else { (slot_count as u64).next_power_of_two() };
+        // Room for every slot and as many cells again: a receiver that died returning a
+        // slot leaves the cell it won (unwritten, then skipped) taking a position until the
+        // sender passes it, and its slot is pushed again meanwhile. Such cells not yet
+        // passed name distinct slots (a slot pushed again is leased only after the sender
+        // passed every cell before it), so `2 * slot_count` positions never fill and a
+        // return never waits for room. (At least 2 anyway: see `mpmc`.)
+        let cap = (2 * slot_count as u64).next_power_of_two();
         let Some(free_ring) = RingLayout::at(ring_base, cap, size_of::<MpmcCell<u32>>()) else {
             return None;
         };

@@ -77,7 +77,7 @@ fn pool_layouts() {
     let p = PoolLayout::new(3, 1000).unwrap();
     assert_eq!(p.records, 256);
     assert_eq!(p.free_ring.ring_header, 512, "records end at 448, rounded up to 128");
-    assert_eq!(p.free_ring.capacity, 4);
+    assert_eq!(p.free_ring.capacity, 8, "twice the slots, rounded up to a power of two");
     assert_eq!(p.sent % 128, 0);
     assert!(p.sent >= p.free_ring.total_size);
     assert_eq!(p.sent_offset(2), p.sent + 2 * SENT_COPY_SIZE);

@@ -129,7 +129,8 @@ pub type HeapPool = PoolCore<std::sync::Arc<[SlotRecord]>, Heap<MpmcCell<u32>>>;
 /// If `slot_count` is 0 or above 2^24.
 pub fn heap_pool(slot_count: u32) -> HeapPool {
     let n = slot_count as usize;
-    let storage = Heap::new(n.next_power_of_two().max(2), |i| {
+    // Twice the slots, as in shared memory (`PoolLayout`).
+    let storage = Heap::new((2 * n).next_power_of_two(), |i| {
         if i < n { MpmcCell::written(i as u64, i as u32) } else { MpmcCell::new(i as u64) }
     });
     // Relaxed: nobody else holds the storage yet.
@@ -388,8 +389,9 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         crate::fault::point("release_marked");
         match self.free_tx.push_until(lease.slot, Deadline::Never) {
             Ok(()) => true,
-            // The free ring holds at most `slot_count` entries and has room for all: a full
-            // or broken ring is corruption, and the slot cannot be returned.
+            // The free ring has room for every slot and every cell a dead returner left
+            // (see `PoolLayout`): a full or broken ring is corruption, and the slot cannot
+            // be returned.
             Err(_) => false,
         }
     }

@@ -9,7 +9,6 @@ use crate::layout::{MpmcCell, SlotRecord};
 use crate::liveness::Watch;
 use crate::ring::Storage;
 use crate::sync::Ordering;
-use crate::wait::Deadline;
 
 impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore<R, S> {
     /// Takes back every slot that a party which is gone left behind (and for which
@@ -178,18 +177,27 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// A slot RETURNING by a party that is gone: this endpoint takes the return over (a
     /// CAS, so of several takers one does) and pushes the slot unless it is on the free
     /// ring already (the party died after its push).
+    ///
+    /// The push never waits: the caller is the free ring's one taker, so waiting for room
+    /// would wait for itself. (The ring has room for every slot and every cell a dead
+    /// returner left: see `PoolLayout`. Before it had, the storms hung a sender here: the
+    /// dead returner's own cell took the position its slot needed.) Should it find no room
+    /// (a forged count), the return goes back to the dead party, for the next tick.
     fn push_again(&self, lease: SlotRef, from: u32) -> bool {
         let record = &self.records[lease.slot as usize];
+        let (dead, mine) =
+            (pack(lease.generation, from), pack(lease.generation, by(RETURNING, self.me())));
         // Relaxed: the free ring hands the slot on (Release push below); the CAS only makes
         // this endpoint the one that finishes the return.
-        let took = record.state.compare_exchange(
-            pack(lease.generation, from),
-            pack(lease.generation, by(RETURNING, self.me())),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-        took.is_ok()
-            && !self.free_tx.any_unfreed(|&s| s == lease.slot)
-            && self.free_tx.push_until(lease.slot, Deadline::Never).is_ok()
+        let took = record.state.compare_exchange(dead, mine, Ordering::Relaxed, Ordering::Relaxed);
+        if took.is_err() || self.free_tx.any_unfreed(|&s| s == lease.slot) {
+            return false;
+        }
+        if self.free_tx.try_push(lease.slot).is_ok() {
+            return true;
+        }
+        // Relaxed: as above; nobody else moves a slot RETURNING by a live party.
+        let _ = record.state.compare_exchange(mine, dead, Ordering::Relaxed, Ordering::Relaxed);
+        false
     }
 }
