@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::{Peer, announce, assert_noticed, die, now_ns, ring_name, role, unique_name};
 use gpuring::{
-    Channel, MpmcRing, PopTimeoutError, Receiver, RecvError, TensorMeta, TryRecvError, WaitPolicy,
+    Channel, MpmcRing, PopTimeoutError, Receiver, RecvError, RecvTimeoutError, TensorMeta,
+    TryRecvError, WaitPolicy,
 };
 
 const SLOTS: u32 = 8;
@@ -694,6 +695,39 @@ fn receiver_killed_returning_a_slot() {
             assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap()[..8], 100u64.to_le_bytes());
             assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)), "nothing twice");
         }
+    }
+}
+
+/// A receiver killed giving back the last slot of a pool whose sender has left
+/// (`release_marked`: the slot counts as free, the receiver never looked whether that
+/// drained the closed pool). The next receiver's look unlinks the pool: nothing is left
+/// in `/dev/shm` once the channel goes. Before, the pool stayed while the channel lived,
+/// every slot free (the MPMC kill storms saw it).
+#[test]
+fn receiver_killed_returning_the_last_slot_of_a_closed_pool() {
+    if role().as_deref() == Some("receiver") {
+        announcing_receiver();
+    }
+    for mpmc in [false, true] {
+        let name = unique_name("fault-last-slot");
+        let b = Channel::builder(&name).capacity(4).slots(2, 64);
+        let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+        let tx = ch.sender().unwrap();
+        send(&tx, 0);
+        drop(tx); // leaves: its pool is closed, one slot still in flight
+        let pools = common::leftovers_of(&name);
+        assert_eq!(pools.len(), 2, "mpmc {mpmc}: the channel and its pool: {pools:?}");
+        let fault = [("GPURING_FAULT", "release_marked:1".to_owned())];
+        let test = "receiver_killed_returning_the_last_slot_of_a_closed_pool";
+        let mut peer = Peer::spawn_with(test, "receiver", &name, &fault);
+        assert_eq!(peer.expect("got"), "0", "mpmc {mpmc}");
+        killed_at_point(&mut peer, "release_marked");
+        let rx = ch.receiver().unwrap();
+        assert!(
+            matches!(rx.recv_timeout(Duration::from_secs(5)), Err(RecvTimeoutError::Disconnected)),
+            "mpmc {mpmc}"
+        );
+        assert_eq!(common::leftovers_of(&name), [name.clone()], "mpmc {mpmc}: the pool is gone");
     }
 }
 

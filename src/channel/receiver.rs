@@ -209,7 +209,11 @@ impl<B: Backend> Receiver<B> {
             self.close_dead_senders();
             match redeliver.then(|| self.redeliver_one()).flatten() {
                 Some(taken) => Tick::Done(taken),
-                None => Tick::Idle,
+                None => {
+                    // After the look for messages to deliver again, which maps every pool.
+                    self.unlink_drained_pools();
+                    Tick::Idle
+                }
             }
         };
         let popped = match &self.rx {

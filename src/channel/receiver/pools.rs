@@ -56,6 +56,26 @@ impl<B: Backend> Receiver<B> {
         None
     }
 
+    /// Unlinks the pools this receiver has mapped that are closed (their sender gone) and
+    /// drained, and forgets them. A pool normally unlinks itself at the return of its last
+    /// slot, but a receiver killed between that return and its look (at
+    /// `release_marked`, say) leaves a closed pool with every slot free and nobody to
+    /// look again: the kill storms saw such pools stay in `/dev/shm`. Receivers look at
+    /// their ticks: one load per mapped pool, and an unlink once. (Where the channel
+    /// delivers again, every receiver maps every pool in use at its ticks; without, only a
+    /// pool one of them has a message from.)
+    pub(super) fn unlink_drained_pools(&self) {
+        for (index, cached) in self.pools.borrow_mut().iter_mut().enumerate() {
+            let Some(pool) = cached else { continue };
+            if pool.seg.is_closed() && pool.seg.core.all_free() {
+                pool.seg.unlink_if_drained();
+                // Not mapped again by a look for messages to deliver again.
+                self.unmapped.borrow_mut()[index] = pool.instance + 1;
+                *cached = None;
+            }
+        }
+    }
+
     /// Checks the sent copy of a slot taken over by `redeliver_one`: it must name that
     /// pool, slot and generation, and pass the checks of any descriptor.
     fn check_adopted(
