@@ -173,9 +173,9 @@ fn stop(r: &mut Running, records: &Records) -> bool {
     at_point
 }
 
-/// SPSC (one sender thread here, receivers killed one after another; and, in the ignored
-/// test below, MPMC with 3 sender processes and 3 receivers at a time, senders killed too
-/// in its second storm): 100 receiver kills each, at a fault point (one of `POINTS` at a count of 1 to 20)
+/// SPSC (one sender thread here, receivers killed one after another; and, in the test
+/// below, MPMC with 3 sender processes and 3 receivers at a time, senders killed too in
+/// its second storm): 100 receiver kills each, at a fault point (one of `POINTS` at a count of 1 to 20)
 /// or 40–250 ms after the start, whichever comes first. Then the senders stop, a last
 /// receiver drains the channel, and: every message published (SPSC: every `send` that
 /// returned; MPMC: every one a sender announced) came at least once; every extra copy was
@@ -187,12 +187,8 @@ fn storms_lose_nothing() {
 }
 
 /// The MPMC storms: receivers killed, then senders killed too (one after every 10
-/// receiver kills). Ignored: the MPMC storm loses one message in about one run of three
-/// on the 2-core VM, with or without sender kills (also at 9db0953, before the MPMC claims
-/// change): a message a sender announced, never received. A bug of issue 40 not yet found.
-/// Run it with `-- --ignored`.
+/// receiver kills).
 #[test]
-#[ignore = "issue 40: MPMC storms lose one message in about one run of three"]
 fn mpmc_storms_lose_nothing() {
     storms(&[(true, false), (true, true)]);
 }
