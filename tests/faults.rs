@@ -727,7 +727,7 @@ fn receiver_killed_returning_the_last_slot_of_a_closed_pool() {
             matches!(rx.recv_timeout(Duration::from_secs(5)), Err(RecvTimeoutError::Disconnected)),
             "mpmc {mpmc}"
         );
-        assert_eq!(common::leftovers_of(&name), [name.clone()], "mpmc {mpmc}: the pool is gone");
+        assert_eq!(common::leftovers_of(&name), [name.as_str()], "mpmc {mpmc}: the pool is gone");
     }
 }
 
