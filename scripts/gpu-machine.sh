@@ -19,6 +19,7 @@
 #   rest     the CLI's GPU tests, the rows `full` runs out of time for, the Python bench
 #   check    all of the tests (Rust and Python) and the demo without and under MPS
 #   bench    before/after, alternated, two rounds, no MPS
+#   channel  the host channel 4 KB rows of before (/ middle) / this build, five rounds
 #   mps      before/after under MPS, and the demo under MPS
 #   objects  python/bench/objects.py --quick without MPS (one call: ~5 min)
 #   objects-mps  the same under MPS (another call, on the same warm machine)
@@ -65,6 +66,18 @@ case $what in
         bench nomps-$r bench-payloads "$payload_rows"
       fi
     done
+    ;;
+  channel)  # ROUNDS (default "1 2 3 4 5"): the host channel 4 KB rows, point estimates (ns),
+    # of the before build, an optional middle one (.gpu/bin/bench-payloads-mid) and this
+    # build, alternated: the noisy two-process rows need more rounds than `bench` gives
+    for r in ${ROUNDS:-1 2 3 4 5}; do
+      for b in bench-payloads-before bench-payloads-mid bench-payloads; do
+        [ -x .gpu/bin/$b ] || continue
+        timeout 60 .gpu/bin/$b --bench "$payload_rows" > /tmp/channel.log 2>&1
+        echo "r$r $b $(grep -A1 -E '^payload_4KB/gpuring_(spsc|mpmc)$' /tmp/channel.log | grep time: \
+          | sed -E 's/.*\[[^ ]+ [^ ]+ ([^ ]+) [^ ]+ [^ ]+ [^ ]+\]/\1/' | paste -sd' ')"
+      done
+    done | tee "$out/channel.txt"
     ;;
   mps)
     mps_on
