@@ -3,7 +3,9 @@
 //! message published reaches a receiver at least once; every message that comes twice is
 //! marked a redelivery; every slot comes back; nothing is left in `/dev/shm`.
 //!
-//! `cargo test --features fault-injection --test storms` (`.ci/run` runs it).
+//! `cargo test --features fault-injection --test storms` (`.ci/run` runs it). The same
+//! storms over device slots: `gpu_storms_lose_nothing`, ignored without a GPU (built with
+//! `--features cuda,fault-injection` for the GPU machine).
 #![cfg(all(feature = "fault-injection", not(loom)))]
 
 mod common;
@@ -16,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::{Deliveries, Rand, announce, ring_name, role, unique_name};
-use gpuring::{Channel, TensorMeta};
+use gpuring::{Backend, Channel, ChannelBuilder, TensorMeta};
 
 /// The receiving side's fault points; a receiver is killed at one (at a random count) or
 /// at a random time, whichever comes first (`redeliver_holding` is reached only where
@@ -28,10 +30,38 @@ const RECEIVER_KILLS: u32 = 100;
 const SLOTS: u32 = 8;
 const LIMIT: Duration = Duration::from_secs(5);
 
+/// Whether this storm's peers use device slots (`GPURING_TEST_GPU` set by the parent).
+fn on_gpu() -> bool {
+    std::env::var_os("GPURING_TEST_GPU").is_some()
+}
+
+/// Opens the storm's channel as this child's kind says and runs `then` with it.
+macro_rules! with_channel {
+    ($then:ident) => {{
+        #[cfg(feature = "cuda")]
+        let gpu = on_gpu().then(common::gpu::setup);
+        #[cfg(not(feature = "cuda"))]
+        let gpu: Option<()> = {
+            assert!(!on_gpu(), "a GPU storm needs the cuda feature");
+            None
+        };
+        match gpu {
+            #[cfg(feature = "cuda")]
+            Some((_ctx, stream)) => {
+                $then(Channel::builder(ring_name()).cuda(&stream).open().unwrap())
+            }
+            _ => $then(Channel::builder(ring_name()).open().unwrap()),
+        }
+    }};
+}
+
 /// A receiver that holds up to 2 messages (dropping the oldest as a third comes) and
 /// announces each (`got <tag> <redelivered>`) before holding it, until it is killed.
 fn holding_receiver() -> ! {
-    let ch = Channel::builder(ring_name()).open().unwrap();
+    with_channel!(hold)
+}
+
+fn hold<B: Backend>(ch: Channel<B>) -> ! {
     let rx = ch.receiver().unwrap();
     let mut held = std::collections::VecDeque::new();
     loop {
@@ -47,6 +77,9 @@ fn holding_receiver() -> ! {
             Err(gpuring::RecvTimeoutError::PeerDead | gpuring::RecvTimeoutError::Disconnected) => {
                 std::thread::sleep(Duration::from_millis(1));
             }
+            // Nothing for LIMIT: a stall. Said, for the parent to fail the storm with the
+            // timeline around it, and waited through.
+            Err(gpuring::RecvTimeoutError::Timeout) => announce("stalled"),
             Err(e) => panic!("receiver: {e}"),
         }
     }
@@ -55,8 +88,12 @@ fn holding_receiver() -> ! {
 /// An MPMC sender child: streams messages tagged `id << 32 | seq`, announcing each once
 /// `send` returned (`sent <tag>`), until the stop file exists; then leaves cleanly.
 fn streaming_sender() {
-    let ch = Channel::builder(ring_name()).open().unwrap();
+    with_channel!(stream_into)
+}
+
+fn stream_into<B: Backend>(ch: Channel<B>) {
     let tx = ch.sender().unwrap();
+    announce("ready");
     let id: u64 = std::env::var("GPURING_TEST_TAG").unwrap().parse().unwrap();
     let stop = stop_file(&ring_name());
     for seq in 0.. {
@@ -160,13 +197,39 @@ fn explain(lost: &[u64], records: &Records) {
     }
 }
 
+/// How long receivers took to die: from a receiver's fault announcement (just before it
+/// sends itself SIGKILL) to the parent seeing it dead, the slowest and how many took over
+/// 100 ms. (A process holds its liveness locks until it has finished dying.)
+fn dying_times(what: &str, records: &Records) {
+    let timeline = records.timeline.lock().unwrap();
+    let mut faulted: HashMap<&str, u128> = HashMap::new();
+    let (mut slowest, mut slow) = ((0, ""), 0);
+    for (t, who, event) in timeline.iter() {
+        if event.starts_with("fault ") {
+            faulted.insert(who, *t);
+        } else if event == "died at its point" {
+            let took = faulted.get(who.as_str()).map_or(0, |f| t - f);
+            slow += u32::from(took > 100);
+            if took > slowest.0 {
+                slowest = (took, who);
+            }
+        }
+    }
+    println!("{what}: slowest death {} ms ({}), {slow} over 100 ms", slowest.0, slowest.1);
+}
+
 /// Kills `r` (if its fault point has not already) and waits for it and its reader; says
 /// whether it died at its fault point.
 fn stop(r: &mut Running, records: &Records) -> bool {
     let at_point = r.child.try_wait().unwrap().is_some();
     records.note(&r.label, if at_point { "died at its point" } else { "killed" }.to_owned());
     let _ = r.child.kill();
+    let t = Instant::now();
     let status = r.child.wait().unwrap();
+    if t.elapsed() > Duration::from_millis(50) {
+        // A process slow to finish dying holds its locks (and with them its liveness).
+        records.note(&r.label, format!("reaped {:?} after the kill", t.elapsed()));
+    }
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(9), "a receiver ends by SIGKILL only: {status}");
     r.reader.take().unwrap().join().unwrap();
@@ -183,29 +246,62 @@ fn stop(r: &mut Running, records: &Records) -> bool {
 /// every pool drained and unlinked itself); nothing is left in `/dev/shm`.
 #[test]
 fn storms_lose_nothing() {
-    storms(&[(false, false)]);
+    storms(&[(false, false)], false);
 }
 
 /// The MPMC storms: receivers killed, then senders killed too (one after every 10
 /// receiver kills).
 #[test]
 fn mpmc_storms_lose_nothing() {
-    storms(&[(true, false), (true, true)]);
+    storms(&[(true, false), (true, true)], false);
 }
 
-/// Runs a storm for each `(mpmc, kill_senders)`.
-fn storms(which: &[(bool, bool)]) {
+/// The three storms over device slots (host ready flags, the default): every process a
+/// CUDA context on GPU 0, receivers killed at a fault point or 0.4–1 s after they start
+/// (a context takes a few hundred ms to make).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine, built with --features cuda,fault-injection)"]
+fn gpu_storms_lose_nothing() {
+    storms(&[(false, false), (true, false), (true, true)], true);
+}
+
+/// Runs a storm for each `(mpmc, kill_senders)`, over device slots with `gpu`.
+fn storms(which: &[(bool, bool)], gpu: bool) {
     match role().as_deref() {
         Some("receiver") => holding_receiver(),
         Some("sender") => return streaming_sender(),
         _ => {}
     }
+    #[cfg(feature = "cuda")]
+    if gpu {
+        let (_ctx, stream) = common::gpu::setup();
+        // GPURING_TEST_READY=event: the sender's writes signalled by events, not host flags.
+        let ready = match std::env::var("GPURING_TEST_READY").as_deref() {
+            Ok("event") => gpuring::GpuReady::Event,
+            _ => gpuring::GpuReady::HostFlag,
+        };
+        println!("ready: {ready:?}");
+        return storms_of(which, |b| b.cuda(&stream).ready(ready), true);
+    }
+    assert!(!gpu, "a GPU storm needs the cuda feature");
+    storms_of(which, |b| b, false)
+}
+
+/// The storms of `storms`, each channel made by `make` from a host builder.
+fn storms_of<B: Backend>(
+    which: &[(bool, bool)],
+    make: impl Fn(ChannelBuilder) -> ChannelBuilder<B>,
+    gpu: bool,
+) {
     let mut rand = Rand::from_pid(0x9e37_79b9_7f4a_7c15);
-    println!("seed {:#x}", rand.0);
+    println!("seed {:#x}{}", rand.0, if gpu { ", device slots" } else { "" });
+    // Where a receiver is killed at the latest: ms after its start, and the span after that.
+    let (late, span) = if gpu { (400, 601) } else { (40, 211) };
+    let gpu_env = gpu.then(|| ("GPURING_TEST_GPU", "1".to_owned()));
     for &(mpmc, kill_senders) in which {
         let what = if mpmc { "mpmc 3 x 3" } else { "spsc" };
         let name = unique_name(if mpmc { "storm-mpmc" } else { "storm-spsc" });
-        let b = Channel::builder(&name).capacity(16).slots(SLOTS, 64);
+        let b = make(Channel::builder(&name).capacity(16).slots(SLOTS, 64));
         let ch = if mpmc { b.mpmc().max_senders(16) } else { b }.create().unwrap();
         let started = Instant::now();
         let records = Records {
@@ -221,7 +317,8 @@ fn storms(which: &[(bool, bool)]) {
         let mut senders = Vec::new();
         let mut next_id = 1u64;
         let spawn_sender = |id: u64| {
-            let env = [("GPURING_TEST_TAG", id.to_string())];
+            let env: Vec<_> =
+                [("GPURING_TEST_TAG", id.to_string())].into_iter().chain(gpu_env.clone()).collect();
             let until = Instant::now() + Duration::from_secs(3600);
             start(&name, "sender", format!("s{id}"), &env, &records, until)
         };
@@ -252,8 +349,9 @@ fn storms(which: &[(bool, bool)]) {
         let mut next_receiver = 0;
         let mut spawn_receiver = |rand: &mut Rand| {
             let point = POINTS[rand.below(POINTS.len() as u64) as usize];
-            let env = [("GPURING_FAULT", format!("{point}:{}", 1 + rand.below(20)))];
-            let until = Instant::now() + Duration::from_millis(40 + rand.below(211));
+            let fault = ("GPURING_FAULT", format!("{point}:{}", 1 + rand.below(20)));
+            let env: Vec<_> = [fault].into_iter().chain(gpu_env.clone()).collect();
+            let until = Instant::now() + Duration::from_millis(late + rand.below(span));
             next_receiver += 1;
             start(&name, "receiver", format!("r{next_receiver}"), &env, &records, until)
         };
@@ -300,6 +398,31 @@ fn storms(which: &[(bool, bool)]) {
             records.note("drain", format!("got {} {}", m.tag(), m.redelivered()));
             got.lock().unwrap().note(m.tag(), m.redelivered());
         }
+        dying_times(what, &records);
+        let stalls: Vec<u128> = (records.timeline.lock().unwrap().iter())
+            .filter(|(_, _, what)| what == "stalled")
+            .map(|e| e.0)
+            .collect();
+        if !stalls.is_empty() {
+            let timeline = records.timeline.lock().unwrap();
+            for (t, who, what) in timeline.iter() {
+                let near = stalls.iter().any(|&s| t.abs_diff(s) <= LIMIT.as_millis() + 500);
+                if near && !what.starts_with("got ") && !what.starts_with("sent ") {
+                    println!("  {t:>6} ms {who:>5} {what}");
+                }
+            }
+            // How the messages flowed: sent and got per 500 ms, around the first stall.
+            let first = stalls[0];
+            for w in (first.saturating_sub(8000) / 500)..=(first + 3000) / 500 {
+                let (mut sent, mut got) = (0, 0);
+                for (t, _, what) in timeline.iter().filter(|e| e.0 / 500 == w) {
+                    sent += u32::from(what.starts_with("sent ") && *t / 500 == w);
+                    got += u32::from(what.starts_with("got "));
+                }
+                println!("  {:>6} ms: {sent} sent, {got} got", w * 500);
+            }
+        }
+        assert!(stalls.is_empty(), "{what}: a receiver got nothing for {LIMIT:?} at {stalls:?} ms");
         let published = sent.lock().unwrap().clone();
         let lost: Vec<u64> =
             published.iter().copied().filter(|t| !got.lock().unwrap().has(*t)).collect();

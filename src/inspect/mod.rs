@@ -30,7 +30,7 @@ pub use report::{
 pub fn pid_alive(pid: u32) -> Option<bool> {
     match process_state(pid) {
         ProcessState::Running => Some(true),
-        ProcessState::Exited => Some(false),
+        ProcessState::Exiting | ProcessState::Exited => Some(false),
         ProcessState::Unknown => None,
     }
 }

@@ -44,12 +44,14 @@ mod claims;
 pub(crate) mod keeper;
 #[cfg(not(loom))]
 mod participants;
+mod process;
 
 pub use claims::{ClaimLine, ClaimLock};
 #[cfg(not(loom))]
 pub use participants::Attachment;
 #[cfg(not(loom))]
 pub(crate) use participants::{AttachAs, ParticipantTable, RingParts};
+pub use process::{ProcessState, process_state};
 
 /// How often a blocked endpoint of a ring in shared memory checks that its peers live: a
 /// death is noticed within this (plus one probe of the participant table).
@@ -133,79 +135,6 @@ impl core::fmt::Display for AttachError {
 io_error_source!(AttachError);
 
 error_from!(AttachError { Corrupted(Corrupted) });
-
-// ---------------------------------------------------------------------------------------
-// The process probe
-
-/// What the process table says of a pid. Pids are reused, so this is for what only a pid
-/// names (a tool's view of a pool's owner; whether a dead receiver's process has gone, with
-/// its GPU context); liveness of attached endpoints is judged by their locks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProcessState {
-    /// A process with this pid runs (it may be another process than the one recorded).
-    Running,
-    /// No process has this pid, or it is a zombie: its files (and a GPU context) are gone.
-    Exited,
-    /// The pid cannot name a process (0, or beyond what the kernel hands out: a forged
-    /// value), or `/proc` could not be read.
-    Unknown,
-}
-
-/// The state of process `pid`, from `/proc/<pid>/stat`. Reads a file: slow paths only
-/// (no heap allocation: a receiver waiting for a host ready flag asks it while it naps).
-pub fn process_state(pid: u32) -> ProcessState {
-    // A pid read from shared memory may be forged: 0 names nobody, and a value above
-    // `i32::MAX` no process.
-    if pid == 0 || i32::try_from(pid).is_err() {
-        return ProcessState::Unknown;
-    }
-    // "/proc/<pid>/stat", built on the stack.
-    let mut path = [0u8; 32];
-    let mut at = 0;
-    for part in [b"/proc/".as_slice(), itoa(pid, &mut [0u8; 10]), b"/stat"] {
-        path[at..at + part.len()].copy_from_slice(part);
-        at += part.len();
-    }
-    let Ok(path) = std::str::from_utf8(&path[..at]) else {
-        return ProcessState::Unknown;
-    };
-    let fd = match rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return ProcessState::Exited,
-        Err(_) => return ProcessState::Unknown,
-    };
-    // "pid (comm) S ...": the state follows the last ')', within the first bytes (a
-    // command name is at most 64 bytes; the numbers after the state hold no ')').
-    let mut buf = [0u8; 256];
-    let n = match rustix::io::read(&fd, &mut buf) {
-        Ok(n) => n,
-        Err(rustix::io::Errno::SRCH) => return ProcessState::Exited,
-        Err(_) => return ProcessState::Unknown,
-    };
-    let stat = &buf[..n];
-    let state = stat
-        .iter()
-        .rposition(|&b| b == b')')
-        .and_then(|close| stat[close + 1..].iter().find(|b| !b.is_ascii_whitespace()));
-    match state {
-        Some(b'Z' | b'X') => ProcessState::Exited,
-        Some(_) => ProcessState::Running,
-        None => ProcessState::Unknown,
-    }
-}
-
-/// `n` in decimal, in `buf`'s tail.
-fn itoa(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[at..];
-        }
-    }
-}
 
 /// How every endpoint of one side of a ring is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -495,33 +424,6 @@ pub(crate) fn block_on<W: Watch, R>(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-
-    /// Found by the scribbler test: a forged pid above `i32::MAX` became a negative pid
-    /// (a process group for `kill`), and tripped a debug assertion in rustix.
-    #[test]
-    #[cfg_attr(miri, ignore = "/proc is not available under Miri")]
-    fn the_probe_refuses_pids_that_cannot_exist() {
-        assert_eq!(process_state(0), ProcessState::Unknown);
-        assert_eq!(process_state(u32::MAX), ProcessState::Unknown);
-        assert_eq!(process_state(1 << 31), ProcessState::Unknown);
-        assert_eq!(process_state(std::process::id()), ProcessState::Running);
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore = "processes are not available under Miri")]
-    fn the_probe_sees_a_zombie_and_a_reaped_child_as_exited() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        // Not reaped yet: a zombie once it has exited.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while process_state(pid) == ProcessState::Running {
-            assert!(std::time::Instant::now() < deadline, "`true` did not exit");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(process_state(pid), ProcessState::Exited, "a zombie has exited");
-        child.wait().unwrap();
-        assert_eq!(process_state(pid), ProcessState::Exited, "reaped");
-    }
 
     #[test]
     fn now_is_one_attempt_and_never_sleeps() {

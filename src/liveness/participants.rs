@@ -5,7 +5,9 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{AttachError, ClaimLine, ClaimLock, Gone, PeerCount, Role, Watch};
+use super::{
+    AttachError, ClaimLine, ClaimLock, Gone, PeerCount, ProcessState, Role, Watch, process_state,
+};
 use crate::layout::{
     Claims, Corrupted, MAX_PARTICIPANTS, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER, ParticipantId,
     Participants, RingControl, RingHeader, entry_pid, entry_role, entry_serial, entry_value,
@@ -124,9 +126,17 @@ impl ParticipantTable {
 
     /// Entry `index` checked against its liveness lock: `None` when free, else its value
     /// and whether its holder lives. Entries this handle holds (`own`) live; another's
-    /// lives while some description holds its byte; one whose lock is gone and whose
-    /// value is unchanged after that was seen is dead (a leaving endpoint clears its entry
-    /// before it unlocks). One `F_OFD_GETLK` per entry not ours.
+    /// lives while some description holds its byte and its process (the pid it recorded)
+    /// has not begun to exit; one whose lock is gone and whose value is unchanged after
+    /// that was seen is dead (a leaving endpoint clears its entry before it unlocks). One
+    /// `F_OFD_GETLK` per entry not ours, and a read of `/proc/<pid>/stat` per one held.
+    ///
+    /// A process that has begun to exit runs no more of its own code, but keeps its locks
+    /// until the kernel has closed its files, which comes after its memory is unmapped: a
+    /// GPU process SIGKILLed inside a receive took up to 10 s there on an H200 VM, with
+    /// every MPMC endpoint waiting for the cell it held. So it counts as dead at once.
+    /// (What a dead GPU holder's device work may still touch waits for its exit all the
+    /// same: `Backend::holder_gone`.)
     fn probe(&self, index: usize, own: u64) -> io::Result<Option<(u64, bool)>> {
         let entry = &self.participants().entries[index];
         // Relaxed: a claim, checked against the lock.
@@ -134,8 +144,12 @@ impl ParticipantTable {
         if value == 0 {
             return Ok(None);
         }
-        if own & (1 << index) != 0 || self.segment.byte_held_elsewhere(1 + index as u64)? {
+        if own & (1 << index) != 0 {
             return Ok(Some((value, true)));
+        }
+        if self.segment.byte_held_elsewhere(1 + index as u64)? {
+            let exiting = process_state(entry_pid(value)) == ProcessState::Exiting;
+            return Ok(Some((value, !exiting)));
         }
         // Relaxed: as above.
         Ok((entry.load(Ordering::Relaxed) == value).then_some((value, false)))

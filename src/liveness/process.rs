@@ -1,0 +1,199 @@
+//! The process probe: what `/proc` says of a pid. Pids are reused, so this is for what only
+//! a pid names (a tool's view of a pool's owner; whether a dead receiver's process has
+//! gone, with its GPU context; whether the holder of a liveness lock has begun to exit).
+
+/// What the process table says of a pid. Pids are reused, so this is for what only a pid
+/// names (a tool's view of a pool's owner; whether a dead receiver's process has gone, with
+/// its GPU context); liveness of attached endpoints is judged by their locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessState {
+    /// A process with this pid runs (it may be another process than the one recorded).
+    Running,
+    /// It has begun to exit (the kernel's `PF_EXITING`): it runs no more of its own code,
+    /// but still holds its files (and their locks) and, with a GPU context, its device
+    /// work, until the kernel has finished with it, which can take seconds on a GPU.
+    Exiting,
+    /// No process has this pid, or it is a zombie: its files (and a GPU context) are gone.
+    Exited,
+    /// The pid cannot name a process (0, or beyond what the kernel hands out: a forged
+    /// value), or `/proc` could not be read.
+    Unknown,
+}
+
+/// The state of process `pid`, from `/proc/<pid>/stat`: `Exiting` only once every thread
+/// of it has begun to exit (`/proc/<pid>/task/*/stat`, read only then), so that a main
+/// thread that ended alone (`pthread_exit`) while others run is no exiting process. Reads
+/// files: slow paths only (no heap allocation: a receiver waiting for a host ready flag
+/// asks it while it naps).
+pub fn process_state(pid: u32) -> ProcessState {
+    // A pid read from shared memory may be forged: 0 names nobody, and a value above
+    // `i32::MAX` no process.
+    if pid == 0 || i32::try_from(pid).is_err() {
+        return ProcessState::Unknown;
+    }
+    let mut buf = [0u8; 48];
+    let Some(path) = proc_path(&mut buf, pid, None) else { return ProcessState::Unknown };
+    match stat_of(path) {
+        ProcessState::Exiting if !every_thread_exiting(pid) => ProcessState::Running,
+        state => state,
+    }
+}
+
+/// `/proc/<pid>/stat`, or `/proc/<pid>/task/<tid>/stat`, built in `buf`.
+fn proc_path<'a>(buf: &'a mut [u8; 48], pid: u32, tid: Option<&[u8]>) -> Option<&'a str> {
+    let mut digits = [0u8; 10];
+    let pid = itoa(pid, &mut digits);
+    let parts: [&[u8]; 4] = match tid {
+        Some(tid) => [b"/proc/", pid, b"/task/", tid],
+        None => [b"/proc/", pid, b"", b""],
+    };
+    let mut at = 0;
+    for part in parts.into_iter().chain([b"/stat".as_slice()]) {
+        buf.get_mut(at..at + part.len())?.copy_from_slice(part);
+        at += part.len();
+    }
+    std::str::from_utf8(&buf[..at]).ok()
+}
+
+/// The state one stat file gives (a task that is gone has exited).
+fn stat_of(path: &str) -> ProcessState {
+    let fd = match rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return ProcessState::Exited,
+        Err(_) => return ProcessState::Unknown,
+    };
+    // The state and flags come within the first bytes (a command name is at most 64 bytes).
+    let mut buf = [0u8; 256];
+    match rustix::io::read(&fd, &mut buf) {
+        Ok(n) => parse_stat(&buf[..n]),
+        Err(rustix::io::Errno::SRCH) => ProcessState::Exited,
+        Err(_) => ProcessState::Unknown,
+    }
+}
+
+/// Whether every thread of `pid` has begun to exit or is gone (a process being killed, or
+/// exiting); `false` when one runs or cannot be read.
+fn every_thread_exiting(pid: u32) -> bool {
+    use std::mem::MaybeUninit;
+    let mut digits = [0u8; 10];
+    let mut dir_path = [0u8; 32];
+    let mut at = 0;
+    for part in [b"/proc/".as_slice(), itoa(pid, &mut digits), b"/task"] {
+        dir_path[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    let Ok(dir_path) = std::str::from_utf8(&dir_path[..at]) else { return false };
+    let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY;
+    let Ok(fd) = rustix::fs::open(dir_path, flags, rustix::fs::Mode::empty()) else {
+        return false;
+    };
+    let mut entries = [MaybeUninit::<u8>::uninit(); 2048];
+    let mut dir = rustix::fs::RawDir::new(fd, &mut entries);
+    while let Some(entry) = dir.next() {
+        let Ok(entry) = entry else { return false };
+        let tid = entry.file_name().to_bytes();
+        if tid.starts_with(b".") {
+            continue;
+        }
+        let mut buf = [0u8; 48];
+        let Some(path) = proc_path(&mut buf, pid, Some(tid)) else { return false };
+        if matches!(stat_of(path), ProcessState::Running | ProcessState::Unknown) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The kernel's flag of a task that has begun to exit (`include/linux/sched.h`).
+const PF_EXITING: u64 = 0x4;
+
+/// The state a `/proc/<pid>/stat` line gives: `pid (comm) S ppid pgrp session tty tpgid
+/// flags ...`. The state follows the last ')' (a command name may hold any byte); the
+/// numbers after it hold none.
+fn parse_stat(stat: &[u8]) -> ProcessState {
+    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+        return ProcessState::Unknown;
+    };
+    let mut fields = stat[close + 1..].split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty());
+    let state = fields.next();
+    let flags = fields.nth(5).and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok());
+    match (state, flags) {
+        (Some(b"Z" | b"X"), _) => ProcessState::Exited,
+        (Some(_), Some(flags)) if flags & PF_EXITING != 0 => ProcessState::Exiting,
+        (Some(_), _) => ProcessState::Running,
+        (None, _) => ProcessState::Unknown,
+    }
+}
+
+/// `n` in decimal, in `buf`'s tail.
+fn itoa(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Found by the scribbler test: a forged pid above `i32::MAX` became a negative pid
+    /// (a process group for `kill`), and tripped a debug assertion in rustix.
+    #[test]
+    #[cfg_attr(miri, ignore = "/proc is not available under Miri")]
+    fn the_probe_refuses_pids_that_cannot_exist() {
+        assert_eq!(process_state(0), ProcessState::Unknown);
+        assert_eq!(process_state(u32::MAX), ProcessState::Unknown);
+        assert_eq!(process_state(1 << 31), ProcessState::Unknown);
+        assert_eq!(process_state(std::process::id()), ProcessState::Running);
+    }
+
+    /// A task that has begun to exit is told apart from one that runs: what a GPU process
+    /// shows for seconds after SIGKILL, holding its locks.
+    #[test]
+    fn the_stat_line_says_exiting_running_or_exited() {
+        let line = |state: &str, flags: u64| {
+            format!("4242 (a (b) c) {state} 1 4242 4242 0 -1 {flags} 12 0 0 0 5 3 0 0 20 0 3")
+        };
+        assert_eq!(parse_stat(line("R", 0x400100).as_bytes()), ProcessState::Running);
+        assert_eq!(parse_stat(line("D", 0x400104).as_bytes()), ProcessState::Exiting);
+        assert_eq!(parse_stat(line("R", 0x40840c).as_bytes()), ProcessState::Exiting);
+        assert_eq!(parse_stat(line("Z", 0x40840c).as_bytes()), ProcessState::Exited);
+        assert_eq!(parse_stat(b"4242 (x) S"), ProcessState::Running, "flags cut off");
+        assert_eq!(parse_stat(b"4242 (x"), ProcessState::Unknown);
+    }
+
+    /// This process runs, with more than one thread: not every thread exits.
+    #[test]
+    #[cfg_attr(miri, ignore = "/proc is not available under Miri")]
+    fn a_running_process_has_threads_that_do_not_exit() {
+        let t = std::thread::spawn(|| std::thread::sleep(Duration::from_millis(200)));
+        assert!(!every_thread_exiting(std::process::id()));
+        let mut buf = [0u8; 48];
+        let tid = b"1";
+        assert_eq!(proc_path(&mut buf, 42, Some(tid)), Some("/proc/42/task/1/stat"));
+        t.join().unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "processes are not available under Miri")]
+    fn the_probe_sees_a_zombie_and_a_reaped_child_as_exited() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not reaped yet: a zombie once it has exited.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while process_state(pid) == ProcessState::Running {
+            assert!(std::time::Instant::now() < deadline, "`true` did not exit");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(process_state(pid), ProcessState::Exited, "a zombie has exited");
+        child.wait().unwrap();
+        assert_eq!(process_state(pid), ProcessState::Exited, "reaped");
+    }
+}
