@@ -32,15 +32,22 @@ pub fn process_state(pid: u32) -> ProcessState {
         return ProcessState::Unknown;
     }
     let mut buf = [0u8; 48];
-    let Some(path) = proc_path(&mut buf, pid, None) else { return ProcessState::Unknown };
+    let Some(path) = proc_path(&mut buf, pid, None, b"stat") else {
+        return ProcessState::Unknown;
+    };
     match stat_of(path) {
         ProcessState::Exiting if !every_thread_exiting(pid) => ProcessState::Running,
         state => state,
     }
 }
 
-/// `/proc/<pid>/stat`, or `/proc/<pid>/task/<tid>/stat`, built in `buf`.
-fn proc_path<'a>(buf: &'a mut [u8; 48], pid: u32, tid: Option<&[u8]>) -> Option<&'a str> {
+/// `/proc/<pid>/<file>`, or `/proc/<pid>/task/<tid>/<file>`, built in `buf`.
+fn proc_path<'a>(
+    buf: &'a mut [u8; 48],
+    pid: u32,
+    tid: Option<&[u8]>,
+    file: &[u8],
+) -> Option<&'a str> {
     let mut digits = [0u8; 10];
     let pid = itoa(pid, &mut digits);
     let parts: [&[u8]; 4] = match tid {
@@ -48,7 +55,7 @@ fn proc_path<'a>(buf: &'a mut [u8; 48], pid: u32, tid: Option<&[u8]>) -> Option<
         None => [b"/proc/", pid, b"", b""],
     };
     let mut at = 0;
-    for part in parts.into_iter().chain([b"/stat".as_slice()]) {
+    for part in parts.into_iter().chain([b"/".as_slice(), file]) {
         buf.get_mut(at..at + part.len())?.copy_from_slice(part);
         at += part.len();
     }
@@ -71,8 +78,9 @@ fn stat_of(path: &str) -> ProcessState {
     }
 }
 
-/// Whether every thread of `pid` has begun to exit or is gone (a process being killed, or
-/// exiting); `false` when one runs or cannot be read.
+/// Whether every thread of `pid` is done with its code: gone, begun to exit, or with a
+/// SIGKILL pending (one blocked in a driver call when its process was killed, which never
+/// returns to it); `false` when one runs on or cannot be read.
 fn every_thread_exiting(pid: u32) -> bool {
     use std::mem::MaybeUninit;
     let mut digits = [0u8; 10];
@@ -96,12 +104,52 @@ fn every_thread_exiting(pid: u32) -> bool {
             continue;
         }
         let mut buf = [0u8; 48];
-        let Some(path) = proc_path(&mut buf, pid, Some(tid)) else { return false };
-        if matches!(stat_of(path), ProcessState::Running | ProcessState::Unknown) {
+        let Some(path) = proc_path(&mut buf, pid, Some(tid), b"stat") else { return false };
+        let done = match stat_of(path) {
+            ProcessState::Exiting | ProcessState::Exited => true,
+            ProcessState::Running => {
+                let mut buf = [0u8; 48];
+                proc_path(&mut buf, pid, Some(tid), b"status").is_some_and(kill_pending)
+            }
+            ProcessState::Unknown => false,
+        };
+        if !done {
             return false;
         }
     }
     true
+}
+
+/// SIGKILL's bit in a `SigPnd` mask (signal 9).
+const SIGKILL_BIT: u64 = 1 << 8;
+
+/// Whether the task whose `status` file is at `path` has a SIGKILL pending (`SigPnd`).
+fn kill_pending(path: &str) -> bool {
+    let Ok(fd) = rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty())
+    else {
+        return false;
+    };
+    // `SigPnd` comes some 1–1.5 KB in (after the ids, groups and memory lines).
+    let mut buf = [0u8; 4096];
+    let mut n = 0;
+    while n < buf.len() {
+        match rustix::io::read(&fd, &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(read) => n += read,
+            Err(_) => return false,
+        }
+    }
+    sig_pending(&buf[..n]) & SIGKILL_BIT != 0
+}
+
+/// The `SigPnd` mask of a `status` file's text (0 when it has none).
+fn sig_pending(status: &[u8]) -> u64 {
+    status
+        .split(|&b| b == b'\n')
+        .find_map(|line| line.strip_prefix(b"SigPnd:"))
+        .and_then(|hex| std::str::from_utf8(hex).ok())
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0)
 }
 
 /// The kernel's flag of a task that has begun to exit (`include/linux/sched.h`).
@@ -177,7 +225,13 @@ mod tests {
         assert!(!every_thread_exiting(std::process::id()));
         let mut buf = [0u8; 48];
         let tid = b"1";
-        assert_eq!(proc_path(&mut buf, 42, Some(tid)), Some("/proc/42/task/1/stat"));
+        assert_eq!(proc_path(&mut buf, 42, Some(tid), b"stat"), Some("/proc/42/task/1/stat"));
+        let status = "Name:\tx\nSigQ:\t0/1\nSigPnd:\t0000000000000100\nShdPnd:\t0000000000000000\n";
+        assert_eq!(sig_pending(status.as_bytes()) & SIGKILL_BIT, SIGKILL_BIT);
+        assert_eq!(sig_pending(b"Name:\tx\nSigPnd:\t0000000000004000\n"), 0x4000);
+        let mut buf = [0u8; 48];
+        let own = proc_path(&mut buf, std::process::id(), None, b"status").unwrap();
+        assert!(!kill_pending(own), "no SIGKILL pending here");
         t.join().unwrap();
     }
 
