@@ -651,6 +651,26 @@ fn mpmc_a_lost_claim_does_not_stall_a_dead_winners_cell() {
     });
 }
 
+/// A thread that pushes `item` with `tx` as soon as there is room (yielding while the ring
+/// is full), then hands `tx` back.
+fn push_when_room(
+    tx: mpmc::Producer<u64, tracked::Tracked>,
+    mut item: u64,
+) -> thread::JoinHandle<mpmc::Producer<u64, tracked::Tracked>> {
+    thread::spawn(move || {
+        loop {
+            match tx.try_push(item) {
+                Ok(()) => return tx,
+                Err(TryPushError::Full(back)) => {
+                    item = back;
+                    thread::yield_now();
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    })
+}
+
 /// A consumer died after winning position 0 of a full ring of 2 (never freed the cell).
 /// A live producer waits for room while a live consumer pops and, finding the ring empty,
 /// adopts the dead consumer's element: the consumer gets element 2, then element 1 (which
@@ -667,19 +687,7 @@ fn mpmc_dead_consumers_element_is_adopted() {
         tx.try_push(1).unwrap();
         tx.try_push(2).unwrap();
         die_after_claim(&ring, 0, Role::Consumer);
-        let producer = thread::spawn(move || {
-            let mut item = 3;
-            loop {
-                match tx.try_push(item) {
-                    Ok(()) => return tx,
-                    Err(TryPushError::Full(back)) => {
-                        item = back;
-                        thread::yield_now();
-                    }
-                    Err(e) => panic!("{e:?}"),
-                }
-            }
-        });
+        let producer = push_when_room(tx, 3);
         let consumer = thread::spawn(move || {
             let mut got = Vec::new();
             while got.len() < 2 {
@@ -769,19 +777,7 @@ fn mpmc_a_dead_adopters_cell_is_adopted_again() {
         die_after_claim(&ring, 0, Role::Consumer);
         die_adopting(&ring, 1, 0);
         let rx = mpmc::Consumer::<u64, _>::new(ring.endpoint(3)).unwrap();
-        let producer = thread::spawn(move || {
-            let mut item = 3;
-            loop {
-                match tx.try_push(item) {
-                    Ok(()) => return tx,
-                    Err(TryPushError::Full(back)) => {
-                        item = back;
-                        thread::yield_now();
-                    }
-                    Err(e) => panic!("{e:?}"),
-                }
-            }
-        });
+        let producer = push_when_room(tx, 3);
         let adopted = rx.try_adopt_then(|v| v);
         assert_eq!(adopted, Some(1), "the dead adopter's cell, adopted again");
         assert_eq!(rx.try_pop(), Ok(2));
