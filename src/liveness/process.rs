@@ -83,14 +83,8 @@ fn stat_of(path: &str) -> ProcessState {
 /// returns to it); `false` when one runs on or cannot be read.
 fn every_thread_exiting(pid: u32) -> bool {
     use std::mem::MaybeUninit;
-    let mut digits = [0u8; 10];
-    let mut dir_path = [0u8; 32];
-    let mut at = 0;
-    for part in [b"/proc/".as_slice(), itoa(pid, &mut digits), b"/task"] {
-        dir_path[at..at + part.len()].copy_from_slice(part);
-        at += part.len();
-    }
-    let Ok(dir_path) = std::str::from_utf8(&dir_path[..at]) else { return false };
+    let mut buf = [0u8; 48];
+    let Some(dir_path) = proc_path(&mut buf, pid, None, b"task") else { return false };
     let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY;
     let Ok(fd) = rustix::fs::open(dir_path, flags, rustix::fs::Mode::empty()) else {
         return false;
