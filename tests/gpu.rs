@@ -641,9 +641,10 @@ fn gpu_messages_of_a_killed_sender_are_refused_once_a_sender_replaces_it() {
 /// A sender signalling by host ready flags dies after a send whose flag its stream never
 /// wrote (the stream is held by a wait on a word nobody writes, so the flag's write is
 /// queued behind it when the process goes). The receiver, which took the message while
-/// the sender lived and is waiting for the flag, gets `PeerDead` instead of waiting for
-/// ever; so does one whose wait policy never sleeps (its flag wait spins without end,
-/// checking the sender every so many spins). All ends run in children.
+/// the sender lived and is waiting for the flag, gets `SenderGone` (the message dropped
+/// unread) instead of waiting for ever, then `PeerDead` (its only sender is dead); so does
+/// one whose wait policy never sleeps (its flag wait spins without end, checking the
+/// sender every so many spins). All ends run in children.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_host_flags_receiver_sees_its_senders_death() {
@@ -682,10 +683,14 @@ fn gpu_host_flags_receiver_sees_its_senders_death() {
             announce("ready");
             let started = std::time::Instant::now();
             match rx.recv_timeout(LIMIT) {
+                Err(gpuring::RecvTimeoutError::SenderGone) => {}
+                other => panic!("expected SenderGone, got {:?}", other.map(|m| m.seq())),
+            }
+            eprintln!("{role}: SenderGone after {:?}", started.elapsed());
+            match rx.recv_timeout(LIMIT) {
                 Err(gpuring::RecvTimeoutError::PeerDead) => {}
                 other => panic!("expected PeerDead, got {:?}", other.map(|m| m.seq())),
             }
-            eprintln!("{role}: PeerDead after {:?}", started.elapsed());
             announce("peer-dead");
             return;
         }

@@ -343,7 +343,12 @@ fn mpmc_storms_lose_nothing() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run on the GPU machine, built with --features cuda,fault-injection)"]
 fn gpu_storms_lose_nothing() {
-    storms(&[(false, false), (true, false), (true, true)], true);
+    let all = [(false, false), (true, false), (true, true)];
+    // GPURING_TEST_STORM=<0|1|2>: that storm only.
+    match std::env::var("GPURING_TEST_STORM").ok().and_then(|s| s.parse::<usize>().ok()) {
+        Some(i) if role().is_none() => storms(&all[i..=i], true),
+        _ => storms(&all, true),
+    }
 }
 
 /// Runs a storm for each `(mpmc, kill_senders)`, over device slots with `gpu`.
@@ -526,6 +531,20 @@ fn storms_of<B: Backend>(
             .filter(|(_, _, what)| what.starts_with("error "))
             .map(|(t, who, what)| format!("{t} ms {who} {what}"))
             .partition(|e| refusals_expected && e.ends_with(" error SenderGone"));
+        if !errors.is_empty() {
+            // What happened around each failed receive.
+            let timeline = records.timeline.lock().unwrap();
+            for e in &errors {
+                let at: u128 = e.split(' ').next().unwrap().parse().unwrap();
+                println!("around {e}:");
+                for (t, who, what) in timeline.iter().filter(|(t, ..)| t.abs_diff(at) <= 300) {
+                    let pool = what.starts_with("got ") || what.starts_with("sent ");
+                    if !pool || t.abs_diff(at) <= 5 {
+                        println!("  {t:>6} ms {who:>5} {what}");
+                    }
+                }
+            }
+        }
         assert!(errors.is_empty(), "{what}: receives failed: {errors:#?}");
         let stalls: Vec<u128> = (records.timeline.lock().unwrap().iter())
             .filter(|(_, _, what)| what == "stalled")

@@ -272,7 +272,7 @@ impl PyChannel {
     /// context switch), and the GPU is spared an event record and a wait per message. A
     /// ``recv`` that has taken a message waits for its flag however long the sender's GPU
     /// work takes (its ``timeout`` does not bound that part, nor does Ctrl-C), or until the
-    /// sender closes its pool (``SenderGone``) or its process exits (``PeerDead``).
+    /// sender closes its pool or its process exits (then ``SenderGone``: dropped unread).
     /// ``"event"``: an interprocess CUDA event, which the receiver's stream waits on;
     /// ``recv`` never waits for the GPU (choose it when the receiving thread has other work
     /// while the sender's kernels run, or ``timeout`` must bound every ``recv``).

@@ -69,9 +69,9 @@ pub struct Cuda;
 ///   its yields, then short naps, then naps doubling to 1 ms; a policy that never sleeps
 ///   spins until the flag), and that wait is not bounded by the receive's deadline: a
 ///   receive, `try_recv` included, that has taken a message waits for its flag until it
-///   comes, the pool is retired ([`RecvError::SenderGone`](crate::RecvError::SenderGone))
-///   or the sender's process has exited
-///   ([`RecvError::PeerDead`](crate::RecvError::PeerDead)).
+///   comes, or the pool is retired or the sender's process has exited (then
+///   [`RecvError::SenderGone`](crate::RecvError::SenderGone): the message is dropped
+///   unread).
 /// - [`Event`](GpuReady::Event): the send records the slot's interprocess ready event on
 ///   the sender's stream; `recv` enqueues a wait for it on the receiver's stream and
 ///   returns at once. The CPU never waits for the GPU; the receiver's stream does, and the
@@ -310,9 +310,10 @@ impl Backend for Cuda {
     ) -> Result<DeviceRead, Refused<CudaError>> {
         let slot = hold.held.slot;
         if device.host_flags() {
+            // Retired or exited, the sender's device memory is gone: this message is
+            // refused, unread; whether every sender is gone is the next receive's answer.
             wait_ready_flag(&hold.pool, slot, d.generation, policy).map_err(|gone| match gone {
-                FlagGone::Retired => Refused::SenderGone,
-                FlagGone::Exited => Refused::PeerDead,
+                FlagGone::Retired | FlagGone::Exited => Refused::SenderGone,
             })?;
         } else {
             device.wait_ready(slot, stream).map_err(Refused::Device)?;
