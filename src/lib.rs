@@ -341,7 +341,7 @@ pub mod internal {
         ClaimLine, ClaimLock, Gone, ProcessState, Unwatched, Watch, process_state,
     };
     pub use crate::pool::{HeapPool, PoolCore, SlotRef, heap_pool};
-    pub use crate::ring::{Heap, Storage, mpmc, repair, spsc};
+    pub use crate::ring::{Heap, Storage, broadcast, mpmc, repair, spsc};
     #[cfg(not(loom))]
     pub use crate::wait::reactor::{WaiterStats, waiter_stats};
     pub use crate::wait::{BarrierMode, WaitStats, barrier_mode, wait_stats};

@@ -1078,3 +1078,35 @@ fn redelivery_never_takes_a_message_still_queued() {
         assert!(live.release(held));
     });
 }
+
+/// Broadcast (issue 38, the ring alone): a reader joins while the producer tries to push
+/// 0, 1, 2 into a ring of 2 (once each, stopping at the first refusal), and reads a few
+/// times; what is left is read after. What it read is a run of consecutive values ending at
+/// the last one pushed (it starts with whatever came after it joined, and nothing it reads
+/// was overwritten). Fails if the join keeps its first `tail` guess, or if either SeqCst
+/// fence goes (the producer, its minimum computed without the new cursor, overwrites a cell
+/// the reader has not read).
+#[test]
+fn broadcast_a_joining_reader_never_reads_an_overwritten_cell() {
+    use gpuring::internal::broadcast;
+    builder(3).check(|| {
+        let mut tx = broadcast::with_capacity::<u64>(2, 2);
+        let subscriber = tx.subscriber();
+        let producer = thread::spawn(move || {
+            let pushed = (0..3u64).take_while(|&v| tx.try_push(v).is_ok()).last();
+            (tx, pushed)
+        });
+        let reader = thread::spawn(move || {
+            let mut r = subscriber.subscribe().unwrap();
+            let got: Vec<u64> = (0..3).filter_map(|_| r.try_read()).collect();
+            (r, got)
+        });
+        let (_tx, pushed) = producer.join().unwrap();
+        let (mut r, mut got) = reader.join().unwrap();
+        got.extend(std::iter::from_fn(|| r.try_read()));
+        assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "a gap or a rewind: {got:?}");
+        if let Some(last) = got.last() {
+            assert_eq!(Some(*last), pushed, "the run ends at the last element pushed");
+        }
+    });
+}

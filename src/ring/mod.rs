@@ -31,6 +31,7 @@ use crate::layout::{Corrupted, RingControl};
 use crate::liveness::{Blocked, Role, Tick, Unwatched, Watch, block_on};
 use crate::wait::{Deadline, WaitPolicy};
 
+pub mod broadcast;
 mod error;
 pub mod mpmc;
 #[cfg(not(loom))]
