@@ -326,8 +326,8 @@ pub use channel::{Messages, select_async};
 pub use cuda::{Cuda, CudaError, DeviceView, GpuReady, Pinned};
 #[cfg(not(loom))]
 pub use named::{
-    Mpmc, MpmcConsumer, MpmcProducer, MpmcRing, Ring, RingBuilder, RingError, RingFlavor, Spsc,
-    SpscConsumer, SpscProducer, SpscRing,
+    Broadcast, BroadcastProducer, BroadcastReader, BroadcastRing, Mpmc, MpmcConsumer, MpmcProducer,
+    MpmcRing, Ring, RingBuilder, RingError, RingFlavor, Spsc, SpscConsumer, SpscProducer, SpscRing,
 };
 #[cfg(not(loom))]
 pub use shm::{DEFAULT_OPEN_TIMEOUT, ShmError};

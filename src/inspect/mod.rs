@@ -188,7 +188,9 @@ fn read_info(path: &std::path::Path) -> Option<SegmentInfo> {
 /// channel whose table size is impossible).
 fn ring_base(seg: &Segment, kind: SegmentKind) -> Option<usize> {
     match kind {
-        SegmentKind::SpscRing | SegmentKind::MpmcRing => Some(size_of::<SegmentHeader>()),
+        SegmentKind::SpscRing | SegmentKind::MpmcRing | SegmentKind::BroadcastRing => {
+            Some(size_of::<SegmentHeader>())
+        }
         SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
             Some(crate::channel::channel_layout(seg)?.0.ring.ring_header)
         }
@@ -199,6 +201,10 @@ fn ring_base(seg: &Segment, kind: SegmentKind) -> Option<usize> {
 /// Elements waiting in the ring of a ring or channel segment (`None`: not one, or its
 /// positions are impossible).
 fn queued_in(seg: &Segment, kind: SegmentKind) -> Option<u64> {
+    if kind == SegmentKind::BroadcastRing {
+        // A broadcast ring keeps nothing for a reader that comes later.
+        return Some(0);
+    }
     RingView::at(seg, ring_base(seg, kind)?)?.queued()
 }
 

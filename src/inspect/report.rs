@@ -213,7 +213,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
         return Err(corrupted("channel pool table size out of range or beyond the segment"));
     }
     match kind {
-        SegmentKind::SpscRing | SegmentKind::MpmcRing => {}
+        SegmentKind::SpscRing | SegmentKind::MpmcRing | SegmentKind::BroadcastRing => {}
         SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
             let layout = channel.expect("a channel without a layout returned above");
             let table = ChannelView::with_layout(&seg, layout);

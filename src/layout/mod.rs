@@ -60,12 +60,12 @@ impl std::error::Error for Corrupted {}
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING\0");
 
 /// Bumped whenever a shared-memory type changes shape or meaning.
-pub const LAYOUT_VERSION: u32 = 12;
+pub const LAYOUT_VERSION: u32 = 13;
 
 /// The value of [`SegmentHeader::init`] once the creator has finished writing the segment.
 pub const INIT_READY: u32 = 0x5244_5952; // "RYDR"
 
-/// What a segment holds. The discriminants are the wire codes, 1 to 6 in order.
+/// What a segment holds. The discriminants are the wire codes, 1 to 7 in order.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentKind {
@@ -82,17 +82,20 @@ pub enum SegmentKind {
     /// A slot pool whose slots are device memory: slot records, free ring, CUDA IPC
     /// handles of the allocation and of each slot's events.
     CudaPool,
+    /// A broadcast ring: one producer, readers that each read every element.
+    BroadcastRing,
 }
 
 impl SegmentKind {
     /// Every kind, in wire-code order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::SpscRing,
         Self::MpmcRing,
         Self::SpscChannel,
         Self::MpmcChannel,
         Self::HostPool,
         Self::CudaPool,
+        Self::BroadcastRing,
     ];
 
     /// Whether the segment is a channel (a pool table and a descriptor ring).
@@ -114,13 +117,14 @@ impl SegmentKind {
             Self::MpmcChannel => "an MPMC channel",
             Self::HostPool => "a host slot pool (of a channel)",
             Self::CudaPool => "a GPU slot pool (of a channel)",
+            Self::BroadcastRing => "a broadcast ring",
         }
     }
 
     /// Decodes a kind read from shared memory.
     pub fn from_raw(raw: u32) -> Option<Self> {
         match raw {
-            1..=6 => Self::ALL.into_iter().find(|k| *k as u32 == raw),
+            1..=7 => Self::ALL.into_iter().find(|k| *k as u32 == raw),
             _ => None,
         }
     }

@@ -41,6 +41,11 @@ pub struct RingHeader {
     /// Counts registrations in the [`Participants`] table: each one's serial, so that an
     /// identity ([`ParticipantId`]) names one registration, never a later one of its entry.
     pub registrations: AtomicU32,
+    /// Broadcast rings: bit `i` set while the endpoint at participant entry `i` is a
+    /// reader, whose cursor (the next position it reads) is that entry's
+    /// [`Claims::pop`] word (a broadcast ring has no claims). The producer holds back for
+    /// every reader the mask names (`ring::broadcast`). 0 in other rings.
+    pub readers: AtomicU64,
 }
 
 /// The index of a side in [`RingHeader::attached`] and [`RingHeader::joined`]: 0 for

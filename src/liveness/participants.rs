@@ -155,6 +155,29 @@ impl ParticipantTable {
         Ok((entry.load(Ordering::Relaxed) == value).then_some((value, false)))
     }
 
+    /// Runs `f` holding entry `index`'s liveness lock, if no endpoint holds it (its
+    /// endpoint died, or left) and this handle does not: no endpoint can register there
+    /// while `f` runs. Whether `f` ran. One or two `fcntl` calls: slow paths only.
+    pub(crate) fn while_unheld(&self, index: usize, f: impl FnOnce()) -> bool {
+        let own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
+        if index >= MAX_PARTICIPANTS || *own & (1 << index) != 0 {
+            return false;
+        }
+        let byte = 1 + index as u64;
+        if !self.segment.lock_byte(byte).unwrap_or(false) {
+            return false;
+        }
+        f();
+        self.segment.unlock_byte(byte);
+        true
+    }
+
+    /// The cursor line of entry `index` of a broadcast ring (its claims' `pop` word: see
+    /// `RingHeader::readers`).
+    pub(crate) fn cursor(&self, index: usize) -> &crate::sync::AtomicU64 {
+        &self.participants().claims[index].pop
+    }
+
     /// Live and dead endpoints of `role`. A handful of syscalls: for blocked endpoints and
     /// tools only.
     pub(crate) fn peers(&self, role: Role) -> io::Result<PeerCount> {
@@ -385,6 +408,11 @@ impl Attachment {
             attachment.in_count = true;
         }
         Ok(attachment)
+    }
+
+    /// This endpoint's entry in the participant table (`None` once it gave it back).
+    pub(crate) fn participant_index(&self) -> Option<usize> {
+        self.participant.as_ref().map(|p| p.index)
     }
 
     fn header(&self) -> &RingHeader {

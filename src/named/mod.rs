@@ -19,8 +19,10 @@ use crate::liveness::AttachError;
 use crate::ring::RingSegment;
 use crate::shm::{Segment, SegmentOptions, ShmError, segment_options};
 
+mod broadcast;
 mod endpoints;
 
+pub use broadcast::{BroadcastProducer, BroadcastReader};
 pub use endpoints::{MpmcConsumer, MpmcProducer, SpscConsumer, SpscProducer};
 
 /// Why a ring could not be created or opened.
@@ -215,7 +217,12 @@ pub struct Spsc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mpmc;
 
-/// A ring's flavor: [`Spsc`] or [`Mpmc`]. Sealed.
+/// One producer, and readers that each read every element: the flavor of a
+/// [`BroadcastRing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Broadcast;
+
+/// A ring's flavor: [`Spsc`], [`Mpmc`] or [`Broadcast`]. Sealed.
 pub trait RingFlavor: sealed::RingFlavor {}
 
 impl<F: sealed::RingFlavor> RingFlavor for F {}
@@ -229,6 +236,9 @@ mod sealed {
         const KIND: SegmentKind;
         /// Whether the cells carry stamps (`MpmcCell`) or are bare (`SpscCell`).
         const STAMPED: bool;
+        /// Whether elements not yet read keep the ring for a consumer that comes later
+        /// (a broadcast ring's readers read only what comes after they join).
+        const KEEPS_UNREAD: bool = true;
     }
 
     impl RingFlavor for Spsc {
@@ -239,6 +249,12 @@ mod sealed {
     impl RingFlavor for Mpmc {
         const KIND: SegmentKind = SegmentKind::MpmcRing;
         const STAMPED: bool = true;
+    }
+
+    impl RingFlavor for Broadcast {
+        const KIND: SegmentKind = SegmentKind::BroadcastRing;
+        const STAMPED: bool = false;
+        const KEEPS_UNREAD: bool = false;
     }
 }
 
@@ -295,6 +311,24 @@ pub struct Ring<T, F> {
 pub type SpscRing<T = Descriptor> = Ring<T, Spsc>;
 /// A multi-producer multi-consumer ring of `T` in named shared memory (see [`Ring`]).
 pub type MpmcRing<T = Descriptor> = Ring<T, Mpmc>;
+/// A broadcast ring of `T` in named shared memory: one producer, and up to 64 endpoints
+/// in all, each reader reading every element published after it attached (see
+/// [`BroadcastProducer`], [`BroadcastReader`]). It keeps nothing for a reader that comes
+/// later: the last handle out removes it.
+///
+/// ```no_run
+/// use gpuring::BroadcastRing;
+/// // The producer's process.
+/// let ring = BroadcastRing::<u64>::builder("steps").capacity(64).create()?;
+/// let mut tx = ring.producer()?;
+/// // Each worker's process.
+/// let ring = BroadcastRing::<u64>::builder("steps").open()?;
+/// let mut rx = ring.reader()?;
+/// tx.push(1)?;
+/// assert_eq!(rx.read()?, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type BroadcastRing<T = Descriptor> = Ring<T, Broadcast>;
 
 impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
     /// Options for ring `name` (a shared-memory object name; a leading `/` is optional):
@@ -315,7 +349,9 @@ impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
 
     fn view(mut segment: Segment, layout: RingLayout) -> Self {
         // The last user out removes the ring, unless elements wait in it for a consumer.
-        segment.set_last_out(Box::new(move |seg| RingSegment::drained_in(seg, &layout)));
+        segment.set_last_out(Box::new(move |seg| {
+            !F::KEEPS_UNREAD || RingSegment::drained_in(seg, &layout)
+        }));
         Self { ring: RingSegment::view(Arc::new(segment), layout, F::STAMPED), _elem: PhantomData }
     }
 
@@ -379,5 +415,27 @@ impl<T: Pod + Send> Ring<T, Mpmc> {
     /// As [`producer`](Self::producer).
     pub fn consumer(&self) -> Result<MpmcConsumer<T>, AttachError> {
         self.ring.mpmc_consumer().map(|inner| MpmcConsumer { inner })
+    }
+}
+
+impl<T: Pod + Send> Ring<T, Broadcast> {
+    /// Claims the producer role and returns the producer end (one producer at a time).
+    ///
+    /// # Errors
+    ///
+    /// [`AttachError::RoleTaken`] while another producer lives;
+    /// [`AttachError::TooManyParticipants`]; [`AttachError::Corrupted`].
+    pub fn producer(&self) -> Result<BroadcastProducer<T>, AttachError> {
+        self.ring.broadcast_producer().map(|inner| BroadcastProducer { inner })
+    }
+
+    /// A new reader, which reads every element published from now on.
+    ///
+    /// # Errors
+    ///
+    /// [`AttachError::TooManyParticipants`] when 64 endpoints are attached;
+    /// [`AttachError::Corrupted`].
+    pub fn reader(&self) -> Result<BroadcastReader<T>, AttachError> {
+        self.ring.broadcast_reader().map(|inner| BroadcastReader { inner })
     }
 }

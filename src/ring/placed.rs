@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use super::{Storage, mpmc, spsc};
+use super::{Storage, broadcast, mpmc, spsc};
 use crate::layout::{
     Claims, Corrupted, MpmcCell, RingControl, RingHeader, RingLayout, RingView, STAMP_ADOPTED,
     STAMP_SKIPPED, SpscCell,
@@ -66,6 +66,24 @@ unsafe impl<C> Storage for ShmStorage<C> {
     #[inline(always)]
     fn watch(&self) -> &Attachment {
         &self.attachment
+    }
+}
+
+// SAFETY: the readers mask is in the ring header and the cursors in the participant
+// table, inside the mapping that the `Arc<RingSegment>` keeps alive.
+unsafe impl<C> super::broadcast::Cursors for ShmStorage<C> {
+    fn readers(&self) -> &AtomicU64 {
+        &self.ring.header().readers
+    }
+    fn cursor(&self, index: usize) -> &AtomicU64 {
+        self.ring.table.cursor(index)
+    }
+    fn drop_if_gone(&self, index: usize) -> bool {
+        let readers = &self.ring.header().readers;
+        // Release: as a reader's own clearing of its bit (nothing of its is read after).
+        self.ring.table.while_unheld(index, || {
+            readers.fetch_and(!(1 << index), Ordering::Release);
+        })
     }
 }
 
@@ -277,6 +295,24 @@ impl RingSegment {
         // SAFETY: the claim makes this the only consumer until it is dropped with the
         // endpoint's storage (a holder whose role was taken over is dead).
         Ok(unsafe { spsc::Consumer::new(storage) }?)
+    }
+
+    /// The broadcast producer end, claiming the producer role (one producer).
+    pub(crate) fn broadcast_producer<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<broadcast::Producer<T, ShmStorage<SpscCell<T>>>, AttachError> {
+        let storage = self.storage(self.attach(Role::Producer, true, true)?);
+        let own = storage.attachment.participant_index();
+        Ok(broadcast::Producer::new(storage, own)?)
+    }
+
+    /// A broadcast reader end: its place in the readers mask is its participant entry.
+    pub(crate) fn broadcast_reader<T: Pod + Send>(
+        self: &Arc<Self>,
+    ) -> Result<broadcast::Reader<T, ShmStorage<SpscCell<T>>>, AttachError> {
+        let storage = self.storage(self.attach(Role::Consumer, false, true)?);
+        let index = storage.attachment.participant_index().expect("a registered endpoint");
+        Ok(broadcast::Reader::join(storage, index)?)
     }
 
     /// An MPMC producer end.

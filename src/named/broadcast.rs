@@ -1,0 +1,125 @@
+//! The endpoints of a [`BroadcastRing`](crate::BroadcastRing): one producer, and readers
+//! that each read every element published after they joined (`ring::broadcast`).
+
+use bytemuck::Pod;
+
+use crate::layout::SpscCell;
+use crate::ring::{
+    PopError, PopTimeoutError, PushError, PushTimeoutError, ShmStorage, TryPopError, TryPushError,
+    broadcast,
+};
+use crate::wait::{WaitPolicy, blocking};
+
+/// The producer end of a [`BroadcastRing`](crate::BroadcastRing): the one process that
+/// publishes. Every reader attached when an element is published reads it; the slowest
+/// one holds the producer back (a blocking push waits for it; nothing is lost), and a
+/// reader that died stops holding it back at the next liveness tick of that wait. With
+/// no reader, an element goes nowhere.
+///
+/// ```no_run
+/// use gpuring::BroadcastRing;
+/// let ring = BroadcastRing::<u64>::builder("steps").capacity(64).create()?;
+/// let mut tx = ring.producer()?;
+/// tx.push(17)?; // every reader attached now reads 17
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct BroadcastProducer<T> {
+    pub(super) inner: broadcast::Producer<T, ShmStorage<SpscCell<T>>>,
+}
+
+impl<T: Pod + Send> BroadcastProducer<T> {
+    /// Publishes `value` if every reader has room for it; never blocks.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPushError::Full`] with the value back while the slowest reader is a whole ring
+    /// behind; [`TryPushError::Corrupted`].
+    #[inline]
+    pub fn try_push(&mut self, value: T) -> Result<(), TryPushError<T>> {
+        self.inner.try_push(value)
+    }
+
+    blocking! {
+        /// Publishes `value`, waiting for the slowest reader as the [`WaitPolicy`] says.
+        ///
+        /// # Errors
+        ///
+        /// [`PushError::PeerDead`] with the value back when the ring stays full and every
+        /// reader that held it back has died but not yet finished dying (their places
+        /// cannot be taken yet); [`PushError::Corrupted`].
+        pub fn push -> PushError<T>, push_timeout, push_deadline -> PushTimeoutError<T>;
+            (&mut self, value: T) -> () => inner.push_until;
+    }
+
+    /// Readers attached now (a snapshot).
+    pub fn readers(&self) -> usize {
+        self.inner.readers()
+    }
+
+    /// Sets how blocking pushes wait.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.inner.set_wait_policy(policy);
+    }
+
+    /// Number of cells.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+}
+
+/// A reader of a [`BroadcastRing`](crate::BroadcastRing): reads every element published
+/// from the moment it attached, in order, exactly once; other readers read the same
+/// elements. Dropping it stops it holding the producer back.
+///
+/// ```no_run
+/// use gpuring::BroadcastRing;
+/// let ring = BroadcastRing::<u64>::builder("steps").open()?;
+/// let mut rx = ring.reader()?;
+/// let step = rx.read()?; // the next element published
+/// # let _ = step;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct BroadcastReader<T> {
+    pub(super) inner: broadcast::Reader<T, ShmStorage<SpscCell<T>>>,
+}
+
+impl<T: Pod + Send> BroadcastReader<T> {
+    /// The next element, if one was published since the last; never blocks.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`] when the ring's positions are
+    /// impossible (the producer more than a ring ahead of this reader).
+    #[inline]
+    pub fn try_read(&mut self) -> Result<T, TryPopError> {
+        self.inner.try_read()
+    }
+
+    blocking! {
+        /// The next element, waiting for one as the [`WaitPolicy`] says.
+        ///
+        /// # Errors
+        ///
+        /// [`PopError::Disconnected`] once the producer has left and this reader has read
+        /// all it published ([`PopError::PeerDead`] when it died); [`PopError::Corrupted`].
+        pub fn read -> PopError, read_timeout, read_deadline -> PopTimeoutError;
+            (&mut self) -> T => inner.read_until;
+    }
+
+    /// Elements published that this reader has not read yet (a snapshot).
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Whether this reader has read everything published (a snapshot).
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    /// Sets how blocking reads wait.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.inner.set_wait_policy(policy);
+    }
+}

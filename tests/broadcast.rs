@@ -1,0 +1,140 @@
+//! Broadcast rings across processes: every reader gets every element exactly once, in
+//! order; a reader that joins later starts with what comes next; a killed reader stops
+//! holding the producer back within a liveness tick; a killed producer ends the readers'
+//! reads with `PeerDead` once they have read what it published.
+#![cfg(not(loom))]
+
+mod common;
+
+use common::{Peer, announce, assert_noticed, die, now_ns, ring_name, role, unique_name};
+use gpuring::{BroadcastRing, PopError};
+
+/// A reader child: announces `ready` once attached, then reads `n` elements (each must be
+/// the next of `0..n`) and announces `read <n>`; a `limit` of reads short of `n` ends it
+/// by SIGKILL instead, after announcing how many it read.
+fn reader(n: u64, die_after: Option<u64>) {
+    let ring = BroadcastRing::<u64>::builder(ring_name()).open().unwrap();
+    let mut rx = ring.reader().unwrap();
+    announce("ready");
+    for expected in 0..n {
+        if die_after == Some(expected) {
+            die();
+        }
+        assert_eq!(rx.read().unwrap(), expected, "every element once, in order");
+    }
+    announce(&format!("read {n}"));
+}
+
+#[test]
+fn eight_readers_each_read_every_element_once_in_order() {
+    const N: u64 = 100_000;
+    const TEST: &str = "eight_readers_each_read_every_element_once_in_order";
+    if role().as_deref() == Some("reader") {
+        return reader(N, None);
+    }
+    let name = unique_name("broadcast-8");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(64).create().unwrap();
+    let mut tx = ring.producer().unwrap();
+    let mut readers: Vec<Peer> = (0..8).map(|_| Peer::spawn(TEST, "reader", &name)).collect();
+    for r in &mut readers {
+        r.expect("ready");
+    }
+    assert_eq!(tx.readers(), 8);
+    for v in 0..N {
+        tx.push(v).unwrap();
+    }
+    for r in &mut readers {
+        assert_eq!(r.expect("read"), N.to_string());
+        assert!(r.child.wait().unwrap().success());
+    }
+    assert_eq!(tx.readers(), 0, "each reader left");
+    drop((tx, ring));
+    assert_eq!(common::leftovers_of(&name), Vec::<String>::new());
+}
+
+#[test]
+fn a_reader_that_joins_later_reads_what_comes_after() {
+    const TEST: &str = "a_reader_that_joins_later_reads_what_comes_after";
+    if role().as_deref() == Some("reader") {
+        let ring = BroadcastRing::<u64>::builder(ring_name()).open().unwrap();
+        let mut rx = ring.reader().unwrap();
+        announce("ready");
+        let got: Vec<u64> = (0..3).map(|_| rx.read().unwrap()).collect();
+        assert_eq!(got, [10, 11, 12], "what was published before it joined is not its");
+        announce("done");
+        return;
+    }
+    let name = unique_name("broadcast-late");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(4).create().unwrap();
+    let mut tx = ring.producer().unwrap();
+    for v in 0..10 {
+        tx.try_push(v).unwrap(); // nobody reads: nothing holds the producer back
+    }
+    let mut late = Peer::spawn(TEST, "reader", &name);
+    late.expect("ready");
+    for v in 10..13 {
+        tx.push(v).unwrap();
+    }
+    late.expect("done");
+    assert!(late.child.wait().unwrap().success());
+}
+
+#[test]
+fn a_killed_reader_stops_holding_the_producer_back_within_a_tick() {
+    const TEST: &str = "a_killed_reader_stops_holding_the_producer_back_within_a_tick";
+    const N: u64 = 1000;
+    match role().as_deref() {
+        Some("reader") => return reader(N, None),
+        Some("victim") => return reader(N, Some(10)),
+        _ => {}
+    }
+    let name = unique_name("broadcast-kill");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(8).create().unwrap();
+    let mut tx = ring.producer().unwrap();
+    let mut live = Peer::spawn(TEST, "reader", &name);
+    let mut victim = Peer::spawn(TEST, "victim", &name);
+    live.expect("ready");
+    victim.expect("ready");
+    // The victim reads 10 and dies: with its cursor at 10, the push of 18 waits for it
+    // until a liveness tick of that wait finds it dead.
+    let mut resumed = 0;
+    for v in 0..N {
+        tx.push(v).unwrap();
+        if v == 18 {
+            resumed = now_ns();
+        }
+    }
+    let died = victim.died();
+    assert!(resumed > died, "the push of 18 returned only after the victim died");
+    assert_noticed("producer", died, resumed);
+    assert_eq!(live.expect("read"), N.to_string(), "the live reader read everything");
+    assert!(live.child.wait().unwrap().success());
+    assert_eq!(tx.readers(), 0, "the dead reader no longer counts");
+}
+
+#[test]
+fn readers_get_peer_dead_after_what_a_killed_producer_published() {
+    const TEST: &str = "readers_get_peer_dead_after_what_a_killed_producer_published";
+    if role().as_deref() == Some("producer") {
+        let ring = BroadcastRing::<u64>::builder(ring_name()).open().unwrap();
+        let mut tx = ring.producer().unwrap();
+        for v in 0..5 {
+            tx.push(v).unwrap();
+        }
+        die();
+    }
+    let name = unique_name("broadcast-producer-killed");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(8).create().unwrap();
+    let mut readers: Vec<_> = (0..2).map(|_| ring.reader().unwrap()).collect();
+    let mut producer = Peer::spawn(TEST, "producer", &name);
+    producer.died();
+    for rx in &mut readers {
+        let got: Vec<u64> = (0..5).map(|_| rx.read().unwrap()).collect();
+        assert_eq!(got, [0, 1, 2, 3, 4]);
+        assert!(matches!(rx.read(), Err(PopError::PeerDead)));
+    }
+    // A new producer takes the dead one's role.
+    let mut tx = ring.producer().unwrap();
+    tx.push(5).unwrap();
+    assert!(readers.iter_mut().all(|rx| rx.read().unwrap() == 5));
+}
