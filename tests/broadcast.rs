@@ -138,3 +138,47 @@ fn readers_get_peer_dead_after_what_a_killed_producer_published() {
     tx.push(5).unwrap();
     assert!(readers.iter_mut().all(|rx| rx.read().unwrap() == 5));
 }
+
+#[test]
+fn inspect_shows_each_readers_cursor() {
+    let name = unique_name("broadcast-inspect");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(4).create().unwrap();
+    let mut tx = ring.producer().unwrap();
+    let (mut a, b) = (ring.reader().unwrap(), ring.reader().unwrap());
+    for v in 0..3 {
+        tx.push(v).unwrap();
+    }
+    assert_eq!(a.read().unwrap(), 0);
+    let report = gpuring::inspect::inspect(&name).unwrap();
+    assert_eq!(report.kind, gpuring::internal::SegmentKind::BroadcastRing);
+    let r = report.ring.unwrap();
+    assert_eq!(r.tail, 3);
+    let mut cursors: Vec<_> = r.participants.iter().filter_map(|p| p.cursor).collect();
+    cursors.sort();
+    assert_eq!(cursors, [0, 1], "b has read nothing, a one");
+    assert_eq!(r.participants.len(), 3, "the producer and two readers");
+    drop(b);
+    let r = gpuring::inspect::inspect(&name).unwrap().ring.unwrap();
+    assert_eq!(r.participants.iter().filter_map(|p| p.cursor).collect::<Vec<_>>(), [1]);
+}
+
+/// A forged readers mask (every bit set, the producer's own included) and a forged cursor
+/// ahead of `tail`: the producer pushes on (the forged places nobody holds are cleared at
+/// its first tick; its own never counts), and a reader still reads every element once.
+#[test]
+fn a_forged_readers_mask_holds_the_producer_back_a_tick_at_most() {
+    use std::os::unix::fs::FileExt;
+    let name = unique_name("broadcast-forged");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(4).create().unwrap();
+    let mut tx = ring.producer().unwrap();
+    let mut rx = ring.reader().unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(format!("/dev/shm/{name}")).unwrap();
+    let at = (size_of::<gpuring::internal::SegmentHeader>()
+        + std::mem::offset_of!(gpuring::internal::RingHeader, readers)) as u64;
+    file.write_all_at(&u64::MAX.to_le_bytes(), at).unwrap();
+    for v in 0..20 {
+        tx.push_timeout(v, std::time::Duration::from_secs(5)).unwrap();
+        assert_eq!(rx.read().unwrap(), v);
+    }
+    assert_eq!(tx.readers(), 1, "the forged places went at a tick");
+}

@@ -60,15 +60,20 @@ fn print_inspection(i: Inspection) {
         }
         for p in &r.participants {
             say!(
-                "attached  #{} {} pid {} ({})",
+                "attached  #{} {} pid {} ({}){}",
                 p.index,
-                match p.role {
-                    Some(Role::Producer) => "producer",
-                    Some(Role::Consumer) => "consumer",
-                    None => "unknown role",
+                match (p.role, p.cursor.is_some()) {
+                    (Some(Role::Consumer), true) => "reader",
+                    (Some(Role::Producer), _) => "producer",
+                    (Some(Role::Consumer), false) => "consumer",
+                    (None, _) => "unknown role",
                 },
                 p.pid,
-                if p.alive { "alive" } else { "dead: its process died attached" }
+                if p.alive { "alive" } else { "dead: its process died attached" },
+                p.cursor.map_or(String::new(), |c| format!(
+                    ", at {c}: {} behind",
+                    r.tail.wrapping_sub(c).min(r.capacity)
+                ))
             );
         }
     }

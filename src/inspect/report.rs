@@ -48,6 +48,9 @@ pub struct Participant {
     pub pid: u32,
     /// Whether its liveness lock is held.
     pub alive: bool,
+    /// Broadcast rings: a reader's cursor (the next position it reads), while the readers
+    /// mask counts it.
+    pub cursor: Option<u64>,
 }
 
 impl RingState {
@@ -285,7 +288,11 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
             .byte_held_elsewhere(1 + index as u64)
             .map_err(|source| ShmError::Io { op: "fcntl(F_OFD_GETLK)", source })?;
         let serial = entry_serial(value);
-        participants.push(Participant { index, role, pid: entry_pid(value), alive });
+        // Relaxed: a snapshot.
+        let counted = rh.readers.load(Ordering::Relaxed) & (1 << index) != 0;
+        let cursor = (kind == SegmentKind::BroadcastRing && counted)
+            .then(|| table.claims[index].pop.load(Ordering::Relaxed));
+        participants.push(Participant { index, role, pid: entry_pid(value), alive, cursor });
         serials.push((index, serial));
     }
     // An SPSC role names its holder's identity: its entry and registration serial.

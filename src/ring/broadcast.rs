@@ -9,7 +9,8 @@
 //! before it, and counts while bit `i` of the *readers* mask is set. The producer may write
 //! position `p` (overwriting `p - capacity`) only when every counted cursor is above
 //! `p - capacity`: the slowest reader holds it back (nothing is lost). It keeps the minimum
-//! it last computed and recomputes it only when that says "full".
+//! it last computed and recomputes it only when that says "full" (storing it as `head`,
+//! for reports: no endpoint reads it).
 //!
 //! Joining races the producer: a reader stores its cursor at the `tail` it read and sets
 //! its bit, and the producer may have computed its minimum without it. Both sides use a
@@ -82,6 +83,9 @@ struct Local {
     /// A lower bound of every counted cursor, as last computed.
     min: u64,
     capacity: u64,
+    /// The producer's own place in the mask (0 if it has none): never a reader's, whatever
+    /// the mask says.
+    own: u64,
 }
 
 /// A reading end; dropping it takes its cursor out of the mask.
@@ -109,15 +113,14 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
         if !capacity.is_power_of_two() {
             return Err(Corrupted { what: "broadcast ring capacity is not a power of two" });
         }
-        if let Some(i) = own.filter(|&i| i < MAX_READERS) {
-            // Relaxed: our own entry; a dead reader's bit there would hold us back for
-            // ever (its cursor word was cleared when we registered).
-            storage.readers().fetch_and(!(1 << i), Ordering::Relaxed);
-        }
+        let own = own.filter(|&i| i < MAX_READERS).map_or(0, |i| 1 << i);
+        // Relaxed: our own entry, whose bit a dead reader before us may have left (our
+        // `slowest` ignores it anyway; cleared for reports).
+        storage.readers().fetch_and(!own, Ordering::Relaxed);
         // Acquire: pairs with the Release store of the producer before us, if any.
         let tail = storage.control().tail.load(Ordering::Acquire);
-        let min = slowest(&storage, tail);
-        let local = Local { tail, min, capacity };
+        let min = slowest(&storage, tail, own);
+        let local = Local { tail, min, capacity, own };
         Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
     }
 
@@ -167,7 +170,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
     /// Readers counted now (a snapshot).
     pub fn readers(&self) -> usize {
         // Relaxed: a diagnostic.
-        self.storage.readers().load(Ordering::Relaxed).count_ones() as usize
+        (self.storage.readers().load(Ordering::Relaxed) & !self.local.own).count_ones() as usize
     }
 
     /// Sets how blocking pushes wait.
@@ -188,7 +191,9 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
     value: T,
 ) -> Result<(), TryPushError<T>> {
     if local.tail.wrapping_sub(local.min) >= local.capacity {
-        local.min = slowest(storage, local.tail);
+        local.min = slowest(storage, local.tail, local.own);
+        // Relaxed: for reports only (`inspect`): where the slowest reader was last seen.
+        storage.control().head.store(local.min, Ordering::Relaxed);
         if local.tail.wrapping_sub(local.min) >= local.capacity {
             return Err(TryPushError::Full(value));
         }
@@ -205,16 +210,17 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
     Ok(())
 }
 
-/// The lowest counted cursor, as a position at most `tail`: `tail` when no reader counts.
+/// The lowest counted cursor (the producer's `own` place is never a reader's), as a
+/// position at most `tail`: `tail` when no reader counts.
 /// A cursor above `tail` (a forged one: no reader is ahead of what was published) holds
 /// nothing back; one more than a ring behind (a reader joining, whose first value was
 /// stale) holds the producer back until the reader raises it.
-fn slowest<S: Cursors>(storage: &S, tail: u64) -> u64 {
+fn slowest<S: Cursors>(storage: &S, tail: u64, own: u64) -> u64 {
     // SeqCst: orders our last `tail` store before the loads below against a joining
     // reader's cursor and bit stores and its `tail` load (see the module docs).
     fence(Ordering::SeqCst);
     // Acquire: pairs with each reader's Release stores (its reads are done).
-    let mask = storage.readers().load(Ordering::Acquire);
+    let mask = storage.readers().load(Ordering::Acquire) & !own;
     let behind = bits(mask)
         // Acquire: as above.
         .map(|i| tail.wrapping_sub(storage.cursor(i).load(Ordering::Acquire)))
