@@ -78,9 +78,17 @@ fn stat_of(path: &str) -> ProcessState {
     }
 }
 
-/// Whether every thread of `pid` is done with its code: gone, begun to exit, or with a
-/// SIGKILL pending (one blocked in a driver call when its process was killed, which never
-/// returns to it); `false` when one runs on or cannot be read.
+/// Whether every thread of `pid` is done with its code: gone, begun to exit, or asleep in
+/// the kernel with a SIGKILL pending (one blocked in a driver call when its process was
+/// killed, which never returns to it); `false` when one runs on or cannot be read.
+///
+/// A thread with a SIGKILL pending that is running (`R`) may still run its own code until
+/// the kill's interrupt reaches its CPU, which on a VM whose vCPU the hypervisor has
+/// descheduled takes a while: an MPMC consumer there finished freeing a cell that an
+/// adopter had just taken over on the strength of its death, and the adopter read the
+/// next lap's element from it (the GPU kill storms' rare `Corrupted`). So the pending
+/// signal is read first and the thread's state after it: asleep then (`S`, `D`, stopped),
+/// it is in the kernel with the kill pending, and never returns to its code.
 fn every_thread_exiting(pid: u32) -> bool {
     use std::mem::MaybeUninit;
     let mut buf = [0u8; 48];
@@ -102,8 +110,9 @@ fn every_thread_exiting(pid: u32) -> bool {
         let done = match stat_of(path) {
             ProcessState::Exiting | ProcessState::Exited => true,
             ProcessState::Running => {
-                let mut buf = [0u8; 48];
-                proc_path(&mut buf, pid, Some(tid), b"status").is_some_and(kill_pending)
+                let mut status = [0u8; 48];
+                proc_path(&mut status, pid, Some(tid), b"status").is_some_and(kill_pending)
+                    && killed_in_kernel(path)
             }
             ProcessState::Unknown => false,
         };
@@ -112,6 +121,36 @@ fn every_thread_exiting(pid: u32) -> bool {
         }
     }
     true
+}
+
+/// For a thread seen with a SIGKILL pending: whether its `stat` (at `path`, read now,
+/// after the pending signal) says it is done with its code: asleep in the kernel, stopped,
+/// exiting or gone.
+fn killed_in_kernel(path: &str) -> bool {
+    let fd = match rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return true,
+        Err(_) => return false,
+    };
+    let mut buf = [0u8; 256];
+    match rustix::io::read(&fd, &mut buf) {
+        Ok(n) => off_cpu_or_exiting(&buf[..n]),
+        Err(rustix::io::Errno::SRCH) => true,
+        Err(_) => false,
+    }
+}
+
+/// Whether a `stat` line says its task is asleep in the kernel (`S`, `D`), stopped (`T`,
+/// `t`), exiting or gone: anything but running (`R`) or unreadable.
+fn off_cpu_or_exiting(stat: &[u8]) -> bool {
+    let state = stat.iter().rposition(|&b| b == b')').and_then(|close| {
+        stat[close + 1..].split(|b| b.is_ascii_whitespace()).find(|f| !f.is_empty())
+    });
+    match parse_stat(stat) {
+        ProcessState::Exiting | ProcessState::Exited => true,
+        ProcessState::Running => matches!(state, Some(b"S" | b"D" | b"T" | b"t")),
+        ProcessState::Unknown => false,
+    }
 }
 
 /// SIGKILL's bit in a `SigPnd` mask (signal 9).
@@ -209,6 +248,14 @@ mod tests {
         assert_eq!(parse_stat(line("Z", 0x40840c).as_bytes()), ProcessState::Exited);
         assert_eq!(parse_stat(b"4242 (x) S"), ProcessState::Running, "flags cut off");
         assert_eq!(parse_stat(b"4242 (x"), ProcessState::Unknown);
+        // A thread with a SIGKILL pending counts as done only off its CPU: running, it
+        // may still run its own code until the kill's interrupt reaches it.
+        assert!(!off_cpu_or_exiting(line("R", 0x400100).as_bytes()));
+        assert!(off_cpu_or_exiting(line("S", 0x400100).as_bytes()));
+        assert!(off_cpu_or_exiting(line("D", 0x400100).as_bytes()));
+        assert!(off_cpu_or_exiting(line("R", 0x400104).as_bytes()), "exiting");
+        assert!(off_cpu_or_exiting(line("Z", 0).as_bytes()));
+        assert!(!off_cpu_or_exiting(b"4242 (x"));
     }
 
     /// This process runs, with more than one thread: not every thread exits.
