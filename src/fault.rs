@@ -20,6 +20,7 @@
 //! | `recv_holding` | a receiver: a slot taken (HELD), the message not yet returned |
 //! | `recv_popped` | a receiver: the descriptor out of the ring, the message not yet returned |
 //! | `redeliver_holding` | a receiver: a dead receiver's message taken over, not yet returned |
+//! | `refused_holding` | a receiver refusing a message (a gone GPU sender's): its slot taken, the descriptor not yet out of the ring |
 //! | `release_marked` | a slot given back: marked RETURNING, not yet on the free ring |
 //! | `pool_made` | a sender registering: its entry claimed and its pool made, not yet `ACTIVE` |
 

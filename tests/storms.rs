@@ -23,9 +23,17 @@ use gpuring::{Backend, Channel, ChannelBuilder, TensorMeta};
 /// The receiving side's fault points; a receiver is killed at one (at a random count) or
 /// at a random time, whichever comes first (`redeliver_holding` is reached only where
 /// there is something to take over; `pop_won` only in MPMC, `adopt_won` only where a dead
-/// receiver's ring cell is adopted).
-const POINTS: [&str; 6] =
-    ["recv_holding", "recv_popped", "redeliver_holding", "release_marked", "pop_won", "adopt_won"];
+/// receiver's ring cell is adopted, `refused_holding` only where a killed GPU sender's
+/// messages are refused).
+const POINTS: [&str; 7] = [
+    "recv_holding",
+    "recv_popped",
+    "redeliver_holding",
+    "release_marked",
+    "pop_won",
+    "adopt_won",
+    "refused_holding",
+];
 const RECEIVER_KILLS: u32 = 100;
 const SLOTS: u32 = 8;
 const LIMIT: Duration = Duration::from_secs(5);

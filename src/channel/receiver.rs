@@ -177,6 +177,10 @@ impl<B: Backend> Channel<B> {
     }
 }
 
+/// Why a popped descriptor was refused, with its slot if it was taken (given back once
+/// the descriptor has left the ring).
+type Unheld<B> = (RecvTimeoutError<B>, Option<SlotHold>);
+
 impl<B: Backend> Receiver<B> {
     /// Pops a descriptor, waiting until `deadline`, checks it and takes its slot, all
     /// before the descriptor leaves the ring (SPSC: before `head` moves; MPMC: before its
@@ -208,7 +212,7 @@ impl<B: Backend> Receiver<B> {
         let tick = || {
             self.close_dead_senders();
             match redeliver.then(|| self.redeliver_one()).flatten() {
-                Some(taken) => Tick::Done(taken),
+                Some(taken) => Tick::Done(taken.map_err(|why| (why, None))),
                 None => {
                     // After the look for messages to deliver again, which maps every pool.
                     self.unlink_drained_pools();
@@ -224,6 +228,18 @@ impl<B: Backend> Receiver<B> {
             // The descriptor has left the ring; the message is this receiver's alone.
             crate::fault::point("recv_popped");
         }
+        // A refused message's slot goes back only now that its descriptor has left the ring:
+        // a receiver killed in between leaves the slot held by a dead receiver and the
+        // descriptor in the ring (its cell won and unfreed), for the next one to refuse in
+        // turn. Given back before, the slot would let the pool drain and go (a dead
+        // sender's is unlinked then) while its descriptor waited to be adopted: the GPU
+        // kill storms' rare "descriptor names a pool that no longer exists".
+        let popped = popped.map(|r| {
+            r.map_err(|(why, hold)| {
+                drop(hold);
+                why
+            })
+        });
         if self.saw_dead_owner.take() || matches!(popped, Err(PopTimeoutError::PeerDead)) {
             self.close_dead_senders();
         }
@@ -245,20 +261,24 @@ impl<B: Backend> Receiver<B> {
     }
 
     /// Checks a popped descriptor against the pool table, its pool and the backend, then
-    /// claims its slot.
-    fn check_and_hold(&self, d: Descriptor) -> Result<Taken<B>, RecvTimeoutError<B>> {
+    /// claims its slot. A refused message's error comes with its slot, if it was taken, to
+    /// give back once the descriptor has left the ring.
+    fn check_and_hold(&self, d: Descriptor) -> Result<Taken<B>, Unheld<B>> {
         let (index, instance) = (d.pool_id & 0xFFFF, d.pool_id >> 16);
         if index >= self.channel.max_pools() {
-            return Err(corrupt("descriptor names an unknown pool"));
+            return Err((corrupt("descriptor names an unknown pool"), None));
         }
         let pool = self.pool_for(index, instance, &d)?;
-        let meta = self.check(&pool, &d)?;
-        let held = pool.seg.core.receive(d.slot, d.generation)?;
+        let meta = self.check(&pool, &d).map_err(|why| (why, None))?;
+        let held = pool.seg.core.receive(d.slot, d.generation).map_err(|c| (c.into(), None))?;
         let hold = SlotHold { pool: pool.seg.clone(), held };
         let died = self.note_owner(&hold.pool);
         // The slot is ours: a sender giving its device memory up now waits for us, or we
         // see that it has (then the slot goes back unread, with `hold`).
-        B::refuse(&hold.pool, died)?;
+        if let Err(why) = B::refuse(&hold.pool, died) {
+            crate::fault::point("refused_holding");
+            return Err((why.into(), Some(hold)));
+        }
         // The slot is ours and the descriptor still in the ring.
         crate::fault::point("recv_holding");
         Ok(Taken { pool, hold, desc: d, meta, redelivered: false })

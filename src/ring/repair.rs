@@ -85,16 +85,29 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         }
         let Some(raw) = adopt_cell(storage, line, cell, pos) else { continue };
         crate::fault::point("adopt_won");
+        let adopted = raw | STAMP_ADOPTED;
         if raw & STAMP_SKIPPED == 0 {
             // SAFETY: `adopt_cell` made this consumer the cell's only user: its winner and
             // any earlier adopter are dead, producers wait for the free below, and every
             // other adopter sees this one's claim (or its stamp) and leaves the cell alone.
-            // `T: Pod`: any bytes form a valid `T`.
-            each(cell.value.with(|p| unsafe { p.read() }));
+            // `T: Pod`: any bytes form a valid `T`. Read volatile, seqlock-style: should
+            // the winner not be dead after all (its process judged done with its code a
+            // moment early), it may free the cell and a producer rewrite it meanwhile,
+            // which the stamp check below sees; such a value is dropped unused.
+            let value = cell.value.with(|p| unsafe { p.read_volatile() });
+            // Acquire: orders the read above before the stamp load below.
+            crate::sync::fence(Ordering::Acquire);
+            // Relaxed: after the fence; only our own stamp says the value is the element.
+            if cell.stamp.load(Ordering::Relaxed) != adopted {
+                continue; // freed by its winner, which delivered it: nothing to free
+            }
+            each(value);
             seen += 1;
         }
-        // Release: pairs with the producer's Acquire stamp load in `ready_run`.
-        cell.stamp.store(pos.wrapping_add(capacity), Ordering::Release);
+        // Release: pairs with the producer's Acquire stamp load in `ready_run`. A CAS from
+        // our own stamp: a winner alive after all that freed the cell is not undone.
+        let freed = pos.wrapping_add(capacity);
+        let _ = cell.stamp.compare_exchange(adopted, freed, Ordering::Release, Ordering::Relaxed);
         notify(&control.not_full);
     }
     seen

@@ -101,20 +101,21 @@ impl<B: Backend> Receiver<B> {
 
     /// The pool at table row `index`, registration `instance`: cached, or mapped (and
     /// imported) now. A pool refused before its import (a device pool whose sender is gone)
-    /// refuses `d`, whose slot is taken and given back at once, so that the pool drains.
+    /// refuses `d`, whose slot is taken, to go back unread once `d` has left the ring (so
+    /// that the pool drains).
     pub(super) fn pool_for(
         &self,
         index: u32,
         instance: u32,
         d: &Descriptor,
-    ) -> Result<CachedPool<B>, RecvTimeoutError<B>> {
+    ) -> Result<CachedPool<B>, super::Unheld<B>> {
         self.pool_at(index, instance, true).map_err(|(seg, why)| {
-            if let Some(seg) = seg {
-                if let Ok(held) = seg.core.receive(d.slot, d.generation) {
-                    drop(SlotHold { pool: seg, held }); // back unread
-                }
-            }
-            why
+            let hold = seg.and_then(|seg| {
+                let held = seg.core.receive(d.slot, d.generation).ok()?;
+                crate::fault::point("refused_holding");
+                Some(SlotHold { pool: seg, held })
+            });
+            (why, hold)
         })
     }
 
