@@ -98,6 +98,11 @@ pub struct Receiver<B: Backend = Host> {
     // Dropped first (fields drop in order): when this receiver is the channel's last user,
     // the last-out removal of the channel's pools must not find them open by us.
     pools: RefCell<Box<[Option<CachedPool<B>>]>>,
+    /// The pools this receiver mapped and refused (a GPU sender's, gone with its device
+    /// memory), by table row and instance, until they drain: its ticks unlink one that
+    /// drained with nobody left to (a receiver killed giving its last slot back). Dropped
+    /// early, as `pools`.
+    refused: RefCell<Vec<(u32, u32, Arc<PoolSegment>)>>,
     rx: Rx,
     /// What the backend keeps besides the ring (a GPU receiver's stream).
     pub(crate) receiving: B::Receiving,
@@ -166,6 +171,7 @@ impl<B: Backend> Channel<B> {
         let unmapped = vec![0; self.inner.max_pools() as usize].into_boxed_slice();
         Ok(Receiver {
             pools: RefCell::new(pools),
+            refused: RefCell::new(Vec::new()),
             me: rx.id(),
             rx,
             receiving: B::receiving(&self.inner.ctx),

@@ -74,6 +74,15 @@ impl<B: Backend> Receiver<B> {
                 *cached = None;
             }
         }
+        // The refused pools too (a dead GPU sender's, never imported), forgotten once
+        // drained.
+        self.refused.borrow_mut().retain(|(.., seg)| {
+            let drained = seg.is_closed() && seg.core.all_free();
+            if drained {
+                seg.unlink_if_drained();
+            }
+            !drained
+        });
     }
 
     /// Checks the sent copy of a slot taken over by `redeliver_one`: it must name that
@@ -131,10 +140,18 @@ impl<B: Backend> Receiver<B> {
                 return Ok(pool.clone());
             }
         }
+        let known = self.refused.borrow().iter().find(|r| (r.0, r.1) == (index, instance)).cloned();
+        if let Some((.., seg)) = known {
+            let died = self.note_owner(&seg);
+            if let Err(why) = B::refuse(&seg, died) {
+                return Err((Some(seg), why.into()));
+            }
+        }
         let seg = Arc::new(self.channel.open_pool(index, instance, wait).map_err(|e| (None, e))?);
         let died = self.note_owner(&seg);
-        // A device pool whose sender has gone is not imported.
+        // A device pool whose sender has gone is not imported; it is kept until it drains.
         if let Err(why) = B::refuse(&seg, died) {
+            self.refused.borrow_mut().push((index, instance, seg.clone()));
             return Err((Some(seg), why.into()));
         }
         let imported = B::import(&self.channel.ctx, &seg).map_err(|e| (None, e.into()))?;
