@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
+use super::spsc::{pop_retry, push_retry};
 use super::{PopTimeoutError, PushTimeoutError, Storage, TryPopError, TryPushError, wait_for};
 use crate::layout::{Corrupted, MAX_PARTICIPANTS, RingControl, SpscCell};
 use crate::liveness::{Role, Tick, Unwatched};
@@ -143,28 +144,15 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
     ) -> Result<(), PushTimeoutError<T>> {
         let Self { storage, local, policy, .. } = self;
         let storage = &*storage;
-        let value = std::cell::Cell::new(Some(value));
-        let attempt = || {
-            let v = value.take().expect("the value is back after each failed attempt");
-            match try_push_in(storage, local, v) {
-                Ok(()) => Ok(Some(())),
-                Err(TryPushError::Full(v) | TryPushError::Disconnected(v)) => {
-                    value.set(Some(v));
-                    Ok(None)
-                }
-                Err(TryPushError::Corrupted(c)) => Err(c),
-            }
-        };
+        let attempt = || try_push_in(storage, local, value).map(Some).or_else(push_retry);
         let on_tick = || {
             // Relaxed: which places to look at; each drop decides under its entry's lock.
             let mask = storage.readers().load(Ordering::Relaxed);
             let dropped = bits(mask).filter(|&i| storage.drop_if_gone(i)).count();
             if dropped > 0 { Tick::Retry } else { Tick::Idle }
         };
-        wait_for(storage, Role::Producer, *policy, deadline, attempt, on_tick).map_err(|b| {
-            let v = value.take().expect("the value is back after a failed attempt");
-            PushTimeoutError::from_blocked(b, v)
-        })
+        wait_for(storage, Role::Producer, *policy, deadline, attempt, on_tick)
+            .map_err(|b| PushTimeoutError::from_blocked(b, value))
     }
 
     /// Readers counted now (a snapshot).
@@ -293,11 +281,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
     pub(crate) fn read_until(&mut self, deadline: Deadline) -> Result<T, PopTimeoutError> {
         let Self { storage, index, cursor, capacity, policy, .. } = self;
         let storage = &*storage;
-        let attempt = || match read_in(storage, *index, cursor, *capacity) {
-            Ok(v) => Ok(Some(v)),
-            Err(TryPopError::Empty | TryPopError::Disconnected) => Ok(None),
-            Err(TryPopError::Corrupted(c)) => Err(c),
-        };
+        let attempt = || read_in(storage, *index, cursor, *capacity).map(Some).or_else(pop_retry);
         wait_for(storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
             .map_err(PopTimeoutError::from)
     }

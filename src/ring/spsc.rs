@@ -194,7 +194,7 @@ fn try_pop_in<T: Pod, S: Storage<Cell = SpscCell<T>>, R>(
 const PREFETCH_AHEAD: u64 = 4;
 
 /// For [`block_on`]: `Full` means wait.
-fn push_retry<T>(e: TryPushError<T>) -> Result<Option<()>, Corrupted> {
+pub(super) fn push_retry<T>(e: TryPushError<T>) -> Result<Option<()>, Corrupted> {
     match e {
         TryPushError::Full(_) | TryPushError::Disconnected(_) => Ok(None),
         TryPushError::Corrupted(c) => Err(c),
@@ -202,7 +202,7 @@ fn push_retry<T>(e: TryPushError<T>) -> Result<Option<()>, Corrupted> {
 }
 
 /// For [`block_on`]: `Empty` means wait.
-fn pop_retry<R>(e: TryPopError) -> Result<Option<R>, Corrupted> {
+pub(super) fn pop_retry<R>(e: TryPopError) -> Result<Option<R>, Corrupted> {
     match e {
         TryPopError::Empty | TryPopError::Disconnected => Ok(None),
         TryPopError::Corrupted(c) => Err(c),
