@@ -182,3 +182,61 @@ fn a_forged_readers_mask_holds_the_producer_back_a_tick_at_most() {
     }
     assert_eq!(tx.readers(), 1, "the forged places went at a tick");
 }
+
+/// The async forms: a reader's `read_async` parks until the producer publishes, and a
+/// producer's `push_async` parks on a full ring until the reader reads.
+#[cfg(feature = "async")]
+#[test]
+fn async_reads_and_pushes_park_until_they_can_go() {
+    use futures::executor::block_on;
+    let name = unique_name("broadcast-async");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(2).create().unwrap();
+    let mut tx = ring.producer().unwrap();
+    let mut rx = ring.reader().unwrap();
+    let reader = std::thread::spawn(move || {
+        let first = block_on(rx.read_async()).unwrap();
+        (rx, first)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    tx.push(7).unwrap();
+    let (mut rx, first) = reader.join().unwrap();
+    assert_eq!(first, 7);
+    tx.push(8).unwrap();
+    tx.push(9).unwrap();
+    let producer = std::thread::spawn(move || {
+        block_on(tx.push_async(10)).unwrap(); // the ring holds 8 and 9: waits for a read
+        tx
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!producer.is_finished(), "a full ring holds the producer back");
+    assert_eq!((0..3).map(|_| rx.read().unwrap()).collect::<Vec<_>>(), [8, 9, 10]);
+    producer.join().unwrap();
+}
+
+/// A producer parked in `push_async` on a reader that is then SIGKILLed goes on: the dead
+/// reader's closed segment wakes the waiter thread, whose look drops the dead reader.
+#[cfg(feature = "async")]
+#[test]
+fn an_async_push_goes_on_when_the_reader_holding_it_back_is_killed() {
+    const TEST: &str = "an_async_push_goes_on_when_the_reader_holding_it_back_is_killed";
+    if role().as_deref() == Some("reader") {
+        let ring = BroadcastRing::<u64>::builder(ring_name()).open().unwrap();
+        let _rx = ring.reader().unwrap();
+        announce("ready");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        die();
+    }
+    let name = unique_name("broadcast-async-kill");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(2).create().unwrap();
+    let mut tx = ring.producer().unwrap();
+    let mut reader = Peer::spawn(TEST, "reader", &name);
+    reader.expect("ready");
+    tx.push(0).unwrap();
+    tx.push(1).unwrap();
+    futures::executor::block_on(tx.push_async(2)).unwrap(); // waits for the dead reader
+    let resumed = now_ns();
+    let died = reader.died();
+    assert!(resumed > died, "the push went on only after the reader died");
+    assert_noticed("async producer", died, resumed);
+    assert_eq!(tx.readers(), 0);
+}

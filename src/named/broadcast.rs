@@ -9,6 +9,8 @@ use crate::ring::{
     broadcast,
 };
 use crate::wait::{WaitPolicy, blocking};
+#[cfg(feature = "async")]
+use crate::{liveness::Role, wait::reactor::wait};
 
 /// The producer end of a [`BroadcastRing`](crate::BroadcastRing): the one process that
 /// publishes. Every reader attached when an element is published reads it; the slowest
@@ -50,6 +52,30 @@ impl<T: Pod + Send> BroadcastProducer<T> {
         /// cannot be taken yet); [`PushError::Corrupted`].
         pub fn push -> PushError<T>, push_timeout, push_deadline -> PushTimeoutError<T>;
             (&mut self, value: T) -> () => inner.push_until;
+    }
+
+    /// Publishes `value`, waiting for the slowest reader without blocking the thread
+    /// (feature `async`): the task parks on the same wait word as [`push`](Self::push),
+    /// and this process's waiter thread wakes it. Works under any executor. Returns at
+    /// once, with no syscall, when there is room.
+    ///
+    /// Cancel-safe: a future dropped before it completes has published nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`push`](Self::push).
+    #[cfg(feature = "async")]
+    pub async fn push_async(&mut self, value: T) -> Result<(), PushError<T>> {
+        let mut end = &mut self.inner;
+        wait(
+            &mut end,
+            |e| e.storage().park(Role::Producer),
+            |e, d| match e.push_until(value, d) {
+                Err(PushTimeoutError::Timeout(_)) => None,
+                done => Some(done.map_err(PushError::from_timeout)),
+            },
+        )
+        .await
     }
 
     /// Readers attached now (a snapshot).
@@ -106,6 +132,40 @@ impl<T: Pod + Send> BroadcastReader<T> {
         /// all it published ([`PopError::PeerDead`] when it died); [`PopError::Corrupted`].
         pub fn read -> PopError, read_timeout, read_deadline -> PopTimeoutError;
             (&mut self) -> T => inner.read_until;
+    }
+
+    /// The next element, waiting for it without blocking the thread (feature `async`):
+    /// the task parks on the same wait word as [`read`](Self::read), and this process's
+    /// waiter thread wakes it. Works under any executor. Returns at once, with no
+    /// syscall, when an element is there.
+    ///
+    /// Cancel-safe: a future dropped before it completes has read nothing.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ring = gpuring::BroadcastRing::<u64>::builder("steps").open()?;
+    /// let mut rx = ring.reader()?;
+    /// let step = rx.read_async().await?;
+    /// # let _ = step;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read).
+    #[cfg(feature = "async")]
+    pub async fn read_async(&mut self) -> Result<T, PopError> {
+        let mut end = &mut self.inner;
+        wait(
+            &mut end,
+            |e| e.storage().park(Role::Consumer),
+            |e, d| match e.read_until(d) {
+                Err(PopTimeoutError::Timeout) => None,
+                done => Some(done.map_err(PopError::from_timeout)),
+            },
+        )
+        .await
     }
 
     /// Elements published that this reader has not read yet (a snapshot).

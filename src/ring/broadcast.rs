@@ -155,6 +155,12 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
             .map_err(|b| PushTimeoutError::from_blocked(b, value))
     }
 
+    /// The storage, for the layers above (async waits park on its wait word).
+    #[cfg_attr(any(loom, not(feature = "async")), allow(dead_code))]
+    pub(crate) fn storage(&self) -> &S {
+        &self.storage
+    }
+
     /// Readers counted now (a snapshot).
     pub fn readers(&self) -> usize {
         // Relaxed: a diagnostic.
@@ -284,6 +290,12 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
         let attempt = || read_in(storage, *index, cursor, *capacity).map(Some).or_else(pop_retry);
         wait_for(storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
             .map_err(PopTimeoutError::from)
+    }
+
+    /// The storage, for the layers above (async waits park on its wait word).
+    #[cfg_attr(any(loom, not(feature = "async")), allow(dead_code))]
+    pub(crate) fn storage(&self) -> &S {
+        &self.storage
     }
 
     /// Sets how blocking reads wait.
