@@ -305,7 +305,10 @@ pub use layout::{
     SLOT_HEADER_SIZE,
 };
 pub use liveness::{AttachError, LIVENESS_TICK, Role};
-pub use ring::{PopError, PopTimeoutError, PushError, PushTimeoutError, TryPopError, TryPushError};
+pub use ring::{
+    PopError, PopTimeoutError, PushError, PushTimeoutError, ReadError, ReadTimeoutError,
+    TryPopError, TryPushError, TryReadError,
+};
 pub use wait::WaitPolicy;
 #[cfg(not(loom))]
 pub use wait::reactor::Selectable;

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{Peer, announce, assert_noticed, die, now_ns, ring_name, role, unique_name};
-use gpuring::{BroadcastRing, PopError};
+use gpuring::{BroadcastRing, ReadError};
 
 /// A reader child: announces `ready` once attached, then reads `n` elements (each must be
 /// the next of `0..n`) and announces `read <n>`; a `limit` of reads short of `n` ends it
@@ -131,7 +131,7 @@ fn readers_get_peer_dead_after_what_a_killed_producer_published() {
     for rx in &mut readers {
         let got: Vec<u64> = (0..5).map(|_| rx.read().unwrap()).collect();
         assert_eq!(got, [0, 1, 2, 3, 4]);
-        assert!(matches!(rx.read(), Err(PopError::PeerDead)));
+        assert!(matches!(rx.read(), Err(ReadError::PeerDead)));
     }
     // A new producer takes the dead one's role.
     let mut tx = ring.producer().unwrap();
@@ -239,4 +239,40 @@ fn an_async_push_goes_on_when_the_reader_holding_it_back_is_killed() {
     assert!(resumed > died, "the push went on only after the reader died");
     assert_noticed("async producer", died, resumed);
     assert_eq!(tx.readers(), 0);
+}
+
+/// A lagging ring: the producer never waits, neither for a reader that sleeps nor for one
+/// that was killed; the sleeper is told how many it missed and reads on from the oldest
+/// element still there, in order.
+#[test]
+fn a_lagging_ring_never_holds_the_producer_and_tells_a_slow_reader_what_it_missed() {
+    const TEST: &str =
+        "a_lagging_ring_never_holds_the_producer_and_tells_a_slow_reader_what_it_missed";
+    if role().as_deref() == Some("victim") {
+        let ring = BroadcastRing::<u64>::builder(ring_name()).open().unwrap();
+        let _rx = ring.reader().unwrap();
+        announce("ready");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        die();
+    }
+    let name = unique_name("broadcast-lagging");
+    let ring = BroadcastRing::<u64>::builder(&name).capacity(8).lagging(true).create().unwrap();
+    let mut tx = ring.producer().unwrap();
+    let mut slow = ring.reader().unwrap();
+    let mut victim = Peer::spawn(TEST, "victim", &name);
+    victim.expect("ready");
+    for v in 0..1000 {
+        // Never waits: a timeout of zero would do; a short one shows nothing waits.
+        tx.push_timeout(v, std::time::Duration::from_millis(1)).unwrap();
+    }
+    assert!(matches!(slow.read(), Err(ReadError::Lagged(992))));
+    assert_eq!(
+        (0..8).map(|_| slow.read().unwrap()).collect::<Vec<_>>(),
+        (992..1000).collect::<Vec<_>>()
+    );
+    victim.died();
+    for v in 1000..1100 {
+        tx.push_timeout(v, std::time::Duration::from_millis(1)).unwrap();
+        assert_eq!(slow.read().unwrap(), v, "a reader that keeps up misses nothing");
+    }
 }

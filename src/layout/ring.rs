@@ -46,6 +46,10 @@ pub struct RingHeader {
     /// [`Claims::pop`] word (a broadcast ring has no claims). The producer holds back for
     /// every reader the mask names (`ring::broadcast`). 0 in other rings.
     pub readers: AtomicU64,
+    /// Broadcast rings: 1 when the producer never waits for readers (a reader that falls
+    /// a ring behind is told how many it missed), 0 when the slowest holds it back. Set at
+    /// creation.
+    pub lagging: AtomicU32,
 }
 
 /// The index of a side in [`RingHeader::attached`] and [`RingHeader::joined`]: 0 for

@@ -5,8 +5,8 @@ use bytemuck::Pod;
 
 use crate::layout::SpscCell;
 use crate::ring::{
-    PopError, PopTimeoutError, PushError, PushTimeoutError, ShmStorage, TryPopError, TryPushError,
-    broadcast,
+    PushError, PushTimeoutError, ReadError, ReadTimeoutError, ShmStorage, TryPushError,
+    TryReadError, broadcast,
 };
 use crate::wait::{WaitPolicy, blocking};
 #[cfg(feature = "async")]
@@ -116,10 +116,12 @@ impl<T: Pod + Send> BroadcastReader<T> {
     ///
     /// # Errors
     ///
-    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`] when the ring's positions are
-    /// impossible (the producer more than a ring ahead of this reader).
+    /// [`TryReadError::Empty`]; [`TryReadError::Lagged`] (a lagging ring: the producer
+    /// overwrote that many before this reader read them; the next read goes on with the
+    /// oldest still there); [`TryReadError::Corrupted`] when the ring's positions are
+    /// impossible.
     #[inline]
-    pub fn try_read(&mut self) -> Result<T, TryPopError> {
+    pub fn try_read(&mut self) -> Result<T, TryReadError> {
         self.inner.try_read()
     }
 
@@ -128,9 +130,11 @@ impl<T: Pod + Send> BroadcastReader<T> {
         ///
         /// # Errors
         ///
-        /// [`PopError::Disconnected`] once the producer has left and this reader has read
-        /// all it published ([`PopError::PeerDead`] when it died); [`PopError::Corrupted`].
-        pub fn read -> PopError, read_timeout, read_deadline -> PopTimeoutError;
+        /// [`ReadError::Lagged`] (a lagging ring: see [`try_read`](Self::try_read));
+        /// [`ReadError::Disconnected`] once the producer has left and this reader has read
+        /// all it published ([`ReadError::PeerDead`] when it died);
+        /// [`ReadError::Corrupted`].
+        pub fn read -> ReadError, read_timeout, read_deadline -> ReadTimeoutError;
             (&mut self) -> T => inner.read_until;
     }
 
@@ -155,14 +159,14 @@ impl<T: Pod + Send> BroadcastReader<T> {
     ///
     /// As [`read`](Self::read).
     #[cfg(feature = "async")]
-    pub async fn read_async(&mut self) -> Result<T, PopError> {
+    pub async fn read_async(&mut self) -> Result<T, ReadError> {
         let mut end = &mut self.inner;
         wait(
             &mut end,
             |e| e.storage().park(Role::Consumer),
             |e, d| match e.read_until(d) {
-                Err(PopTimeoutError::Timeout) => None,
-                done => Some(done.map_err(PopError::from_timeout)),
+                Err(ReadTimeoutError::Timeout) => None,
+                done => Some(done.map_err(ReadError::from_timeout)),
             },
         )
         .await

@@ -99,12 +99,19 @@ error_from!(RingError { Segment(ShmError) });
 pub struct RingBuilder<T, F> {
     segment: SegmentOptions,
     capacity: u64,
+    /// Broadcast rings: the producer never waits for readers.
+    lagging: bool,
     _ring: PhantomData<fn() -> Ring<T, F>>,
 }
 
 impl<T, F> Clone for RingBuilder<T, F> {
     fn clone(&self) -> Self {
-        Self { segment: self.segment.clone(), capacity: self.capacity, _ring: PhantomData }
+        Self {
+            segment: self.segment.clone(),
+            capacity: self.capacity,
+            lagging: self.lagging,
+            _ring: PhantomData,
+        }
     }
 }
 
@@ -136,6 +143,9 @@ impl<T: Pod + Send, F: RingFlavor> RingBuilder<T, F> {
                 RingSegment::init_in::<T, _>(seg, &layout, |i| MpmcCell::<T>::new(i as u64));
             } else {
                 RingSegment::init_in::<T, _>(seg, &layout, |_| SpscCell::<T>::new());
+            }
+            if self.lagging {
+                RingSegment::set_lagging_in(seg, &layout);
             }
             Ok::<_, ShmError>(())
         })?;
@@ -343,6 +353,7 @@ impl<T: Pod + Send, F: RingFlavor> Ring<T, F> {
         RingBuilder {
             segment: SegmentOptions::new(name.into()),
             capacity: 1024,
+            lagging: false,
             _ring: PhantomData,
         }
     }
@@ -437,5 +448,26 @@ impl<T: Pod + Send> Ring<T, Broadcast> {
     /// [`AttachError::Corrupted`].
     pub fn reader(&self) -> Result<BroadcastReader<T>, AttachError> {
         self.ring.broadcast_reader().map(|inner| BroadcastReader { inner })
+    }
+}
+
+impl<T: Pod + Send> RingBuilder<T, Broadcast> {
+    /// Whether the producer never waits for readers (`create` only; default `false`).
+    ///
+    /// By default the slowest reader holds the producer back: a push waits until every
+    /// reader has room, and nothing is lost. Lagging, a push never waits: a reader that
+    /// falls more than the ring's capacity behind is told how many elements it missed
+    /// ([`ReadError::Lagged`](crate::ReadError::Lagged), as `tokio::sync::broadcast`
+    /// says `Lagged(n)`) and goes on with the oldest element still there; the others
+    /// never notice it.
+    ///
+    /// ```no_run
+    /// let ring = gpuring::BroadcastRing::<u64>::builder("ticks").lagging(true).create()?;
+    /// # drop(ring);
+    /// # Ok::<(), gpuring::RingError>(())
+    /// ```
+    pub fn lagging(mut self, on: bool) -> Self {
+        self.lagging = on;
+        self
     }
 }

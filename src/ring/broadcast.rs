@@ -27,14 +27,23 @@
 //! A reader that leaves clears its bit. One that dies leaves it set: the producer, blocked
 //! at a liveness tick, clears the bit of every reader whose entry nobody holds any more
 //! ([`Cursors::drop_if_gone`]), so a dead reader holds it back for a tick at most.
+//!
+//! *Lagging* rings ([`Cursors::lagging`]): the producer never looks at the cursors and
+//! never waits. Before it writes position `p` it stores `p + 1` in `head` (the position
+//! being written, plus one) and issues a Release fence; then it writes the cell and
+//! publishes `tail`. A reader reads its cell as a seqlock reader does (a volatile copy,
+//! an Acquire fence, then `head`): if `head` says the producer has begun writing position
+//! `cursor + capacity` or later, which overwrites the cell, the copy is dropped; the
+//! reader moves on to the oldest element still intact and says how many it missed
+//! ([`TryReadError::Lagged`]). Cursors then only report where each reader is.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use super::spsc::{pop_retry, push_retry};
-use super::{PopTimeoutError, PushTimeoutError, Storage, TryPopError, TryPushError, wait_for};
+use super::spsc::push_retry;
+use super::{PushTimeoutError, ReadTimeoutError, Storage, TryPushError, TryReadError, wait_for};
 use crate::layout::{Corrupted, MAX_PARTICIPANTS, RingControl, SpscCell};
 use crate::liveness::{Role, Tick, Unwatched};
 use crate::sync::{AtomicU64, Ordering, fence};
@@ -65,6 +74,8 @@ pub unsafe trait Cursors {
     fn left(&self, index: usize) {
         let _ = index;
     }
+    /// Whether the producer never waits for readers (see the module docs).
+    fn lagging(&self) -> bool;
 }
 
 /// The writing end.
@@ -87,12 +98,15 @@ struct Local {
     /// The producer's own place in the mask (0 if it has none): never a reader's, whatever
     /// the mask says.
     own: u64,
+    /// Whether it never waits for readers.
+    lagging: bool,
 }
 
 /// A reading end; dropping it takes its cursor out of the mask.
 #[derive(Debug)]
 pub struct Reader<T, S: Cursors> {
     storage: S,
+    lagging: bool,
     index: usize,
     /// The next position to read (this reader's own copy of its cursor).
     cursor: u64,
@@ -121,7 +135,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
         // Acquire: pairs with the Release store of the producer before us, if any.
         let tail = storage.control().tail.load(Ordering::Acquire);
         let min = slowest(&storage, tail, own);
-        let local = Local { tail, min, capacity, own };
+        let local = Local { tail, min, capacity, own, lagging: storage.lagging() };
         Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
     }
 
@@ -184,7 +198,12 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
     local: &mut Local,
     value: T,
 ) -> Result<(), TryPushError<T>> {
-    if local.tail.wrapping_sub(local.min) >= local.capacity {
+    if local.lagging {
+        // Relaxed, then a Release fence: a reader that sees any byte of the write below
+        // sees this store too (its Acquire fence after its copy), and drops its copy.
+        storage.control().head.store(local.tail.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+    } else if local.tail.wrapping_sub(local.min) >= local.capacity {
         local.min = slowest(storage, local.tail, local.own);
         // Relaxed: for reports only (`inspect`): where the slowest reader was last seen.
         storage.control().head.store(local.min, Ordering::Relaxed);
@@ -193,10 +212,12 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
         }
     }
     let cell = &storage.cells()[(local.tail & (local.capacity - 1)) as usize];
-    // SAFETY: every counted cursor is above `tail - capacity` (the Acquire loads in
-    // `slowest` saw the readers' Release stores made after they read that cell's previous
-    // element), and no reader reads position `tail` before the store below.
-    cell.value.with_mut(|p| unsafe { p.write(value) });
+    // SAFETY: blocking: every counted cursor is above `tail - capacity` (the Acquire loads
+    // in `slowest` saw the readers' Release stores made after they read that cell's
+    // previous element), and no reader reads position `tail` before the store below.
+    // Lagging: a reader may be copying the cell's previous element meanwhile; its copy is
+    // volatile and dropped when `head` shows this write (see the module docs).
+    cell.value.with_mut(|p| unsafe { p.write_volatile(value) });
     local.tail = local.tail.wrapping_add(1);
     // Release: pairs with the readers' Acquire loads of `tail` (the cell is written).
     storage.control().tail.store(local.tail, Ordering::Release);
@@ -262,6 +283,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
             storage.cursor(index).store(now, Ordering::Relaxed);
         }
         Ok(Self {
+            lagging: storage.lagging(),
             storage,
             index,
             cursor: now,
@@ -276,20 +298,36 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
     ///
     /// # Errors
     ///
-    /// [`TryPopError::Empty`]; [`TryPopError::Corrupted`] when `tail` is more than a ring
-    /// ahead of this reader (the producer overwrote what it had not read).
-    pub fn try_read(&mut self) -> Result<T, TryPopError> {
-        read_in(&self.storage, self.index, &mut self.cursor, self.capacity)
+    /// [`TryReadError::Empty`]; [`TryReadError::Lagged`] (lagging rings: the next read
+    /// goes on with the oldest element still there); [`TryReadError::Corrupted`] when
+    /// `tail` is more than a ring ahead of this reader of a blocking ring.
+    pub fn try_read(&mut self) -> Result<T, TryReadError> {
+        read_in(&self.storage, self.index, &mut self.cursor, self.capacity, self.lagging)
     }
 
     /// The next element, waiting for it until `deadline`; once the producer has gone and
     /// everything it published was read, `Disconnected` (`PeerDead` if it died).
-    pub(crate) fn read_until(&mut self, deadline: Deadline) -> Result<T, PopTimeoutError> {
-        let Self { storage, index, cursor, capacity, policy, .. } = self;
+    pub(crate) fn read_until(&mut self, deadline: Deadline) -> Result<T, ReadTimeoutError> {
+        let Self { storage, index, cursor, capacity, policy, lagging, .. } = self;
         let storage = &*storage;
-        let attempt = || read_in(storage, *index, cursor, *capacity).map(Some).or_else(pop_retry);
-        wait_for(storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
-            .map_err(PopTimeoutError::from)
+        let mut missed = None;
+        let attempt = || match read_in(storage, *index, cursor, *capacity, *lagging) {
+            Ok(v) => Ok(Some(v)),
+            Err(TryReadError::Empty | TryReadError::Disconnected | TryReadError::PeerDead) => {
+                Ok(None)
+            }
+            Err(TryReadError::Lagged(n)) => {
+                // Ends the wait: told once, then the next read goes on.
+                missed = Some(n);
+                Err(Corrupted { what: "lagged" })
+            }
+            Err(TryReadError::Corrupted(c)) => Err(c),
+        };
+        let read = wait_for(storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle);
+        read.map_err(|b| match missed {
+            Some(n) => ReadTimeoutError::Lagged(n),
+            None => ReadTimeoutError::from(b),
+        })
     }
 
     /// The storage, for the layers above (async waits park on its wait word).
@@ -344,6 +382,7 @@ struct HeapBroadcast<T> {
     /// The places readers hold (a heap ring has no participant table).
     taken: AtomicU64,
     max_readers: usize,
+    lagging: bool,
     cursors: Box<[AtomicU64]>,
 }
 
@@ -379,6 +418,9 @@ unsafe impl<T> Cursors for HeapCursors<T> {
         // Relaxed: a place of this process's heap ring; the next join orders the rest.
         self.inner.taken.fetch_and(!(1 << index), Ordering::Relaxed);
     }
+    fn lagging(&self) -> bool {
+        self.inner.lagging
+    }
 }
 
 /// A heap broadcast ring of `capacity` cells (a power of two, at least 1) for up to
@@ -392,6 +434,19 @@ pub fn with_capacity<T: Pod + Send>(
     capacity: usize,
     max_readers: usize,
 ) -> Producer<T, HeapCursors<T>> {
+    with_policy(capacity, max_readers, false)
+}
+
+/// As [`with_capacity`], `lagging` saying whether the producer never waits for readers.
+///
+/// # Panics
+///
+/// As [`with_capacity`].
+pub fn with_policy<T: Pod + Send>(
+    capacity: usize,
+    max_readers: usize,
+    lagging: bool,
+) -> Producer<T, HeapCursors<T>> {
     assert!(capacity.is_power_of_two() && capacity <= 1 << 24, "capacity {capacity}");
     assert!((1..=MAX_READERS).contains(&max_readers), "max_readers {max_readers}");
     let inner = HeapBroadcast {
@@ -400,6 +455,7 @@ pub fn with_capacity<T: Pod + Send>(
         readers: AtomicU64::new(0),
         taken: AtomicU64::new(0),
         max_readers,
+        lagging,
         cursors: (0..MAX_READERS).map(|_| AtomicU64::new(0)).collect(),
     };
     let storage = HeapCursors { inner: Arc::new(inner) };
@@ -444,32 +500,62 @@ fn read_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
     index: usize,
     cursor: &mut u64,
     capacity: u64,
-) -> Result<T, TryPopError> {
+    lagging: bool,
+) -> Result<T, TryReadError> {
+    let control = storage.control();
     // Acquire: pairs with the producer's Release `tail` store.
-    let tail = storage.control().tail.load(Ordering::Acquire);
+    let tail = control.tail.load(Ordering::Acquire);
     let ahead = tail.wrapping_sub(*cursor);
     if ahead == 0 {
-        return Err(TryPopError::Empty);
+        return Err(TryReadError::Empty);
     }
     if ahead > capacity {
-        return Err(TryPopError::Corrupted(Corrupted {
-            what: "broadcast ring tail more than a ring ahead of a reader",
-        }));
+        if !lagging || ahead > u64::MAX / 2 {
+            return Err(TryReadError::Corrupted(Corrupted {
+                what: "broadcast ring tail more than a ring ahead of a reader",
+            }));
+        }
+        // Overwritten already: on with the oldest element published and still there.
+        return Err(lagged(storage, index, cursor, tail.wrapping_sub(capacity)));
     }
     let cell = &storage.cells()[(*cursor & (capacity - 1)) as usize];
-    // SAFETY: the position is below `tail` (the element is written) and our cursor keeps
-    // the producer from rewriting it until the store below. `T: Pod`.
-    let value = cell.value.with(|p| unsafe { p.read() });
+    // SAFETY: the position is below `tail` (the element is written). Blocking: our cursor
+    // keeps the producer from rewriting it until the store below. Lagging: the producer
+    // may be rewriting it; a volatile copy of a `Pod` (any bytes are a valid `T`), dropped
+    // below if `head` shows a rewrite began.
+    let value = cell.value.with(|p| unsafe { p.read_volatile() });
+    if lagging {
+        // Acquire: orders the copy above before the `head` load below (the producer's
+        // Release fence orders its `head` store before its write of the cell).
+        fence(Ordering::Acquire);
+        // Relaxed: after the fence.
+        let writing = control.head.load(Ordering::Relaxed);
+        let overwrites = writing.wrapping_sub(*cursor);
+        if overwrites > capacity && overwrites <= u64::MAX / 2 {
+            // The rewrite of this cell (position cursor + capacity) has begun.
+            return Err(lagged(storage, index, cursor, writing.wrapping_sub(capacity)));
+        }
+    }
     *cursor = cursor.wrapping_add(1);
     // Release: pairs with the producer's Acquire cursor loads (our read is done).
     storage.cursor(index).store(*cursor, Ordering::Release);
-    notify(&storage.control().not_full);
+    notify(&control.not_full);
     Ok(value)
+}
+
+/// A lagging reader's jump to `oldest` (the oldest element still intact): how many it
+/// missed.
+fn lagged<S: Cursors>(storage: &S, index: usize, cursor: &mut u64, oldest: u64) -> TryReadError {
+    let missed = oldest.wrapping_sub(*cursor);
+    *cursor = oldest;
+    // Release: as a read's (a report of where this reader is).
+    storage.cursor(index).store(oldest, Ordering::Release);
+    TryReadError::Lagged(missed)
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{TryPopError, TryPushError, with_capacity};
+    use super::{TryPushError, TryReadError, with_capacity, with_policy};
 
     #[test]
     fn every_reader_gets_every_element_in_order_and_the_slowest_holds_the_producer() {
@@ -488,7 +574,7 @@ mod tests {
         assert_eq!(b.try_read().unwrap(), 0);
         tx.try_push(4).unwrap();
         assert_eq!(a.try_read().unwrap(), 4);
-        assert!(matches!(a.try_read(), Err(TryPopError::Empty)));
+        assert!(matches!(a.try_read(), Err(TryReadError::Empty)));
         assert_eq!((0..4).map(|_| b.try_read().unwrap()).collect::<Vec<_>>(), [1, 2, 3, 4]);
         drop(b);
         for v in 5..9 {
@@ -503,7 +589,7 @@ mod tests {
         tx.try_push(1).unwrap();
         let mut r = tx.subscribe().unwrap();
         assert!(tx.subscribe().is_none(), "one place");
-        assert!(matches!(r.try_read(), Err(TryPopError::Empty)));
+        assert!(matches!(r.try_read(), Err(TryReadError::Empty)));
         tx.try_push(2).unwrap();
         assert_eq!(r.try_read().unwrap(), 2);
         drop(r);
@@ -531,7 +617,35 @@ mod tests {
         for v in 0..3 {
             tx.try_push(v).unwrap();
         }
-        assert!(matches!(r.try_read(), Err(TryPopError::Corrupted(_))));
+        assert!(matches!(r.try_read(), Err(TryReadError::Corrupted(_))));
+    }
+
+    #[test]
+    fn a_lagging_producer_never_waits_and_a_reader_behind_is_told_what_it_missed() {
+        let mut tx = with_policy::<u64>(4, 2, true);
+        let (mut slow, mut fast) = (tx.subscribe().unwrap(), tx.subscribe().unwrap());
+        for v in 0..10 {
+            tx.try_push(v).unwrap(); // never full
+            assert_eq!(fast.try_read().unwrap(), v, "a reader that keeps up misses nothing");
+        }
+        // `slow` read nothing: 0..6 were overwritten; 6..10 are still there.
+        assert!(matches!(slow.try_read(), Err(TryReadError::Lagged(6))));
+        assert_eq!((0..4).map(|_| slow.try_read().unwrap()).collect::<Vec<_>>(), [6, 7, 8, 9]);
+        assert!(matches!(slow.try_read(), Err(TryReadError::Empty)));
+    }
+
+    #[test]
+    fn a_lagging_reader_drops_a_copy_whose_cell_is_being_rewritten() {
+        let mut tx = with_policy::<u64>(2, 1, true);
+        let mut r = tx.subscribe().unwrap();
+        tx.try_push(0).unwrap();
+        tx.try_push(1).unwrap();
+        // The producer has begun writing position 2 (over position 0's cell), as it would
+        // mid-push: `head` says so before the cell changes.
+        use super::Storage;
+        r.storage.control().head.store(3, crate::sync::Ordering::Relaxed);
+        assert!(matches!(r.try_read(), Err(TryReadError::Lagged(1))), "0 may be torn: dropped");
+        assert_eq!(r.try_read().unwrap(), 1);
     }
 
     #[test]

@@ -80,6 +80,50 @@ wait_errors! {
     }
 }
 
+wait_errors! {
+    generics [] [] [];
+    derive(Debug, Clone, Copy, PartialEq, Eq);
+    /// Why a blocking [`read`](crate::BroadcastReader::read) (and `read_async`) of a
+    /// broadcast ring returned nothing.
+    base ReadError;
+    /// Why [`read_timeout`](crate::BroadcastReader::read_timeout) (and `read_deadline`)
+    /// returned nothing.
+    timeout ReadTimeoutError {
+        /// The deadline passed with nothing new to read.
+        Timeout => f.write_str("timed out waiting for an element")
+    }
+    /// Why [`try_read`](crate::BroadcastReader::try_read) returned nothing.
+    try TryReadError {
+        /// This reader has read everything published.
+        Empty => f.write_str("nothing new to read")
+    }
+    fmt |f|;
+    variants {
+        /// A lagging ring (`.lagging(true)`): the producer, which never waits, overwrote
+        /// this many elements before this reader read them. The reader goes on with the
+        /// oldest element still there: the next read returns it.
+        Lagged(missed: u64) => write!(f, "the reader fell behind and missed {missed} elements");
+        /// The producer has left cleanly and this reader has read everything it
+        /// published. Not for ever: a producer that attaches later may publish again.
+        Disconnected => f.write_str("the producer has left (all it published was read)");
+        /// The producer has died, and this reader has read everything it published.
+        PeerDead => f.write_str("the producer has died (all it published was read)");
+        /// The ring's shared state is impossible.
+        Corrupted(c: Corrupted) => c.fmt(f);
+    }
+}
+
+impl From<Blocked> for ReadTimeoutError {
+    fn from(blocked: Blocked) -> Self {
+        match blocked {
+            Blocked::Timeout => ReadTimeoutError::Timeout,
+            Blocked::Disconnected => ReadTimeoutError::Disconnected,
+            Blocked::PeerDead => ReadTimeoutError::PeerDead,
+            Blocked::Corrupted(c) => ReadTimeoutError::Corrupted(c),
+        }
+    }
+}
+
 macro_rules! display_errors {
     ($($ty:ty => |$s:ident, $f:ident| $body:expr;)*) => {$(
         impl core::fmt::Display for $ty {

@@ -44,7 +44,8 @@ pub mod spsc;
 mod tests;
 
 pub use error::{
-    PopError, PopTimeoutError, PushError, PushTimeoutError, TryPopError, TryPushError,
+    PopError, PopTimeoutError, PushError, PushTimeoutError, ReadError, ReadTimeoutError,
+    TryPopError, TryPushError, TryReadError,
 };
 #[cfg(not(loom))]
 pub(crate) use placed::{RingSegment, ShmStorage};

@@ -78,6 +78,10 @@ unsafe impl<C> super::broadcast::Cursors for ShmStorage<C> {
     fn cursor(&self, index: usize) -> &AtomicU64 {
         self.ring.table.cursor(index)
     }
+    fn lagging(&self) -> bool {
+        // Relaxed: set by the creator before the segment was published.
+        self.ring.header().lagging.load(Ordering::Relaxed) != 0
+    }
     fn drop_if_gone(&self, index: usize) -> bool {
         let readers = &self.ring.header().readers;
         // Release: as a reader's own clearing of its bit (nothing of its is read after).
@@ -382,6 +386,15 @@ impl RingSegment {
             // segment yet, so a plain write is fine.
             unsafe { seg.at::<C>(layout.cells + i * layout.cell_size).write(init_cell(i)) };
         }
+    }
+
+    /// Marks the new ring at `layout` in `seg` (not yet published) lagging: its producer
+    /// will never wait for readers (`ring::broadcast`).
+    pub(crate) fn set_lagging_in(seg: &Segment, layout: &RingLayout) {
+        // SAFETY: as in `init_in`.
+        let header = unsafe { seg.at::<RingHeader>(layout.ring_header).as_ref() };
+        // Relaxed: published by the Release store of `init` in `Segment::create`.
+        header.lagging.store(1, Ordering::Relaxed);
     }
 
     /// The element size and alignment, and the capacity, that the ring header at `base`
