@@ -20,12 +20,12 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use super::backend::{Backend, Host};
-use super::error::{RecvError, RecvTimeoutError, TryRecvError, corrupt};
+use super::error::{RecvError, RecvTimeoutError, TryRecvError};
 use super::message::Message;
 use super::table::ChannelSegment;
 use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
-use crate::layout::{MpmcCell, ParticipantId, SLOT_HEADER_SIZE, SpscCell};
+use crate::layout::{MpmcCell, ParticipantId, SpscCell};
 use crate::liveness::{AttachError, Tick, Watch};
 use crate::pool::{PoolSegment, SlotHold};
 use crate::ring::{PopTimeoutError, ShmStorage, Storage, mpmc, spsc};
@@ -34,6 +34,7 @@ use crate::wait::reactor::Parked;
 use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
 use crate::{liveness::Role, wait::reactor::Park};
 
+mod checks;
 mod pools;
 
 /// The consumer end of a channel's descriptor ring.
@@ -264,55 +265,6 @@ impl<B: Backend> Receiver<B> {
         let policy = self.wait_policy();
         let view = B::deliver(&self.receiving, &t.pool.imported, &t.hold, &t.desc, policy)?;
         Ok(Message::new(t.hold, t.desc, t.meta, view, t.redelivered))
-    }
-
-    /// Checks a popped descriptor against the pool table, its pool and the backend, then
-    /// claims its slot. A refused message's error comes with its slot, if it was taken, to
-    /// give back once the descriptor has left the ring.
-    fn check_and_hold(&self, d: Descriptor) -> Result<Taken<B>, Unheld<B>> {
-        let (index, instance) = (d.pool_id & 0xFFFF, d.pool_id >> 16);
-        if index >= self.channel.max_pools() {
-            return Err((corrupt("descriptor names an unknown pool"), None));
-        }
-        let pool = self.pool_for(index, instance, &d)?;
-        let meta = self.check(&pool, &d).map_err(|why| (why, None))?;
-        let held = pool.seg.core.receive(d.slot, d.generation).map_err(|c| (c.into(), None))?;
-        let hold = SlotHold { pool: pool.seg.clone(), held };
-        let died = self.note_owner(&hold.pool);
-        // The slot is ours: a sender giving its device memory up now waits for us, or we
-        // see that it has (then the slot goes back unread, with `hold`).
-        if let Err(why) = B::refuse(&hold.pool, died) {
-            crate::fault::point("refused_holding");
-            return Err((why.into(), Some(hold)));
-        }
-        // The slot is ours and the descriptor still in the ring.
-        crate::fault::point("recv_holding");
-        Ok(Taken { pool, hold, desc: d, meta, redelivered: false })
-    }
-
-    /// The checks of a descriptor `d` of `pool` before its slot is used: metadata, slot
-    /// in range, payload and header within the slot, and the backend's own fields.
-    fn check(
-        &self,
-        pool: &CachedPool<B>,
-        d: &Descriptor,
-    ) -> Result<TensorMeta, RecvTimeoutError<B>> {
-        let meta = d.meta().map_err(|_| corrupt("descriptor carries invalid tensor metadata"))?;
-        if d.slot >= pool.seg.core.slot_count() {
-            return Err(corrupt("descriptor names a slot out of range"));
-        }
-        let end = d.byte_offset.checked_add(d.len);
-        if end.is_none_or(|e| e > pool.seg.slot_size() as u64) {
-            return Err(corrupt("descriptor length is larger than the slot"));
-        }
-        if meta.nbytes() != d.len {
-            return Err(corrupt("descriptor metadata is inconsistent with its length"));
-        }
-        if d.header_len as usize > SLOT_HEADER_SIZE {
-            return Err(corrupt("descriptor header is longer than a slot's header"));
-        }
-        B::check(&pool.imported, d)?;
-        Ok(meta)
     }
 
     /// Whether the sender of pool `seg` died (the kernel marked its owner word: one load);

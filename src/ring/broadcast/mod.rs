@@ -38,16 +38,18 @@
 //! ([`TryReadError::Lagged`]). Cursors then only report where each reader is.
 
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use bytemuck::Pod;
 
 use super::spsc::push_retry;
 use super::{PushTimeoutError, ReadTimeoutError, Storage, TryPushError, TryReadError, wait_for};
-use crate::layout::{Corrupted, MAX_PARTICIPANTS, RingControl, SpscCell};
-use crate::liveness::{Role, Tick, Unwatched};
+use crate::layout::{Corrupted, MAX_PARTICIPANTS, SpscCell};
+use crate::liveness::{Role, Tick};
 use crate::sync::{AtomicU64, Ordering, fence};
 use crate::wait::{Deadline, WaitPolicy, notify};
+
+mod heap;
+pub use heap::{HeapCursors, Subscriber, with_capacity, with_policy};
 
 /// Readers of one broadcast ring at once (one bit each of the readers mask).
 pub const MAX_READERS: usize = MAX_PARTICIPANTS;
@@ -362,138 +364,6 @@ impl<T, S: Cursors> Drop for Reader<T, S> {
     }
 }
 
-/// A broadcast ring on the heap, shared by `Arc` between the endpoints of one process.
-#[derive(Debug)]
-pub struct HeapCursors<T> {
-    inner: Arc<HeapBroadcast<T>>,
-}
-
-impl<T> Clone for HeapCursors<T> {
-    fn clone(&self) -> Self {
-        Self { inner: self.inner.clone() }
-    }
-}
-
-#[derive(Debug)]
-struct HeapBroadcast<T> {
-    control: RingControl,
-    cells: Box<[SpscCell<T>]>,
-    readers: AtomicU64,
-    /// The places readers hold (a heap ring has no participant table).
-    taken: AtomicU64,
-    max_readers: usize,
-    lagging: bool,
-    cursors: Box<[AtomicU64]>,
-}
-
-// SAFETY: the cells hold `Pod` values behind `UnsafeCell`, accessed only under the ring
-// protocol (see the module docs). `T: Send`: values cross threads.
-unsafe impl<T: Send> Sync for HeapBroadcast<T> {}
-
-// SAFETY: the control block, cells and cursors live as long as the `Arc`; the capacity is
-// asserted a power of two at construction and never changes.
-unsafe impl<T> Storage for HeapCursors<T> {
-    type Cell = SpscCell<T>;
-    type Watch = Unwatched;
-    fn control(&self) -> &RingControl {
-        &self.inner.control
-    }
-    fn cells(&self) -> &[SpscCell<T>] {
-        &self.inner.cells
-    }
-    fn watch(&self) -> &Unwatched {
-        &Unwatched
-    }
-}
-
-// SAFETY: the mask and the cursors live as long as the `Arc`.
-unsafe impl<T> Cursors for HeapCursors<T> {
-    fn readers(&self) -> &AtomicU64 {
-        &self.inner.readers
-    }
-    fn cursor(&self, index: usize) -> &AtomicU64 {
-        &self.inner.cursors[index]
-    }
-    fn left(&self, index: usize) {
-        // Relaxed: a place of this process's heap ring; the next join orders the rest.
-        self.inner.taken.fetch_and(!(1 << index), Ordering::Relaxed);
-    }
-    fn lagging(&self) -> bool {
-        self.inner.lagging
-    }
-}
-
-/// A heap broadcast ring of `capacity` cells (a power of two, at least 1) for up to
-/// `max_readers` readers at once, and its producer.
-///
-/// # Panics
-///
-/// If `capacity` is not a power of two in `1..=2^24` or `max_readers` is not in
-/// `1..=MAX_READERS`.
-pub fn with_capacity<T: Pod + Send>(
-    capacity: usize,
-    max_readers: usize,
-) -> Producer<T, HeapCursors<T>> {
-    with_policy(capacity, max_readers, false)
-}
-
-/// As [`with_capacity`], `lagging` saying whether the producer never waits for readers.
-///
-/// # Panics
-///
-/// As [`with_capacity`].
-pub fn with_policy<T: Pod + Send>(
-    capacity: usize,
-    max_readers: usize,
-    lagging: bool,
-) -> Producer<T, HeapCursors<T>> {
-    assert!(capacity.is_power_of_two() && capacity <= 1 << 24, "capacity {capacity}");
-    assert!((1..=MAX_READERS).contains(&max_readers), "max_readers {max_readers}");
-    let inner = HeapBroadcast {
-        control: RingControl::default(),
-        cells: (0..capacity).map(|_| SpscCell::new()).collect(),
-        readers: AtomicU64::new(0),
-        taken: AtomicU64::new(0),
-        max_readers,
-        lagging,
-        cursors: (0..MAX_READERS).map(|_| AtomicU64::new(0)).collect(),
-    };
-    let storage = HeapCursors { inner: Arc::new(inner) };
-    Producer::new(storage, None).expect("a new ring is consistent")
-}
-
-/// Makes readers of a heap ring (see [`Producer::subscriber`]).
-#[derive(Debug, Clone)]
-pub struct Subscriber<T> {
-    storage: HeapCursors<T>,
-}
-
-impl<T: Pod + Send> Subscriber<T> {
-    /// A new reader, which reads what is published from now on; `None` when
-    /// `max_readers` readers are there.
-    pub fn subscribe(&self) -> Option<Reader<T, HeapCursors<T>>> {
-        let inner = &self.storage.inner;
-        let index = (0..inner.max_readers).find(|&i| {
-            // Relaxed: a place of this process's heap ring; the join orders the rest.
-            inner.taken.fetch_or(1 << i, Ordering::Relaxed) & (1 << i) == 0
-        })?;
-        let reader = Reader::join(self.storage.clone(), index).expect("a heap ring is consistent");
-        Some(reader)
-    }
-}
-
-impl<T: Pod + Send> Producer<T, HeapCursors<T>> {
-    /// A new reader (see [`Subscriber::subscribe`]).
-    pub fn subscribe(&self) -> Option<Reader<T, HeapCursors<T>>> {
-        self.subscriber().subscribe()
-    }
-
-    /// A handle that makes readers from any thread while this producer pushes.
-    pub fn subscriber(&self) -> Subscriber<T> {
-        Subscriber { storage: self.storage.clone() }
-    }
-}
-
 /// [`Reader::try_read`] over the reader's parts.
 fn read_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
     storage: &S,
@@ -554,126 +424,4 @@ fn lagged<S: Cursors>(storage: &S, index: usize, cursor: &mut u64, oldest: u64) 
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::{TryPushError, TryReadError, with_capacity, with_policy};
-
-    #[test]
-    fn every_reader_gets_every_element_in_order_and_the_slowest_holds_the_producer() {
-        let mut tx = with_capacity::<u64>(4, 3);
-        let mut a = tx.subscribe().unwrap();
-        let mut b = tx.subscribe().unwrap();
-        for v in 0..4 {
-            tx.try_push(v).unwrap();
-        }
-        assert!(
-            matches!(tx.try_push(4), Err(TryPushError::Full(4))),
-            "a ring ahead of the slowest"
-        );
-        assert_eq!((0..4).map(|_| a.try_read().unwrap()).collect::<Vec<_>>(), [0, 1, 2, 3]);
-        assert!(matches!(tx.try_push(4), Err(TryPushError::Full(4))), "b has read nothing yet");
-        assert_eq!(b.try_read().unwrap(), 0);
-        tx.try_push(4).unwrap();
-        assert_eq!(a.try_read().unwrap(), 4);
-        assert!(matches!(a.try_read(), Err(TryReadError::Empty)));
-        assert_eq!((0..4).map(|_| b.try_read().unwrap()).collect::<Vec<_>>(), [1, 2, 3, 4]);
-        drop(b);
-        for v in 5..9 {
-            tx.try_push(v).unwrap(); // b's cursor gone: only a counts
-        }
-        assert_eq!(tx.readers(), 1);
-    }
-
-    #[test]
-    fn a_reader_that_joins_later_starts_with_the_next_element() {
-        let mut tx = with_capacity::<u64>(2, 1);
-        tx.try_push(1).unwrap();
-        let mut r = tx.subscribe().unwrap();
-        assert!(tx.subscribe().is_none(), "one place");
-        assert!(matches!(r.try_read(), Err(TryReadError::Empty)));
-        tx.try_push(2).unwrap();
-        assert_eq!(r.try_read().unwrap(), 2);
-        drop(r);
-        assert!(tx.subscribe().is_some(), "its place free again");
-    }
-
-    #[test]
-    fn a_forged_cursor_ahead_of_tail_holds_nothing_back() {
-        use super::Cursors;
-        let mut tx = with_capacity::<u64>(2, 2);
-        let r = tx.subscribe().unwrap();
-        r.storage.cursor(r.index).store(1000, crate::sync::Ordering::Relaxed);
-        for v in 0..5 {
-            tx.try_push(v).unwrap();
-        }
-    }
-
-    #[test]
-    fn a_reader_overrun_says_corrupted_and_reads_nothing() {
-        use super::Cursors;
-        let mut tx = with_capacity::<u64>(2, 1);
-        let mut r = tx.subscribe().unwrap();
-        // A producer that ignored the reader (a forged mask): three ahead of a ring of two.
-        r.storage.readers().store(0, crate::sync::Ordering::Relaxed);
-        for v in 0..3 {
-            tx.try_push(v).unwrap();
-        }
-        assert!(matches!(r.try_read(), Err(TryReadError::Corrupted(_))));
-    }
-
-    #[test]
-    fn a_lagging_producer_never_waits_and_a_reader_behind_is_told_what_it_missed() {
-        let mut tx = with_policy::<u64>(4, 2, true);
-        let (mut slow, mut fast) = (tx.subscribe().unwrap(), tx.subscribe().unwrap());
-        for v in 0..10 {
-            tx.try_push(v).unwrap(); // never full
-            assert_eq!(fast.try_read().unwrap(), v, "a reader that keeps up misses nothing");
-        }
-        // `slow` read nothing: 0..6 were overwritten; 6..10 are still there.
-        assert!(matches!(slow.try_read(), Err(TryReadError::Lagged(6))));
-        assert_eq!((0..4).map(|_| slow.try_read().unwrap()).collect::<Vec<_>>(), [6, 7, 8, 9]);
-        assert!(matches!(slow.try_read(), Err(TryReadError::Empty)));
-    }
-
-    #[test]
-    fn a_lagging_reader_drops_a_copy_whose_cell_is_being_rewritten() {
-        let mut tx = with_policy::<u64>(2, 1, true);
-        let mut r = tx.subscribe().unwrap();
-        tx.try_push(0).unwrap();
-        tx.try_push(1).unwrap();
-        // The producer has begun writing position 2 (over position 0's cell), as it would
-        // mid-push: `head` says so before the cell changes.
-        use super::Storage;
-        r.storage.control().head.store(3, crate::sync::Ordering::Relaxed);
-        assert!(matches!(r.try_read(), Err(TryReadError::Lagged(1))), "0 may be torn: dropped");
-        assert_eq!(r.try_read().unwrap(), 1);
-    }
-
-    #[test]
-    fn threads_read_every_element_exactly_once_in_order() {
-        let mut tx = with_capacity::<u64>(8, 4);
-        let n = if cfg!(miri) { 50 } else { 20_000 };
-        let readers: Vec<_> = (0..4)
-            .map(|_| {
-                let mut r = tx.subscribe().unwrap();
-                std::thread::spawn(move || {
-                    let mut next = 0;
-                    while next < n {
-                        match r.try_read() {
-                            Ok(v) => {
-                                assert_eq!(v, next, "in order, none missed, none twice");
-                                next += 1;
-                            }
-                            Err(_) => std::thread::yield_now(),
-                        }
-                    }
-                })
-            })
-            .collect();
-        for v in 0..n {
-            while tx.try_push(v).is_err() {
-                std::thread::yield_now();
-            }
-        }
-        readers.into_iter().for_each(|t| t.join().unwrap());
-    }
-}
+mod tests;
