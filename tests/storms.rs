@@ -645,3 +645,84 @@ fn storms_of<B: Backend>(
         assert_eq!(common::leftovers_of(&name), Vec::<String>::new(), "{what}");
     }
 }
+
+/// A receiver SIGKILLed while refusing a killed GPU sender's message (`refused_holding`:
+/// the slot taken, the descriptor still in the ring) leaves both for the next receiver,
+/// which refuses each of the three messages once (`SenderGone`, no `Corrupted`), and the
+/// dead sender's pool then drains and goes from `/dev/shm`. Before the slot went back
+/// only after the descriptor left the ring, the pool drained under the dying refuser and
+/// the next receiver found a descriptor naming a pool that no longer existed. SPSC and
+/// MPMC, host ready flags. (Written with the fix; not yet run on a GPU.)
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine, built with --features cuda,fault-injection)"]
+#[cfg(feature = "cuda")]
+fn gpu_receiver_killed_refusing_a_dead_senders_message() {
+    const TEST: &str = "gpu_receiver_killed_refusing_a_dead_senders_message";
+    let (_ctx, stream) = common::gpu::setup();
+    match role().as_deref() {
+        Some("sender") => {
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+            let tx = ch.sender().unwrap();
+            for tag in 1..=3u64 {
+                let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+                lease.set_tag(tag);
+                tx.send_timeout(lease, TensorMeta::bytes(8), LIMIT).unwrap();
+            }
+            stream.synchronize().unwrap();
+            common::die();
+        }
+        Some("refuser") => {
+            // Armed with GPURING_FAULT=refused_holding:1: dies refusing the first message.
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            announce("ready");
+            // Receives only once the sender is dead: its first message is then refused.
+            let go = std::env::temp_dir().join(format!("{}.go", ring_name()));
+            common::wait_for("the sender's death", LIMIT, || go.exists());
+            let got = rx.recv_timeout(LIMIT);
+            panic!("the refuser lived on: {:?}", got.map(|m| m.tag()));
+        }
+        Some("receiver") => {
+            let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+            let rx = ch.receiver().unwrap();
+            let mut refused = 0;
+            loop {
+                match rx.recv_timeout(Duration::from_millis(500)) {
+                    Err(gpuring::RecvTimeoutError::SenderGone) => refused += 1,
+                    Err(
+                        gpuring::RecvTimeoutError::PeerDead
+                        | gpuring::RecvTimeoutError::Disconnected
+                        | gpuring::RecvTimeoutError::Timeout,
+                    ) => break,
+                    other => panic!("expected SenderGone, got {:?}", other.map(|m| m.tag())),
+                }
+            }
+            assert_eq!(refused, 3, "each message of the dead sender refused once");
+            announce("done");
+            return;
+        }
+        _ => {}
+    }
+    for mpmc in [false, true] {
+        let name = unique_name("gpu-refuser-killed");
+        let b = Channel::builder(&name).capacity(8).slots(4, 64).cuda(&stream);
+        let ch = if mpmc { b.mpmc() } else { b }.create().unwrap();
+        let armed = [("GPURING_FAULT", "refused_holding:1".to_owned())];
+        let mut refuser = common::Peer::spawn_with(TEST, "refuser", &name, &armed);
+        refuser.expect("ready");
+        let mut sender = common::Peer::spawn(TEST, "sender", &name);
+        sender.died();
+        let go = std::env::temp_dir().join(format!("{name}.go"));
+        std::fs::write(&go, b"").unwrap();
+        refuser.expect("fault refused_holding");
+        let _ = std::fs::remove_file(&go);
+        refuser.killed();
+        let mut receiver = common::Peer::spawn(TEST, "receiver", &name);
+        receiver.expect("done");
+        assert!(receiver.child.wait().unwrap().success());
+        let pools: Vec<String> =
+            common::leftovers_of(&name).into_iter().filter(|n| *n != name).collect();
+        assert!(pools.is_empty(), "mpmc {mpmc}: the dead sender's pool is left: {pools:?}");
+        drop(ch);
+    }
+}
