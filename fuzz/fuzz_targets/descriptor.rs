@@ -4,7 +4,7 @@
 //! panics. `Descriptor::meta` is checked on the same bytes on the way.
 #![no_main]
 
-use gpuring::{Channel, Descriptor, Receiver, Sender, TryRecvError};
+use gpuring::{Channel, Descriptor, Receiver, Sender, TensorMeta, TryRecvError};
 use libfuzzer_sys::fuzz_target;
 
 struct Pair {
@@ -20,6 +20,17 @@ thread_local! {
         let ch = Channel::builder(&name).capacity(8).slots(4, 4096).create().expect("channel");
         let tx = ch.sender().expect("sender");
         let rx = ch.receiver().expect("receiver");
+        // The receiver maps the pool with a real message; then the names go, so that a
+        // run that ends abruptly (libFuzzer exits without running thread-local
+        // destructors) leaves nothing in /dev/shm. What is mapped stays usable.
+        let lease = tx.acquire().expect("a free slot");
+        tx.send(lease, TensorMeta::bytes(8)).expect("send");
+        drop(rx.recv().expect("the real message"));
+        let shm = std::path::Path::new("/dev/shm");
+        for pool in ch.pools() {
+            let _ = std::fs::remove_file(shm.join(&pool.name));
+        }
+        let _ = std::fs::remove_file(shm.join(&name));
         Pair { _ch: ch, tx, rx }
     };
 }
