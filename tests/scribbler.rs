@@ -205,3 +205,78 @@ fn receiver_survives_a_scribbler() {
         }
     }
 }
+
+/// The same against a broadcast ring (its readers mask, the lagging word, the readers'
+/// cursors in the claim lines, `tail` and `head`, the cells), blocking and lagging: a
+/// producer child pushes while this process reads. Neither end may panic, fault or hang:
+/// every call returns an element or a typed error; `inspect` does not panic.
+#[test]
+fn broadcast_reader_survives_a_scribbler() {
+    use gpuring::{BroadcastRing, ReadTimeoutError};
+    match role().as_deref() {
+        Some("producer") => {
+            let ring = BroadcastRing::<u64>::builder(ring_name()).open().unwrap();
+            let mut tx = ring.producer().unwrap();
+            announce("ready");
+            for v in 0u64.. {
+                // Every error is expected once the scribbler starts: keep going.
+                let _ = tx.push_timeout(v, Duration::from_millis(50));
+            }
+            unreachable!();
+        }
+        Some("scribbler") => {
+            let until = Instant::now() + Duration::from_secs_f64(seconds());
+            let writes = scribble(&[ring_name()], until, u64::from(std::process::id()));
+            announce(&format!("done {writes}"));
+            return;
+        }
+        _ => {}
+    }
+    let test = "broadcast_reader_survives_a_scribbler";
+    for lagging in [false, true] {
+        let name = unique_name("scribble-broadcast");
+        let ring =
+            BroadcastRing::<u64>::builder(&name).capacity(16).lagging(lagging).create().unwrap();
+        let mut rx = ring.reader().unwrap();
+        let mut producer = Peer::spawn(test, "producer", &name);
+        producer.expect("ready");
+        let mut before = 0;
+        while before < 20 {
+            match rx.read_timeout(Duration::from_secs(5)) {
+                Ok(_) => before += 1,
+                Err(ReadTimeoutError::Lagged(_)) if lagging => {} // the producer never waits
+                Err(e) => panic!("before scribbling: {e}"),
+            }
+        }
+        let mut scribbler = Peer::spawn(test, "scribbler", &name);
+        let until = Instant::now() + Duration::from_secs_f64(seconds() + 0.5);
+        let (mut read, mut corrupted, mut lagged, mut timeouts) = (0u64, 0u64, 0u64, 0u64);
+        let mut other = Vec::new();
+        while Instant::now() < until {
+            match rx.read_timeout(Duration::from_millis(20)) {
+                Ok(v) => read += u64::from(std::hint::black_box(v) == v),
+                Err(ReadTimeoutError::Corrupted(_)) => corrupted += 1,
+                Err(ReadTimeoutError::Lagged(_)) => lagged += 1,
+                Err(ReadTimeoutError::Timeout) => timeouts += 1,
+                Err(e) => other.push(e.to_string()),
+            }
+            let _ = gpuring::inspect::inspect(&name);
+        }
+        let done = scribbler.expect("done");
+        assert!(scribbler.child.wait().unwrap().success(), "the scribbler finished");
+        let status = producer.child.try_wait().unwrap();
+        assert!(status.is_none(), "the producer died during the scribbling: {status:?}");
+        producer.child.kill().unwrap();
+        assert_eq!(producer.child.wait().unwrap().signal(), Some(9), "ended by our SIGKILL");
+        other.sort();
+        other.dedup();
+        println!(
+            "broadcast{}: {done} words scribbled; read {read}, Corrupted {corrupted}, Lagged \
+             {lagged}, timeouts {timeouts}, other errors {other:?}",
+            if lagging { " (lagging)" } else { "" }
+        );
+        drop((rx, ring));
+        let _ = gpuring::inspect::remove(&name);
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists(), "{name} left");
+    }
+}
