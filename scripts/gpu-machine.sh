@@ -25,6 +25,11 @@
 #   objects-mps  the same under MPS (another call, on the same warm machine)
 #   handoff  the one-tensor rows of objects.py (--quick; with the Rust API's, from
 #            .gpu/bin/example-handoff) and object_steps.py, under MPS, then without
+#   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
+#            (`cargo test --release --features cuda,fault-injection --test storms --no-run`,
+#            that binary stripped and copied there): the refusal test, then the storm with
+#            senders killed (STORM_RUNS, default 8, stopping at the first failure), then the
+#            three storms once
 set -uo pipefail
 what=${1:-tests}
 # Logs go straight to $OUT (at most 8 files a part: what the device gives back), so that
@@ -128,6 +133,18 @@ case $what in
     echo "== one-tensor rows, no MPS (exit $?)"; cat "$out/handoff-nomps.log"
     timeout 60 bash scripts/python-gpu.sh run steps "" --n 2000 > "$out/steps.log" 2>&1
     echo "== steps, no MPS, one process (exit $?)"; cat "$out/steps.log"
+    ;;
+  storms)  # the GPU crash tests of tests/storms.rs (fault injection), host ready flags
+    bin=.gpu/bin/test-storms-fault
+    timeout 120 $bin --ignored --nocapture --exact gpu_receiver_killed_refusing_a_dead_senders_message > "$out/refuser.log" 2>&1
+    echo "== refusal test (exit $?)"; grep -E "test result|panicked" "$out/refuser.log"
+    for i in $(seq 1 "${STORM_RUNS:-8}"); do
+      GPURING_TEST_STORM=2 timeout 90 $bin --ignored --nocapture --exact gpu_storms_lose_nothing > "$out/storm2.log" 2>&1; rc=$?
+      echo "storm with senders killed, run $i: exit $rc $(grep -E 'published' "$out/storm2.log" | sed 's/.*kills, //')"
+      [ $rc -ne 0 ] && { grep -v '^GPURING' "$out/storm2.log" | tail -40; break; }
+    done
+    timeout 200 $bin --ignored --nocapture --exact gpu_storms_lose_nothing > "$out/storms.log" 2>&1
+    echo "== the three storms (exit $?)"; grep -E "published|slowest|panicked|test result" "$out/storms.log"
     ;;
   pybench)  # the Python package against Python's queues, no MPS
     OUT=$out timeout 500 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1
