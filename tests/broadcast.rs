@@ -153,6 +153,7 @@ fn inspect_shows_each_readers_cursor() {
     assert_eq!(report.kind, gpuring::internal::SegmentKind::BroadcastRing);
     let r = report.ring.unwrap();
     assert_eq!(r.tail, 3);
+    assert_eq!(r.lagging, Some(false), "the default policy");
     let mut cursors: Vec<_> = r.participants.iter().filter_map(|p| p.cursor).collect();
     cursors.sort();
     assert_eq!(cursors, [0, 1], "b has read nothing, a one");

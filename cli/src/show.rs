@@ -53,6 +53,14 @@ fn print_inspection(i: Inspection) {
         if i.moving {
             say!("note      the ring moved while it was read: these figures are no snapshot");
         }
+        match r.lagging {
+            Some(true) => say!(
+                "policy    lagging: the producer never waits; a reader a ring behind is told \
+                 how many it missed"
+            ),
+            Some(false) => say!("policy    the slowest reader holds the producer back"),
+            None => {}
+        }
         for (role, who) in [("producer", r.producer), ("consumer", r.consumer)] {
             if let Some((pid, a)) = who {
                 say!("{role:<9} pid {pid} ({})", alive(a));

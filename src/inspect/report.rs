@@ -35,6 +35,9 @@ pub struct RingState {
     pub consumer: Option<(u32, Option<bool>)>,
     /// The participant table: every attached endpoint, and dead ones not yet replaced.
     pub participants: Vec<Participant>,
+    /// Broadcast rings: whether the producer never waits for readers (lagging); `None`
+    /// for other rings.
+    pub lagging: Option<bool>,
 }
 
 /// An entry of a ring's participant table.
@@ -315,6 +318,8 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
         producer: holder(rh.producer_claim.load(Ordering::Relaxed), Role::Producer),
         consumer: holder(rh.consumer_claim.load(Ordering::Relaxed), Role::Consumer),
         participants,
+        lagging: (kind == SegmentKind::BroadcastRing)
+            .then(|| rh.lagging.load(Ordering::Relaxed) != 0),
     })
 }
 
