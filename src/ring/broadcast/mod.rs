@@ -312,24 +312,20 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
     pub(crate) fn read_until(&mut self, deadline: Deadline) -> Result<T, ReadTimeoutError> {
         let Self { storage, index, cursor, capacity, policy, lagging, .. } = self;
         let storage = &*storage;
-        let mut missed = None;
+        // A lag ends the wait as an outcome of its own (told once; the next read goes on).
         let attempt = || match read_in(storage, *index, cursor, *capacity, *lagging) {
-            Ok(v) => Ok(Some(v)),
+            Ok(v) => Ok(Some(Ok(v))),
+            Err(TryReadError::Lagged(n)) => Ok(Some(Err(n))),
             Err(TryReadError::Empty | TryReadError::Disconnected | TryReadError::PeerDead) => {
                 Ok(None)
             }
-            Err(TryReadError::Lagged(n)) => {
-                // Ends the wait: told once, then the next read goes on.
-                missed = Some(n);
-                Err(Corrupted { what: "lagged" })
-            }
             Err(TryReadError::Corrupted(c)) => Err(c),
         };
-        let read = wait_for(storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle);
-        read.map_err(|b| match missed {
-            Some(n) => ReadTimeoutError::Lagged(n),
-            None => ReadTimeoutError::from(b),
-        })
+        match wait_for(storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(missed)) => Err(ReadTimeoutError::Lagged(missed)),
+            Err(b) => Err(ReadTimeoutError::from(b)),
+        }
     }
 
     /// The storage, for the layers above (async waits park on its wait word).
