@@ -64,17 +64,23 @@ fn proc_path<'a>(
 
 /// The state one stat file gives (a task that is gone has exited).
 fn stat_of(path: &str) -> ProcessState {
+    read_stat(path, ProcessState::Exited, ProcessState::Unknown, parse_stat)
+}
+
+/// Reads the `stat` file at `path` and gives `parse` of its first bytes (the state and
+/// flags come within them: a command name is at most 64 bytes); `gone` when the task no
+/// longer exists, `unreadable` when the file cannot be read.
+fn read_stat<R>(path: &str, gone: R, unreadable: R, parse: impl FnOnce(&[u8]) -> R) -> R {
     let fd = match rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty()) {
         Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return ProcessState::Exited,
-        Err(_) => return ProcessState::Unknown,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return gone,
+        Err(_) => return unreadable,
     };
-    // The state and flags come within the first bytes (a command name is at most 64 bytes).
     let mut buf = [0u8; 256];
     match rustix::io::read(&fd, &mut buf) {
-        Ok(n) => parse_stat(&buf[..n]),
-        Err(rustix::io::Errno::SRCH) => ProcessState::Exited,
-        Err(_) => ProcessState::Unknown,
+        Ok(n) => parse(&buf[..n]),
+        Err(rustix::io::Errno::SRCH) => gone,
+        Err(_) => unreadable,
     }
 }
 
@@ -127,29 +133,17 @@ fn every_thread_exiting(pid: u32) -> bool {
 /// after the pending signal) says it is done with its code: asleep in the kernel, stopped,
 /// exiting or gone.
 fn killed_in_kernel(path: &str) -> bool {
-    let fd = match rustix::fs::open(path, rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT | rustix::io::Errno::SRCH) => return true,
-        Err(_) => return false,
-    };
-    let mut buf = [0u8; 256];
-    match rustix::io::read(&fd, &mut buf) {
-        Ok(n) => off_cpu_or_exiting(&buf[..n]),
-        Err(rustix::io::Errno::SRCH) => true,
-        Err(_) => false,
-    }
+    read_stat(path, true, false, off_cpu_or_exiting)
 }
 
 /// Whether a `stat` line says its task is asleep in the kernel (`S`, `D`), stopped (`T`,
 /// `t`), exiting or gone: anything but running (`R`) or unreadable.
 fn off_cpu_or_exiting(stat: &[u8]) -> bool {
-    let state = stat.iter().rposition(|&b| b == b')').and_then(|close| {
-        stat[close + 1..].split(|b| b.is_ascii_whitespace()).find(|f| !f.is_empty())
-    });
-    match parse_stat(stat) {
-        ProcessState::Exiting | ProcessState::Exited => true,
-        ProcessState::Running => matches!(state, Some(b"S" | b"D" | b"T" | b"t")),
-        ProcessState::Unknown => false,
+    match state_and_flags(stat) {
+        Some((b"Z" | b"X", _)) => true,
+        Some((_, Some(flags))) if flags & PF_EXITING != 0 => true,
+        Some((state, _)) => matches!(state, b"S" | b"D" | b"T" | b"t"),
+        None => false,
     }
 }
 
@@ -192,18 +186,21 @@ const PF_EXITING: u64 = 0x4;
 /// flags ...`. The state follows the last ')' (a command name may hold any byte); the
 /// numbers after it hold none.
 fn parse_stat(stat: &[u8]) -> ProcessState {
-    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
-        return ProcessState::Unknown;
-    };
-    let mut fields = stat[close + 1..].split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty());
-    let state = fields.next();
-    let flags = fields.nth(5).and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok());
-    match (state, flags) {
-        (Some(b"Z" | b"X"), _) => ProcessState::Exited,
-        (Some(_), Some(flags)) if flags & PF_EXITING != 0 => ProcessState::Exiting,
-        (Some(_), _) => ProcessState::Running,
-        (None, _) => ProcessState::Unknown,
+    match state_and_flags(stat) {
+        Some((b"Z" | b"X", _)) => ProcessState::Exited,
+        Some((_, Some(flags))) if flags & PF_EXITING != 0 => ProcessState::Exiting,
+        Some(_) => ProcessState::Running,
+        None => ProcessState::Unknown,
     }
+}
+
+/// The state field of a `stat` line, and its flags if the line reaches them.
+fn state_and_flags(stat: &[u8]) -> Option<(&[u8], Option<u64>)> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let mut fields = stat[close + 1..].split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty());
+    let state = fields.next()?;
+    let flags = fields.nth(5).and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok());
+    Some((state, flags))
 }
 
 /// `n` in decimal, in `buf`'s tail.

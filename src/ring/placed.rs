@@ -391,7 +391,8 @@ impl RingSegment {
     /// Marks the new ring at `layout` in `seg` (not yet published) lagging: its producer
     /// will never wait for readers (`ring::broadcast`).
     pub(crate) fn set_lagging_in(seg: &Segment, layout: &RingLayout) {
-        // SAFETY: as in `init_in`.
+        // SAFETY: the header's offset from `layout`, which sized the segment (`at` checks
+        // the bounds); atomics only, and nobody else has the segment yet.
         let header = unsafe { seg.at::<RingHeader>(layout.ring_header).as_ref() };
         // Relaxed: published by the Release store of `init` in `Segment::create`.
         header.lagging.store(1, Ordering::Relaxed);

@@ -87,13 +87,13 @@ pub(super) fn try_adopt_in<T: Pod, S: Storage<Cell = MpmcCell<T>>>(
         crate::fault::point("adopt_won");
         let adopted = raw | STAMP_ADOPTED;
         if raw & STAMP_SKIPPED == 0 {
-            // SAFETY: `adopt_cell` made this consumer the cell's only user: its winner and
-            // any earlier adopter are dead, producers wait for the free below, and every
-            // other adopter sees this one's claim (or its stamp) and leaves the cell alone.
-            // `T: Pod`: any bytes form a valid `T`. Read volatile, seqlock-style: should
-            // the winner not be dead after all (its process judged done with its code a
-            // moment early), it may free the cell and a producer rewrite it meanwhile,
-            // which the stamp check below sees; such a value is dropped unused.
+            // `adopt_cell` made this consumer the cell's only user: its winner and any
+            // earlier adopter are dead, producers wait for the free below, and every other
+            // adopter sees this one's claim (or its stamp) and leaves the cell alone. Read
+            // volatile, seqlock-style: should the winner not be dead after all (judged
+            // done with its code a moment early), it may free the cell and a producer
+            // rewrite it meanwhile, which the stamp check below sees (the value is dropped).
+            // SAFETY: a read inside the cell array of a `Pod` (any bytes form a valid `T`).
             let value = cell.value.with(|p| unsafe { p.read_volatile() });
             // Acquire: orders the read above before the stamp load below.
             crate::sync::fence(Ordering::Acquire);

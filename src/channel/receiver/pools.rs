@@ -140,18 +140,24 @@ impl<B: Backend> Receiver<B> {
                 return Ok(pool.clone());
             }
         }
-        let known = self.refused.borrow().iter().find(|r| (r.0, r.1) == (index, instance)).cloned();
-        if let Some((.., seg)) = known {
-            let died = self.note_owner(&seg);
-            if let Err(why) = B::refuse(&seg, died) {
-                return Err((Some(seg), why.into()));
-            }
-        }
-        let seg = Arc::new(self.channel.open_pool(index, instance, wait).map_err(|e| (None, e))?);
+        // A pool refused before is not mapped again (a refusal is for good: its sender is
+        // gone).
+        let known = self
+            .refused
+            .borrow()
+            .iter()
+            .find(|r| (r.0, r.1) == (index, instance))
+            .map(|r| r.2.clone());
+        let seg = match known.clone() {
+            Some(seg) => seg,
+            None => Arc::new(self.channel.open_pool(index, instance, wait).map_err(|e| (None, e))?),
+        };
         let died = self.note_owner(&seg);
         // A device pool whose sender has gone is not imported; it is kept until it drains.
         if let Err(why) = B::refuse(&seg, died) {
-            self.refused.borrow_mut().push((index, instance, seg.clone()));
+            if known.is_none() {
+                self.refused.borrow_mut().push((index, instance, seg.clone()));
+            }
             return Err((Some(seg), why.into()));
         }
         let imported = B::import(&self.channel.ctx, &seg).map_err(|e| (None, e.into()))?;

@@ -36,7 +36,7 @@ struct HeapBroadcast<T> {
 }
 
 // SAFETY: the cells hold `Pod` values behind `UnsafeCell`, accessed only under the ring
-// protocol (see the module docs). `T: Send`: values cross threads.
+// protocol (`ring::broadcast`'s docs). `T: Send`: values cross threads.
 unsafe impl<T: Send> Sync for HeapBroadcast<T> {}
 
 // SAFETY: the control block, cells and cursors live as long as the `Arc`; the capacity is

@@ -214,12 +214,17 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
         }
     }
     let cell = &storage.cells()[(local.tail & (local.capacity - 1)) as usize];
-    // SAFETY: blocking: every counted cursor is above `tail - capacity` (the Acquire loads
-    // in `slowest` saw the readers' Release stores made after they read that cell's
-    // previous element), and no reader reads position `tail` before the store below.
-    // Lagging: a reader may be copying the cell's previous element meanwhile; its copy is
-    // volatile and dropped when `head` shows this write (see the module docs).
-    cell.value.with_mut(|p| unsafe { p.write_volatile(value) });
+    if local.lagging {
+        // A reader may be copying the cell's previous element meanwhile: its copy is
+        // volatile, and dropped once it sees `head` announce this write (module docs).
+        // SAFETY: a write inside the cell array; only such volatile copies race it.
+        cell.value.with_mut(|p| unsafe { p.write_volatile(value) });
+    } else {
+        // Every counted cursor is above `tail - capacity`: the Acquire loads in `slowest`
+        // saw the readers' Release stores made after they read the cell's previous element.
+        // SAFETY: so no reader reads the cell until the `tail` store below publishes it.
+        cell.value.with_mut(|p| unsafe { p.write(value) });
+    }
     local.tail = local.tail.wrapping_add(1);
     // Release: pairs with the readers' Acquire loads of `tail` (the cell is written).
     storage.control().tail.store(local.tail, Ordering::Release);
@@ -385,11 +390,17 @@ fn read_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
         return Err(lagged(storage, index, cursor, tail.wrapping_sub(capacity)));
     }
     let cell = &storage.cells()[(*cursor & (capacity - 1)) as usize];
-    // SAFETY: the position is below `tail` (the element is written). Blocking: our cursor
-    // keeps the producer from rewriting it until the store below. Lagging: the producer
-    // may be rewriting it; a volatile copy of a `Pod` (any bytes are a valid `T`), dropped
-    // below if `head` shows a rewrite began.
-    let value = cell.value.with(|p| unsafe { p.read_volatile() });
+    let value = if lagging {
+        // The producer may be rewriting the cell: a volatile copy, dropped below if `head`
+        // shows that a rewrite began.
+        // SAFETY: a read inside the cell array of a `Pod` (any bytes are a valid `T`).
+        cell.value.with(|p| unsafe { p.read_volatile() })
+    } else {
+        // The position is below `tail` (the element is written), and our cursor keeps the
+        // producer from rewriting it until the store below.
+        // SAFETY: so the cell holds the element, unchanged; `T: Pod`.
+        cell.value.with(|p| unsafe { p.read() })
+    };
     if lagging {
         // Acquire: orders the copy above before the `head` load below (the producer's
         // Release fence orders its `head` store before its write of the cell).
@@ -405,7 +416,10 @@ fn read_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
     *cursor = cursor.wrapping_add(1);
     // Release: pairs with the producer's Acquire cursor loads (our read is done).
     storage.cursor(index).store(*cursor, Ordering::Release);
-    notify(&control.not_full);
+    if !lagging {
+        // A lagging producer never waits: nobody to wake.
+        notify(&control.not_full);
+    }
     Ok(value)
 }
 
