@@ -85,12 +85,13 @@ fn handles_move_between_threads() {
 /// to wait for the flag): the default until one is set, then the one set; SPSC and MPMC.
 #[test]
 fn a_receiver_reports_its_wait_policy() {
-    for flavor in [Flavor::Spsc, Flavor::Mpmc] {
+    for flavor in [Flavor::Spsc, Flavor::Mpmc, Flavor::Broadcast] {
         let name = unique_name("wait-policy");
         let b = Channel::builder(&name).slots(2, 64);
         let ch = match flavor {
             Flavor::Spsc => b.spsc(),
             Flavor::Mpmc => b.mpmc(),
+            Flavor::Broadcast => b.broadcast(),
         }
         .create()
         .unwrap();

@@ -27,12 +27,13 @@ impl Flavor {
         match self {
             Flavor::Spsc => SegmentKind::SpscChannel,
             Flavor::Mpmc => SegmentKind::MpmcChannel,
+            Flavor::Broadcast => SegmentKind::BroadcastChannel,
         }
     }
 
     fn cell_size(self) -> usize {
         match self {
-            Flavor::Spsc => size_of::<SpscCell<Descriptor>>(),
+            Flavor::Spsc | Flavor::Broadcast => size_of::<SpscCell<Descriptor>>(),
             Flavor::Mpmc => size_of::<MpmcCell<Descriptor>>(),
         }
     }
@@ -117,6 +118,32 @@ impl<B: Backend> ChannelBuilder<B> {
         self
     }
 
+    /// One sender, and up to 63 receivers that each get every message sent while they are
+    /// attached, zero-copy: a slot goes back to the sender once every receiver it was
+    /// delivered to has dropped its message. The slowest receiver holds the sender back
+    /// (nothing is lost; a receiver that dies or leaves stops holding it within a liveness
+    /// tick). A receiver that attaches later starts with the next message. Messages are not
+    /// delivered again ([`redeliver`](Self::redeliver) is off: each receiver has its own
+    /// copy of the delivery).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-builder-broadcast");
+    /// use gpuring::{Channel, TensorMeta};
+    /// let ch = Channel::builder("doc-builder-broadcast").broadcast().slots(4, 4096).create()?;
+    /// let tx = ch.sender()?;
+    /// let (a, b) = (ch.receiver()?, ch.receiver()?);
+    /// let mut lease = tx.acquire()?;
+    /// lease[..5].copy_from_slice(b"hello");
+    /// tx.send(lease, TensorMeta::bytes(5))?;
+    /// let (ma, mb) = (a.recv()?, b.recv()?); // the same slot, read in place by both
+    /// assert_eq!((&ma[..], &mb[..]), (&b"hello"[..], &b"hello"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn broadcast(mut self) -> Self {
+        self.opts.flavor = Some(Flavor::Broadcast);
+        self
+    }
+
     /// Descriptor ring cells, a power of two in `1..=2^24` (`2..` for MPMC).
     pub fn capacity(mut self, capacity: u64) -> Self {
         self.opts.capacity = capacity;
@@ -191,9 +218,11 @@ impl<B: Backend> ChannelBuilder<B> {
         let base = check_name(&self.segment.name)?;
         let flavor = self.opts.flavor.unwrap_or(Flavor::Spsc);
         let max_pools = self.opts.max_senders.unwrap_or(match flavor {
-            Flavor::Spsc => 4,
+            Flavor::Spsc | Flavor::Broadcast => 4,
             Flavor::Mpmc => 16,
         });
+        // Each broadcast receiver has its own delivery: none is delivered again.
+        let redeliver = self.opts.redeliver && flavor != Flavor::Broadcast;
         if max_pools == 0 || max_pools > MAX_POOLS {
             return Err(ChannelError::InvalidConfig { reason: "max_senders must be in 1..=1024" });
         }
@@ -220,14 +249,15 @@ impl<B: Backend> ChannelBuilder<B> {
             h.slot_size.store(slot_size, Ordering::Relaxed);
             h.nonce.store(nonce, Ordering::Relaxed);
             h.backend.store(B::CODE, Ordering::Relaxed);
-            h.redeliver.store(u32::from(self.opts.redeliver), Ordering::Relaxed);
+            h.redeliver.store(u32::from(redeliver), Ordering::Relaxed);
             // Pool entries are zero (EMPTY) in a fresh object.
             match flavor {
-                Flavor::Spsc => RingSegment::init_in::<Descriptor, SpscCell<Descriptor>>(
-                    seg,
-                    &layout.ring,
-                    |_| SpscCell::new(),
-                ),
+                Flavor::Spsc | Flavor::Broadcast => RingSegment::init_in::<
+                    Descriptor,
+                    SpscCell<Descriptor>,
+                >(seg, &layout.ring, |_| {
+                    SpscCell::new()
+                }),
                 Flavor::Mpmc => RingSegment::init_in::<Descriptor, MpmcCell<Descriptor>>(
                     seg,
                     &layout.ring,
@@ -236,7 +266,7 @@ impl<B: Backend> ChannelBuilder<B> {
             }
             Ok::<_, ShmError>(())
         })?;
-        let params = Params { slot_count, slot_size, nonce, redeliver: self.opts.redeliver };
+        let params = Params { slot_count, slot_size, nonce, redeliver };
         Ok(self.channel(segment, layout, flavor, params, base))
     }
 
@@ -305,10 +335,18 @@ impl<B: Backend> ChannelBuilder<B> {
         let base = check_name(&self.segment.name)?;
         let kinds = match self.opts.flavor {
             Some(f) => vec![f.kind()],
-            None => vec![SegmentKind::SpscChannel, SegmentKind::MpmcChannel],
+            None => vec![
+                SegmentKind::SpscChannel,
+                SegmentKind::MpmcChannel,
+                SegmentKind::BroadcastChannel,
+            ],
         };
         let (segment, kind) = self.segment.open(&kinds)?;
-        let flavor = if kind == SegmentKind::MpmcChannel { Flavor::Mpmc } else { Flavor::Spsc };
+        let flavor = match kind {
+            SegmentKind::MpmcChannel => Flavor::Mpmc,
+            SegmentKind::BroadcastChannel => Flavor::Broadcast,
+            _ => Flavor::Spsc,
+        };
         let header_end = ChannelLayout::new(1, 1, 0).expect("valid").pools;
         let Some(h) = view::<ChannelHeader>(&segment, size_of::<SegmentHeader>()) else {
             let (expected, found) = (header_end as u64, segment.len() as u64);
@@ -324,7 +362,7 @@ impl<B: Backend> ChannelBuilder<B> {
         let corrupted = |what| ChannelError::Corrupted(Corrupted { what });
         let redeliver = match redeliver {
             0 => false,
-            1 => true,
+            1 if flavor != Flavor::Broadcast => true,
             _ => return Err(corrupted("channel names an unknown delivery guarantee")),
         };
         if backend != B::CODE {
@@ -367,7 +405,8 @@ impl<B: Backend> ChannelBuilder<B> {
     ) -> Channel<B> {
         // The last user out removes the channel and its pools, unless messages wait in it.
         let stem = base.clone();
-        segment.set_last_out(Box::new(move |seg| last_out(seg, &layout, &stem, nonce)));
+        let broadcast = flavor == Flavor::Broadcast;
+        segment.set_last_out(Box::new(move |seg| last_out(seg, &layout, &stem, nonce, broadcast)));
         let segment = Arc::new(segment);
         let ring = RingSegment::view(segment.clone(), layout.ring, flavor == Flavor::Mpmc);
         Channel {

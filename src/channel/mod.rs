@@ -79,6 +79,9 @@ pub enum Flavor {
     Spsc,
     /// Any number of senders (each with its own pool) and receivers: an MPMC ring.
     Mpmc,
+    /// One sender, and receivers that each get every message (see
+    /// [`ChannelBuilder::broadcast`]): a broadcast ring.
+    Broadcast,
 }
 
 /// A channel segment, created or opened; makes [`Sender`]s and [`Receiver`]s. Cloning the

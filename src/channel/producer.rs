@@ -7,7 +7,9 @@ use super::Flavor;
 use crate::descriptor::Descriptor;
 use crate::layout::{MpmcCell, ParticipantId, SpscCell};
 use crate::liveness::{AttachError, Blocked, Watch};
+use crate::ring::broadcast::{self, Cursors, ReaderDropped, bits};
 use crate::ring::{PushTimeoutError, RingSegment, ShmStorage, Storage, mpmc, spsc};
+use crate::sync::Ordering;
 use crate::wait::{Deadline, WaitPolicy};
 #[cfg(feature = "async")]
 use crate::{liveness::Role, wait::reactor::Park};
@@ -21,6 +23,7 @@ pub struct ProducerRing(RingEnd);
 enum RingEnd {
     Spsc(spsc::Producer<Descriptor, ShmStorage<SpscCell<Descriptor>>>),
     Mpmc(mpmc::Producer<Descriptor, ShmStorage<MpmcCell<Descriptor>>>),
+    Broadcast(broadcast::Producer<Descriptor, ShmStorage<SpscCell<Descriptor>>>),
 }
 
 impl ProducerRing {
@@ -30,7 +33,43 @@ impl ProducerRing {
         Ok(ProducerRing(match flavor {
             Flavor::Spsc => RingEnd::Spsc(ring.spsc_producer()?),
             Flavor::Mpmc => RingEnd::Mpmc(ring.mpmc_producer()?),
+            Flavor::Broadcast => RingEnd::Broadcast(ring.broadcast_producer()?),
         }))
+    }
+
+    /// Broadcast rings: the position the next push writes (`None` for the others).
+    pub(super) fn next_position(&self) -> Option<u64> {
+        match &self.0 {
+            RingEnd::Broadcast(p) => Some(p.next_position()),
+            _ => None,
+        }
+    }
+
+    /// Broadcast rings: a lower bound of every counted reader's cursor, computed now.
+    pub(super) fn slowest(&self) -> Option<u64> {
+        match &self.0 {
+            RingEnd::Broadcast(p) => Some(p.slowest()),
+            _ => None,
+        }
+    }
+
+    /// Broadcast rings: what to do, under a dead reader's lock, when a tick of a push drops
+    /// it (a broadcast channel's sender clears its holds).
+    pub(super) fn on_reader_dropped(&mut self, f: ReaderDropped) {
+        if let RingEnd::Broadcast(p) = &mut self.0 {
+            p.on_reader_dropped(f);
+        }
+    }
+
+    /// Broadcast rings: drops every reader in the readers mask or in `held` (a mask of
+    /// places that hold slots) whose place nobody holds any more, running `also` on each
+    /// under its lock; how many. Slow paths (ticks): a lock probe per place.
+    pub(super) fn drop_dead_readers(&self, held: u64, also: &dyn Fn(usize)) -> usize {
+        let RingEnd::Broadcast(p) = &self.0 else { return 0 };
+        let storage = p.storage();
+        // Relaxed: which places to look at; each is settled under its lock.
+        let mask = storage.readers().load(Ordering::Relaxed) | held;
+        bits(mask).filter(|&i| storage.drop_if_gone(i, also)).count()
     }
 
     /// Pushes `d`, waiting until `deadline`; an error does not carry the descriptor back
@@ -43,6 +82,7 @@ impl ProducerRing {
         let pushed = match &mut self.0 {
             RingEnd::Spsc(p) => p.push_until(d, deadline),
             RingEnd::Mpmc(p) => p.push_until(d, deadline),
+            RingEnd::Broadcast(p) => p.push_until(d, deadline),
         };
         pushed.map_err(|e| e.map(|_| ()))
     }
@@ -52,6 +92,7 @@ impl ProducerRing {
         match &self.0 {
             RingEnd::Spsc(p) => p.consumers_gone(probe),
             RingEnd::Mpmc(p) => p.consumers_gone(probe),
+            RingEnd::Broadcast(p) => p.consumers_gone(probe),
         }
     }
 
@@ -67,6 +108,7 @@ impl ProducerRing {
         match &self.0 {
             RingEnd::Spsc(p) => p.any_queued(names),
             RingEnd::Mpmc(p) => p.any_unfreed(names),
+            RingEnd::Broadcast(p) => p.any_unread(names),
         }
     }
 
@@ -75,6 +117,7 @@ impl ProducerRing {
         let id = match &self.0 {
             RingEnd::Spsc(p) => p.storage().watch().id(),
             RingEnd::Mpmc(p) => p.storage().watch().id(),
+            RingEnd::Broadcast(p) => p.storage().watch().id(),
         };
         id.expect("an endpoint of a ring in shared memory is registered")
     }
@@ -85,6 +128,7 @@ impl ProducerRing {
         match &self.0 {
             RingEnd::Spsc(p) => p.storage().park(Role::Producer),
             RingEnd::Mpmc(p) => p.storage().park(Role::Producer),
+            RingEnd::Broadcast(p) => p.storage().park(Role::Producer),
         }
     }
 
@@ -92,6 +136,7 @@ impl ProducerRing {
         match &mut self.0 {
             RingEnd::Spsc(p) => p.set_wait_policy(policy),
             RingEnd::Mpmc(p) => p.set_wait_policy(policy),
+            RingEnd::Broadcast(p) => p.set_wait_policy(policy),
         }
     }
 }

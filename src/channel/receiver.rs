@@ -28,7 +28,7 @@ use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::{MpmcCell, ParticipantId, SpscCell};
 use crate::liveness::{AttachError, Tick, Watch};
 use crate::pool::{PoolSegment, SlotHold};
-use crate::ring::{PopTimeoutError, ShmStorage, Storage, mpmc, spsc};
+use crate::ring::{PopTimeoutError, ShmStorage, Storage, broadcast, mpmc, spsc};
 #[cfg(feature = "async")]
 use crate::wait::reactor::Parked;
 use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
@@ -42,6 +42,7 @@ enum Rx {
     // The SPSC consumer caches positions (`&mut`); no method re-enters.
     Spsc(RefCell<spsc::Consumer<Descriptor, ShmStorage<SpscCell<Descriptor>>>>),
     Mpmc(mpmc::Consumer<Descriptor, ShmStorage<MpmcCell<Descriptor>>>),
+    Broadcast(RefCell<broadcast::Reader<Descriptor, ShmStorage<SpscCell<Descriptor>>>>),
 }
 
 impl Rx {
@@ -50,6 +51,7 @@ impl Rx {
         Ok(match channel.flavor {
             Flavor::Spsc => Rx::Spsc(RefCell::new(channel.ring.spsc_consumer()?)),
             Flavor::Mpmc => Rx::Mpmc(channel.ring.mpmc_consumer()?),
+            Flavor::Broadcast => Rx::Broadcast(RefCell::new(channel.ring.broadcast_reader()?)),
         })
     }
 
@@ -58,6 +60,7 @@ impl Rx {
         let id = match self {
             Rx::Spsc(c) => c.borrow().storage().watch().id(),
             Rx::Mpmc(c) => c.storage().watch().id(),
+            Rx::Broadcast(c) => c.borrow().storage().watch().id(),
         };
         id.expect("an endpoint of a ring in shared memory is registered")
     }
@@ -120,6 +123,9 @@ pub struct Receiver<B: Backend = Host> {
     /// Per pool table row, `instance + 1` of a pool that a look for messages to deliver
     /// again could not map (gone, or refused): not tried again (0: none). Preallocated.
     unmapped: RefCell<Box<[u32]>>,
+    /// Broadcast channels: this reader's bit in the slots' holders masks, and its end of
+    /// the ring, which each of its messages' holds keeps (`pool::SharedHold`).
+    shared: Option<(u64, ShmStorage<SpscCell<Descriptor>>)>,
 }
 
 /// A message taken, checked and held, not yet made ready by the backend.
@@ -145,6 +151,15 @@ impl<B: Backend> Drop for Receiver<B> {
         if self.channel.segment.inherited() {
             return; // a forked child's copy: the parent's receiver leaves for itself
         }
+        if let Rx::Broadcast(c) = &self.rx {
+            // Out of the mask first: the slots only this reader's cursor held back (messages
+            // it never read) can go back now, and nobody else may look before a tick.
+            c.borrow().leave();
+            let min = broadcast::slowest_now(c.borrow().storage());
+            for pool in self.pools.get_mut().iter().flatten() {
+                pool.seg.core.reclaim_all_sent(min);
+            }
+        }
         for pool in self.pools.get_mut().iter().flatten() {
             B::receiver_gone(&pool.imported);
         }
@@ -168,6 +183,13 @@ impl<B: Backend> Channel<B> {
     /// lives; or the ring's positions are impossible).
     pub fn receiver(&self) -> Result<Receiver<B>, super::ChannelError<B>> {
         let rx = Rx::attach(&self.inner)?;
+        let shared = match &rx {
+            Rx::Broadcast(c) => {
+                let c = c.borrow();
+                Some((1u64 << c.index(), c.storage().clone()))
+            }
+            _ => None,
+        };
         let pools = (0..self.inner.max_pools()).map(|_| None).collect();
         let unmapped = vec![0; self.inner.max_pools() as usize].into_boxed_slice();
         Ok(Receiver {
@@ -180,6 +202,7 @@ impl<B: Backend> Channel<B> {
             saw_dead_owner: Cell::new(false),
             first: Cell::new(true),
             unmapped: RefCell::new(unmapped),
+            shared,
         })
     }
 }
@@ -230,6 +253,7 @@ impl<B: Backend> Receiver<B> {
         let popped = match &self.rx {
             Rx::Spsc(c) => c.borrow_mut().pop_then_ticking(deadline, then, tick),
             Rx::Mpmc(c) => c.pop_then_ticking(deadline, then, tick),
+            Rx::Broadcast(c) => c.borrow_mut().read_then_ticking(deadline, |_, d| then(d), tick),
         };
         if matches!(popped, Ok(Ok(_))) {
             // The descriptor has left the ring; the message is this receiver's alone.
@@ -302,6 +326,7 @@ impl<B: Backend> Receiver<B> {
         match &self.rx {
             Rx::Spsc(c) => c.borrow().storage().park(Role::Consumer),
             Rx::Mpmc(c) => c.storage().park(Role::Consumer),
+            Rx::Broadcast(c) => c.borrow().storage().park(Role::Consumer),
         }
     }
 
@@ -328,6 +353,7 @@ impl<B: Backend> Receiver<B> {
         match &mut self.rx {
             Rx::Spsc(c) => c.get_mut().set_wait_policy(policy),
             Rx::Mpmc(c) => c.set_wait_policy(policy),
+            Rx::Broadcast(c) => c.get_mut().set_wait_policy(policy),
         }
     }
 
@@ -344,6 +370,7 @@ impl<B: Backend> Receiver<B> {
         match &self.rx {
             Rx::Spsc(c) => c.borrow().wait_policy(),
             Rx::Mpmc(c) => c.wait_policy(),
+            Rx::Broadcast(c) => c.borrow().wait_policy(),
         }
     }
 

@@ -14,7 +14,6 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use super::Channel;
 use super::backend::sealed::HoldsRing;
 use super::backend::{Backend, Host};
 use super::error::{
@@ -23,13 +22,17 @@ use super::error::{
 use super::lease::Lease;
 use super::producer::ProducerRing;
 use super::table::ChannelSegment;
+use super::{Channel, Flavor};
 use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::MpmcCell;
 use crate::liveness::Blocked;
 use crate::liveness::keeper::Vigil;
 use crate::pool::{PoolSegment, SlotLease, SlotRef};
+use crate::ring::broadcast::ReaderDropped;
 use crate::ring::{PopTimeoutError, PushTimeoutError, ShmStorage, mpmc};
 use crate::wait::{Deadline, WaitPolicy, blocking};
+
+mod info;
 #[cfg(feature = "async")]
 use crate::{liveness::Role, wait::reactor::wait};
 
@@ -102,15 +105,19 @@ impl<B: Backend> Channel<B> {
     /// [`ChannelError::PoolTableFull`](super::ChannelError::PoolTableFull), and what
     /// creating the pool segment (or the backend's part of the pool) can return.
     pub fn sender(&self) -> Result<Sender<B>, super::ChannelError<B>> {
-        let ring = ProducerRing::attach(&self.inner.ring, self.inner.flavor)?;
+        let mut ring = ProducerRing::attach(&self.inner.ring, self.inner.flavor)?;
         let queued = |pool_id, slot, generation| ring.queued(pool_id, slot, generation);
         let registered = self.inner.register_pool(ring.id(), &queued)?;
         let vigil = registered.pool.watch_owner();
+        let pool = Arc::new(registered.pool);
+        // Broadcast: a dead reader dropped at a tick of a push lets go of its slots too.
+        let holds = pool.clone();
+        ring.on_reader_dropped(ReaderDropped(Arc::new(move |i| holds.core.clear_holder(i))));
         Ok(Sender {
             channel: self.inner.clone(),
-            free: registered.pool.core.free_consumer(),
+            free: pool.core.free_consumer(),
             _vigil: vigil,
-            pool: Arc::new(registered.pool),
+            pool,
             sending: B::sending(&self.inner.ctx, ring, registered.made),
             index: registered.index,
             pool_id: (registered.instance << 16) | registered.index,
@@ -144,7 +151,8 @@ impl<B: Backend> Sender<B> {
         let redeliver = self.channel.redeliver;
         let tick = || {
             let queued = |slot, generation| self.queued(slot, generation);
-            let found = core.reclaim_dead(B::holder_gone, queued, redeliver);
+            let mut found = core.reclaim_dead(B::holder_gone, queued, redeliver);
+            found.back += self.reclaim_broadcast(true);
             if found.orphans > 0 {
                 self.channel.note_orphans();
             }
@@ -153,6 +161,17 @@ impl<B: Backend> Sender<B> {
             }
             self.ring(|r| r.receivers_gone(true)).map_or(Ok(false), Err)
         };
+        if self.channel.flavor == Flavor::Broadcast && deadline != Deadline::Now {
+            // Slots whose readers are all done come back here (or with their last reader's
+            // drop): look before waiting.
+            match core.lease_until(&self.free, Deadline::Now, || Ok(false)) {
+                Ok(slot) => return Ok(slot),
+                Err(PopTimeoutError::Corrupted(c)) => {
+                    return Err(AcquireTimeoutError::Corrupted(c));
+                }
+                Err(_) => _ = self.reclaim_broadcast(false),
+            }
+        }
         let slot = core.lease_until(&self.free, deadline, tick).map_err(|e| match e {
             PopTimeoutError::Timeout => AcquireTimeoutError::Timeout,
             PopTimeoutError::PeerDead => AcquireTimeoutError::PeerDead,
@@ -161,6 +180,20 @@ impl<B: Backend> Sender<B> {
         })?;
         crate::fault::point("send_holding_lease");
         Ok(slot)
+    }
+
+    /// Broadcast channels: puts back on the free ring every sent slot whose message every
+    /// reader has passed and dropped (`pool::lease::shared`); with `ticking`, first drops
+    /// the readers that died (their holds cleared under their places' locks). How many
+    /// came back (0 for the other flavors).
+    fn reclaim_broadcast(&self, ticking: bool) -> u32 {
+        let core = &self.pool.core;
+        self.ring(|r| {
+            if ticking {
+                r.drop_dead_readers(core.holders(), &|i| core.clear_holder(i));
+            }
+            r.slowest().map_or(0, |min| core.reclaim_all_sent(min))
+        })
     }
 
     /// Whether a descriptor of this sender naming `slot` at `generation` is still in the
@@ -421,6 +454,9 @@ impl<B: Backend> Sender<B> {
         if self.channel.redeliver {
             self.pool.write_sent(slot.slot, &d);
         }
+        if let Some(pos) = self.ring(|r| r.next_position()) {
+            self.pool.core.set_sent_at(slot, pos);
+        }
         self.pool.core.mark_sent(slot);
         match self.ring(|r| r.push_until(d, deadline)) {
             Ok(()) => {
@@ -474,86 +510,6 @@ impl<B: Backend> Sender<B> {
         d
     }
 
-    /// Slots in this sender's pool.
-    ///
-    /// ```
-    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-slot-count");
-    /// let ch = gpuring::Channel::builder("doc-sender-slot-count").slots(4, 1 << 20).create()?;
-    /// assert_eq!(ch.sender()?.slot_count(), 4);
-    /// # Ok::<(), gpuring::ChannelError>(())
-    /// ```
-    pub fn slot_count(&self) -> u32 {
-        self.pool.core.slot_count()
-    }
-
-    /// Bytes per slot.
-    ///
-    /// ```
-    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-slot-size");
-    /// let ch = gpuring::Channel::builder("doc-sender-slot-size").slots(4, 1 << 20).create()?;
-    /// assert_eq!(ch.sender()?.slot_size(), 1 << 20);
-    /// # Ok::<(), gpuring::ChannelError>(())
-    /// ```
-    pub fn slot_size(&self) -> usize {
-        self.pool.slot_size()
-    }
-
-    /// Slots now free in this sender's pool (a snapshot; exact when nothing moves).
-    ///
-    /// ```
-    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-free-slots");
-    /// let ch = gpuring::Channel::builder("doc-sender-free-slots").slots(4, 1 << 20).create()?;
-    /// let tx = ch.sender()?;
-    /// let lease = tx.acquire()?;
-    /// assert_eq!(tx.free_slots(), 3);
-    /// # drop(lease);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn free_slots(&self) -> usize {
-        self.pool.core.free_slots()
-    }
-
-    /// The sequence number the next message will carry.
-    ///
-    /// ```
-    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-next-seq");
-    /// let ch = gpuring::Channel::builder("doc-sender-next-seq").slots(2, 4096).create()?;
-    /// let tx = ch.sender()?;
-    /// assert_eq!(tx.next_seq(), 0);
-    /// tx.send(tx.acquire()?, gpuring::TensorMeta::bytes(0))?;
-    /// assert_eq!(tx.next_seq(), 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn next_seq(&self) -> u64 {
-        self.seq.get()
-    }
-
-    /// This sender's pool id, as descriptors carry it.
-    ///
-    /// ```
-    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-pool-id");
-    /// let ch = gpuring::Channel::builder("doc-sender-pool-id").slots(2, 4096).create()?;
-    /// let tx = ch.sender()?;
-    /// assert_eq!(tx.pool_id() & 0xFFFF, 0); // the pool table's first entry
-    /// # Ok::<(), gpuring::ChannelError>(())
-    /// ```
-    pub fn pool_id(&self) -> u32 {
-        self.pool_id
-    }
-
-    /// The pool segment's name.
-    ///
-    /// ```
-    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-pool-name");
-    /// let ch = gpuring::Channel::builder("doc-sender-pool-name").slots(2, 4096).create()?;
-    /// let tx = ch.sender()?;
-    /// assert!(tx.pool_name().starts_with("/doc-sender-pool-name."));
-    /// # Ok::<(), gpuring::ChannelError>(())
-    /// ```
-    pub fn pool_name(&self) -> &str {
-        self.pool.name()
-    }
-
     /// Sets how this sender waits, for a free slot and for room in the ring.
     ///
     /// ```
@@ -580,6 +536,9 @@ impl<B: Backend> Drop for Sender<B> {
         if self.pool.inherited() {
             return; // a forked child's copy: the parent's sender leaves for itself
         }
+        // Broadcast: what every reader is done with goes back first, so that the pool can
+        // drain (and go) without this sender.
+        self.reclaim_broadcast(false);
         B::leave(&mut self.sending, &self.pool);
         self.channel.close_entry(self.index);
     }

@@ -431,8 +431,15 @@ pub(crate) fn pool_name(base: &str, nonce: u32, index: u32, instance: u32) -> St
 /// killed receiver held, are removed here), also one still mapped somewhere (a message
 /// kept past its channel). Names are derived from the table's indices and instances,
 /// never read from it.
-pub(crate) fn last_out(seg: &Segment, layout: &ChannelLayout, base: &str, nonce: u32) -> bool {
-    if !RingSegment::drained_in(seg, &layout.ring) {
+pub(crate) fn last_out(
+    seg: &Segment,
+    layout: &ChannelLayout,
+    base: &str,
+    nonce: u32,
+    broadcast: bool,
+) -> bool {
+    // A broadcast channel keeps nothing for a receiver that comes later.
+    if !broadcast && !RingSegment::drained_in(seg, &layout.ring) {
         return false;
     }
     remove_pools(seg, layout, base, nonce);

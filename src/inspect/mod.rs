@@ -191,7 +191,7 @@ fn ring_base(seg: &Segment, kind: SegmentKind) -> Option<usize> {
         SegmentKind::SpscRing | SegmentKind::MpmcRing | SegmentKind::BroadcastRing => {
             Some(size_of::<SegmentHeader>())
         }
-        SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
+        SegmentKind::SpscChannel | SegmentKind::MpmcChannel | SegmentKind::BroadcastChannel => {
             Some(crate::channel::channel_layout(seg)?.0.ring.ring_header)
         }
         SegmentKind::HostPool | SegmentKind::CudaPool => None,
@@ -201,7 +201,7 @@ fn ring_base(seg: &Segment, kind: SegmentKind) -> Option<usize> {
 /// Elements waiting in the ring of a ring or channel segment (`None`: not one, or its
 /// positions are impossible).
 fn queued_in(seg: &Segment, kind: SegmentKind) -> Option<u64> {
-    if kind == SegmentKind::BroadcastRing {
+    if matches!(kind, SegmentKind::BroadcastRing | SegmentKind::BroadcastChannel) {
         // A broadcast ring keeps nothing for a reader that comes later.
         return Some(0);
     }

@@ -205,7 +205,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
     };
     // The channel's layout, read once: its table size is shared memory, and a second read
     // could disagree with the first.
-    let is_channel = matches!(kind, SegmentKind::SpscChannel | SegmentKind::MpmcChannel);
+    let is_channel = kind.is_channel();
     let channel = is_channel.then(|| crate::channel::channel_layout(&seg)).flatten();
     let channel = channel.map(|(layout, _)| layout);
     let base = if is_channel { channel.map(|l| l.ring.ring_header) } else { ring_base(&seg, kind) };
@@ -220,7 +220,7 @@ pub fn inspect(name: &str) -> Result<Inspection, ShmError> {
     }
     match kind {
         SegmentKind::SpscRing | SegmentKind::MpmcRing | SegmentKind::BroadcastRing => {}
-        SegmentKind::SpscChannel | SegmentKind::MpmcChannel => {
+        SegmentKind::SpscChannel | SegmentKind::MpmcChannel | SegmentKind::BroadcastChannel => {
             let layout = channel.expect("a channel without a layout returned above");
             let table = ChannelView::with_layout(&seg, layout);
             let table = table.ok_or_else(|| corrupted("channel pool table beyond the segment"))?;
@@ -274,6 +274,7 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
         .ok_or(ShmError::Corrupted(Corrupted { what: "ring header beyond the segment" }))?;
     let (rh, c, table) = (ring.header, ring.control, ring.participants);
     let spsc = matches!(kind, SegmentKind::SpscRing | SegmentKind::SpscChannel);
+    let broadcast = matches!(kind, SegmentKind::BroadcastRing | SegmentKind::BroadcastChannel);
     let mut participants = Vec::new();
     let mut serials = Vec::new();
     for (index, entry) in table.entries.iter().enumerate() {
@@ -293,8 +294,8 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
         let serial = entry_serial(value);
         // Relaxed: a snapshot.
         let counted = rh.readers.load(Ordering::Relaxed) & (1 << index) != 0;
-        let cursor = (kind == SegmentKind::BroadcastRing && counted)
-            .then(|| table.claims[index].pop.load(Ordering::Relaxed));
+        let cursor =
+            (broadcast && counted).then(|| table.claims[index].pop.load(Ordering::Relaxed));
         participants.push(Participant { index, role, pid: entry_pid(value), alive, cursor });
         serials.push((index, serial));
     }
@@ -318,8 +319,7 @@ fn ring_state(seg: &Segment, base: usize, kind: SegmentKind) -> Result<RingState
         producer: holder(rh.producer_claim.load(Ordering::Relaxed), Role::Producer),
         consumer: holder(rh.consumer_claim.load(Ordering::Relaxed), Role::Consumer),
         participants,
-        lagging: (kind == SegmentKind::BroadcastRing)
-            .then(|| rh.lagging.load(Ordering::Relaxed) != 0),
+        lagging: broadcast.then(|| rh.lagging.load(Ordering::Relaxed) != 0),
     })
 }
 

@@ -60,12 +60,12 @@ impl std::error::Error for Corrupted {}
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING\0");
 
 /// Bumped whenever a shared-memory type changes shape or meaning.
-pub const LAYOUT_VERSION: u32 = 13;
+pub const LAYOUT_VERSION: u32 = 14;
 
 /// The value of [`SegmentHeader::init`] once the creator has finished writing the segment.
 pub const INIT_READY: u32 = 0x5244_5952; // "RYDR"
 
-/// What a segment holds. The discriminants are the wire codes, 1 to 7 in order.
+/// What a segment holds. The discriminants are the wire codes, 1 to 8 in order.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentKind {
@@ -84,11 +84,13 @@ pub enum SegmentKind {
     CudaPool,
     /// A broadcast ring: one producer, readers that each read every element.
     BroadcastRing,
+    /// A broadcast channel: one sender's slots, every receiver reads every message.
+    BroadcastChannel,
 }
 
 impl SegmentKind {
     /// Every kind, in wire-code order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::SpscRing,
         Self::MpmcRing,
         Self::SpscChannel,
@@ -96,11 +98,12 @@ impl SegmentKind {
         Self::HostPool,
         Self::CudaPool,
         Self::BroadcastRing,
+        Self::BroadcastChannel,
     ];
 
     /// Whether the segment is a channel (a pool table and a descriptor ring).
     pub fn is_channel(self) -> bool {
-        matches!(self, Self::SpscChannel | Self::MpmcChannel)
+        matches!(self, Self::SpscChannel | Self::MpmcChannel | Self::BroadcastChannel)
     }
 
     /// Whether the segment has a ring of its own (rings and channels; not pools).
@@ -118,13 +121,14 @@ impl SegmentKind {
             Self::HostPool => "a host slot pool (of a channel)",
             Self::CudaPool => "a GPU slot pool (of a channel)",
             Self::BroadcastRing => "a broadcast ring",
+            Self::BroadcastChannel => "a broadcast channel",
         }
     }
 
     /// Decodes a kind read from shared memory.
     pub fn from_raw(raw: u32) -> Option<Self> {
         match raw {
-            1..=7 => Self::ALL.into_iter().find(|k| *k as u32 == raw),
+            1..=8 => Self::ALL.into_iter().find(|k| *k as u32 == raw),
             _ => None,
         }
     }

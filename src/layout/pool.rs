@@ -81,12 +81,24 @@ pub struct SlotRecord {
     /// stream (`cuStreamWriteValue64`, this line pinned and mapped for the device). Zero
     /// and unused otherwise.
     pub ready: AtomicU64,
+    /// Broadcast channels: bit `i` set while reader `i` (its place in the ring's readers
+    /// mask) holds the slot's message. Set by the reader before its cursor passes the
+    /// message, cleared when it drops it. Zero and unused otherwise.
+    pub holders: AtomicU64,
+    /// Broadcast channels: the ring position of the slot's last message, written by the
+    /// sender before it publishes it. Zero and unused otherwise.
+    pub sent_at: AtomicU64,
 }
 
 impl SlotRecord {
     /// A free slot of generation 0.
     pub fn new() -> Self {
-        Self { state: AtomicU64::new(0), ready: AtomicU64::new(0) }
+        Self {
+            state: AtomicU64::new(0),
+            ready: AtomicU64::new(0),
+            holders: AtomicU64::new(0),
+            sent_at: AtomicU64::new(0),
+        }
     }
 }
 

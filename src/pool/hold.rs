@@ -6,6 +6,10 @@ use std::sync::Arc;
 
 use super::SlotRef;
 use super::segment::PoolSegment;
+use crate::descriptor::Descriptor;
+use crate::layout::SpscCell;
+use crate::ring::ShmStorage;
+use crate::ring::broadcast::slowest_now;
 
 /// A slot taken from a pool by its sender, and its return on drop unless it was sent.
 #[derive(Debug)]
@@ -38,6 +42,17 @@ impl Drop for SlotLease {
 pub struct SlotHold {
     pub(crate) pool: Arc<PoolSegment>,
     pub(crate) held: SlotRef,
+    /// A broadcast channel's reader's hold (`pool::lease::shared`); `None` elsewhere.
+    pub(crate) shared: Option<SharedHold>,
+}
+
+/// A broadcast reader's hold on a slot: its bit in the slot's holders mask, and its end of
+/// the ring, which keeps its place (so that the bit is no new reader's until the hold goes)
+/// and says where the cursors are when the last holder tries to put the slot back.
+#[derive(Debug)]
+pub(crate) struct SharedHold {
+    pub(crate) bit: u64,
+    pub(crate) ring: ShmStorage<SpscCell<Descriptor>>,
 }
 
 impl SlotHold {
@@ -54,7 +69,15 @@ impl Drop for SlotHold {
         if self.pool.inherited() {
             return; // a forked child's copy: the parent's message gives the slot back
         }
-        if self.pool.core.release(self.held) {
+        let back = match &self.shared {
+            None => self.pool.core.release(self.held),
+            Some(s) => {
+                // The last holder puts the slot back, if every reader is past its message.
+                self.pool.core.release_shared(self.held, s.bit) == Some(0)
+                    && self.pool.core.reclaim_sent(self.held.slot, slowest_now(&s.ring))
+            }
+        };
+        if back {
             self.pool.unlink_if_drained();
         }
     }

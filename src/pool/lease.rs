@@ -34,6 +34,7 @@ use crate::sync::Ordering;
 use crate::wait::Deadline;
 
 mod reclaim;
+mod shared;
 
 const FREE: u32 = 0;
 const LEASED: u32 = 1;

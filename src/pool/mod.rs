@@ -18,7 +18,7 @@ mod lease;
 mod segment;
 
 #[cfg(not(loom))]
-pub(crate) use hold::{SlotHold, SlotLease};
+pub(crate) use hold::{SharedHold, SlotHold, SlotLease};
 pub use lease::{HeapPool, PoolCore, SlotRef, heap_pool};
 pub(crate) use lease::{Phase, phase};
 #[cfg(not(loom))]

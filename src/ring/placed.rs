@@ -82,11 +82,12 @@ unsafe impl<C> super::broadcast::Cursors for ShmStorage<C> {
         // Relaxed: set by the creator before the segment was published.
         self.ring.header().lagging.load(Ordering::Relaxed) != 0
     }
-    fn drop_if_gone(&self, index: usize) -> bool {
+    fn drop_if_gone(&self, index: usize, also: &dyn Fn(usize)) -> bool {
         let readers = &self.ring.header().readers;
-        // Release: as a reader's own clearing of its bit (nothing of its is read after).
         self.ring.table.while_unheld(index, || {
+            // Release: as a reader's own clearing of its bit (nothing of its is read after).
             readers.fetch_and(!(1 << index), Ordering::Release);
+            also(index);
         })
     }
 }

@@ -6,7 +6,7 @@ use crate::channel::backend::Backend;
 use crate::channel::error::{RecvTimeoutError, corrupt};
 use crate::descriptor::{Descriptor, TensorMeta};
 use crate::layout::SLOT_HEADER_SIZE;
-use crate::pool::SlotHold;
+use crate::pool::{SharedHold, SlotHold};
 
 impl<B: Backend> Receiver<B> {
     /// Checks a popped descriptor against the pool table, its pool and the backend, then
@@ -19,8 +19,19 @@ impl<B: Backend> Receiver<B> {
         }
         let pool = self.pool_for(index, instance, &d)?;
         let meta = self.check(&pool, &d).map_err(|why| (why, None))?;
-        let held = pool.seg.core.receive(d.slot, d.generation).map_err(|c| (c.into(), None))?;
-        let hold = SlotHold { pool: pool.seg.clone(), held };
+        let core = &pool.seg.core;
+        let hold = match &self.shared {
+            None => {
+                let held = core.receive(d.slot, d.generation).map_err(|c| (c.into(), None))?;
+                SlotHold { pool: pool.seg.clone(), held, shared: None }
+            }
+            Some((bit, ring)) => {
+                let held = core.hold_shared(d.slot, d.generation, *bit);
+                let held = held.map_err(|c| (c.into(), None))?;
+                let shared = Some(SharedHold { bit: *bit, ring: ring.clone() });
+                SlotHold { pool: pool.seg.clone(), held, shared }
+            }
+        };
         let died = self.note_owner(&hold.pool);
         // The slot is ours: a sender giving its device memory up now waits for us, or we
         // see that it has (then the slot goes back unread, with `hold`).

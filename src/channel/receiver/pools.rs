@@ -41,7 +41,7 @@ impl<B: Backend> Receiver<B> {
                     // Refused (a device pool whose sender is gone): what it held goes back.
                     *unmapped = instance + 1;
                     let Some(held) = seg.core.adopt(B::holder_gone, queued) else { continue };
-                    drop(SlotHold { pool: seg, held });
+                    drop(SlotHold { pool: seg, held, shared: None });
                     return Some(Err(why));
                 }
                 Err((None, _)) => {
@@ -50,7 +50,7 @@ impl<B: Backend> Receiver<B> {
                 }
             };
             let Some(held) = pool.seg.core.adopt(B::holder_gone, queued) else { continue };
-            let hold = SlotHold { pool: pool.seg.clone(), held };
+            let hold = SlotHold { pool: pool.seg.clone(), held, shared: None };
             return Some(self.check_adopted(pool, hold, pool_id));
         }
         None
@@ -122,7 +122,7 @@ impl<B: Backend> Receiver<B> {
             let hold = seg.and_then(|seg| {
                 let held = seg.core.receive(d.slot, d.generation).ok()?;
                 crate::fault::point("refused_holding");
-                Some(SlotHold { pool: seg, held })
+                Some(SlotHold { pool: seg, held, shared: None })
             });
             (why, hold)
         })

@@ -65,11 +65,12 @@ pub unsafe trait Cursors {
     fn readers(&self) -> &AtomicU64;
     /// Reader `i`'s cursor: the next position it reads.
     fn cursor(&self, index: usize) -> &AtomicU64;
-    /// Clears bit `index` if no endpoint holds that reader's place any more (it died), so
-    /// that no new reader can take the place meanwhile; whether it did. Slow paths only
-    /// (the producer's liveness ticks).
-    fn drop_if_gone(&self, index: usize) -> bool {
-        let _ = index;
+    /// Clears bit `index` if no endpoint holds that reader's place any more (it died), and
+    /// runs `also(index)` (a broadcast channel clears the reader's holds on its slots),
+    /// both while no new reader can take the place; whether it did. Slow paths only (the
+    /// producer's liveness ticks).
+    fn drop_if_gone(&self, index: usize, also: &dyn Fn(usize)) -> bool {
+        let _ = (index, also);
         false
     }
     /// Reader `index` has left (its bit is clear): its place is free again.
@@ -86,7 +87,19 @@ pub struct Producer<T, S> {
     storage: S,
     local: Local,
     policy: WaitPolicy,
+    /// Run with the index of each dead reader dropped at a tick, under its place's lock.
+    on_drop: Option<ReaderDropped>,
     _elem: PhantomData<fn(T) -> T>,
+}
+
+/// What a broadcast channel does when a dead reader is dropped: clear its holds.
+#[derive(Clone)]
+pub(crate) struct ReaderDropped(pub(crate) std::sync::Arc<dyn Fn(usize) + Send + Sync>);
+
+impl core::fmt::Debug for ReaderDropped {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("ReaderDropped")
+    }
 }
 
 /// The producer's own positions.
@@ -138,7 +151,20 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
         let tail = storage.control().tail.load(Ordering::Acquire);
         let min = slowest(&storage, tail, own);
         let local = Local { tail, min, capacity, own, lagging: storage.lagging() };
-        Ok(Self { storage, local, policy: WaitPolicy::default(), _elem: PhantomData })
+        Ok(Self {
+            storage,
+            local,
+            policy: WaitPolicy::default(),
+            on_drop: None,
+            _elem: PhantomData,
+        })
+    }
+
+    /// Runs `f` with the index of each dead reader dropped at a tick, while no new reader
+    /// can take its place (see [`Cursors::drop_if_gone`]).
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn on_reader_dropped(&mut self, f: ReaderDropped) {
+        self.on_drop = Some(f);
     }
 
     /// Publishes `value` if every reader has room for it; never blocks. With no reader,
@@ -158,13 +184,14 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
         value: T,
         deadline: Deadline,
     ) -> Result<(), PushTimeoutError<T>> {
-        let Self { storage, local, policy, .. } = self;
+        let Self { storage, local, policy, on_drop, .. } = self;
         let storage = &*storage;
         let attempt = || try_push_in(storage, local, value).map(Some).or_else(push_retry);
         let on_tick = || {
             // Relaxed: which places to look at; each drop decides under its entry's lock.
             let mask = storage.readers().load(Ordering::Relaxed);
-            let dropped = bits(mask).filter(|&i| storage.drop_if_gone(i)).count();
+            let also = |i| on_drop.as_ref().map_or((), |f| (f.0)(i));
+            let dropped = bits(mask).filter(|&i| storage.drop_if_gone(i, &also)).count();
             if dropped > 0 { Tick::Retry } else { Tick::Idle }
         };
         wait_for(storage, Role::Producer, *policy, deadline, attempt, on_tick)
@@ -175,6 +202,38 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
     #[cfg_attr(any(loom, not(feature = "async")), allow(dead_code))]
     pub(crate) fn storage(&self) -> &S {
         &self.storage
+    }
+
+    /// The position the next push writes.
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn next_position(&self) -> u64 {
+        self.local.tail
+    }
+
+    /// A lower bound of every counted reader's cursor, computed now (see [`slowest_now`]).
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn slowest(&self) -> u64 {
+        slowest(&self.storage, self.local.tail, self.local.own)
+    }
+
+    /// Whether every reader is gone, and how (see `ring::peers_gone`).
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn consumers_gone(&self, probe: bool) -> Option<crate::liveness::Blocked> {
+        super::peers_gone(&self.storage, Role::Consumer, probe)
+    }
+
+    /// Whether an element some counted reader has yet to read (between the slowest cursor
+    /// and `tail`) satisfies `f`. Reads every such cell: slow paths only.
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn any_unread(&self, mut f: impl FnMut(&T) -> bool) -> bool {
+        let (tail, min) = (self.local.tail, self.slowest());
+        (0..tail.wrapping_sub(min).min(self.local.capacity)).any(|i| {
+            let cell =
+                &self.storage.cells()[(min.wrapping_add(i) & (self.local.capacity - 1)) as usize];
+            // SAFETY: this producer is the cells' only writer, and it is not writing now;
+            // `T: Pod`.
+            f(&cell.value.with(|p| unsafe { p.read() }))
+        })
     }
 
     /// Readers counted now (a snapshot).
@@ -253,8 +312,20 @@ fn slowest<S: Cursors>(storage: &S, tail: u64, own: u64) -> u64 {
     tail.wrapping_sub(behind)
 }
 
+/// A lower bound of every counted reader's cursor, for an endpoint other than the producer
+/// (a broadcast channel's reader reclaiming a slot): no reader whose cursor it did not count
+/// reads a position below it. `tail` is read first, then the fence in `slowest`, as the
+/// producer's own `tail` store comes before its fence: a reader joining meanwhile starts at
+/// that `tail` or later (module docs).
+#[cfg_attr(loom, allow(dead_code))] // used by channels
+pub(crate) fn slowest_now<S: Storage + Cursors>(storage: &S) -> u64 {
+    // Acquire: pairs with the producer's Release `tail` store.
+    let tail = storage.control().tail.load(Ordering::Acquire);
+    slowest(storage, tail, 0)
+}
+
 /// The indices of the bits set in `mask`, below [`MAX_READERS`].
-fn bits(mask: u64) -> impl Iterator<Item = usize> {
+pub(crate) fn bits(mask: u64) -> impl Iterator<Item = usize> {
     (0..MAX_READERS).filter(move |&i| mask & (1 << i) != 0)
 }
 
@@ -333,6 +404,58 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
         }
     }
 
+    /// The next element, waiting for it until `deadline`, with `then` run on its position
+    /// and value before the cursor passes it (see `read_then_in`); at each liveness tick
+    /// of the wait, `tick` as in the other rings' `pop_then_ticking`. Blocking rings only
+    /// (a lag is `Corrupted` here).
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn read_then_ticking<R>(
+        &mut self,
+        deadline: Deadline,
+        then: impl FnOnce(u64, T) -> R,
+        mut tick: impl FnMut() -> Tick<R>,
+    ) -> Result<R, super::PopTimeoutError> {
+        let Self { storage, index, cursor, capacity, policy, lagging, .. } = self;
+        let storage = &*storage;
+        let mut then = Some(then);
+        // `then` runs once: only a successful read calls it, and that ends the wait.
+        let attempt = || {
+            let each = |pos, v| then.take().map(|f| f(pos, v));
+            match read_then_in(storage, *index, cursor, *capacity, *lagging, each) {
+                Ok(r) => Ok(r),
+                Err(TryReadError::Empty | TryReadError::Disconnected | TryReadError::PeerDead) => {
+                    Ok(None)
+                }
+                Err(TryReadError::Lagged(_)) => {
+                    Err(Corrupted { what: "a broadcast channel's ring lagged a reader" })
+                }
+                Err(TryReadError::Corrupted(c)) => Err(c),
+            }
+        };
+        // (`then` taken already cannot be: its one successful read ended the wait.)
+        wait_for(storage, Role::Consumer, *policy, deadline, attempt, &mut tick)
+            .map_err(super::PopTimeoutError::from)
+    }
+
+    /// How blocking reads wait.
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.policy
+    }
+
+    /// Takes this reader's cursor out of the mask now (its drop does too): the producer no
+    /// longer waits for it.
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn leave(&self) {
+        // Release: pairs with the producer's Acquire mask load (our reads are done).
+        self.storage.readers().fetch_and(!(1 << self.index), Ordering::Release);
+    }
+
+    /// This reader's place in the readers mask.
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
     /// The storage, for the layers above (async waits park on its wait word).
     #[cfg_attr(any(loom, not(feature = "async")), allow(dead_code))]
     pub(crate) fn storage(&self) -> &S {
@@ -373,6 +496,20 @@ fn read_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
     capacity: u64,
     lagging: bool,
 ) -> Result<T, TryReadError> {
+    read_then_in(storage, index, cursor, capacity, lagging, |_, v| v)
+}
+
+/// [`read_in`], running `then` on the element's position and value before the cursor
+/// passes it (a broadcast channel's reader takes its hold on the message's slot there, so
+/// that a sender seeing the cursor past the message also sees the hold).
+fn read_then_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors, R>(
+    storage: &S,
+    index: usize,
+    cursor: &mut u64,
+    capacity: u64,
+    lagging: bool,
+    then: impl FnOnce(u64, T) -> R,
+) -> Result<R, TryReadError> {
     let control = storage.control();
     // Acquire: pairs with the producer's Release `tail` store.
     let tail = control.tail.load(Ordering::Acquire);
@@ -413,14 +550,16 @@ fn read_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
             return Err(lagged(storage, index, cursor, writing.wrapping_sub(capacity)));
         }
     }
+    let done = then(*cursor, value);
     *cursor = cursor.wrapping_add(1);
-    // Release: pairs with the producer's Acquire cursor loads (our read is done).
+    // Release: pairs with the producer's Acquire cursor loads (our read is done), and with
+    // the Acquire loads of a broadcast channel's reclaimer (`then`'s hold is visible).
     storage.cursor(index).store(*cursor, Ordering::Release);
     if !lagging {
         // A lagging producer never waits: nobody to wake.
         notify(&control.not_full);
     }
-    Ok(value)
+    Ok(done)
 }
 
 /// A lagging reader's jump to `oldest` (the oldest element still intact): how many it

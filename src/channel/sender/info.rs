@@ -1,0 +1,87 @@
+//! What a [`Sender`] says about itself: its pool's shape and state, its next sequence
+//! number, its pool's id and name.
+
+use super::Sender;
+use crate::channel::backend::Backend;
+
+impl<B: Backend> Sender<B> {
+    /// Slots in this sender's pool.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-slot-count");
+    /// let ch = gpuring::Channel::builder("doc-sender-slot-count").slots(4, 1 << 20).create()?;
+    /// assert_eq!(ch.sender()?.slot_count(), 4);
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn slot_count(&self) -> u32 {
+        self.pool.core.slot_count()
+    }
+
+    /// Bytes per slot.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-slot-size");
+    /// let ch = gpuring::Channel::builder("doc-sender-slot-size").slots(4, 1 << 20).create()?;
+    /// assert_eq!(ch.sender()?.slot_size(), 1 << 20);
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn slot_size(&self) -> usize {
+        self.pool.slot_size()
+    }
+
+    /// Slots now free in this sender's pool (a snapshot; exact when nothing moves).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-free-slots");
+    /// let ch = gpuring::Channel::builder("doc-sender-free-slots").slots(4, 1 << 20).create()?;
+    /// let tx = ch.sender()?;
+    /// let lease = tx.acquire()?;
+    /// assert_eq!(tx.free_slots(), 3);
+    /// # drop(lease);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn free_slots(&self) -> usize {
+        self.pool.core.free_slots()
+    }
+
+    /// The sequence number the next message will carry.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-next-seq");
+    /// let ch = gpuring::Channel::builder("doc-sender-next-seq").slots(2, 4096).create()?;
+    /// let tx = ch.sender()?;
+    /// assert_eq!(tx.next_seq(), 0);
+    /// tx.send(tx.acquire()?, gpuring::TensorMeta::bytes(0))?;
+    /// assert_eq!(tx.next_seq(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn next_seq(&self) -> u64 {
+        self.seq.get()
+    }
+
+    /// This sender's pool id, as descriptors carry it.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-pool-id");
+    /// let ch = gpuring::Channel::builder("doc-sender-pool-id").slots(2, 4096).create()?;
+    /// let tx = ch.sender()?;
+    /// assert_eq!(tx.pool_id() & 0xFFFF, 0); // the pool table's first entry
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn pool_id(&self) -> u32 {
+        self.pool_id
+    }
+
+    /// The pool segment's name.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-pool-name");
+    /// let ch = gpuring::Channel::builder("doc-sender-pool-name").slots(2, 4096).create()?;
+    /// let tx = ch.sender()?;
+    /// assert!(tx.pool_name().starts_with("/doc-sender-pool-name."));
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn pool_name(&self) -> &str {
+        self.pool.name()
+    }
+}

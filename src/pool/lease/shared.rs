@@ -1,0 +1,163 @@
+//! Slots of a broadcast channel: one message, read in place by every reader that was there
+//! when it was sent, and back in the free ring once the last of them has dropped it.
+//!
+//! A sent slot stays `SENT(g)` while its message is out; its record's `holders` mask has
+//! bit `i` set while reader `i` holds it, and `sent_at` names the ring position of the
+//! message. A reader sets its bit *before* its cursor passes the message
+//! ([`hold_shared`](PoolCore::hold_shared), then the cursor's Release store) and clears it
+//! when it drops the message ([`release_shared`](PoolCore::release_shared), Release). So
+//! once every counted cursor is past `sent_at` (read with Acquire), every reader that will
+//! ever hold the message has set its bit, and `holders == 0` (Acquire) means all of them
+//! are done with it: [`reclaim_sent`](PoolCore::reclaim_sent) then moves the slot
+//! `SENT(g) → RETURNING` and pushes it on the free ring, as any return does (a death
+//! between the two is what [`reclaim_dead`](PoolCore::reclaim_dead) already repairs). The
+//! last reader to drop the message tries that; the sender tries it for every sent slot when
+//! it finds no free slot, and at its liveness ticks (where a dead reader's bits are cleared
+//! first, [`clear_holder`](PoolCore::clear_holder)).
+
+use std::ops::Deref;
+
+use super::{PoolCore, SENT, SlotRef, pack, unpack};
+use crate::layout::{Corrupted, MpmcCell, SlotRecord};
+use crate::ring::Storage;
+use crate::sync::Ordering;
+
+/// Whether every cursor at or above `min` is past position `pos` (`min > pos`, wrapping).
+const fn passed(pos: u64, min: u64) -> bool {
+    let ahead = min.wrapping_sub(pos);
+    ahead != 0 && ahead <= u64::MAX / 2
+}
+
+impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore<R, S> {
+    /// Records that the message in leased slot `lease` goes out at ring position `pos`
+    /// (before [`mark_sent`](Self::mark_sent), whose publish orders it).
+    pub fn set_sent_at(&self, lease: SlotRef, pos: u64) {
+        if let Some(r) = self.records.get(lease.slot as usize) {
+            // Relaxed: published by the descriptor ring's Release push.
+            r.sent_at.store(pos, Ordering::Relaxed);
+        }
+    }
+
+    /// Reader `bit`'s hold on the message in slot `slot` at `generation`, taken before its
+    /// cursor passes the message.
+    ///
+    /// # Errors
+    ///
+    /// [`Corrupted`] (nothing changed) when the slot is out of range, the generation is not
+    /// its current one, the slot is not sent, or this reader holds it already.
+    pub fn hold_shared(&self, slot: u32, generation: u64, bit: u64) -> Result<SlotRef, Corrupted> {
+        let record = self
+            .records
+            .get(slot as usize)
+            .ok_or(Corrupted { what: "descriptor names a slot out of range" })?;
+        let stale = Corrupted { what: "descriptor carries a stale slot generation" };
+        let generation = u32::try_from(generation).map_err(|_| stale)?;
+        // Relaxed: the descriptor ring's Acquire read published the sender's SENT store; the
+        // slot cannot be leased again before our cursor passes the message.
+        let (now, state) = unpack(record.state.load(Ordering::Relaxed));
+        if now != generation {
+            return Err(stale);
+        }
+        if state != SENT {
+            return Err(Corrupted { what: "descriptor names a slot that is not in flight" });
+        }
+        // Relaxed: ordered before our cursor's Release store (see the module docs).
+        if record.holders.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+            return Err(Corrupted { what: "a reader was handed the same slot twice" });
+        }
+        Ok(SlotRef { slot, generation })
+    }
+
+    /// Drops reader `bit`'s hold on `held`; the holders left (`None`: it held none, a
+    /// forged record).
+    pub fn release_shared(&self, held: SlotRef, bit: u64) -> Option<u64> {
+        let record = self.records.get(held.slot as usize)?;
+        // Release: pairs with the Acquire load in `reclaim_sent` (our reads are done).
+        let before = record.holders.fetch_and(!bit, Ordering::Release);
+        (before & bit != 0).then_some(before & !bit)
+    }
+
+    /// Puts sent slot `slot` back on the free ring if its message is done with: every
+    /// counted cursor is at or above `min` (from `ring::broadcast::slowest_now`, or the
+    /// sender's own minimum) and past the message, and nobody holds it. Whether it did.
+    pub fn reclaim_sent(&self, slot: u32, min: u64) -> bool {
+        let Some(record) = self.records.get(slot as usize) else {
+            return false;
+        };
+        // Relaxed: the CAS in `give_back` decides; `sent_at` was published with the state.
+        let word = record.state.load(Ordering::Relaxed);
+        let (generation, state) = unpack(word);
+        // Relaxed: see above.
+        if state != SENT || !passed(record.sent_at.load(Ordering::Relaxed), min) {
+            return false;
+        }
+        // Acquire: pairs with the readers' Release clears in `release_shared`.
+        if record.holders.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        debug_assert_eq!(word, pack(generation, SENT));
+        self.give_back(SlotRef { slot, generation }, SENT)
+    }
+
+    /// [`reclaim_sent`](Self::reclaim_sent) for every slot; how many went back.
+    pub fn reclaim_all_sent(&self, min: u64) -> u32 {
+        (0..self.slot_count()).map(|slot| u32::from(self.reclaim_sent(slot, min))).sum()
+    }
+
+    /// Clears reader `index`'s holds on every slot (it died: its place is locked meanwhile,
+    /// so no new reader sets that bit).
+    pub fn clear_holder(&self, index: usize) {
+        for r in self.records.iter() {
+            // Release: as the reader's own clear.
+            r.holders.fetch_and(!(1 << index), Ordering::Release);
+        }
+    }
+
+    /// Every reader holding some slot (bit `i`: reader `i`).
+    pub fn holders(&self) -> u64 {
+        // Relaxed: which places to look at; each is settled under its lock.
+        self.records.iter().fold(0, |m, r| m | r.holders.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::pool::heap_pool;
+
+    #[test]
+    fn a_slot_comes_back_once_every_reader_dropped_it_and_every_cursor_passed() {
+        let pool = heap_pool(2);
+        let core = &pool;
+        let lease = core.try_lease().unwrap().unwrap();
+        core.set_sent_at(lease, 5);
+        core.mark_sent(lease);
+        let a = core.hold_shared(lease.slot, lease.generation.into(), 1).unwrap();
+        let b = core.hold_shared(lease.slot, lease.generation.into(), 4).unwrap();
+        assert!(core.hold_shared(lease.slot, lease.generation.into(), 4).is_err(), "twice");
+        assert!(!core.reclaim_sent(lease.slot, 6), "held by two");
+        assert_eq!(core.release_shared(a, 1), Some(4));
+        assert_eq!(core.release_shared(a, 1), None, "released twice");
+        assert!(!core.reclaim_sent(lease.slot, 6), "held by one");
+        assert_eq!(core.release_shared(b, 4), Some(0));
+        assert!(!core.reclaim_sent(lease.slot, 5), "a cursor still at the message");
+        assert_eq!(core.free_slots(), 1);
+        assert!(core.reclaim_sent(lease.slot, 6));
+        assert!(!core.reclaim_sent(lease.slot, 6), "once");
+        assert_eq!(core.free_slots(), 2);
+    }
+
+    #[test]
+    fn a_dead_readers_holds_are_cleared() {
+        let pool = heap_pool(2);
+        let core = &pool;
+        let lease = core.try_lease().unwrap().unwrap();
+        core.set_sent_at(lease, 0);
+        core.mark_sent(lease);
+        core.hold_shared(lease.slot, lease.generation.into(), 1 << 3).unwrap();
+        assert_eq!(core.holders(), 1 << 3);
+        assert_eq!(core.reclaim_all_sent(1), 0);
+        core.clear_holder(3);
+        assert_eq!(core.reclaim_all_sent(1), 1);
+        assert!(core.hold_shared(lease.slot, lease.generation.into(), 1).is_err(), "not sent");
+    }
+}

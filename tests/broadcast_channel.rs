@@ -1,0 +1,231 @@
+//! Broadcast channels (`ChannelBuilder::broadcast`) across processes: every receiver gets
+//! every message sent while it is attached, once and in order, reading the sender's slot in
+//! place; a slot goes back once every receiver it went to has dropped it; receivers join
+//! and leave mid-stream; a killed receiver stops holding the sender back within a liveness
+//! tick and its slots come back; a killed sender ends the receivers' iteration with
+//! `PeerDead` once they have what it sent.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Peer, announce, assert_noticed, die, now_ns, ring_name, role, unique_name};
+use gpuring::{Channel, Flavor, RecvError, TensorMeta};
+
+const SLOT: usize = 4096;
+
+/// Sends message `v`: `v` at both ends of a 4 KB payload.
+fn send(tx: &gpuring::Sender, v: u64) {
+    let mut lease = tx.acquire_timeout(Duration::from_secs(10)).expect("a slot within 10 s");
+    lease[..8].copy_from_slice(&v.to_le_bytes());
+    lease[SLOT - 8..SLOT].copy_from_slice(&v.to_le_bytes());
+    tx.send_timeout(lease, TensorMeta::bytes(SLOT as u64), Duration::from_secs(10))
+        .expect("room within 10 s");
+}
+
+/// The value a message carries, checked at both ends of its payload.
+fn value(msg: &gpuring::Message) -> u64 {
+    let v = u64::from_le_bytes(msg[..8].try_into().unwrap());
+    assert_eq!(u64::from_le_bytes(msg[SLOT - 8..SLOT].try_into().unwrap()), v, "torn payload");
+    v
+}
+
+fn messages() -> u64 {
+    std::env::var("GPURING_TEST_BROADCAST_N").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000)
+}
+
+/// A receiver child: announces `ready` once attached, then receives `n` messages (each the
+/// next of `0..n`, its sequence number the same), holding up to `keep` at once, and
+/// announces `read <n>`; with `die_after`, SIGKILLed after that many, holding what it kept.
+fn receiver(n: u64, keep: usize, die_after: Option<u64>) {
+    let ch = Channel::builder(ring_name()).open().unwrap();
+    assert_eq!(ch.flavor(), Flavor::Broadcast);
+    let rx = ch.receiver().unwrap();
+    announce("ready");
+    let mut kept = std::collections::VecDeque::new();
+    for expected in 0..n {
+        if die_after == Some(expected) {
+            die();
+        }
+        let msg = rx.recv().unwrap();
+        assert_eq!((value(&msg), msg.seq()), (expected, expected), "every message once, in order");
+        kept.push_back(msg);
+        if kept.len() > keep {
+            kept.pop_front();
+        }
+    }
+    announce(&format!("read {n}"));
+}
+
+#[test]
+fn eight_receivers_each_get_every_message_once_in_order() {
+    const TEST: &str = "eight_receivers_each_get_every_message_once_in_order";
+    let n = messages();
+    if role().as_deref() == Some("receiver") {
+        return receiver(n, 2, None);
+    }
+    let name = unique_name("bcast-8");
+    let ch = Channel::builder(&name).broadcast().capacity(16).slots(8, SLOT as u64);
+    let ch = ch.create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut receivers: Vec<Peer> = (0..8).map(|_| Peer::spawn(TEST, "receiver", &name)).collect();
+    for r in &mut receivers {
+        r.expect("ready");
+    }
+    for v in 0..n {
+        send(&tx, v);
+    }
+    for r in &mut receivers {
+        assert_eq!(r.expect("read"), n.to_string());
+        assert!(r.child.wait().unwrap().success());
+    }
+    // Every slot back: the last holder of each gave it back as it dropped it.
+    assert_eq!(tx.free_slots(), 8, "every slot back");
+    assert!(matches!(tx.try_acquire(), Err(gpuring::TryAcquireError::Disconnected)));
+    drop((tx, ch));
+    assert_eq!(common::leftovers_of(&name), Vec::<String>::new());
+}
+
+#[test]
+fn receivers_join_and_leave_mid_stream() {
+    let name = unique_name("bcast-join");
+    let ch = Channel::builder(&name).broadcast().capacity(4).slots(4, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let tx = ch.sender().unwrap();
+    let all = ch.receiver().unwrap();
+    for v in 0..10 {
+        send(&tx, v);
+        assert_eq!(value(&all.recv().unwrap()), v);
+    }
+    // A receiver attached now starts with the next message.
+    let late = ch.receiver().unwrap();
+    let mut held = Vec::new();
+    for v in 10..20 {
+        send(&tx, v);
+        assert_eq!(value(&all.recv().unwrap()), v);
+        let msg = late.recv().unwrap();
+        assert_eq!(value(&msg), v);
+        if v == 19 {
+            held.push(msg); // kept past the receiver's departure
+        }
+    }
+    // It leaves holding one message and with two it never read: the sender goes on (the
+    // unread ones come back as it leaves; the held one when it is dropped).
+    send(&tx, 20);
+    send(&tx, 21);
+    drop(late);
+    assert_eq!(value(&held[0]), 19, "a message outlives its receiver");
+    for v in 20..40 {
+        if v >= 22 {
+            send(&tx, v);
+        }
+        assert_eq!(value(&all.recv().unwrap()), v);
+    }
+    assert_eq!(tx.free_slots(), 3, "all but the held slot back");
+    drop(held);
+    assert_eq!(tx.free_slots(), 4, "the held slot back once dropped");
+    // A receiver that joins now gets what comes next, in the same slots.
+    let again = ch.receiver().unwrap();
+    send(&tx, 40);
+    assert_eq!((value(&all.recv().unwrap()), value(&again.recv().unwrap())), (40, 40));
+}
+
+#[test]
+fn a_killed_receiver_stops_holding_the_sender_back_within_a_tick() {
+    const TEST: &str = "a_killed_receiver_stops_holding_the_sender_back_within_a_tick";
+    const N: u64 = 2000;
+    match role().as_deref() {
+        Some("receiver") => return receiver(N, 1, None),
+        Some("victim") => return receiver(N, 2, Some(10)),
+        _ => {}
+    }
+    let name = unique_name("bcast-kill");
+    let ch = Channel::builder(&name).broadcast().capacity(8).slots(4, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let tx = ch.sender().unwrap();
+    let mut live = Peer::spawn(TEST, "receiver", &name);
+    let mut victim = Peer::spawn(TEST, "victim", &name);
+    live.expect("ready");
+    victim.expect("ready");
+    // The victim takes 10 and dies holding 2 of them (slots 2 of 4): the sender waits for
+    // a slot, or for room in the ring behind the victim's cursor, until a tick finds it
+    // dead; then its holds are cleared and every slot comes back.
+    let mut resumed = 0;
+    for v in 0..N {
+        send(&tx, v);
+        if v == 14 {
+            resumed = now_ns();
+        }
+    }
+    let died = victim.died();
+    assert!(resumed > died, "message 14 went only after the victim died");
+    assert_noticed("sender", died, resumed);
+    assert_eq!(live.expect("read"), N.to_string(), "the live receiver got everything");
+    assert!(live.child.wait().unwrap().success());
+    assert_eq!(tx.free_slots(), 4, "every slot back, the victim's two included");
+}
+
+#[test]
+fn receivers_get_peer_dead_after_what_a_killed_sender_sent() {
+    const TEST: &str = "receivers_get_peer_dead_after_what_a_killed_sender_sent";
+    if role().as_deref() == Some("sender") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tx = ch.sender().unwrap();
+        for v in 0..3 {
+            send(&tx, v);
+        }
+        die();
+    }
+    let name = unique_name("bcast-sender-killed");
+    let ch = Channel::builder(&name).broadcast().capacity(8).slots(4, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let receivers: Vec<_> = (0..3).map(|_| ch.receiver().unwrap()).collect();
+    let mut sender = Peer::spawn(TEST, "sender", &name);
+    sender.died();
+    for rx in &receivers {
+        let got: Vec<u64> = (0..3).map(|_| value(&rx.recv().unwrap())).collect();
+        assert_eq!(got, [0, 1, 2], "what it sent, read in its slots after its death");
+        assert!(matches!(rx.recv(), Err(RecvError::PeerDead)));
+    }
+    // A new sender takes the dead one's place.
+    let tx = ch.sender().unwrap();
+    send(&tx, 3);
+    assert!(receivers.iter().all(|rx| value(&rx.recv().unwrap()) == 3));
+}
+
+#[test]
+fn a_sender_with_no_receiver_sends_into_nothing_and_keeps_its_slots() {
+    let name = unique_name("bcast-nobody");
+    let ch = Channel::builder(&name).broadcast().capacity(2).slots(2, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let tx = ch.sender().unwrap();
+    for v in 0..10 {
+        send(&tx, v); // nobody reads: each slot back at the next acquire
+    }
+    let rx = ch.receiver().unwrap();
+    assert!(matches!(rx.try_recv(), Err(gpuring::TryRecvError::Empty)), "nothing kept");
+    send(&tx, 10);
+    assert_eq!(value(&rx.recv().unwrap()), 10);
+}
+
+#[test]
+fn inspect_shows_a_broadcast_channels_receivers_and_their_cursors() {
+    let name = unique_name("bcast-inspect");
+    let ch = Channel::builder(&name).broadcast().capacity(4).slots(4, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let tx = ch.sender().unwrap();
+    let (a, _b) = (ch.receiver().unwrap(), ch.receiver().unwrap());
+    for v in 0..3 {
+        send(&tx, v);
+    }
+    let _first = a.recv().unwrap();
+    let report = gpuring::inspect::inspect(&name).unwrap();
+    assert_eq!(report.kind, gpuring::internal::SegmentKind::BroadcastChannel);
+    let r = report.ring.unwrap();
+    assert_eq!(r.tail, 3);
+    let mut cursors: Vec<_> = r.participants.iter().filter_map(|p| p.cursor).collect();
+    cursors.sort();
+    assert_eq!(cursors, [0, 1], "b has read nothing, a one");
+    assert_eq!(report.delivery.map(|d| d.redeliver), Some(Some(false)), "no redelivery");
+}
