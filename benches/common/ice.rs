@@ -53,6 +53,20 @@ pub fn slice_service(node: &Node<Ipc>, name: &str, depth: usize) -> Service<[u8]
         .expect("iceoryx2 publish-subscribe service")
 }
 
+/// A byte-slice service with up to `subscribers` subscribers (fan-out), each buffering up
+/// to `depth` samples.
+pub fn fanout_service(
+    node: &Node<Ipc>,
+    name: &str,
+    depth: usize,
+    subscribers: usize,
+) -> Service<[u8]> {
+    settings::<[u8]>(node, name, depth)
+        .max_subscribers(subscribers)
+        .open_or_create()
+        .expect("iceoryx2 publish-subscribe service")
+}
+
 fn settings<T: Debug + IceoryxSend + ?Sized>(
     node: &Node<Ipc>,
     name: &str,

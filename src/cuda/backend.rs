@@ -148,10 +148,18 @@ pub struct DeviceRead {
     stream: Arc<CudaStream>,
     ptr: sys::CUdeviceptr,
     slot: u32,
+    /// A broadcast channel's message, which several receivers read: the slot's one release
+    /// event cannot order them all, so the drop waits for this receiver's reads instead.
+    shared: bool,
 }
 
 impl Drop for DeviceRead {
     fn drop(&mut self) {
+        if self.shared {
+            // Our reads are done when the drop returns; then the hold lets the slot go.
+            let _ = self.stream.synchronize();
+            return;
+        }
         // The next lease's stream waits on this record, so it writes only after our reads
         // (when the stream is idle, the reads are done and nothing is recorded).
         if self.device.record_release(self.slot, &self.stream).is_err() {
@@ -323,6 +331,7 @@ impl Backend for Cuda {
             device: device.clone(),
             stream: stream.clone(),
             slot,
+            shared: hold.shared.is_some(),
         })
     }
 }

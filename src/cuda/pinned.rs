@@ -521,6 +521,13 @@ impl Message<Pinned> {
     /// [`CudaError`] when the return cannot be enqueued: then this waits for `stream`, and
     /// the slot goes back.
     pub fn release_on(self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        if self.hold.shared.is_some() {
+            // A broadcast message: its hold is one of several, given up by its drop (a
+            // stream-ordered return frees the slot itself): wait for the work instead.
+            let waited = stream.synchronize().map_err(super::driver("cuStreamSynchronize"));
+            drop(self);
+            return waited;
+        }
         let (read, hold) = self.into_parts();
         let (_, held) = hold.into_parts();
         release_after(&read.pool, held, stream)

@@ -1,0 +1,259 @@
+//! Fan-out: one process hands each 4 KB, 5 MB or 54 MB buffer to N = 1, 4 and 8 others, in
+//! one run, through a gpuring broadcast channel (written in place once, read in place by
+//! every receiver: a descriptor travels) against N pipes (the producer writes every item
+//! into each, the kernel copies it to each reader) and iceoryx2 publish-subscribe with N
+//! subscribers (zero-copy, like gpuring: a loaned sample, an offset to each subscriber),
+//! and, at N = 1, a gpuring SPSC channel (the target: 1 → 8 within 1.3× of it).
+//!
+//! `cargo bench --bench fanout`. In every path the producer writes its sequence number at
+//! both ends of the item and every consumer checks it. A batch of `iters` items is timed
+//! until every consumer has every item (gpuring: every slot is back in the pool, which
+//! happens once every receiver has dropped it; pipes and iceoryx2: each consumer
+//! acknowledged the last): throughput in items per second, each delivered N times. Then,
+//! as in `payloads`, single items are timed the same way (hand-off until every consumer
+//! has it and said so): the p50/p99 printed at the end and written to
+//! `target/criterion/samples-fanout.csv`. Rows `gpuring_broadcast` spin-then-sleep as by
+//! default; `gpuring_broadcast_sleep` receivers sleep at once (`WaitPolicy::SLEEP`).
+//! `GPURING_BENCH_CPUS=a,b,...` pins the producer and each consumer (give N + 1).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::{Group, NAME, PEER, Samples, cpus, ice, peer, peer_index, pin, unique};
+use criterion::{Criterion, Throughput};
+use gpuring::{Channel, TensorMeta, WaitPolicy};
+use iceoryx2::prelude::{BackpressureStrategy, PortFactory};
+
+const STOP: u64 = u64::MAX;
+/// (label, bytes, slots in the pool)
+const SIZES: [(&str, usize, u32); 3] =
+    [("4KB", 4096, 64), ("5MB", 5_000_000, 8), ("54MB", 54_000_000, 4)];
+const FANOUT: [usize; 3] = [1, 4, 8];
+
+fn run_peer(role: &str) {
+    pin(cpus().get(1 + peer_index()).copied());
+    let name = std::env::var(NAME).unwrap();
+    let mut parts = role.split(':');
+    let (kind, size) = (parts.next().unwrap(), parts.next().unwrap().parse::<usize>().unwrap());
+    match kind {
+        "bcast" | "bcast-sleep" | "spsc" => {
+            let ch = Channel::builder(&name).open().unwrap();
+            let mut rx = ch.receiver().unwrap();
+            if kind == "bcast-sleep" {
+                rx.set_wait_policy(WaitPolicy::SLEEP);
+            }
+            let mut expected = None;
+            loop {
+                let m = rx.recv().unwrap();
+                if m.tag() == STOP {
+                    return;
+                }
+                // A broadcast receiver starts with whatever is sent after it attached.
+                let seq = expected.unwrap_or(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                let s = seq.to_le_bytes();
+                assert!(m.len() == size && m[..8] == s && m[size - 8..] == s, "bad item");
+                expected = Some(seq + 1);
+            }
+        }
+        "pipe" => sink(std::io::stdin().lock(), std::io::stdout().lock(), size),
+        "ice" => {
+            let i: usize = parts.next().unwrap().parse().unwrap();
+            let n: usize = parts.next().unwrap().parse().unwrap();
+            let node = ice::node();
+            let data = ice::fanout_service(&node, &format!("{name}-data"), depth(size), n);
+            let ack = ice::u64_service(&node, &format!("{name}-ack{i}"), 4);
+            let rx = data.subscriber_builder().create().unwrap();
+            let tx = ice::publisher(&ack);
+            let mut expected = 0u64;
+            loop {
+                let Some(m) = rx.receive().unwrap() else {
+                    std::hint::spin_loop();
+                    continue;
+                };
+                if m.is_empty() {
+                    return; // the stop item
+                }
+                let s = expected.to_le_bytes();
+                assert!(m.len() == size && m[..8] == s && m[size - 8..] == s, "bad item");
+                expected += 1;
+                if m[8] == 1 {
+                    tx.send_copy(expected).unwrap();
+                }
+            }
+        }
+        _ => panic!("unknown peer role {role}"),
+    }
+}
+
+/// Reads items of `size` bytes; bytes 8..16 of an item set to 1 ask for an acknowledgement.
+fn sink(mut r: impl Read, mut w: impl Write, size: usize) {
+    let mut buf = vec![0u8; size];
+    let mut expected = 0u64;
+    while r.read_exact(&mut buf).is_ok() {
+        assert_eq!(buf[..8], expected.to_le_bytes(), "bad item");
+        expected += 1;
+        if buf[8] == 1 {
+            w.write_all(&expected.to_le_bytes()).unwrap();
+            w.flush().unwrap();
+        }
+    }
+}
+
+/// The iceoryx2 subscribers' buffer for items of `size` bytes: as many as gpuring's pool
+/// has slots.
+fn depth(size: usize) -> usize {
+    SIZES.iter().find(|s| s.1 == size).map_or(4, |s| s.2 as usize)
+}
+
+/// A gpuring channel to `n` receiver peers of `role` (`bcast`, `bcast-sleep`, or `spsc`
+/// for one).
+fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usize, slots: u32) {
+    let name = unique("fanout");
+    let b = Channel::builder(&name).capacity(64).slots(slots, size as u64);
+    let ch = if role == "spsc" { b } else { b.broadcast() }.create().unwrap();
+    let tx = ch.sender().unwrap();
+    let peers: Vec<_> = (0..n).map(|i| peer(&format!("{role}:{size}"), &name, i, false)).collect();
+    // Every receiver attached before the first item (one attached later starts later).
+    ice::wait_until(|| {
+        let report = gpuring::inspect::inspect(&name).unwrap();
+        let ring = report.ring.unwrap();
+        let receivers =
+            ring.participants.iter().filter(|p| p.role == Some(gpuring::Role::Consumer));
+        receivers.count() == n
+    });
+    let meta = TensorMeta::bytes(size as u64);
+    let mut seq = 0u64;
+    g.run(label, size, |iters| {
+        let t = Instant::now();
+        for _ in 0..iters {
+            let mut lease = tx.acquire().unwrap();
+            let s = seq.to_le_bytes();
+            lease[..8].copy_from_slice(&s);
+            lease[size - 8..size].copy_from_slice(&s);
+            tx.send(lease, meta).unwrap();
+            seq += 1;
+        }
+        while tx.free_slots() < slots as usize {
+            std::hint::spin_loop();
+        }
+        t.elapsed()
+    });
+    let mut lease = tx.acquire().unwrap();
+    lease.set_tag(STOP);
+    tx.send(lease, TensorMeta::bytes(0)).unwrap();
+    peers.into_iter().for_each(common::Peer::finish);
+}
+
+/// The same item written into `n` pipes, each read by its peer.
+fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
+    let mut peers: Vec<_> = (0..n).map(|i| peer(&format!("pipe:{size}"), "", i, true)).collect();
+    let mut ends: Vec<_> =
+        peers.iter_mut().map(|p| (p.0.stdin.take().unwrap(), p.0.stdout.take().unwrap())).collect();
+    let mut buf = vec![0u8; size];
+    let mut seq = 0u64;
+    g.run("pipes", size, |iters| {
+        let t = Instant::now();
+        for i in 0..iters {
+            buf[..8].copy_from_slice(&seq.to_le_bytes());
+            buf[size - 8..].copy_from_slice(&seq.to_le_bytes());
+            buf[8] = u8::from(i + 1 == iters);
+            for (w, _) in &mut ends {
+                w.write_all(&buf).unwrap();
+            }
+            seq += 1;
+        }
+        for (_, r) in &mut ends {
+            let mut ack = [0u8; 8];
+            r.read_exact(&mut ack).unwrap();
+            assert_eq!(u64::from_le_bytes(ack), seq, "a reader lost items");
+        }
+        t.elapsed()
+    });
+    drop(ends); // each peer's read fails and it exits
+}
+
+/// iceoryx2 publish-subscribe with `n` subscribers, each acknowledging on its own service.
+fn bench_iceoryx2(g: &mut Group<'_>, n: usize, size: usize) {
+    let name = unique("icefanout");
+    let node = ice::node();
+    let data = ice::fanout_service(&node, &format!("{name}-data"), depth(size), n);
+    let acks: Vec<_> = (0..n)
+        .map(|i| {
+            let service = ice::u64_service(&node, &format!("{name}-ack{i}"), 4);
+            service.subscriber_builder().create().unwrap()
+        })
+        .collect();
+    let tx = data
+        .publisher_builder()
+        .initial_max_slice_len(size)
+        .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+        .create()
+        .unwrap();
+    let peers: Vec<_> =
+        (0..n).map(|i| peer(&format!("ice:{size}:{i}:{n}"), &name, i, false)).collect();
+    ice::wait_until(|| data.dynamic_config().number_of_subscribers() == n);
+    let mut seq = 0u64;
+    g.run("iceoryx2", size, |iters| {
+        let t = Instant::now();
+        for i in 0..iters {
+            let mut sample = tx.loan_slice_uninit(size).unwrap();
+            let bytes = sample.payload_mut();
+            let s = seq.to_le_bytes();
+            for (k, b) in s.iter().enumerate() {
+                bytes[k].write(*b);
+                bytes[size - 8 + k].write(*b);
+            }
+            bytes[8].write(u8::from(i + 1 == iters));
+            // As in `payloads`: the sample lies in iceoryx2's shared-memory data segment,
+            // which only ever holds bytes (a fresh mapping the kernel zero-filled).
+            // SAFETY: so every byte of the sample is initialised, and any byte is a `u8`.
+            let sample = unsafe { sample.assume_init() };
+            sample.send().unwrap();
+            seq += 1;
+        }
+        for a in &acks {
+            loop {
+                if let Some(got) = a.receive().unwrap() {
+                    assert_eq!(*got, seq, "a subscriber lost items");
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        t.elapsed()
+    });
+    tx.loan_slice_uninit(0).unwrap().write_from_fn(|_| 0).send().unwrap(); // stop
+    peers.into_iter().for_each(common::Peer::finish);
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(PEER) {
+        run_peer(&role);
+        return;
+    }
+    pin(cpus().first().copied());
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .configure_from_args();
+    let mut samples = Samples::new("fanout", "handoff_all_ack");
+    for (label, size, slots) in SIZES {
+        for n in FANOUT {
+            let mut g = Group::new(&mut c, &mut samples, &format!("fanout_{label}_to_{n}"));
+            g.g.throughput(Throughput::Elements(1));
+            if n == 1 {
+                bench_gpuring(&mut g, "gpuring_spsc", "spsc", 1, size, slots);
+            }
+            bench_gpuring(&mut g, "gpuring_broadcast", "bcast", n, size, slots);
+            bench_gpuring(&mut g, "gpuring_broadcast_sleep", "bcast-sleep", n, size, slots);
+            bench_pipes(&mut g, n, size);
+            bench_iceoryx2(&mut g, n, size);
+            g.g.finish();
+        }
+    }
+    c.final_summary();
+    samples.finish();
+}

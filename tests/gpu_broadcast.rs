@@ -1,0 +1,117 @@
+//! Broadcast channels with device slots: four receiver processes on one GPU read every
+//! message after its (slow) write, and the sender reuses a slot only after every receiver's
+//! (slow) reads of it. Ignored without a GPU; `bash .gpu/run.sh` runs them there.
+#![cfg(all(feature = "cuda", not(loom)))]
+
+mod common;
+
+use std::time::Duration;
+
+use common::gpu::{memset, setup, value};
+use common::{Peer, ring_name, role, unique_name};
+use cudarc::driver::{result, sys};
+use gpuring::cuda::CudaStream;
+use gpuring::{Channel, GpuReady, TensorMeta};
+
+const LIMIT: Duration = Duration::from_secs(20);
+const MESSAGES: u64 = 60;
+const BYTES: usize = 8 << 20;
+const WORDS: usize = BYTES / 4;
+const RECEIVERS: usize = 4;
+
+fn read_word(ptr: sys::CUdeviceptr, stream: &CudaStream) -> u32 {
+    let mut out = [0u32; 1];
+    // SAFETY: `ptr` is valid for a word in `stream`'s order; `out` lives until the
+    // synchronize below.
+    unsafe { result::memcpy_dtoh_async(&mut out, ptr, stream.cu_stream()) }.unwrap();
+    stream.synchronize().unwrap();
+    out[0]
+}
+
+fn copy(dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize, stream: &CudaStream) {
+    // SAFETY: both ranges are live device memory of at least `bytes`, in stream order.
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
+fn gpu_broadcast_to_four_receivers_orders_reads_after_writes_and_reuse_after_reads() {
+    broadcast(
+        "gpu_broadcast_to_four_receivers_orders_reads_after_writes_and_reuse_after_reads",
+        GpuReady::Event,
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
+fn gpu_host_flags_broadcast_to_four_receivers() {
+    broadcast("gpu_host_flags_broadcast_to_four_receivers", GpuReady::HostFlag);
+}
+
+/// The sender writes each message slowly (many queued memsets, the last one writing the
+/// value) into one of two slots; each receiver reads the last word on another stream first
+/// (the control: outside the protocol, it races the write), then, in its own stream's
+/// order, copies the whole slot many times (slow reads) and its last word, then drops the
+/// message: that word must be the message's value (read after the write, and before the
+/// sender's next write of the slot, which waits for every receiver's drop).
+fn broadcast(test: &str, ready: GpuReady) {
+    const PASSES: u32 = 512;
+    const READS: u32 = 64;
+    if role().as_deref() == Some("receiver") {
+        let (ctx, stream) = setup();
+        let unordered = ctx.new_stream().unwrap();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+        let rx = ch.receiver().unwrap();
+        common::announce("ready");
+        // SAFETY: plain device allocations for the test's copies.
+        let scratch = unsafe { result::malloc_sync(BYTES) }.unwrap();
+        // SAFETY: as above.
+        let last = unsafe { result::malloc_sync(4) }.unwrap();
+        let mut stale = 0;
+        for seq in 0..MESSAGES {
+            let m = rx.recv_timeout(LIMIT).unwrap();
+            assert_eq!(m.seq(), seq, "every message once, in order");
+            let end = m.device_ptr() + (WORDS as u64 - 1) * 4;
+            stale += u32::from(read_word(end, &unordered) != value(seq));
+            for _ in 0..READS {
+                copy(scratch, m.device_ptr(), BYTES, &stream);
+            }
+            copy(last, end, 4, &stream);
+            drop(m); // the drop waits for the reads above; then the slot may go back
+            assert_eq!(read_word(last, &stream), value(seq), "message {seq}: read out of order");
+        }
+        eprintln!("unordered control read a stale value in {stale} of {MESSAGES} messages");
+        if std::env::var("GPURING_TEST_FLAGS").is_ok() {
+            assert_eq!(stale, 0, "a flag-signalled message handed out before its write");
+        }
+        return;
+    }
+    let (_, stream) = setup();
+    let name = unique_name("gpu-bcast");
+    let ch = Channel::builder(&name).broadcast().slots(2, BYTES as u64).cuda(&stream).ready(ready);
+    let ch = ch.create().unwrap();
+    let tx = ch.sender().unwrap();
+    let env: Vec<(&str, String)> = if ready == GpuReady::HostFlag {
+        vec![("GPURING_TEST_FLAGS", String::new())]
+    } else {
+        vec![]
+    };
+    let mut peers: Vec<_> =
+        (0..RECEIVERS).map(|_| Peer::spawn_with(test, "receiver", &name, &env)).collect();
+    // Each announces `ready` once attached: all are there before the first send (one that
+    // came later would start later).
+    for p in &mut peers {
+        p.expect("ready");
+    }
+    for seq in 0..MESSAGES {
+        let lease = tx.acquire_timeout(LIMIT).unwrap();
+        for pass in 0..PASSES {
+            memset(lease.device_ptr(), pass, WORDS, &stream);
+        }
+        memset(lease.device_ptr(), value(seq), WORDS, &stream);
+        tx.send_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
+    }
+    for p in &mut peers {
+        assert!(p.child.wait().unwrap().success(), "a receiver failed");
+    }
+}
