@@ -1110,3 +1110,71 @@ fn broadcast_a_joining_reader_never_reads_an_overwritten_cell() {
         }
     });
 }
+
+/// A broadcast channel's slot protocol (`pool::lease::shared`) over a heap broadcast ring
+/// and a heap pool of one slot: the sender sends message 1 in the slot, then tries to take
+/// the slot back (its scan at an empty pool) and write message 2 in it, while two readers
+/// each read the message in place and drop it, the last one putting the slot back. With
+/// `late`, the second reader joins while the message is being sent (it reads it or not,
+/// as the join decides). The slot's bytes are a loom cell: a write while a reader still
+/// reads it is a data race loom reports. Fails if a reader takes its hold after its cursor
+/// passes the message, if the reclaim ignores the cursors or the holders, or if the last
+/// holder's release is not Release / the reclaim's holders load not Acquire.
+fn broadcast_slot(late: bool) {
+    use gpuring::internal::{broadcast, heap_pool};
+    use loom::cell::UnsafeCell;
+    use std::sync::Arc;
+    builder(2).check(move || {
+        let pool = Arc::new(heap_pool(1));
+        let bytes = Arc::new(UnsafeCell::new(0u64));
+        let mut tx = broadcast::with_capacity::<u64>(2, 2);
+        let first = tx.subscribe().unwrap();
+        let subscriber = tx.subscriber();
+        let spawn_reader = |r: Option<broadcast::Reader<u64, _>>| {
+            let (pool, bytes, subscriber) = (pool.clone(), bytes.clone(), subscriber.clone());
+            thread::spawn(move || {
+                let mut r = r.unwrap_or_else(|| subscriber.subscribe().unwrap());
+                let bit = 1u64 << r.index();
+                let Ok(held) = r.try_read_then(|_, d| pool.hold_shared(d as u32, d >> 32, bit))
+                else {
+                    return None; // joined after the send: nothing to read
+                };
+                let held = held.expect("a valid hold");
+                // SAFETY (model): a read of the slot under the reader's hold.
+                let v = bytes.with(|p| unsafe { *p });
+                let cursors = r.cursors().clone();
+                pool.release_shared_then_reclaim(held, bit, || broadcast::slowest_now(&cursors));
+                Some(v)
+            })
+        };
+        let second = if late { None } else { Some(tx.subscribe().unwrap()) };
+        let a = spawn_reader(Some(first));
+        let b = spawn_reader(second);
+        let lease = pool.try_lease().unwrap().unwrap();
+        // SAFETY (model): the sender's write of its leased slot.
+        bytes.with_mut(|p| unsafe { *p = 1 });
+        pool.set_sent_at(lease, tx.next_position());
+        pool.mark_sent(lease);
+        tx.try_push(u64::from(lease.slot) | u64::from(lease.generation) << 32).unwrap();
+        // The sender's reuse: the slot once free again (its scan, or a reader's return).
+        pool.reclaim_all_sent(tx.slowest());
+        if let Some(again) = pool.try_lease().unwrap() {
+            // SAFETY (model): the write of message 2, which no reader may see or race.
+            bytes.with_mut(|p| unsafe { *p = 2 });
+            drop(again);
+        }
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        assert_eq!(a, Some(1), "a reader there before the send reads message 1");
+        assert!(b.is_none_or(|v| v == 1), "message 1 or nothing: {b:?}");
+    });
+}
+
+#[test]
+fn broadcast_slot_goes_back_only_after_every_holder() {
+    broadcast_slot(false);
+}
+
+#[test]
+fn broadcast_slot_with_a_reader_joining_during_the_send() {
+    broadcast_slot(true);
+}

@@ -83,8 +83,12 @@ class Channel:
         replace_stale: bool = False,
         pinned: bool = False,
         ready: Optional[str] = None,
+        broadcast: bool = False,
     ) -> Channel:
         """Creates channel ``name`` (exclusively). ``device=None``: host slots.
+        ``broadcast``: one sender, and receivers that each get every message sent while
+        they are attached, reading the one slot in place (a slot goes back once every one
+        of them released it; the slowest holds the sender back).
         ``redeliver``: a message whose receiver died holding it goes to the next receiver,
         marked :attr:`Message.redelivered` (``False``: it is dropped).
         ``pinned``: host channels; this process's pools are registered with CUDA, so that
@@ -107,6 +111,7 @@ class Channel:
         redeliver: bool = True,
         pinned: bool = False,
         ready: Optional[str] = None,
+        broadcast: bool = False,
     ) -> Channel:
         """Opens channel ``name`` if it exists (with what waits in it, its creator dead or
         alive), else creates it with these options: what a process that may be restarted
@@ -146,6 +151,8 @@ class Channel:
     def device(self) -> Optional[int]: ...
     @property
     def mpmc(self) -> bool: ...
+    @property
+    def broadcast(self) -> bool: ...
     @property
     def capacity(self) -> int: ...
     @property

@@ -60,6 +60,7 @@ pub(crate) struct PyChannel {
     name: String,
     device: Option<i32>,
     mpmc: bool,
+    broadcast: bool,
     capacity: usize,
     slots: u32,
     slot_bytes: u64,
@@ -89,6 +90,7 @@ impl PyChannel {
             name,
             device,
             mpmc: flavor == Flavor::Mpmc,
+            broadcast: flavor == Flavor::Broadcast,
             capacity,
             slots,
             slot_bytes,
@@ -219,6 +221,7 @@ fn make(
 struct Options<'a> {
     device: Option<i32>,
     mpmc: bool,
+    broadcast: bool,
     max_senders: Option<u32>,
     redeliver: bool,
     pinned: bool,
@@ -232,7 +235,11 @@ impl Options<'_> {
         let signal = ready(py, self.device, self.ready)?;
         let pin = pinning(py, self.pinned, self.device)?;
         let gpu = gpu(py, self.device)?;
+        if self.mpmc && self.broadcast {
+            return Err(raise(py, Class::ConfigError, "a channel is mpmc or broadcast, not both"));
+        }
         let b = if self.mpmc { b.mpmc() } else { b };
+        let b = if self.broadcast { b.broadcast() } else { b };
         let b = match self.max_senders {
             Some(n) => b.max_senders(n),
             None => b,
@@ -252,7 +259,12 @@ impl PyChannel {
     /// ``capacity``: descriptor ring cells, a power of two. ``slots`` × ``slot_bytes``:
     /// each sender's pool (made when the sender is), reserved in ``/dev/shm`` for host
     /// channels (``device=None``) or allocated on GPU ``device``. ``mpmc``: any number of
-    /// senders and receivers (else one of each). ``max_senders``: pool table entries
+    /// senders and receivers (else one of each). ``broadcast``: one sender, and up to 63
+    /// receivers that each get every message sent while they are attached, all reading the
+    /// one slot in place; a slot goes back once every receiver it went to has released its
+    /// message; the slowest receiver holds the sender back, and one that dies or leaves
+    /// stops holding it within a liveness tick (no message is delivered again: ``redeliver``
+    /// does not apply). ``max_senders``: pool table entries
     /// (default 4, or 16 for MPMC). ``redeliver``: a message whose receiver died holding
     /// it (killed after ``recv`` returned it, before it was released) is delivered again
     /// to the next receiver, with :attr:`Message.redelivered` set, so that nothing sent is
@@ -283,7 +295,7 @@ impl PyChannel {
     /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError`` (also for a ``ready`` that is
     /// not ``"event"`` or ``"flag"``, or one given with ``device=None``), ``CudaError``.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, replace_stale=false, pinned=false, ready=None))]
+    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, replace_stale=false, pinned=false, ready=None, broadcast=false))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -298,12 +310,13 @@ impl PyChannel {
         replace_stale: bool,
         pinned: bool,
         ready: Option<&str>,
+        broadcast: bool,
     ) -> PyResult<Self> {
         let b = Channel::builder(name)
             .capacity(capacity)
             .slots(slots, slot_bytes)
             .replace_stale(replace_stale);
-        let opts = Options { device, mpmc, max_senders, redeliver, pinned, ready };
+        let opts = Options { device, mpmc, broadcast, max_senders, redeliver, pinned, ready };
         opts.make(py, b, Make::Create)
     }
 
@@ -313,11 +326,12 @@ impl PyChannel {
     /// came, say) is attached to as it is, with the messages that wait in it; a restarted
     /// sender is a new sender of it. Of several processes calling this at once, one
     /// creates the channel and the others open it. An existing channel keeps its
-    /// creator's options (capacity, slots); ``mpmc=True`` asks that it be MPMC.
+    /// creator's options (capacity, slots); ``mpmc=True`` asks that it be MPMC,
+    /// ``broadcast=True`` a broadcast channel.
     ///
     /// Raises what :meth:`open` and :meth:`create` raise.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, pinned=false, ready=None))]
+    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, pinned=false, ready=None, broadcast=false))]
     #[allow(clippy::too_many_arguments)]
     fn open_or_create(
         py: Python<'_>,
@@ -331,9 +345,10 @@ impl PyChannel {
         redeliver: bool,
         pinned: bool,
         ready: Option<&str>,
+        broadcast: bool,
     ) -> PyResult<Self> {
         let b = Channel::builder(name).capacity(capacity).slots(slots, slot_bytes);
-        let opts = Options { device, mpmc, max_senders, redeliver, pinned, ready };
+        let opts = Options { device, mpmc, broadcast, max_senders, redeliver, pinned, ready };
         opts.make(py, b, Make::OpenOrCreate)
     }
 
@@ -469,6 +484,12 @@ impl PyChannel {
         self.mpmc
     }
 
+    /// Whether every receiver gets every message (one sender; see :meth:`create`).
+    #[getter]
+    fn broadcast(&self) -> bool {
+        self.broadcast
+    }
+
     /// Descriptor ring cells.
     #[getter]
     fn capacity(&self) -> usize {
@@ -509,7 +530,11 @@ impl PyChannel {
 
     fn __repr__(&self) -> String {
         let place = self.device.map_or("host".to_owned(), |d| format!("cuda:{d}"));
-        let flavor = if self.mpmc { "mpmc" } else { "spsc" };
+        let flavor = match (self.mpmc, self.broadcast) {
+            (true, _) => "mpmc",
+            (_, true) => "broadcast",
+            _ => "spsc",
+        };
         let ready = match self.ready {
             Some(GpuReady::HostFlag) => ", ready=\"flag\"",
             Some(GpuReady::Event) => ", ready=\"event\"",

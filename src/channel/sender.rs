@@ -152,7 +152,9 @@ impl<B: Backend> Sender<B> {
         let tick = || {
             let queued = |slot, generation| self.queued(slot, generation);
             let mut found = core.reclaim_dead(B::holder_gone, queued, redeliver);
-            found.back += self.reclaim_broadcast(true);
+            if self.channel.flavor == Flavor::Broadcast {
+                found.back += self.reclaim_broadcast(true);
+            }
             if found.orphans > 0 {
                 self.channel.note_orphans();
             }
@@ -454,7 +456,8 @@ impl<B: Backend> Sender<B> {
         if self.channel.redeliver {
             self.pool.write_sent(slot.slot, &d);
         }
-        if let Some(pos) = self.ring(|r| r.next_position()) {
+        if self.channel.flavor == Flavor::Broadcast {
+            let pos = self.ring(|r| r.next_position()).expect("a broadcast channel's ring");
             self.pool.core.set_sent_at(slot, pos);
         }
         self.pool.core.mark_sent(slot);
@@ -536,9 +539,11 @@ impl<B: Backend> Drop for Sender<B> {
         if self.pool.inherited() {
             return; // a forked child's copy: the parent's sender leaves for itself
         }
-        // Broadcast: what every reader is done with goes back first, so that the pool can
-        // drain (and go) without this sender.
-        self.reclaim_broadcast(false);
+        if self.channel.flavor == Flavor::Broadcast {
+            // What every reader is done with goes back first, so that the pool can drain
+            // (and go) without this sender.
+            self.reclaim_broadcast(false);
+        }
         B::leave(&mut self.sending, &self.pool);
         self.channel.close_entry(self.index);
     }

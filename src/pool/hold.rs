@@ -71,11 +71,11 @@ impl Drop for SlotHold {
         }
         let back = match &self.shared {
             None => self.pool.core.release(self.held),
-            Some(s) => {
-                // The last holder puts the slot back, if every reader is past its message.
-                self.pool.core.release_shared(self.held, s.bit) == Some(0)
-                    && self.pool.core.reclaim_sent(self.held.slot, slowest_now(&s.ring))
-            }
+            // The last holder puts the slot back, if every reader is past its message.
+            Some(s) => self
+                .pool
+                .core
+                .release_shared_then_reclaim(self.held, s.bit, || slowest_now(&s.ring)),
         };
         if back {
             self.pool.unlink_if_drained();

@@ -77,6 +77,18 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         (before & bit != 0).then_some(before & !bit)
     }
 
+    /// Drops reader `bit`'s hold on `held` and, if it was the last holder, puts the slot
+    /// back when every cursor is past its message (`min` computes their lower bound:
+    /// `ring::broadcast::slowest_now`). Whether the slot went back.
+    pub fn release_shared_then_reclaim(
+        &self,
+        held: SlotRef,
+        bit: u64,
+        min: impl FnOnce() -> u64,
+    ) -> bool {
+        self.release_shared(held, bit) == Some(0) && self.reclaim_sent(held.slot, min())
+    }
+
     /// Puts sent slot `slot` back on the free ring if its message is done with: every
     /// counted cursor is at or above `min` (from `ring::broadcast::slowest_now`, or the
     /// sender's own minimum) and past the message, and nobody holds it. Whether it did.

@@ -205,14 +205,12 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
     }
 
     /// The position the next push writes.
-    #[cfg_attr(loom, allow(dead_code))] // used by channels
-    pub(crate) fn next_position(&self) -> u64 {
+    pub fn next_position(&self) -> u64 {
         self.local.tail
     }
 
     /// A lower bound of every counted reader's cursor, computed now (see [`slowest_now`]).
-    #[cfg_attr(loom, allow(dead_code))] // used by channels
-    pub(crate) fn slowest(&self) -> u64 {
+    pub fn slowest(&self) -> u64 {
         slowest(&self.storage, self.local.tail, self.local.own)
     }
 
@@ -317,8 +315,7 @@ fn slowest<S: Cursors>(storage: &S, tail: u64, own: u64) -> u64 {
 /// reads a position below it. `tail` is read first, then the fence in `slowest`, as the
 /// producer's own `tail` store comes before its fence: a reader joining meanwhile starts at
 /// that `tail` or later (module docs).
-#[cfg_attr(loom, allow(dead_code))] // used by channels
-pub(crate) fn slowest_now<S: Storage + Cursors>(storage: &S) -> u64 {
+pub fn slowest_now<S: Storage + Cursors>(storage: &S) -> u64 {
     // Acquire: pairs with the producer's Release `tail` store.
     let tail = storage.control().tail.load(Ordering::Acquire);
     slowest(storage, tail, 0)
@@ -381,6 +378,22 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
     /// `tail` is more than a ring ahead of this reader of a blocking ring.
     pub fn try_read(&mut self) -> Result<T, TryReadError> {
         read_in(&self.storage, self.index, &mut self.cursor, self.capacity, self.lagging)
+    }
+
+    /// [`try_read`](Self::try_read), running `then` on the element's position and value
+    /// before this reader's cursor passes it (a broadcast channel takes its hold there).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_read`](Self::try_read).
+    pub fn try_read_then<R>(&mut self, then: impl FnOnce(u64, T) -> R) -> Result<R, TryReadError> {
+        let Self { storage, index, cursor, capacity, lagging, .. } = self;
+        read_then_in(&*storage, *index, cursor, *capacity, *lagging, then)
+    }
+
+    /// Where this reader's cursor and the ring live (what [`slowest_now`] reads).
+    pub fn cursors(&self) -> &S {
+        &self.storage
     }
 
     /// The next element, waiting for it until `deadline`; once the producer has gone and
@@ -451,8 +464,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
     }
 
     /// This reader's place in the readers mask.
-    #[cfg_attr(loom, allow(dead_code))] // used by channels
-    pub(crate) fn index(&self) -> usize {
+    pub fn index(&self) -> usize {
         self.index
     }
 
