@@ -12,7 +12,11 @@
 //! acknowledged the last): throughput in items per second, each delivered N times. Then,
 //! as in `payloads`, single items are timed the same way (hand-off until every consumer
 //! has it and said so): the p50/p99 printed at the end and written to
-//! `target/criterion/samples-fanout.csv`. Rows `gpuring_broadcast` spin-then-sleep as by
+//! `target/criterion/samples-fanout.csv`. And then *one way*, per receiver: items sent one
+//! at a time (the next once every consumer has the last), each stamped with the monotonic
+//! clock as it is sent, each consumer timing its arrival (the clock is the machine's own,
+//! the same in every process): lines `oneway <case>: p50 .., p99 .. over every receiver's
+//! items, slowest receiver's p50 ..`. Rows `gpuring_broadcast` spin-then-sleep as by
 //! default; `gpuring_broadcast_sleep` receivers sleep at once (`WaitPolicy::SLEEP`).
 //! `GPURING_BENCH_CPUS=a,b,...` pins the producer and each consumer (give N + 1).
 
@@ -31,6 +35,90 @@ const STOP: u64 = u64::MAX;
 const SIZES: [(&str, usize, u32); 3] =
     [("4KB", 4096, 64), ("5MB", 5_000_000, 8), ("54MB", 54_000_000, 4)];
 const FANOUT: [usize; 3] = [1, 4, 8];
+/// The most items of a one-way pass, and its longest time.
+const ONE_WAY: u64 = 5000;
+const ONE_WAY_BUDGET: Duration = Duration::from_millis(1500);
+
+/// The machine's monotonic clock, in ns: the same in every process.
+fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Stamps `item` as a one-way sample (byte 9, and the send time at bytes 16..24).
+fn stamp(item: &mut [u8]) {
+    item[9] = 1;
+    item[16..24].copy_from_slice(&now_ns().to_le_bytes());
+}
+
+/// A consumer's one-way times (ns), from the items stamped as samples, written to its file
+/// when it stops.
+struct Arrivals(Vec<u64>, String);
+
+impl Arrivals {
+    fn new(name: &str) -> Self {
+        Self(Vec::new(), arrivals_file(name, peer_index()))
+    }
+    fn note(&mut self, item: &[u8]) {
+        if item[9] == 1 {
+            let sent = u64::from_le_bytes(item[16..24].try_into().unwrap());
+            self.0.push(now_ns().saturating_sub(sent));
+        }
+    }
+}
+
+impl Drop for Arrivals {
+    fn drop(&mut self) {
+        let text: String = self.0.iter().map(|t| format!("{t}\n")).collect();
+        std::fs::write(&self.1, text).unwrap();
+    }
+}
+
+fn arrivals_file(name: &str, index: usize) -> String {
+    std::env::temp_dir().join(format!("{name}.arrivals{index}")).to_string_lossy().into_owned()
+}
+
+/// Reads the `n` consumers' one-way times of case `id` and prints them.
+fn report_one_way(id: &str, name: &str, n: usize) {
+    let mut all = Vec::new();
+    let mut slowest = 0;
+    for i in 0..n {
+        let path = arrivals_file(name, i);
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let _ = std::fs::remove_file(&path);
+        let mut mine: Vec<u64> = text.lines().filter_map(|l| l.parse().ok()).collect();
+        mine.sort_unstable();
+        if let Some(p50) = mine.get(mine.len() / 2) {
+            slowest = slowest.max(*p50);
+        }
+        all.extend(mine);
+    }
+    all.sort_unstable();
+    if all.is_empty() {
+        return;
+    }
+    let at = |q: f64| Duration::from_nanos(all[((all.len() - 1) as f64 * q) as usize]);
+    let per = all.len() / n;
+    println!(
+        "oneway {id}: p50 {:.2?}, p99 {:.2?} over every receiver's items, slowest receiver's p50 {:.2?} (n={per} items x {n})",
+        at(0.5),
+        at(0.99),
+        Duration::from_nanos(slowest)
+    );
+}
+
+/// Sends items one at a time through `send` (which stamps them) and `acked` (which waits
+/// until every consumer has the last), for up to [`ONE_WAY`] items or [`ONE_WAY_BUDGET`].
+fn one_way(mut send: impl FnMut(), mut acked: impl FnMut()) {
+    let start = Instant::now();
+    for _ in 0..ONE_WAY {
+        send();
+        acked();
+        if start.elapsed() > ONE_WAY_BUDGET {
+            break;
+        }
+    }
+}
 
 fn run_peer(role: &str) {
     pin(cpus().get(1 + peer_index()).copied());
@@ -45,11 +133,13 @@ fn run_peer(role: &str) {
                 rx.set_wait_policy(WaitPolicy::SLEEP);
             }
             let mut expected = None;
+            let mut arrivals = Arrivals::new(&name);
             loop {
                 let m = rx.recv().unwrap();
                 if m.tag() == STOP {
                     return;
                 }
+                arrivals.note(&m);
                 // A broadcast receiver starts with whatever is sent after it attached.
                 let seq = expected.unwrap_or(u64::from_le_bytes(m[..8].try_into().unwrap()));
                 let s = seq.to_le_bytes();
@@ -57,7 +147,7 @@ fn run_peer(role: &str) {
                 expected = Some(seq + 1);
             }
         }
-        "pipe" => sink(std::io::stdin().lock(), std::io::stdout().lock(), size),
+        "pipe" => sink(std::io::stdin().lock(), std::io::stdout().lock(), size, &name),
         "ice" => {
             let i: usize = parts.next().unwrap().parse().unwrap();
             let n: usize = parts.next().unwrap().parse().unwrap();
@@ -67,6 +157,7 @@ fn run_peer(role: &str) {
             let rx = data.subscriber_builder().create().unwrap();
             let tx = ice::publisher(&ack);
             let mut expected = 0u64;
+            let mut arrivals = Arrivals::new(&name);
             loop {
                 let Some(m) = rx.receive().unwrap() else {
                     std::hint::spin_loop();
@@ -75,6 +166,7 @@ fn run_peer(role: &str) {
                 if m.is_empty() {
                     return; // the stop item
                 }
+                arrivals.note(&m);
                 let s = expected.to_le_bytes();
                 assert!(m.len() == size && m[..8] == s && m[size - 8..] == s, "bad item");
                 expected += 1;
@@ -88,10 +180,12 @@ fn run_peer(role: &str) {
 }
 
 /// Reads items of `size` bytes; bytes 8..16 of an item set to 1 ask for an acknowledgement.
-fn sink(mut r: impl Read, mut w: impl Write, size: usize) {
+fn sink(mut r: impl Read, mut w: impl Write, size: usize, name: &str) {
     let mut buf = vec![0u8; size];
     let mut expected = 0u64;
+    let mut arrivals = Arrivals::new(name);
     while r.read_exact(&mut buf).is_ok() {
+        arrivals.note(&buf);
         assert_eq!(buf[..8], expected.to_le_bytes(), "bad item");
         expected += 1;
         if buf[8] == 1 {
@@ -140,15 +234,31 @@ fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usi
         }
         t.elapsed()
     });
+    let send = || {
+        let mut lease = tx.acquire().unwrap();
+        let s = seq.to_le_bytes();
+        lease[..8].copy_from_slice(&s);
+        lease[size - 8..size].copy_from_slice(&s);
+        stamp(&mut lease[..24]);
+        tx.send(lease, meta).unwrap();
+        seq += 1;
+    };
+    one_way(send, || {
+        while tx.free_slots() < slots as usize {
+            std::hint::spin_loop();
+        }
+    });
     let mut lease = tx.acquire().unwrap();
     lease.set_tag(STOP);
     tx.send(lease, TensorMeta::bytes(0)).unwrap();
     peers.into_iter().for_each(common::Peer::finish);
+    report_one_way(&format!("{}/{label}", g.name()), &name, n);
 }
 
 /// The same item written into `n` pipes, each read by its peer.
 fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
-    let mut peers: Vec<_> = (0..n).map(|i| peer(&format!("pipe:{size}"), "", i, true)).collect();
+    let name = unique("pipes");
+    let mut peers: Vec<_> = (0..n).map(|i| peer(&format!("pipe:{size}"), &name, i, true)).collect();
     let mut ends: Vec<_> =
         peers.iter_mut().map(|p| (p.0.stdin.take().unwrap(), p.0.stdout.take().unwrap())).collect();
     let mut buf = vec![0u8; size];
@@ -171,7 +281,27 @@ fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
         }
         t.elapsed()
     });
+    let ends = std::cell::RefCell::new(ends);
+    let send = || {
+        buf[..8].copy_from_slice(&seq.to_le_bytes());
+        buf[size - 8..].copy_from_slice(&seq.to_le_bytes());
+        buf[8] = 1;
+        stamp(&mut buf);
+        for (w, _) in ends.borrow_mut().iter_mut() {
+            w.write_all(&buf).unwrap();
+        }
+        seq += 1;
+    };
+    let acked = || {
+        for (_, r) in ends.borrow_mut().iter_mut() {
+            let mut ack = [0u8; 8];
+            r.read_exact(&mut ack).unwrap();
+        }
+    };
+    one_way(send, acked);
     drop(ends); // each peer's read fails and it exits
+    peers.into_iter().for_each(common::Peer::finish);
+    report_one_way(&format!("{}/pipes", g.name()), &name, n);
 }
 
 /// iceoryx2 publish-subscribe with `n` subscribers, each acknowledging on its own service.
@@ -224,8 +354,33 @@ fn bench_iceoryx2(g: &mut Group<'_>, n: usize, size: usize) {
         }
         t.elapsed()
     });
+    let send = || {
+        let mut sample = tx.loan_slice_uninit(size).unwrap();
+        let bytes = sample.payload_mut();
+        let s = seq.to_le_bytes();
+        for (k, b) in s.iter().enumerate() {
+            bytes[k].write(*b);
+            bytes[size - 8 + k].write(*b);
+        }
+        bytes[8].write(1);
+        // As above: the sample's bytes are all initialised (iceoryx2's segment).
+        // SAFETY: so every byte of the sample is initialised, and any byte is a `u8`.
+        let mut sample = unsafe { sample.assume_init() };
+        stamp(&mut sample.payload_mut()[..24]);
+        sample.send().unwrap();
+        seq += 1;
+    };
+    let acked = || {
+        for a in &acks {
+            while a.receive().unwrap().is_none() {
+                std::hint::spin_loop();
+            }
+        }
+    };
+    one_way(send, acked);
     tx.loan_slice_uninit(0).unwrap().write_from_fn(|_| 0).send().unwrap(); // stop
     peers.into_iter().for_each(common::Peer::finish);
+    report_one_way(&format!("{}/iceoryx2", g.name()), &name, n);
 }
 
 fn main() {

@@ -5,7 +5,7 @@
 //! drowns it in its noise. Compare builds by running each one's binary alternately.
 //!
 //! ```text
-//! cargo run --release --example path_cost -- [spsc|mpmc] [once]
+//! cargo run --release --example path_cost -- [spsc|mpmc|broadcast] [once]
 //! ```
 //!
 //! `once`: a channel without redelivery (`ChannelBuilder::redeliver(false)`).
@@ -17,10 +17,18 @@ use gpuring::{Channel, TensorMeta};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mpmc = args.iter().any(|a| a == "mpmc");
+    let broadcast = args.iter().any(|a| a == "broadcast");
     let once = args.iter().any(|a| a == "once");
     let name = format!("path-cost-{}", std::process::id());
     let b = Channel::builder(&name).capacity(64).slots(8, 4096).redeliver(!once);
-    let ch = if mpmc { b.mpmc() } else { b }.create()?;
+    let ch = if mpmc {
+        b.mpmc()
+    } else if broadcast {
+        b.broadcast()
+    } else {
+        b
+    }
+    .create()?;
     let (tx, rx) = (ch.sender()?, ch.receiver()?);
     let payload = [7u8; 4096];
     let n = 200_000;
@@ -36,7 +44,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         best = best.min(t.elapsed().as_nanos() as f64 / f64::from(n));
     }
-    let flavor = if mpmc { "mpmc" } else { "spsc" };
+    let flavor = if mpmc {
+        "mpmc"
+    } else if broadcast {
+        "broadcast"
+    } else {
+        "spsc"
+    };
     println!(
         "{flavor}{}: {best:.1} ns per message (best of 7 rounds of {n})",
         if once { ", no redelivery" } else { "" }

@@ -1123,21 +1123,30 @@ fn broadcast_a_joining_reader_never_reads_an_overwritten_cell() {
 fn broadcast_slot(late: bool) {
     use gpuring::internal::{broadcast, heap_pool};
     use loom::cell::UnsafeCell;
-    use std::sync::Arc;
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicBool, Ordering};
     builder(2).check(move || {
         let pool = Arc::new(heap_pool(1));
         let bytes = Arc::new(UnsafeCell::new(0u64));
         let mut tx = broadcast::with_capacity::<u64>(2, 2);
         let first = tx.subscribe().unwrap();
         let subscriber = tx.subscriber();
+        let sent = Arc::new(AtomicBool::new(false));
         let spawn_reader = |r: Option<broadcast::Reader<u64, _>>| {
             let (pool, bytes, subscriber) = (pool.clone(), bytes.clone(), subscriber.clone());
+            let sent = sent.clone();
             thread::spawn(move || {
                 let mut r = r.unwrap_or_else(|| subscriber.subscribe().unwrap());
                 let bit = 1u64 << r.index();
-                let Ok(held) = r.try_read_then(|_, d| pool.hold_shared(d as u32, d >> 32, bit))
-                else {
-                    return None; // joined after the send: nothing to read
+                let held = loop {
+                    // SeqCst (model): whether the push below has happened.
+                    let was_sent = sent.load(Ordering::SeqCst);
+                    match r.try_read_then(|_, d| pool.hold_shared(d as u32, d >> 32, bit)) {
+                        Ok(held) => break held,
+                        // Joined after the send: nothing to read.
+                        Err(_) if was_sent => return None,
+                        Err(_) => thread::yield_now(),
+                    }
                 };
                 let held = held.expect("a valid hold");
                 // SAFETY (model): a read of the slot under the reader's hold.
@@ -1156,6 +1165,8 @@ fn broadcast_slot(late: bool) {
         pool.set_sent_at(lease, tx.next_position());
         pool.mark_sent(lease);
         tx.try_push(u64::from(lease.slot) | u64::from(lease.generation) << 32).unwrap();
+        // SeqCst (model): after the push.
+        sent.store(true, Ordering::SeqCst);
         // The sender's reuse: the slot once free again (its scan, or a reader's return).
         pool.reclaim_all_sent(tx.slowest());
         if let Some(again) = pool.try_lease().unwrap() {

@@ -272,6 +272,11 @@ impl<'a> Group<'a> {
         Self { g: c.benchmark_group(name), name: name.to_owned(), samples }
     }
 
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Case `label`: criterion times `batch(iters)`, then the second pass samples `batch(1)`.
     pub fn run(&mut self, label: &str, payload: usize, mut batch: impl FnMut(u64) -> Duration) {
         self.g.bench_function(label, |b| b.iter_custom(&mut batch));
