@@ -228,4 +228,8 @@ fn inspect_shows_a_broadcast_channels_receivers_and_their_cursors() {
     cursors.sort();
     assert_eq!(cursors, [0, 1], "b has read nothing, a one");
     assert_eq!(report.delivery.map(|d| d.redeliver), Some(Some(false)), "no redelivery");
+    let listed = gpuring::inspect::list().unwrap().into_iter().find(|i| i.name == name).unwrap();
+    let mut behind = listed.readers.expect("a broadcast channel lists its readers");
+    behind.sort();
+    assert_eq!(behind, [2, 3], "a two behind, b three");
 }

@@ -1112,24 +1112,25 @@ fn broadcast_a_joining_reader_never_reads_an_overwritten_cell() {
 }
 
 /// A broadcast channel's slot protocol (`pool::lease::shared`) over a heap broadcast ring
-/// and a heap pool of one slot: the sender sends message 1 in the slot, then tries to take
-/// the slot back (its scan at an empty pool) and write message 2 in it, while two readers
-/// each read the message in place and drop it, the last one putting the slot back. With
-/// `late`, the second reader joins while the message is being sent (it reads it or not,
-/// as the join decides). The slot's bytes are a loom cell: a write while a reader still
-/// reads it is a data race loom reports. Fails if a reader takes its hold after its cursor
-/// passes the message, if the reclaim ignores the cursors or the holders, or if the last
-/// holder's release is not Release / the reclaim's holders load not Acquire.
+/// and a heap pool of one slot: the sender sends message 1 in the slot, then tries (its
+/// scan at an empty pool, three times, yielding between) to take the slot back and write
+/// message 2 in it, while two readers each read the message in place and drop it, the last
+/// one putting the slot back. With `late`, the second reader joins while the message is
+/// being sent (it reads it or not, as the join decides). The slot's bytes are a loom cell:
+/// a write while a reader still reads it is a data race loom reports. Fails if the reclaim
+/// ignores the holders (checked), if a reader takes its hold after its cursor passes the
+/// message, or if the release is not Release / the reclaim's holders load not Acquire.
 fn broadcast_slot(late: bool) {
     use gpuring::internal::{broadcast, heap_pool};
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicBool, Ordering};
-    builder(2).check(move || {
+    builder(1).check(move || {
         let pool = Arc::new(heap_pool(1));
         let bytes = Arc::new(UnsafeCell::new(0u64));
         let mut tx = broadcast::with_capacity::<u64>(2, 2);
         let first = tx.subscribe().unwrap();
+        let second = if late { None } else { Some(tx.subscribe().unwrap()) };
         let subscriber = tx.subscriber();
         let sent = Arc::new(AtomicBool::new(false));
         let spawn_reader = |r: Option<broadcast::Reader<u64, _>>| {
@@ -1139,16 +1140,15 @@ fn broadcast_slot(late: bool) {
                 let mut r = r.unwrap_or_else(|| subscriber.subscribe().unwrap());
                 let bit = 1u64 << r.index();
                 let held = loop {
-                    // SeqCst (model): whether the push below has happened.
+                    // SeqCst (model): whether the push has happened.
                     let was_sent = sent.load(Ordering::SeqCst);
                     match r.try_read_then(|_, d| pool.hold_shared(d as u32, d >> 32, bit)) {
-                        Ok(held) => break held,
+                        Ok(held) => break held.expect("a valid hold"),
                         // Joined after the send: nothing to read.
                         Err(_) if was_sent => return None,
                         Err(_) => thread::yield_now(),
                     }
                 };
-                let held = held.expect("a valid hold");
                 // SAFETY (model): a read of the slot under the reader's hold.
                 let v = bytes.with(|p| unsafe { *p });
                 let cursors = r.cursors().clone();
@@ -1156,9 +1156,8 @@ fn broadcast_slot(late: bool) {
                 Some(v)
             })
         };
-        let second = if late { None } else { Some(tx.subscribe().unwrap()) };
-        let a = spawn_reader(Some(first));
-        let b = spawn_reader(second);
+        // The late reader's thread starts before the send, to race it.
+        let b = if late { Some(spawn_reader(None)) } else { None };
         let lease = pool.try_lease().unwrap().unwrap();
         // SAFETY (model): the sender's write of its leased slot.
         bytes.with_mut(|p| unsafe { *p = 1 });
@@ -1167,12 +1166,17 @@ fn broadcast_slot(late: bool) {
         tx.try_push(u64::from(lease.slot) | u64::from(lease.generation) << 32).unwrap();
         // SeqCst (model): after the push.
         sent.store(true, Ordering::SeqCst);
+        let a = spawn_reader(Some(first));
+        let b = b.unwrap_or_else(|| spawn_reader(second));
         // The sender's reuse: the slot once free again (its scan, or a reader's return).
-        pool.reclaim_all_sent(tx.slowest());
-        if let Some(again) = pool.try_lease().unwrap() {
-            // SAFETY (model): the write of message 2, which no reader may see or race.
-            bytes.with_mut(|p| unsafe { *p = 2 });
-            drop(again);
+        for _ in 0..3 {
+            pool.reclaim_all_sent(tx.slowest());
+            if pool.try_lease().unwrap().is_some() {
+                // SAFETY (model): the write of message 2, which no reader may see or race.
+                bytes.with_mut(|p| unsafe { *p = 2 });
+                break;
+            }
+            thread::yield_now();
         }
         let (a, b) = (a.join().unwrap(), b.join().unwrap());
         assert_eq!(a, Some(1), "a reader there before the send reads message 1");

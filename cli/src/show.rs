@@ -160,7 +160,7 @@ pub(crate) fn list() -> Result<(), Error> {
             bytes(s.size),
             s.age.map_or("-".to_owned(), |a| format!("{}s", a.as_secs())),
             s.creator_pid.to_string(),
-            state(s.state(&all)),
+            state(s.state(&all)) + &s.readers.as_ref().map_or(String::new(), |r| readers(r)),
         ]);
     }
     say!("{t}");
@@ -193,6 +193,12 @@ pub(crate) fn clean(dry_run: bool, queued: bool, prefix: &str) -> Result<(), Err
         }
     }
     Ok(())
+}
+
+/// A broadcast segment's readers for `list`: how many, and how far the slowest is behind.
+fn readers(behind: &[u64]) -> String {
+    let slowest = behind.iter().max().map_or(String::new(), |m| format!(", slowest {m} behind"));
+    format!("; {}{slowest}", count(behind.len() as u32, "reader", "readers"))
 }
 
 /// `n` and the noun that goes with it.

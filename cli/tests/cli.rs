@@ -129,6 +129,28 @@ fn inspect_shows_capacity_depth_and_pools() {
     waiter.join().unwrap();
 }
 
+/// A broadcast channel: `inspect` shows each receiver and how far behind it is, `list` how
+/// many there are and the slowest.
+#[test]
+fn inspect_and_list_show_a_broadcast_channels_receivers() {
+    let name = unique_name("cli-broadcast");
+    let ch = Channel::builder(&name).broadcast().capacity(8).slots(4, 256).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let (a, _b) = (ch.receiver().unwrap(), ch.receiver().unwrap());
+    for _ in 0..3 {
+        tx.send(tx.acquire().unwrap(), TensorMeta::bytes(16)).unwrap();
+    }
+    drop(a.recv().unwrap());
+    let (stdout, stderr) = text(&gpuring(&["inspect", &name]));
+    assert!(stdout.contains("BroadcastChannel"), "{stdout}{stderr}");
+    assert!(stdout.contains("the slowest reader holds the producer back"), "{stdout}");
+    assert!(stdout.contains("reader pid") && stdout.contains("at 1: 2 behind"), "{stdout}");
+    assert!(stdout.contains("at 0: 3 behind"), "{stdout}");
+    let (stdout, _) = text(&gpuring(&["list"]));
+    let line = stdout.lines().find(|l| l.contains(&name)).expect("listed");
+    assert!(line.contains("in use; 2 readers, slowest 3 behind"), "{line}");
+}
+
 #[test]
 fn inspect_says_what_becomes_of_a_dead_receivers_messages() {
     let name = unique_name("cli-delivery");

@@ -125,7 +125,7 @@ pub struct Receiver<B: Backend = Host> {
     unmapped: RefCell<Box<[u32]>>,
     /// Broadcast channels: this reader's bit in the slots' holders masks, and its end of
     /// the ring, which each of its messages' holds keeps (`pool::SharedHold`).
-    shared: Option<(u64, ShmStorage<SpscCell<Descriptor>>)>,
+    shared: Option<(u64, Arc<ShmStorage<SpscCell<Descriptor>>>)>,
 }
 
 /// A message taken, checked and held, not yet made ready by the backend.
@@ -186,7 +186,7 @@ impl<B: Backend> Channel<B> {
         let shared = match &rx {
             Rx::Broadcast(c) => {
                 let c = c.borrow();
-                Some((1u64 << c.index(), c.storage().clone()))
+                Some((1u64 << c.index(), Arc::new(c.storage().clone())))
             }
             _ => None,
         };

@@ -57,6 +57,9 @@ pub struct SegmentInfo {
     pub queued: Option<u64>,
     /// How long since the object was last modified (its age, for an untouched segment).
     pub age: Option<Duration>,
+    /// Broadcast rings and channels: how far behind the last position published each
+    /// counted reader is, in the order of their places (`None` for the other kinds).
+    pub readers: Option<Vec<u64>>,
 }
 
 impl SegmentInfo {
@@ -165,12 +168,12 @@ fn read_info(path: &std::path::Path) -> Option<SegmentInfo> {
     }
     let name = path.file_name()?.to_string_lossy().into_owned();
     let kind = SegmentKind::from_raw(head.kind);
-    let queued = match kind {
+    let opened = match kind {
         Some(SegmentKind::HostPool | SegmentKind::CudaPool) | None => None,
-        Some(_) => Segment::open_any(&name, Duration::ZERO)
-            .ok()
-            .and_then(|(seg, kind)| queued_in(&seg, kind)),
+        Some(_) => Segment::open_any(&name, Duration::ZERO).ok(),
     };
+    let queued = opened.as_ref().and_then(|(seg, kind)| queued_in(seg, *kind));
+    let readers = opened.as_ref().and_then(|(seg, kind)| readers_in(seg, *kind));
     Some(SegmentInfo {
         kind,
         version: head.version,
@@ -180,8 +183,33 @@ fn read_info(path: &std::path::Path) -> Option<SegmentInfo> {
         in_use: crate::shm::presence_held(file.as_fd()).ok(),
         queued,
         age: meta.modified().ok().and_then(|m| SystemTime::now().duration_since(m).ok()),
+        readers,
         name,
     })
+}
+
+/// A broadcast ring's or channel's counted readers: how far each is behind `tail` (a
+/// snapshot; `None` for the other kinds, or positions beyond the segment).
+fn readers_in(seg: &Segment, kind: SegmentKind) -> Option<Vec<u64>> {
+    if !matches!(kind, SegmentKind::BroadcastRing | SegmentKind::BroadcastChannel) {
+        return None;
+    }
+    let ring = RingView::at(seg, ring_base(seg, kind)?)?;
+    // Relaxed: a snapshot.
+    let mask = ring.header.readers.load(Ordering::Relaxed);
+    let tail = ring.control.tail.load(Ordering::Relaxed);
+    let capacity = ring.header.capacity.load(Ordering::Relaxed);
+    let behind = |i: usize| {
+        // Relaxed: a snapshot.
+        let cursor = ring.participants.claims[i].pop.load(Ordering::Relaxed);
+        tail.wrapping_sub(cursor).min(capacity)
+    };
+    Some(
+        (0..crate::ring::broadcast::MAX_READERS)
+            .filter(|i| mask & (1 << i) != 0)
+            .map(behind)
+            .collect(),
+    )
 }
 
 /// The ring of a ring or channel segment: where its header sits (`None` for pools, or a

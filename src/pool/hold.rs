@@ -52,7 +52,7 @@ pub struct SlotHold {
 #[derive(Debug)]
 pub(crate) struct SharedHold {
     pub(crate) bit: u64,
-    pub(crate) ring: ShmStorage<SpscCell<Descriptor>>,
+    pub(crate) ring: Arc<ShmStorage<SpscCell<Descriptor>>>,
 }
 
 impl SlotHold {
@@ -75,7 +75,7 @@ impl Drop for SlotHold {
             Some(s) => self
                 .pool
                 .core
-                .release_shared_then_reclaim(self.held, s.bit, || slowest_now(&s.ring)),
+                .release_shared_then_reclaim(self.held, s.bit, || slowest_now(&*s.ring)),
         };
         if back {
             self.pool.unlink_if_drained();

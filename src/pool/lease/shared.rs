@@ -52,20 +52,26 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             .ok_or(Corrupted { what: "descriptor names a slot out of range" })?;
         let stale = Corrupted { what: "descriptor carries a stale slot generation" };
         let generation = u32::try_from(generation).map_err(|_| stale)?;
-        // Relaxed: the descriptor ring's Acquire read published the sender's SENT store; the
-        // slot cannot be leased again before our cursor passes the message.
-        let (now, state) = unpack(record.state.load(Ordering::Relaxed));
-        if now != generation {
-            return Err(stale);
-        }
-        if state != SENT {
-            return Err(Corrupted { what: "descriptor names a slot that is not in flight" });
-        }
+        // The bit first, then the state in the same line, now this core's: one transfer of
+        // the line from the sender, not two (a read, then an upgrade for the write).
         // Relaxed: ordered before our cursor's Release store (see the module docs).
         if record.holders.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
             return Err(Corrupted { what: "a reader was handed the same slot twice" });
         }
-        Ok(SlotRef { slot, generation })
+        // Relaxed: the descriptor ring's Acquire read published the sender's SENT store; the
+        // slot cannot be leased again before our cursor passes the message.
+        let (now, state) = unpack(record.state.load(Ordering::Relaxed));
+        let refused = if now != generation {
+            stale
+        } else if state != SENT {
+            Corrupted { what: "descriptor names a slot that is not in flight" }
+        } else {
+            return Ok(SlotRef { slot, generation });
+        };
+        // Not ours to hold (a forged descriptor): the bit goes again. Relaxed: nothing was
+        // read under it.
+        record.holders.fetch_and(!bit, Ordering::Relaxed);
+        Err(refused)
     }
 
     /// Drops reader `bit`'s hold on `held`; the holders left (`None`: it held none, a
