@@ -1149,7 +1149,7 @@ fn broadcast_slot(late: bool) {
                         Err(_) => thread::yield_now(),
                     }
                 };
-                // SAFETY (model): a read of the slot under the reader's hold.
+                // SAFETY: (model) a read of the slot under the reader's hold.
                 let v = bytes.with(|p| unsafe { *p });
                 let cursors = r.cursors().clone();
                 pool.release_shared_then_reclaim(held, bit, || broadcast::slowest_now(&cursors));
@@ -1159,7 +1159,7 @@ fn broadcast_slot(late: bool) {
         // The late reader's thread starts before the send, to race it.
         let b = if late { Some(spawn_reader(None)) } else { None };
         let lease = pool.try_lease().unwrap().unwrap();
-        // SAFETY (model): the sender's write of its leased slot.
+        // SAFETY: (model) the sender's write of its leased slot.
         bytes.with_mut(|p| unsafe { *p = 1 });
         pool.set_sent_at(lease, tx.next_position());
         pool.mark_sent(lease);
@@ -1172,7 +1172,7 @@ fn broadcast_slot(late: bool) {
         for _ in 0..3 {
             pool.reclaim_all_sent(tx.slowest());
             if pool.try_lease().unwrap().is_some() {
-                // SAFETY (model): the write of message 2, which no reader may see or race.
+                // SAFETY: (model) the write of message 2, which no reader may see or race.
                 bytes.with_mut(|p| unsafe { *p = 2 });
                 break;
             }
