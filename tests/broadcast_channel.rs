@@ -233,3 +233,46 @@ fn inspect_shows_a_broadcast_channels_receivers_and_their_cursors() {
     behind.sort();
     assert_eq!(behind, [2, 3], "a two behind, b three");
 }
+
+/// The async forms: two receivers parked in `recv_async` both wake for one send; a sender
+/// whose slots are all held parks in `acquire_async` until the last holder drops one.
+#[cfg(feature = "async")]
+#[test]
+fn async_receives_park_until_a_send_and_an_acquire_until_a_slot_comes_back() {
+    use futures::executor::block_on;
+    let name = unique_name("bcast-async");
+    let ch = Channel::builder(&name).broadcast().capacity(4).slots(1, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let mut tx = ch.sender().unwrap();
+    let parked: Vec<_> = (0..2)
+        .map(|_| {
+            let mut rx = ch.receiver().unwrap();
+            std::thread::spawn(move || {
+                let msg = block_on(rx.recv_async()).unwrap();
+                let v = value(&msg);
+                (rx, msg, v)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    send(&tx, 7);
+    let got: Vec<_> = parked.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(got.iter().all(|(_, _, v)| *v == 7), "both woke with the message");
+    // The one slot is held by both messages: the acquire parks until both are dropped.
+    let (sender, slot_back) = std::sync::mpsc::channel();
+    let acquirer = std::thread::spawn(move || {
+        let lease = block_on(tx.acquire_async()).unwrap();
+        sender.send(()).unwrap();
+        drop(lease);
+        tx
+    });
+    let mut got = got.into_iter();
+    let (_rx_a, msg_a, _) = got.next().unwrap();
+    let (_rx_b, msg_b, _) = got.next().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    drop(msg_a);
+    assert!(slot_back.recv_timeout(Duration::from_millis(50)).is_err(), "one holder left");
+    drop(msg_b);
+    slot_back.recv_timeout(Duration::from_secs(5)).expect("the slot back once both dropped");
+    acquirer.join().unwrap();
+}

@@ -163,9 +163,9 @@ impl<B: Backend> Sender<B> {
             }
             self.ring(|r| r.receivers_gone(true)).map_or(Ok(false), Err)
         };
-        if self.channel.flavor == Flavor::Broadcast && deadline != Deadline::Now {
+        if self.channel.flavor == Flavor::Broadcast {
             // Slots whose readers are all done come back here (or with their last reader's
-            // drop): look before waiting.
+            // drop): look before waiting (or saying there is none).
             match core.lease_until(&self.free, Deadline::Now, || Ok(false)) {
                 Ok(slot) => return Ok(slot),
                 Err(PopTimeoutError::Corrupted(c)) => {
