@@ -204,6 +204,9 @@ fn depth(size: usize) -> usize {
 /// A gpuring channel to `n` receiver peers of `role` (`bcast`, `bcast-sleep`, or `spsc`
 /// for one).
 fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usize, slots: u32) {
+    if !g.selected(label) {
+        return; // filtered out: no peers, no passes
+    }
     let name = unique("fanout");
     let b = Channel::builder(&name).capacity(64).slots(slots, size as u64);
     let ch = if role == "spsc" { b } else { b.broadcast() }.create().unwrap();
@@ -257,6 +260,9 @@ fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usi
 
 /// The same item written into `n` pipes, each read by its peer.
 fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
+    if !g.selected("pipes") {
+        return; // filtered out: no peers, no passes
+    }
     let name = unique("pipes");
     let mut peers: Vec<_> = (0..n).map(|i| peer(&format!("pipe:{size}"), &name, i, true)).collect();
     let mut ends: Vec<_> =
@@ -306,6 +312,9 @@ fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
 
 /// iceoryx2 publish-subscribe with `n` subscribers, each acknowledging on its own service.
 fn bench_iceoryx2(g: &mut Group<'_>, n: usize, size: usize) {
+    if !g.selected("iceoryx2") {
+        return; // filtered out: no peers, no passes
+    }
     let name = unique("icefanout");
     let node = ice::node();
     let data = ice::fanout_service(&node, &format!("{name}-data"), depth(size), n);

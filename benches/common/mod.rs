@@ -216,9 +216,7 @@ impl Samples {
     /// Runs the second pass for case `id` (`group/label`) carrying `payload` bytes, unless the
     /// filter excludes it. `batch(n)` runs `n` items and returns the time they took.
     pub fn sample(&mut self, id: &str, payload: usize, mut batch: impl FnMut(u64) -> Duration) {
-        // Criterion reads the filter as a regex; here `a|b|c` (alternatives of plain
-        // substrings) selects the same cases.
-        if self.filter.as_deref().is_some_and(|f| !f.split('|').any(|alt| id.contains(alt))) {
+        if !self.selected(id) {
             return;
         }
         let (max, budget) = if self.test { (3, Duration::MAX) } else { (Self::MAX, Self::BUDGET) };
@@ -234,6 +232,12 @@ impl Samples {
             self.csv.push_str(&format!("{payload},{path},{}\n", d.as_nanos()));
         }
         self.rows.push((id.to_owned(), payload, at(0.5), at(0.99), v.len()));
+    }
+
+    /// Whether the filter (if any) selects case `id`. Criterion reads the filter as a regex;
+    /// here `a|b|c` (alternatives of plain substrings) selects the same cases.
+    pub fn selected(&self, id: &str) -> bool {
+        self.filter.as_deref().is_none_or(|f| f.split('|').any(|alt| id.contains(alt)))
     }
 
     /// Prints the p50/p99 table (lines start with `p99 `) and writes the CSV.
@@ -275,6 +279,11 @@ impl<'a> Group<'a> {
     /// The group's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the command line's filter selects case `label` of this group.
+    pub fn selected(&self, label: &str) -> bool {
+        self.samples.selected(&format!("{}/{label}", self.name))
     }
 
     /// Case `label`: criterion times `batch(iters)`, then the second pass samples `batch(1)`.
