@@ -26,7 +26,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::{Group, NAME, PEER, Samples, cpus, ice, peer, peer_index, pin, unique};
-use criterion::{Criterion, Throughput};
+use criterion::Throughput;
 use gpuring::{Channel, TensorMeta, WaitPolicy};
 use iceoryx2::prelude::{BackpressureStrategy, PortFactory};
 
@@ -43,6 +43,14 @@ const ONE_WAY_BUDGET: Duration = Duration::from_millis(1500);
 fn now_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Writes `seq` at both ends of `item` and `ack` at byte 8 (the consumer acknowledges).
+fn number(item: &mut [u8], seq: u64, ack: bool) {
+    let n = item.len();
+    item[..8].copy_from_slice(&seq.to_le_bytes());
+    item[n - 8..].copy_from_slice(&seq.to_le_bytes());
+    item[8] = u8::from(ack);
 }
 
 /// Stamps `item` as a one-way sample (byte 9, and the send time at bytes 16..24).
@@ -147,7 +155,11 @@ fn run_peer(role: &str) {
                 expected = Some(seq + 1);
             }
         }
-        "pipe" => sink(std::io::stdin().lock(), std::io::stdout().lock(), size, &name),
+        "pipe" => {
+            let mut arrivals = Arrivals::new(&name);
+            let (r, w) = (std::io::stdin().lock(), std::io::stdout().lock());
+            common::numbered_sink(r, w, size, |item| arrivals.note(item));
+        }
         "ice" => {
             let i: usize = parts.next().unwrap().parse().unwrap();
             let n: usize = parts.next().unwrap().parse().unwrap();
@@ -156,42 +168,10 @@ fn run_peer(role: &str) {
             let ack = ice::u64_service(&node, &format!("{name}-ack{i}"), 4);
             let rx = data.subscriber_builder().create().unwrap();
             let tx = ice::publisher(&ack);
-            let mut expected = 0u64;
             let mut arrivals = Arrivals::new(&name);
-            loop {
-                let Some(m) = rx.receive().unwrap() else {
-                    std::hint::spin_loop();
-                    continue;
-                };
-                if m.is_empty() {
-                    return; // the stop item
-                }
-                arrivals.note(&m);
-                let s = expected.to_le_bytes();
-                assert!(m.len() == size && m[..8] == s && m[size - 8..] == s, "bad item");
-                expected += 1;
-                if m[8] == 1 {
-                    tx.send_copy(expected).unwrap();
-                }
-            }
+            ice::numbered_subscriber(&rx, &tx, size, |item| arrivals.note(item));
         }
         _ => panic!("unknown peer role {role}"),
-    }
-}
-
-/// Reads items of `size` bytes; bytes 8..16 of an item set to 1 ask for an acknowledgement.
-fn sink(mut r: impl Read, mut w: impl Write, size: usize, name: &str) {
-    let mut buf = vec![0u8; size];
-    let mut expected = 0u64;
-    let mut arrivals = Arrivals::new(name);
-    while r.read_exact(&mut buf).is_ok() {
-        arrivals.note(&buf);
-        assert_eq!(buf[..8], expected.to_le_bytes(), "bad item");
-        expected += 1;
-        if buf[8] == 1 {
-            w.write_all(&expected.to_le_bytes()).unwrap();
-            w.flush().unwrap();
-        }
     }
 }
 
@@ -222,35 +202,27 @@ fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usi
     });
     let meta = TensorMeta::bytes(size as u64);
     let mut seq = 0u64;
-    g.run(label, size, |iters| {
-        let t = Instant::now();
-        for _ in 0..iters {
-            let mut lease = tx.acquire().unwrap();
-            let s = seq.to_le_bytes();
-            lease[..8].copy_from_slice(&s);
-            lease[size - 8..size].copy_from_slice(&s);
-            tx.send(lease, meta).unwrap();
-            seq += 1;
-        }
-        while tx.free_slots() < slots as usize {
-            std::hint::spin_loop();
-        }
-        t.elapsed()
-    });
-    let send = || {
+    let mut send = |stamped: bool| {
         let mut lease = tx.acquire().unwrap();
-        let s = seq.to_le_bytes();
-        lease[..8].copy_from_slice(&s);
-        lease[size - 8..size].copy_from_slice(&s);
-        stamp(&mut lease[..24]);
+        number(&mut lease[..size], seq, false);
+        if stamped {
+            stamp(&mut lease[..24]);
+        }
         tx.send(lease, meta).unwrap();
         seq += 1;
     };
-    one_way(send, || {
+    let all_back = || {
         while tx.free_slots() < slots as usize {
             std::hint::spin_loop();
         }
+    };
+    g.run(label, size, |iters| {
+        let t = Instant::now();
+        (0..iters).for_each(|_| send(false));
+        all_back();
+        t.elapsed()
     });
+    one_way(|| send(true), all_back);
     let mut lease = tx.acquire().unwrap();
     lease.set_tag(STOP);
     tx.send(lease, TensorMeta::bytes(0)).unwrap();
@@ -272,9 +244,7 @@ fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
     g.run("pipes", size, |iters| {
         let t = Instant::now();
         for i in 0..iters {
-            buf[..8].copy_from_slice(&seq.to_le_bytes());
-            buf[size - 8..].copy_from_slice(&seq.to_le_bytes());
-            buf[8] = u8::from(i + 1 == iters);
+            number(&mut buf, seq, i + 1 == iters);
             for (w, _) in &mut ends {
                 w.write_all(&buf).unwrap();
             }
@@ -289,9 +259,7 @@ fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
     });
     let ends = std::cell::RefCell::new(ends);
     let send = || {
-        buf[..8].copy_from_slice(&seq.to_le_bytes());
-        buf[size - 8..].copy_from_slice(&seq.to_le_bytes());
-        buf[8] = 1;
+        number(&mut buf, seq, true);
         stamp(&mut buf);
         for (w, _) in ends.borrow_mut().iter_mut() {
             w.write_all(&buf).unwrap();
@@ -337,53 +305,23 @@ fn bench_iceoryx2(g: &mut Group<'_>, n: usize, size: usize) {
     g.run("iceoryx2", size, |iters| {
         let t = Instant::now();
         for i in 0..iters {
-            let mut sample = tx.loan_slice_uninit(size).unwrap();
-            let bytes = sample.payload_mut();
-            let s = seq.to_le_bytes();
-            for (k, b) in s.iter().enumerate() {
-                bytes[k].write(*b);
-                bytes[size - 8 + k].write(*b);
-            }
-            bytes[8].write(u8::from(i + 1 == iters));
-            // As in `payloads`: the sample lies in iceoryx2's shared-memory data segment,
-            // which only ever holds bytes (a fresh mapping the kernel zero-filled).
-            // SAFETY: so every byte of the sample is initialised, and any byte is a `u8`.
-            let sample = unsafe { sample.assume_init() };
-            sample.send().unwrap();
+            ice::numbered_sample(&tx, size, seq, i + 1 == iters).send().unwrap();
             seq += 1;
         }
         for a in &acks {
-            loop {
-                if let Some(got) = a.receive().unwrap() {
-                    assert_eq!(*got, seq, "a subscriber lost items");
-                    break;
-                }
-                std::hint::spin_loop();
-            }
+            assert_eq!(ice::next_ack(a), seq, "a subscriber lost items");
         }
         t.elapsed()
     });
     let send = || {
-        let mut sample = tx.loan_slice_uninit(size).unwrap();
-        let bytes = sample.payload_mut();
-        let s = seq.to_le_bytes();
-        for (k, b) in s.iter().enumerate() {
-            bytes[k].write(*b);
-            bytes[size - 8 + k].write(*b);
-        }
-        bytes[8].write(1);
-        // As above: the sample's bytes are all initialised (iceoryx2's segment).
-        // SAFETY: so every byte of the sample is initialised, and any byte is a `u8`.
-        let mut sample = unsafe { sample.assume_init() };
+        let mut sample = ice::numbered_sample(&tx, size, seq, true);
         stamp(&mut sample.payload_mut()[..24]);
         sample.send().unwrap();
         seq += 1;
     };
     let acked = || {
         for a in &acks {
-            while a.receive().unwrap().is_none() {
-                std::hint::spin_loop();
-            }
+            ice::next_ack(a);
         }
     };
     one_way(send, acked);
@@ -398,11 +336,7 @@ fn main() {
         return;
     }
     pin(cpus().first().copied());
-    let mut c = Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(20)
-        .configure_from_args();
+    let mut c = common::criterion();
     let mut samples = Samples::new("fanout", "handoff_all_ack");
     for (label, size, slots) in SIZES {
         for n in FANOUT {

@@ -25,7 +25,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
 use common::{Group, NAME, PEER, Samples, cpus, ice, peer, peer_index, pin, unique};
-use criterion::{Criterion, Throughput};
+use criterion::Throughput;
 use gpuring::{Channel, Flavor, TensorMeta};
 use iceoryx2::prelude::BackpressureStrategy;
 
@@ -54,10 +54,12 @@ fn run_peer(role: &str) {
                 expected += 1;
             }
         }
-        "pipe" => sink(std::io::stdin().lock(), std::io::stdout().lock(), size),
+        "pipe" => {
+            common::numbered_sink(std::io::stdin().lock(), std::io::stdout().lock(), size, |_| {})
+        }
         "unix" => {
             let s = UnixStream::connect(&name).unwrap();
-            sink(s.try_clone().unwrap(), s, size);
+            common::numbered_sink(s.try_clone().unwrap(), s, size, |_| {});
         }
         "ipc" => {
             // ipc-channel's idiom: make both channels here, hand the parent the data sender
@@ -81,38 +83,9 @@ fn run_peer(role: &str) {
             let ack = ice::u64_service(&node, &format!("{name}-ack"), 4);
             let rx = data.subscriber_builder().create().unwrap();
             let tx = ice::publisher(&ack);
-            let mut expected = 0u64;
-            loop {
-                let Some(m) = rx.receive().unwrap() else {
-                    std::hint::spin_loop();
-                    continue;
-                };
-                if m.is_empty() {
-                    return; // the stop item
-                }
-                let seq = expected.to_le_bytes();
-                assert!(m.len() == size && m[..8] == seq && m[size - 8..] == seq, "bad item");
-                expected += 1;
-                if m[8] == 1 {
-                    tx.send_copy(expected).unwrap();
-                }
-            }
+            ice::numbered_subscriber(&rx, &tx, size, |_| {});
         }
         _ => panic!("unknown peer role {role}"),
-    }
-}
-
-/// Reads items of `size` bytes; bytes 8..16 of an item set to 1 ask for an acknowledgement.
-fn sink(mut r: impl Read, mut w: impl Write, size: usize) {
-    let mut buf = vec![0u8; size];
-    let mut expected = 0u64;
-    while r.read_exact(&mut buf).is_ok() {
-        assert_eq!(buf[..8], expected.to_le_bytes(), "bad item");
-        expected += 1;
-        if buf[8] == 1 {
-            w.write_all(&expected.to_le_bytes()).unwrap();
-            w.flush().unwrap();
-        }
     }
 }
 
@@ -226,29 +199,10 @@ fn bench_iceoryx2(g: &mut Group<'_>, size: usize) {
     g.run("iceoryx2", size, |iters| {
         let t = Instant::now();
         for i in 0..iters {
-            let mut sample = tx.loan_slice_uninit(size).unwrap();
-            let bytes = sample.payload_mut();
-            let s = seq.to_le_bytes();
-            for (k, b) in s.iter().enumerate() {
-                bytes[k].write(*b);
-                bytes[size - 8 + k].write(*b);
-            }
-            bytes[8].write(u8::from(i + 1 == iters));
-            // The producer writes in place, as gpuring's does: the sample lies in
-            // iceoryx2's shared-memory data segment, a mapping the kernel zero-filled and
-            // that only ever holds bytes (those not written here keep an earlier sample's).
-            // SAFETY: so every byte of the sample is initialised, and any byte is a `u8`.
-            let sample = unsafe { sample.assume_init() };
-            sample.send().unwrap();
+            ice::numbered_sample(&tx, size, seq, i + 1 == iters).send().unwrap();
             seq += 1;
         }
-        loop {
-            if let Some(a) = acks.receive().unwrap() {
-                assert_eq!(*a, seq, "consumer lost items");
-                break;
-            }
-            std::hint::spin_loop();
-        }
+        assert_eq!(ice::next_ack(&acks), seq, "consumer lost items");
         t.elapsed()
     });
     tx.loan_slice_uninit(0).unwrap().write_from_fn(|_| 0).send().unwrap(); // stop
@@ -260,11 +214,7 @@ fn main() {
         return;
     }
     pin(cpus().first().copied());
-    let mut c = Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(20)
-        .configure_from_args();
+    let mut c = common::criterion();
     let mut samples = Samples::new("payloads", "handoff_ack");
     for (label, size, slots) in SIZES {
         let mut g = Group::new(&mut c, &mut samples, &format!("payload_{label}"));

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::counting::{allocations, assert_counting};
-use common::gpu::{memset, setup, value};
+use common::gpu::{copy, memset, read_words, setup, value};
 use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
@@ -25,13 +25,6 @@ static GLOBAL: common::counting::Counting = common::counting::Counting;
 
 const LIMIT: Duration = Duration::from_secs(20);
 const WATCHDOG: Duration = Duration::from_secs(120);
-
-fn read_words(ptr: sys::CUdeviceptr, out: &mut [u32], stream: &CudaStream) {
-    // SAFETY: `ptr` is valid for `out.len()` words in `stream`'s order; `out` lives until
-    // the synchronize below.
-    unsafe { result::memcpy_dtoh_async(out, ptr, stream.cu_stream()) }.unwrap();
-    stream.synchronize().unwrap();
-}
 
 #[test]
 fn cuda_absent_is_a_typed_error() {
@@ -407,11 +400,6 @@ fn slot_reuse(test: &str, ready: GpuReady) {
     memset(lease.device_ptr(), 0xDEAD, WORDS, &stream);
     drop(lease);
     wait_all(&mut peer, WATCHDOG);
-}
-
-fn copy(dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize, stream: &CudaStream) {
-    // SAFETY: both ranges are live device memory of at least `bytes`, in stream order.
-    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.unwrap();
 }
 
 fn slow_reads(scratch: sys::CUdeviceptr, slot: sys::CUdeviceptr, n: u32, stream: &CudaStream) {

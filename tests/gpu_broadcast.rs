@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::gpu::{memset, setup, value};
+use common::gpu::{copy, memset, read_words, setup, value};
 use common::{Peer, ring_name, role, unique_name};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::CudaStream;
@@ -21,16 +21,8 @@ const RECEIVERS: usize = 4;
 
 fn read_word(ptr: sys::CUdeviceptr, stream: &CudaStream) -> u32 {
     let mut out = [0u32; 1];
-    // SAFETY: `ptr` is valid for a word in `stream`'s order; `out` lives until the
-    // synchronize below.
-    unsafe { result::memcpy_dtoh_async(&mut out, ptr, stream.cu_stream()) }.unwrap();
-    stream.synchronize().unwrap();
+    read_words(ptr, &mut out, stream);
     out[0]
-}
-
-fn copy(dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize, stream: &CudaStream) {
-    // SAFETY: both ranges are live device memory of at least `bytes`, in stream order.
-    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.unwrap();
 }
 
 #[test]

@@ -91,6 +91,67 @@ pub fn publisher<T: Debug + ZeroCopySend + 'static>(service: &Service<T>) -> Pub
         .expect("iceoryx2 publisher")
 }
 
+/// Loans a sample of `size` bytes (at least 16) from `tx` and writes, in place, `seq` at
+/// both ends and `ack` at byte 8 (asking the consumer to acknowledge); the rest keeps
+/// whatever earlier samples left. Ready to send.
+pub fn numbered_sample(
+    tx: &Publisher<Ipc, [u8], ()>,
+    size: usize,
+    seq: u64,
+    ack: bool,
+) -> iceoryx2::sample_mut::SampleMut<Ipc, [u8], ()> {
+    let mut sample = tx.loan_slice_uninit(size).unwrap();
+    let bytes = sample.payload_mut();
+    for (k, b) in seq.to_le_bytes().iter().enumerate() {
+        bytes[k].write(*b);
+        bytes[size - 8 + k].write(*b);
+    }
+    bytes[8].write(u8::from(ack));
+    // The producer writes in place, as gpuring's does: the sample lies in iceoryx2's
+    // shared-memory data segment, a mapping the kernel zero-filled and that only ever holds
+    // bytes (those not written here keep an earlier sample's).
+    // SAFETY: so every byte of the sample is initialised, and any byte is a `u8`.
+    unsafe { sample.assume_init() }
+}
+
+/// A subscriber's loop: takes items of `size` bytes from `rx`, each with its sequence
+/// number at both ends (checked), runs `each` on it, and acknowledges on `ack` (the count
+/// so far) an item whose byte 8 is 1; until the empty stop item.
+pub fn numbered_subscriber(
+    rx: &Subscriber<Ipc, [u8], ()>,
+    ack: &Publisher<Ipc, u64, ()>,
+    size: usize,
+    mut each: impl FnMut(&[u8]),
+) {
+    let mut expected = 0u64;
+    loop {
+        let Some(m) = rx.receive().unwrap() else {
+            std::hint::spin_loop();
+            continue;
+        };
+        if m.is_empty() {
+            return; // the stop item
+        }
+        each(&m);
+        let seq = expected.to_le_bytes();
+        assert!(m.len() == size && m[..8] == seq && m[size - 8..] == seq, "bad item");
+        expected += 1;
+        if m[8] == 1 {
+            ack.send_copy(expected).unwrap();
+        }
+    }
+}
+
+/// Waits (spinning) for an acknowledgement on `acks` and returns the count it carries.
+pub fn next_ack(acks: &Subscriber<Ipc, u64, ()>) -> u64 {
+    loop {
+        if let Some(a) = acks.receive().unwrap() {
+            return *a;
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// The listener of event service `name` (this process sleeps on it).
 pub fn listener(node: &Node<Ipc>, name: &str) -> Listener<Ipc> {
     event(node, name).listener_builder().create().expect("iceoryx2 listener")

@@ -65,6 +65,38 @@ pub fn peer(role: &str, name: &str, index: usize, stdio: bool) -> Peer {
     Peer(cmd.spawn().expect("spawn peer"))
 }
 
+/// Criterion as the multi-process benches run it: 1 s warm-up, 3 s measurement, 20
+/// samples, then the command line's options.
+pub fn criterion() -> criterion::Criterion {
+    criterion::Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .configure_from_args()
+}
+
+/// A stream consumer: reads items of `size` bytes, each carrying its sequence number first
+/// (checked), runs `each` on it, and acknowledges an item whose byte 8 is 1 by writing the
+/// count so far; until the stream ends.
+pub fn numbered_sink(
+    mut r: impl std::io::Read,
+    mut w: impl std::io::Write,
+    size: usize,
+    mut each: impl FnMut(&[u8]),
+) {
+    let mut buf = vec![0u8; size];
+    let mut expected = 0u64;
+    while r.read_exact(&mut buf).is_ok() {
+        each(&buf);
+        assert_eq!(buf[..8], expected.to_le_bytes(), "bad item");
+        expected += 1;
+        if buf[8] == 1 {
+            w.write_all(&expected.to_le_bytes()).unwrap();
+            w.flush().unwrap();
+        }
+    }
+}
+
 /// A name no other benchmark (or run) uses.
 pub fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
 
 /// The primary context of this process's device, and a new stream on it: device 0 for a
 /// test's own process; for the processes a test starts (its peers),
@@ -31,4 +31,18 @@ pub fn value(seq: u64) -> u32 {
 pub fn memset(ptr: sys::CUdeviceptr, v: u32, words: usize, stream: &CudaStream) {
     // SAFETY: `ptr` is a slot (or buffer) of at least `words` words, used in stream order.
     unsafe { sys::cuMemsetD32Async(ptr, v, words, stream.cu_stream()) }.result().unwrap();
+}
+
+/// Copies `out.len()` words at `ptr` to the host, in `stream`'s order, and waits for them.
+pub fn read_words(ptr: sys::CUdeviceptr, out: &mut [u32], stream: &CudaStream) {
+    // SAFETY: `ptr` is valid for `out.len()` words in `stream`'s order; `out` lives until
+    // the synchronize below.
+    unsafe { result::memcpy_dtoh_async(out, ptr, stream.cu_stream()) }.unwrap();
+    stream.synchronize().unwrap();
+}
+
+/// Copies `bytes` bytes from `src` to `dst`, in `stream`'s order.
+pub fn copy(dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize, stream: &CudaStream) {
+    // SAFETY: both ranges are live device memory of at least `bytes`, in stream order.
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.unwrap();
 }
