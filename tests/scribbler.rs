@@ -1,6 +1,8 @@
-//! A hostile process of the same user scribbles on a live channel: random words written
-//! into the channel segment (header, ring control, participant table, claim lines, cells)
-//! and into the sender's pool segment (slot records, free ring) while a sender streams and
+//! A hostile process of the same user scribbles on a live channel (SPSC, MPMC, broadcast):
+//! random words written into the channel segment (header, ring control, participant table,
+//! claim lines or a broadcast ring's readers mask and cursors, cells) and into the sender's
+//! pool segment (slot records, with a broadcast slot's holders mask and sent position;
+//! free ring) while a sender streams and
 //! a receiver receives. The receiver must never panic or fault: every call returns a
 //! message or a typed error, and the scribbling shows up as `Corrupted`. `inspect` of the
 //! segment must not panic either, and the sender must not crash.
@@ -133,10 +135,15 @@ fn receiver_survives_a_scribbler() {
         _ => {}
     }
     let test = "receiver_survives_a_scribbler";
-    for mpmc in [false, true] {
+    for flavor in ["spsc", "mpmc", "broadcast"] {
         let name = unique_name("scribble");
         let builder = Channel::builder(&name).capacity(16).slots(8, SLOT_SIZE as u64);
-        let ch = if mpmc { builder.mpmc() } else { builder }.create().unwrap();
+        let builder = match flavor {
+            "mpmc" => builder.mpmc(),
+            "broadcast" => builder.broadcast(),
+            _ => builder,
+        };
+        let ch = builder.create().unwrap();
         let rx = ch.receiver().unwrap();
         let mut sender = Peer::spawn(test, "sender", &name);
         let pool = sender.expect("pool ");
@@ -191,7 +198,7 @@ fn receiver_survives_a_scribbler() {
         println!(
             "{}: {done} words scribbled; received {received}, Corrupted {corrupted} \
              (sender: {sender_corrupted}), timeouts {timeouts}, other errors {other:?}",
-            if mpmc { "mpmc" } else { "spsc" }
+            flavor
         );
         // A scribble may also stall the stream with no error at the receiver (the sender's
         // free ring or slot records scribbled: it never sends again), so either end counts.

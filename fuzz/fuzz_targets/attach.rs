@@ -29,9 +29,7 @@ fuzz_target!(|data: &[u8]| {
     let zero = Duration::ZERO;
     match pick % 4 {
         0 => {
-            if let Ok(ring) =
-                SpscRing::<Descriptor>::builder(&name).open_timeout(zero).open()
-            {
+            if let Ok(ring) = SpscRing::<Descriptor>::builder(&name).open_timeout(zero).open() {
                 if let Ok(mut rx) = ring.consumer() {
                     for _ in 0..4 {
                         let _ = rx.try_pop();
@@ -40,9 +38,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         1 => {
-            if let Ok(ring) =
-                MpmcRing::<u64>::builder(&name).open_timeout(zero).open()
-            {
+            if let Ok(ring) = MpmcRing::<u64>::builder(&name).open_timeout(zero).open() {
                 if let Ok(rx) = ring.consumer() {
                     for _ in 0..4 {
                         let _ = rx.try_pop();
@@ -51,8 +47,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         2 => {
-            if let Ok(ch) = Channel::builder(&name).open_timeout(zero).open()
-            {
+            if let Ok(ch) = Channel::builder(&name).open_timeout(zero).open() {
                 if let Ok(rx) = ch.receiver() {
                     for _ in 0..4 {
                         let _ = rx.try_recv();

@@ -1,7 +1,9 @@
 //! Descriptor validation: any 384 bytes, pushed raw into a live channel whose slots are
 //! all free (none in flight), are refused by the receiver with `TryRecvError::Corrupted`,
-//! whatever they say; the pool is left as it was (no slot lost or doubled), and nothing
-//! panics. `Descriptor::meta` is checked on the same bytes on the way.
+//! whatever they say; the pool is left as it was (no slot lost or doubled, a broadcast
+//! slot held by nobody), and nothing panics. An SPSC channel and a broadcast channel, as a
+//! byte after the descriptor says. `Descriptor::meta` is checked on the same bytes on the
+//! way.
 #![no_main]
 
 use gpuring::{Channel, Descriptor, Receiver, Sender, TensorMeta, TryRecvError};
@@ -14,25 +16,29 @@ struct Pair {
 }
 
 thread_local! {
-    // libFuzzer runs the target on one thread: one channel for the whole run.
-    static PAIR: Pair = {
-        let name = format!("gpuring-fuzz-desc-{}", std::process::id());
-        let ch = Channel::builder(&name).capacity(8).slots(4, 4096).create().expect("channel");
-        let tx = ch.sender().expect("sender");
-        let rx = ch.receiver().expect("receiver");
-        // The receiver maps the pool with a real message; then the names go, so that a
-        // run that ends abruptly (libFuzzer exits without running thread-local
-        // destructors) leaves nothing in /dev/shm. What is mapped stays usable.
-        let lease = tx.acquire().expect("a free slot");
-        tx.send(lease, TensorMeta::bytes(8)).expect("send");
-        drop(rx.recv().expect("the real message"));
-        let shm = std::path::Path::new("/dev/shm");
-        for pool in ch.pools() {
-            let _ = std::fs::remove_file(shm.join(&pool.name));
-        }
-        let _ = std::fs::remove_file(shm.join(&name));
-        Pair { _ch: ch, tx, rx }
-    };
+    // libFuzzer runs the target on one thread: one channel of each kind for the whole run.
+    static PAIRS: [Pair; 2] = [pair(false), pair(true)];
+}
+
+fn pair(broadcast: bool) -> Pair {
+    let kind = if broadcast { "bcast" } else { "spsc" };
+    let name = format!("gpuring-fuzz-desc-{kind}-{}", std::process::id());
+    let b = Channel::builder(&name).capacity(8).slots(4, 4096);
+    let ch = if broadcast { b.broadcast() } else { b }.create().expect("channel");
+    let tx = ch.sender().expect("sender");
+    let rx = ch.receiver().expect("receiver");
+    // The receiver maps the pool with a real message; then the names go, so that a
+    // run that ends abruptly (libFuzzer exits without running thread-local
+    // destructors) leaves nothing in /dev/shm. What is mapped stays usable.
+    let lease = tx.acquire().expect("a free slot");
+    tx.send(lease, TensorMeta::bytes(8)).expect("send");
+    drop(rx.recv().expect("the real message"));
+    let shm = std::path::Path::new("/dev/shm");
+    for pool in ch.pools() {
+        let _ = std::fs::remove_file(shm.join(&pool.name));
+    }
+    let _ = std::fs::remove_file(shm.join(&name));
+    Pair { _ch: ch, tx, rx }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -40,7 +46,8 @@ fuzz_target!(|data: &[u8]| {
     let n = data.len().min(bytes.len());
     bytes[..n].copy_from_slice(&data[..n]);
     let d: Descriptor = bytemuck::cast(bytes);
-    PAIR.with(|p| check(p, d, data.get(bytes.len()).copied()));
+    let extra = data.get(bytes.len()).copied();
+    PAIRS.with(|p| check(&p[usize::from(extra.is_some_and(|b| b & 2 == 2))], d, extra));
 });
 
 fn check(p: &Pair, mut d: Descriptor, extra: Option<u8>) {

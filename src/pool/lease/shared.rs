@@ -17,7 +17,7 @@
 
 use std::ops::Deref;
 
-use super::{PoolCore, SENT, SlotRef, pack, unpack};
+use super::{PoolCore, SENT, SlotRef, unpack};
 use crate::layout::{Corrupted, MpmcCell, SlotRecord};
 use crate::ring::Storage;
 use crate::sync::Ordering;
@@ -113,7 +113,6 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         if record.holders.load(Ordering::Acquire) != 0 {
             return false;
         }
-        debug_assert_eq!(word, pack(generation, SENT));
         self.give_back(SlotRef { slot, generation }, SENT)
     }
 
