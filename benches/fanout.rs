@@ -116,10 +116,11 @@ fn report_one_way(id: &str, name: &str, n: usize) {
 }
 
 /// Sends items one at a time through `send` (which stamps them) and `acked` (which waits
-/// until every consumer has the last), for up to [`ONE_WAY`] items or [`ONE_WAY_BUDGET`].
-fn one_way(mut send: impl FnMut(), mut acked: impl FnMut()) {
+/// until every consumer has the last), for up to [`ONE_WAY`] items (3 with `--test`) or
+/// [`ONE_WAY_BUDGET`].
+fn one_way(testing: bool, mut send: impl FnMut(), mut acked: impl FnMut()) {
     let start = Instant::now();
-    for _ in 0..ONE_WAY {
+    for _ in 0..if testing { 3 } else { ONE_WAY } {
         send();
         acked();
         if start.elapsed() > ONE_WAY_BUDGET {
@@ -187,6 +188,7 @@ fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usi
     if !g.selected(label) {
         return; // filtered out: no peers, no passes
     }
+    let testing = g.testing();
     let name = unique("fanout");
     let b = Channel::builder(&name).capacity(64).slots(slots, size as u64);
     let ch = if role == "spsc" { b } else { b.broadcast() }.create().unwrap();
@@ -222,7 +224,7 @@ fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usi
         all_back();
         t.elapsed()
     });
-    one_way(|| send(true), all_back);
+    one_way(testing, || send(true), all_back);
     let mut lease = tx.acquire().unwrap();
     lease.set_tag(STOP);
     tx.send(lease, TensorMeta::bytes(0)).unwrap();
@@ -235,6 +237,7 @@ fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
     if !g.selected("pipes") {
         return; // filtered out: no peers, no passes
     }
+    let testing = g.testing();
     let name = unique("pipes");
     let mut peers: Vec<_> = (0..n).map(|i| peer(&format!("pipe:{size}"), &name, i, true)).collect();
     let mut ends: Vec<_> =
@@ -272,7 +275,7 @@ fn bench_pipes(g: &mut Group<'_>, n: usize, size: usize) {
             r.read_exact(&mut ack).unwrap();
         }
     };
-    one_way(send, acked);
+    one_way(testing, send, acked);
     drop(ends); // each peer's read fails and it exits
     peers.into_iter().for_each(common::Peer::finish);
     report_one_way(&format!("{}/pipes", g.name()), &name, n);
@@ -283,6 +286,7 @@ fn bench_iceoryx2(g: &mut Group<'_>, n: usize, size: usize) {
     if !g.selected("iceoryx2") {
         return; // filtered out: no peers, no passes
     }
+    let testing = g.testing();
     let name = unique("icefanout");
     let node = ice::node();
     let data = ice::fanout_service(&node, &format!("{name}-data"), depth(size), n);
@@ -324,7 +328,7 @@ fn bench_iceoryx2(g: &mut Group<'_>, n: usize, size: usize) {
             ice::next_ack(a);
         }
     };
-    one_way(send, acked);
+    one_way(testing, send, acked);
     tx.loan_slice_uninit(0).unwrap().write_from_fn(|_| 0).send().unwrap(); // stop
     peers.into_iter().for_each(common::Peer::finish);
     report_one_way(&format!("{}/iceoryx2", g.name()), &name, n);

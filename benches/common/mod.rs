@@ -266,6 +266,11 @@ impl Samples {
         self.rows.push((id.to_owned(), payload, at(0.5), at(0.99), v.len()));
     }
 
+    /// Whether the bench runs in test mode (`--test`: a few items a case, nothing written).
+    pub fn testing(&self) -> bool {
+        self.test
+    }
+
     /// Whether the filter (if any) selects case `id`. Criterion reads the filter as a regex;
     /// here `a|b|c` (alternatives of plain substrings) selects the same cases.
     pub fn selected(&self, id: &str) -> bool {
@@ -311,6 +316,11 @@ impl<'a> Group<'a> {
     /// The group's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the bench runs in test mode (`--test`).
+    pub fn testing(&self) -> bool {
+        self.samples.testing()
     }
 
     /// Whether the command line's filter selects case `label` of this group.
