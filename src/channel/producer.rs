@@ -7,9 +7,8 @@ use super::Flavor;
 use crate::descriptor::Descriptor;
 use crate::layout::{MpmcCell, ParticipantId, SpscCell};
 use crate::liveness::{AttachError, Blocked, Watch};
-use crate::ring::broadcast::{self, Cursors, ReaderDropped, bits};
+use crate::ring::broadcast::{self, ReaderDropped};
 use crate::ring::{PushTimeoutError, RingSegment, ShmStorage, Storage, mpmc, spsc};
-use crate::sync::Ordering;
 use crate::wait::{Deadline, WaitPolicy};
 #[cfg(feature = "async")]
 use crate::{liveness::Role, wait::reactor::Park};
@@ -61,15 +60,14 @@ impl ProducerRing {
         }
     }
 
-    /// Broadcast rings: drops every reader in the readers mask or in `held` (a mask of
-    /// places that hold slots) whose place nobody holds any more, running `also` on each
-    /// under its lock; how many. Slow paths (ticks): a lock probe per place.
-    pub(super) fn drop_dead_readers(&self, held: u64, also: &dyn Fn(usize)) -> usize {
-        let RingEnd::Broadcast(p) = &self.0 else { return 0 };
-        let storage = p.storage();
-        // Relaxed: which places to look at; each is settled under its lock.
-        let mask = storage.readers().load(Ordering::Relaxed) | held;
-        bits(mask).filter(|&i| storage.drop_if_gone(i, also)).count()
+    /// Broadcast rings: drops the dead readers, those of the mask and those of `held` (a
+    /// mask of places that hold slots), each with the `on_reader_dropped` action; how
+    /// many (see `broadcast::Producer::drop_gone_readers`).
+    pub(super) fn drop_dead_readers(&self, held: u64) -> usize {
+        match &self.0 {
+            RingEnd::Broadcast(p) => p.drop_gone_readers(held),
+            _ => 0,
+        }
     }
 
     /// Pushes `d`, waiting until `deadline`; an error does not carry the descriptor back

@@ -112,7 +112,7 @@ impl<B: Backend> Channel<B> {
         let pool = Arc::new(registered.pool);
         // Broadcast: a dead reader dropped at a tick of a push lets go of its slots too.
         let holds = pool.clone();
-        ring.on_reader_dropped(ReaderDropped(Arc::new(move |i| holds.core.clear_holder(i))));
+        ring.on_reader_dropped(ReaderDropped(Box::new(move |i| holds.core.clear_holder(i))));
         Ok(Sender {
             channel: self.inner.clone(),
             free: pool.core.free_consumer(),
@@ -192,7 +192,7 @@ impl<B: Backend> Sender<B> {
         let core = &self.pool.core;
         self.ring(|r| {
             if ticking {
-                r.drop_dead_readers(core.holders(), &|i| core.clear_holder(i));
+                r.drop_dead_readers(core.holders());
             }
             r.slowest().map_or(0, |min| core.reclaim_all_sent(min))
         })

@@ -93,8 +93,7 @@ pub struct Producer<T, S> {
 }
 
 /// What a broadcast channel does when a dead reader is dropped: clear its holds.
-#[derive(Clone)]
-pub(crate) struct ReaderDropped(pub(crate) std::sync::Arc<dyn Fn(usize) + Send + Sync>);
+pub(crate) struct ReaderDropped(pub(crate) Box<dyn Fn(usize) + Send + Sync>);
 
 impl core::fmt::Debug for ReaderDropped {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -188,10 +187,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
         let storage = &*storage;
         let attempt = || try_push_in(storage, local, value).map(Some).or_else(push_retry);
         let on_tick = || {
-            // Relaxed: which places to look at; each drop decides under its entry's lock.
-            let mask = storage.readers().load(Ordering::Relaxed);
-            let also = |i| on_drop.as_ref().map_or((), |f| (f.0)(i));
-            let dropped = bits(mask).filter(|&i| storage.drop_if_gone(i, &also)).count();
+            let dropped = drop_gone_readers(storage, on_drop.as_ref(), 0);
             if dropped > 0 { Tick::Retry } else { Tick::Idle }
         };
         wait_for(storage, Role::Producer, *policy, deadline, attempt, on_tick)
@@ -212,6 +208,15 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
     /// A lower bound of every counted reader's cursor, computed now (see [`slowest_now`]).
     pub fn slowest(&self) -> u64 {
         slowest(&self.storage, self.local.tail, self.local.own)
+    }
+
+    /// Drops every reader in the readers mask or in `held` (places a broadcast channel's
+    /// slots name as holders) whose place nobody holds any more, with this producer's
+    /// [`on_reader_dropped`](Self::on_reader_dropped) run under each place's lock; how
+    /// many. Slow paths (ticks): a lock probe per place.
+    #[cfg_attr(loom, allow(dead_code))] // used by channels
+    pub(crate) fn drop_gone_readers(&self, held: u64) -> usize {
+        drop_gone_readers(&self.storage, self.on_drop.as_ref(), held)
     }
 
     /// Whether every reader is gone, and how (see `ring::peers_gone`).
@@ -321,8 +326,16 @@ pub fn slowest_now<S: Storage + Cursors>(storage: &S) -> u64 {
     slowest(storage, tail, 0)
 }
 
+/// [`Producer::drop_gone_readers`] over the producer's parts.
+fn drop_gone_readers<S: Cursors>(storage: &S, on_drop: Option<&ReaderDropped>, held: u64) -> usize {
+    let also = |i| on_drop.map_or((), |f| (f.0)(i));
+    // Relaxed: which places to look at; each drop decides under its entry's lock.
+    let mask = storage.readers().load(Ordering::Relaxed) | held;
+    bits(mask).filter(|&i| storage.drop_if_gone(i, &also)).count()
+}
+
 /// The indices of the bits set in `mask`, below [`MAX_READERS`].
-pub(crate) fn bits(mask: u64) -> impl Iterator<Item = usize> {
+fn bits(mask: u64) -> impl Iterator<Item = usize> {
     (0..MAX_READERS).filter(move |&i| mask & (1 << i) != 0)
 }
 
