@@ -48,7 +48,10 @@ use crate::liveness::{Role, Tick};
 use crate::sync::{AtomicU64, Ordering, fence};
 use crate::wait::{Deadline, WaitPolicy, notify};
 
+mod dead;
 mod heap;
+pub(crate) use dead::ReaderDropped;
+use dead::drop_gone_readers;
 pub use heap::{HeapCursors, Subscriber, with_capacity, with_policy};
 
 /// Readers of one broadcast ring at once (one bit each of the readers mask).
@@ -90,15 +93,6 @@ pub struct Producer<T, S> {
     /// Run with the index of each dead reader dropped at a tick, under its place's lock.
     on_drop: Option<ReaderDropped>,
     _elem: PhantomData<fn(T) -> T>,
-}
-
-/// What a broadcast channel does when a dead reader is dropped: clear its holds.
-pub(crate) struct ReaderDropped(pub(crate) Box<dyn Fn(usize) + Send + Sync>);
-
-impl core::fmt::Debug for ReaderDropped {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str("ReaderDropped")
-    }
 }
 
 /// The producer's own positions.
@@ -324,14 +318,6 @@ pub fn slowest_now<S: Storage + Cursors>(storage: &S) -> u64 {
     // Acquire: pairs with the producer's Release `tail` store.
     let tail = storage.control().tail.load(Ordering::Acquire);
     slowest(storage, tail, 0)
-}
-
-/// [`Producer::drop_gone_readers`] over the producer's parts.
-fn drop_gone_readers<S: Cursors>(storage: &S, on_drop: Option<&ReaderDropped>, held: u64) -> usize {
-    let also = |i| on_drop.map_or((), |f| (f.0)(i));
-    // Relaxed: which places to look at; each drop decides under its entry's lock.
-    let mask = storage.readers().load(Ordering::Relaxed) | held;
-    bits(mask).filter(|&i| storage.drop_if_gone(i, &also)).count()
 }
 
 /// The indices of the bits set in `mask`, below [`MAX_READERS`].
