@@ -166,6 +166,83 @@ fn a_killed_receiver_stops_holding_the_sender_back_within_a_tick() {
     assert_eq!(tx.free_slots(), 4, "every slot back, the victim's two included");
 }
 
+/// A lagging channel's slow receiver: receives until the sender has left, sleeping
+/// `GPURING_TEST_NAP_US` after each message and holding it meanwhile; every message it gets
+/// must come after the last (checked at both ends of its payload); it announces
+/// `got <received> <missed> <last>`. With `die_after`, SIGKILLed holding that many's last.
+fn lagging_receiver(die_after: Option<u64>) {
+    let ch = Channel::builder(ring_name()).open().unwrap();
+    assert!(ch.is_lagging());
+    let rx = ch.receiver().unwrap();
+    let nap = std::env::var("GPURING_TEST_NAP_US").map_or(0, |s| s.parse().unwrap());
+    announce("ready");
+    let (mut received, mut missed, mut last) = (0u64, 0u64, None::<u64>);
+    loop {
+        match rx.recv() {
+            Ok(msg) => {
+                let v = value(&msg);
+                assert!(last.is_none_or(|l| v > l), "in order: {v} after {last:?}");
+                assert_eq!(msg.seq(), v);
+                (received, last) = (received + 1, Some(v));
+                if die_after == Some(received) {
+                    die(); // holding `msg`
+                }
+                std::thread::sleep(Duration::from_micros(nap));
+            }
+            Err(RecvError::Lagged(n)) => {
+                assert!(n > 0);
+                missed += n;
+            }
+            Err(RecvError::Disconnected) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    announce(&format!("got {received} {missed} {}", last.unwrap()));
+}
+
+#[test]
+fn a_lagging_sender_never_waits_and_a_slow_receiver_is_told_what_it_missed() {
+    const TEST: &str = "a_lagging_sender_never_waits_and_a_slow_receiver_is_told_what_it_missed";
+    const N: u64 = 3000;
+    match role().as_deref() {
+        Some("slow") => return lagging_receiver(None),
+        Some("victim") => return lagging_receiver(Some(10)),
+        _ => {}
+    }
+    let name = unique_name("bcast-lag");
+    let ch = Channel::builder(&name).broadcast().lagging(true).capacity(16).slots(4, SLOT as u64);
+    let ch = ch.create().unwrap();
+    assert!(ch.is_lagging());
+    let tx = ch.sender().unwrap();
+    let nap = [("GPURING_TEST_NAP_US", "300".to_owned())];
+    let mut slow = Peer::spawn_with(TEST, "slow", &name, &nap);
+    let mut victim = Peer::spawn_with(TEST, "victim", &name, &nap);
+    slow.expect("ready");
+    victim.expect("ready");
+    // Never a wait: every acquire finds a slot at once, before the victim's death (it holds
+    // one) and after it (its hold stays until a wait's tick, and one slot of four is left
+    // to it), whatever the slow receiver has not read.
+    for v in 0..N {
+        let mut lease = tx.try_acquire().unwrap_or_else(|e| panic!("message {v}: {e}"));
+        lease[..8].copy_from_slice(&v.to_le_bytes());
+        lease[SLOT - 8..SLOT].copy_from_slice(&v.to_le_bytes());
+        tx.send(lease, TensorMeta::bytes(SLOT as u64)).unwrap();
+        if v % 64 == 0 {
+            std::thread::sleep(Duration::from_micros(200)); // the receiver gets some
+        }
+    }
+    victim.died();
+    drop(tx);
+    let got = slow.expect("got");
+    let [received, missed, last]: [u64; 3] =
+        got.split(' ').map(|x| x.parse().unwrap()).collect::<Vec<_>>().try_into().unwrap();
+    eprintln!("slow receiver: received, missed, last = {got}");
+    assert_eq!(received + missed, N, "each message received or counted missed: {got}");
+    assert!(received > 0 && missed > 0, "a slow receiver gets some and misses some: {got}");
+    assert_eq!(last, N - 1, "the last message sent is never retired: {got}");
+    assert!(slow.child.wait().unwrap().success());
+}
+
 #[test]
 fn receivers_get_peer_dead_after_what_a_killed_sender_sent() {
     const TEST: &str = "receivers_get_peer_dead_after_what_a_killed_sender_sent";

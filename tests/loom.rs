@@ -1193,3 +1193,62 @@ fn broadcast_slot_goes_back_only_after_every_holder() {
 fn broadcast_slot_with_a_reader_joining_during_the_send() {
     broadcast_slot(true);
 }
+
+/// A lagging broadcast channel's retirement (`pool::lease::shared`): a heap pool of one
+/// slot; the sender sends message 1 in it (the descriptor handed over by an atomic, as the
+/// ring's Release publish would), then, twice, yielding between, tries to retire the slot
+/// (`retire_oldest`) and write message 2 in it, while a reader takes its hold
+/// (`hold_retirable`), reads the slot in place and drops its hold. The slot's bytes are a
+/// loom cell: a write while the reader reads is a data race loom reports. The reader
+/// reads message 1 or is told it missed it, never message 2. Fails without either side's
+/// SeqCst fence (checked: the sender's, the reader's).
+#[test]
+fn a_retired_slot_is_never_rewritten_under_a_reader() {
+    use gpuring::internal::heap_pool;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicU64, Ordering};
+    builder(2).check(|| {
+        let pool = Arc::new(heap_pool(1));
+        let bytes = Arc::new(UnsafeCell::new(0u64));
+        let published = Arc::new(AtomicU64::new(0));
+        let reader = {
+            let (pool, bytes, published) = (pool.clone(), bytes.clone(), published.clone());
+            thread::spawn(move || {
+                let d = loop {
+                    // Acquire (model): the ring's read of the descriptor.
+                    match published.load(Ordering::Acquire) {
+                        0 => thread::yield_now(),
+                        d => break d,
+                    }
+                };
+                let held =
+                    pool.hold_retirable(d as u32, d >> 32, 1).expect("a valid descriptor")?;
+                // SAFETY: (model) a read of the slot under the reader's hold.
+                let v = bytes.with(|p| unsafe { *p });
+                pool.release_shared(held, 1);
+                Some(v)
+            })
+        };
+        let lease = pool.try_lease().unwrap().unwrap();
+        // SAFETY: (model) the sender's write of its leased slot.
+        bytes.with_mut(|p| unsafe { *p = 1 });
+        pool.set_sent_at(lease, 0);
+        pool.mark_sent(lease);
+        // Release (model): the ring's publish.
+        published
+            .store(u64::from(lease.slot) | u64::from(lease.generation) << 32, Ordering::Release);
+        for _ in 0..2 {
+            if pool.retire_oldest(1) {
+                let again = pool.try_lease().unwrap().expect("the retired slot, free");
+                assert_eq!(again.slot, lease.slot);
+                // SAFETY: (model) the write of message 2, which the reader may not race.
+                bytes.with_mut(|p| unsafe { *p = 2 });
+                break;
+            }
+            thread::yield_now();
+        }
+        let got = reader.join().unwrap();
+        assert!(got.is_none_or(|v| v == 1), "message 1 or told it was missed: {got:?}");
+    });
+}

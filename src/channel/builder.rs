@@ -75,6 +75,7 @@ struct Options {
     slot_size: u64,
     max_senders: Option<u32>,
     redeliver: bool,
+    lagging: bool,
 }
 
 // By hand: a derive would ask `B: Clone` of the backend marker, not of what is cloned.
@@ -94,6 +95,7 @@ impl ChannelBuilder<Host> {
             slot_size: 1 << 20,
             max_senders: None,
             redeliver: true,
+            lagging: false,
         };
         Self { segment: SegmentOptions::new(name.into()), opts, ctx: () }
     }
@@ -141,6 +143,39 @@ impl<B: Backend> ChannelBuilder<B> {
     /// ```
     pub fn broadcast(mut self) -> Self {
         self.opts.flavor = Some(Flavor::Broadcast);
+        self
+    }
+
+    /// Broadcast channels: whether the sender never waits for a receiver that is behind
+    /// (default `false`; set at create, `open` takes the creator's).
+    ///
+    /// By default ([`broadcast`](Self::broadcast)) the slowest receiver holds the sender
+    /// back and nothing is lost. A *lagging* channel's sender, when it needs a slot and
+    /// none is free, takes back the slot of the oldest message that no receiver holds now,
+    /// even if some receiver has not read it yet; that receiver's next receive says how
+    /// many it missed ([`RecvError::Lagged`](crate::RecvError::Lagged), as
+    /// `tokio::sync::broadcast` does) and the one after goes on with the oldest message
+    /// still there. The sender waits only while every slot holds a message that a receiver
+    /// has in hand (received and not yet dropped): zero-copy, a message held is never
+    /// rewritten. Choose it where the newest data matters more than every item (video
+    /// frames, telemetry, the latest weights).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-builder-lagging");
+    /// use gpuring::{Channel, RecvError, TensorMeta};
+    /// let ch = Channel::builder("doc-builder-lagging").broadcast().lagging(true).slots(2, 64).create()?;
+    /// let (tx, rx) = (ch.sender()?, ch.receiver()?);
+    /// for i in 0..5u8 {
+    ///     let mut lease = tx.try_acquire()?; // never waits: rx holds nothing
+    ///     lease[0] = i;
+    ///     tx.send(lease, TensorMeta::bytes(1))?;
+    /// }
+    /// assert!(matches!(rx.recv(), Err(RecvError::Lagged(3)))); // two slots: 3 and 4 are left
+    /// assert_eq!((rx.recv()?[0], rx.recv()?[0]), (3, 4));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn lagging(mut self, on: bool) -> Self {
+        self.opts.lagging = on;
         self
     }
 
@@ -230,6 +265,11 @@ impl<B: Backend> ChannelBuilder<B> {
         if PoolLayout::for_backend(B::CODE, slot_count, slot_size).is_none() {
             return Err(ChannelError::InvalidPool { slot_count, slot_size });
         }
+        if self.opts.lagging && flavor != Flavor::Broadcast {
+            return Err(ChannelError::InvalidConfig {
+                reason: "lagging applies to broadcast channels (`.broadcast()`)",
+            });
+        }
         if flavor == Flavor::Mpmc && self.opts.capacity < 2 {
             return Err(ChannelError::InvalidCapacity { capacity: self.opts.capacity });
         }
@@ -263,6 +303,9 @@ impl<B: Backend> ChannelBuilder<B> {
                     &layout.ring,
                     |i| MpmcCell::new(i as u64),
                 ),
+            }
+            if self.opts.lagging {
+                RingSegment::set_lagging_in(seg, &layout.ring);
             }
             Ok::<_, ShmError>(())
         })?;

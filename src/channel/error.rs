@@ -288,6 +288,14 @@ wait_errors! {
         SenderGone => f.write_str(
             "the message's sender has left or died, and its device memory with it: dropped unread",
         );
+        /// Lagging broadcast channels ([`ChannelBuilder::lagging`](crate::ChannelBuilder::lagging)):
+        /// this receiver fell behind and the sender, which never waits for it, reused the
+        /// slots of this many messages before it read them. The next receive goes on with
+        /// the oldest message still there.
+        Lagged(missed: u64) => write!(
+            f,
+            "this receiver fell behind a lagging broadcast channel and missed {missed} messages"
+        );
     }
 }
 

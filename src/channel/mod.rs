@@ -171,6 +171,19 @@ impl<B: Backend> Channel<B> {
         self.inner.redeliver
     }
 
+    /// Broadcast channels: whether the sender never waits for a receiver that is behind
+    /// (as its creator chose: [`ChannelBuilder::lagging`]).
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-lagging");
+    /// let ch = gpuring::Channel::builder("doc-mod-lagging").broadcast().create()?;
+    /// assert!(!ch.is_lagging(), "the default: the slowest receiver holds the sender back");
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    pub fn is_lagging(&self) -> bool {
+        self.inner.flavor == Flavor::Broadcast && self.inner.ring.is_lagging()
+    }
+
     /// Descriptor ring cells.
     ///
     /// ```

@@ -44,6 +44,14 @@ impl ProducerRing {
         }
     }
 
+    /// Lagging broadcast rings: the position the next push writes (`None` for the others).
+    pub(super) fn lagging_next(&self) -> Option<u64> {
+        match &self.0 {
+            RingEnd::Broadcast(p) if p.is_lagging() => Some(p.next_position()),
+            _ => None,
+        }
+    }
+
     /// Broadcast rings: a lower bound of every counted reader's cursor, computed now.
     pub(super) fn slowest(&self) -> Option<u64> {
         match &self.0 {

@@ -35,6 +35,7 @@ use crate::wait::{Deadline, WaitPolicy, blocking, receive_iter};
 use crate::{liveness::Role, wait::reactor::Park};
 
 mod checks;
+mod lagging;
 mod pools;
 
 /// The consumer end of a channel's descriptor ring.
@@ -126,6 +127,10 @@ pub struct Receiver<B: Backend = Host> {
     /// Broadcast channels: this reader's bit in the slots' holders masks, and its end of
     /// the ring, which each of its messages' holds keeps (`pool::SharedHold`).
     shared: Option<(u64, Arc<ShmStorage<SpscCell<Descriptor>>>)>,
+    /// Lagging broadcast channels: whether the ring is (its reader's reading), and what the
+    /// receive after a `Lagged` returns (`lagging.rs`).
+    lagging: bool,
+    pending: Cell<Option<Result<Taken<B>, RecvTimeoutError<B>>>>,
 }
 
 /// A message taken, checked and held, not yet made ready by the backend.
@@ -183,12 +188,12 @@ impl<B: Backend> Channel<B> {
     /// lives; or the ring's positions are impossible).
     pub fn receiver(&self) -> Result<Receiver<B>, super::ChannelError<B>> {
         let rx = Rx::attach(&self.inner)?;
-        let shared = match &rx {
+        let (shared, lagging) = match &rx {
             Rx::Broadcast(c) => {
                 let c = c.borrow();
-                Some((1u64 << c.index(), Arc::new(c.storage().clone())))
+                (Some((1u64 << c.index(), Arc::new(c.storage().clone()))), c.is_lagging())
             }
-            _ => None,
+            _ => (None, false),
         };
         let pools = (0..self.inner.max_pools()).map(|_| None).collect();
         let unmapped = vec![0; self.inner.max_pools() as usize].into_boxed_slice();
@@ -203,6 +208,8 @@ impl<B: Backend> Channel<B> {
             first: Cell::new(true),
             unmapped: RefCell::new(unmapped),
             shared,
+            lagging,
+            pending: Cell::new(None),
         })
     }
 }
@@ -227,7 +234,7 @@ impl<B: Backend> Receiver<B> {
     /// A sender that died leaves its pool to the receivers: at each liveness tick of a
     /// wait, after a message from such a pool, and before `PeerDead` is returned, the pools
     /// of dead senders are closed (`close_dead_senders`).
-    fn recv_until(&self, deadline: Deadline) -> Result<Message<B>, RecvTimeoutError<B>> {
+    fn take_until(&self, deadline: Deadline) -> Result<Taken<B>, RecvTimeoutError<B>> {
         let redeliver = self.channel.redeliver;
         if redeliver && (self.first.get() || self.channel.orphans_hinted()) {
             self.first.set(false);
@@ -235,7 +242,7 @@ impl<B: Backend> Receiver<B> {
             if let Some(taken) = self.redeliver_one() {
                 // There may be more: the next receive looks again.
                 self.channel.note_orphans();
-                return self.deliver(taken?);
+                return taken;
             }
         }
         let then = |d| self.check_and_hold(d);
@@ -253,7 +260,12 @@ impl<B: Backend> Receiver<B> {
         let popped = match &self.rx {
             Rx::Spsc(c) => c.borrow_mut().pop_then_ticking(deadline, then, tick),
             Rx::Mpmc(c) => c.pop_then_ticking(deadline, then, tick),
-            Rx::Broadcast(c) => c.borrow_mut().read_then_ticking(deadline, |_, d| then(d), tick),
+            Rx::Broadcast(c) => {
+                // A lagging ring's jump ends the wait as a lag of the channel's (`recv_until`).
+                let lagged =
+                    |missed| self.lagging.then_some(Err((RecvTimeoutError::Lagged(missed), None)));
+                c.borrow_mut().read_then_ticking(deadline, |_, d| then(d), lagged, tick)
+            }
         };
         if matches!(popped, Ok(Ok(_))) {
             // The descriptor has left the ring; the message is this receiver's alone.
@@ -274,21 +286,12 @@ impl<B: Backend> Receiver<B> {
         if self.saw_dead_owner.take() || matches!(popped, Err(PopTimeoutError::PeerDead)) {
             self.close_dead_senders();
         }
-        let taken = popped.map_err(|e| match e {
+        popped.map_err(|e| match e {
             PopTimeoutError::Timeout => RecvTimeoutError::Timeout,
             PopTimeoutError::Disconnected => RecvTimeoutError::Disconnected,
             PopTimeoutError::PeerDead => RecvTimeoutError::PeerDead,
             PopTimeoutError::Corrupted(c) => RecvTimeoutError::Corrupted(c),
-        })??;
-        self.deliver(taken)
-    }
-
-    /// The backend's part of a receive (a GPU receiver's stream waits for the sender's
-    /// writes), then the message. On an error the hold goes, and the slot back unread.
-    fn deliver(&self, t: Taken<B>) -> Result<Message<B>, RecvTimeoutError<B>> {
-        let policy = self.wait_policy();
-        let view = B::deliver(&self.receiving, &t.pool.imported, &t.hold, &t.desc, policy)?;
-        Ok(Message::new(t.hold, t.desc, t.meta, view, t.redelivered))
+        })?
     }
 
     /// Whether the sender of pool `seg` died (the kernel marked its owner word: one load);

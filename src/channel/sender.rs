@@ -153,7 +153,7 @@ impl<B: Backend> Sender<B> {
             let queued = |slot, generation| self.queued(slot, generation);
             let mut found = core.reclaim_dead(B::holder_gone, queued, redeliver);
             if self.channel.flavor == Flavor::Broadcast {
-                found.back += self.reclaim_broadcast(true);
+                found.back += self.make_room(true);
             }
             if found.orphans > 0 {
                 self.channel.note_orphans();
@@ -171,7 +171,7 @@ impl<B: Backend> Sender<B> {
                 Err(PopTimeoutError::Corrupted(c)) => {
                     return Err(AcquireTimeoutError::Corrupted(c));
                 }
-                Err(_) => _ = self.reclaim_broadcast(false),
+                Err(_) => _ = self.make_room(false),
             }
         }
         let slot = core.lease_until(&self.free, deadline, tick).map_err(|e| match e {
@@ -196,6 +196,18 @@ impl<B: Backend> Sender<B> {
             }
             r.slowest().map_or(0, |min| core.reclaim_all_sent(min))
         })
+    }
+
+    /// Broadcast channels with no free slot: [`reclaim_broadcast`](Self::reclaim_broadcast),
+    /// and where that found none and the channel is lagging, the retirement of the oldest
+    /// message nobody holds (`PoolCore::retire_oldest`: a reader that has not read it yet
+    /// is told it missed it). How many slots came back.
+    fn make_room(&self, ticking: bool) -> u32 {
+        let back = self.reclaim_broadcast(ticking);
+        match self.ring(|r| r.lagging_next()) {
+            Some(next) if back == 0 => u32::from(self.pool.core.retire_oldest(next)),
+            _ => back,
+        }
     }
 
     /// Whether a descriptor of this sender naming `slot` at `generation` is still in the

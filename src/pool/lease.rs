@@ -388,7 +388,13 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         // A death here leaves the slot RETURNING by a party that is gone, off the free
         // ring: `reclaim_dead` pushes it again.
         crate::fault::point("release_marked");
-        match self.free_tx.push_until(lease.slot, Deadline::Never) {
+        self.push_free(lease.slot)
+    }
+
+    /// Pushes `slot`, marked RETURNING by this endpoint, on the free ring (and wakes a
+    /// sender waiting for one).
+    fn push_free(&self, slot: u32) -> bool {
+        match self.free_tx.push_until(slot, Deadline::Never) {
             Ok(()) => true,
             // The free ring has room for every slot and every cell a dead returner left
             // (see `PoolLayout`): a full or broken ring is corruption, and the slot cannot

@@ -79,8 +79,7 @@ unsafe impl<C> super::broadcast::Cursors for ShmStorage<C> {
         self.ring.table.cursor(index)
     }
     fn lagging(&self) -> bool {
-        // Relaxed: set by the creator before the segment was published.
-        self.ring.header().lagging.load(Ordering::Relaxed) != 0
+        self.ring.is_lagging()
     }
     fn drop_if_gone(&self, index: usize, also: &dyn Fn(usize)) -> bool {
         let readers = &self.ring.header().readers;
@@ -164,6 +163,13 @@ impl RingSegment {
     /// Number of cells.
     pub(crate) fn capacity(&self) -> usize {
         self.layout.capacity
+    }
+
+    /// Whether the header marks the ring lagging (broadcast rings: its producer never waits
+    /// for readers).
+    pub(crate) fn is_lagging(&self) -> bool {
+        // Relaxed: set by the creator before the segment was published.
+        self.header().lagging.load(Ordering::Relaxed) != 0
     }
 
     fn header(&self) -> &RingHeader {

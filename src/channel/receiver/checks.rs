@@ -26,8 +26,14 @@ impl<B: Backend> Receiver<B> {
                 SlotHold { pool: pool.seg.clone(), held, shared: None }
             }
             Some((bit, ring)) => {
-                let held = core.hold_shared(d.slot, d.generation, *bit);
-                let held = held.map_err(|c| (c.into(), None))?;
+                let held = if self.lagging {
+                    // Retired by the sender before we held it: one message missed.
+                    let held = core.hold_retirable(d.slot, d.generation, *bit);
+                    held.map_err(|c| (c.into(), None))?
+                        .ok_or((RecvTimeoutError::Lagged(1), None))?
+                } else {
+                    core.hold_shared(d.slot, d.generation, *bit).map_err(|c| (c.into(), None))?
+                };
                 let shared = Some(SharedHold { bit: *bit, ring: ring.clone() });
                 SlotHold { pool: pool.seg.clone(), held, shared }
             }

@@ -14,13 +14,23 @@
 //! last reader to drop the message tries that; the sender tries it for every sent slot when
 //! it finds no free slot, and at its liveness ticks (where a dead reader's bits are cleared
 //! first, [`clear_holder`](PoolCore::clear_holder)).
+//!
+//! *Lagging* channels (the sender never waits for a reader that is behind): a sender with
+//! no free slot *retires* the oldest sent slot nobody holds, whatever the cursors say
+//! ([`retire_oldest`](PoolCore::retire_oldest)): `SENT(g) → RETURNING`, a SeqCst fence,
+//! then `holders` (Acquire); if a bit is set, the state goes back to `SENT(g)` and the
+//! slot stays. A reader's hold ([`hold_retirable`](PoolCore::hold_retirable)) sets its bit,
+//! issues a SeqCst fence, then reads the state: of the two fences one comes first, so
+//! either the sender sees the bit (and keeps the slot), or the reader sees the slot no
+//! longer `SENT(g)` (and clears its bit: it missed that message). A slot is never rewritten
+//! under a reader that holds it (loom model `a_retired_slot_is_never_rewritten_under_a_reader`).
 
 use std::ops::Deref;
 
-use super::{PoolCore, SENT, SlotRef, unpack};
+use super::{PoolCore, RETURNING, SENT, SlotRef, by, pack, unpack};
 use crate::layout::{Corrupted, MpmcCell, SlotRecord};
 use crate::ring::Storage;
-use crate::sync::Ordering;
+use crate::sync::{Ordering, fence};
 
 /// Whether every cursor at or above `min` is past position `pos` (`min > pos`, wrapping).
 const fn passed(pos: u64, min: u64) -> bool {
@@ -46,6 +56,33 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// [`Corrupted`] (nothing changed) when the slot is out of range, the generation is not
     /// its current one, the slot is not sent, or this reader holds it already.
     pub fn hold_shared(&self, slot: u32, generation: u64, bit: u64) -> Result<SlotRef, Corrupted> {
+        self.hold(slot, generation, bit, false)?
+            .ok_or(Corrupted { what: "descriptor names a slot that is not in flight" })
+    }
+
+    /// [`hold_shared`](Self::hold_shared) in a lagging channel, whose sender may have
+    /// retired the slot (module docs): `None` when it did (the reader missed the message).
+    ///
+    /// # Errors
+    ///
+    /// As [`hold_shared`](Self::hold_shared), for what no retirement explains (a
+    /// generation ahead of the slot's, a slot leased but never sent at it).
+    pub fn hold_retirable(
+        &self,
+        slot: u32,
+        generation: u64,
+        bit: u64,
+    ) -> Result<Option<SlotRef>, Corrupted> {
+        self.hold(slot, generation, bit, true)
+    }
+
+    fn hold(
+        &self,
+        slot: u32,
+        generation: u64,
+        bit: u64,
+        lagging: bool,
+    ) -> Result<Option<SlotRef>, Corrupted> {
         let record = self
             .records
             .get(slot as usize)
@@ -58,20 +95,85 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         if record.holders.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
             return Err(Corrupted { what: "a reader was handed the same slot twice" });
         }
-        // Relaxed: the descriptor ring's Acquire read published the sender's SENT store; the
-        // slot cannot be leased again before our cursor passes the message.
+        if lagging {
+            // SeqCst: our bit before the state load, against a retiring sender's state CAS
+            // before its fence and its `holders` load (`retire`): one of us sees the other.
+            fence(Ordering::SeqCst);
+        }
+        // Relaxed: the descriptor ring's Acquire read published the sender's SENT store;
+        // the slot cannot be leased again before our cursor passes the message (blocking
+        // channels), or before the sender has seen our bit clear (lagging ones: above).
         let (now, state) = unpack(record.state.load(Ordering::Relaxed));
-        let refused = if now != generation {
-            stale
-        } else if state != SENT {
-            Corrupted { what: "descriptor names a slot that is not in flight" }
-        } else {
-            return Ok(SlotRef { slot, generation });
-        };
-        // Not ours to hold (a forged descriptor): the bit goes again. Relaxed: nothing was
-        // read under it.
+        if now == generation && state == SENT {
+            return Ok(Some(SlotRef { slot, generation }));
+        }
+        // Not ours to hold: the bit goes again. Relaxed: nothing was read under it.
         record.holders.fetch_and(!bit, Ordering::Relaxed);
-        Err(refused)
+        // Retired: going back (`RETURNING` at its generation), or leased since (a later one).
+        let later = now.wrapping_sub(generation);
+        if lagging && ((later == 0 && state == RETURNING) || (1..=u32::MAX / 2).contains(&later)) {
+            return Ok(None);
+        }
+        Err(if now != generation {
+            stale
+        } else {
+            Corrupted { what: "descriptor names a slot that is not in flight" }
+        })
+    }
+
+    /// Lagging channels: retires the sent slot nobody holds whose message went out first
+    /// (the lowest `sent_at` below `next`, the ring position the sender writes next) and puts
+    /// it on the free ring, whatever the cursors say; whether one went.
+    pub fn retire_oldest(&self, next: u64) -> bool {
+        // A reader may take its hold on the one chosen meanwhile: then the next oldest.
+        (0..self.slot_count()).any(|_| {
+            let oldest = self
+                .records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| {
+                    // Relaxed: a choice; `retire` decides.
+                    unpack(r.state.load(Ordering::Relaxed)).1 == SENT
+                        && r.holders.load(Ordering::Relaxed) == 0
+                })
+                // Relaxed: as above (the sender wrote it).
+                .max_by_key(|(_, r)| next.wrapping_sub(r.sent_at.load(Ordering::Relaxed)));
+            oldest.is_some_and(|(slot, _)| self.retire(slot as u32))
+        })
+    }
+
+    /// Retires sent slot `slot` if no reader holds it (module docs); whether it did.
+    fn retire(&self, slot: u32) -> bool {
+        let Some(record) = self.records.get(slot as usize) else {
+            return false;
+        };
+        // Relaxed: the CAS below decides.
+        let sent = record.state.load(Ordering::Relaxed);
+        let (generation, state) = unpack(sent);
+        let going = pack(generation, by(RETURNING, self.me()));
+        // SeqCst: as `give_back`'s (against `all_free`); the fence below orders it before
+        // the `holders` load.
+        if state != SENT
+            || record
+                .state
+                .compare_exchange(sent, going, Ordering::SeqCst, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        // SeqCst: pairs with the fence of a reader's `hold` (between its bit and its state
+        // load): either it sees `going`, or we see its bit.
+        fence(Ordering::SeqCst);
+        // Acquire: pairs with the Release clears of readers done with the slot.
+        if record.holders.load(Ordering::Acquire) != 0 {
+            // Held: it stays. Relaxed: nobody rewrote the slot; a reader that saw `going`
+            // meanwhile counted the message as missed.
+            let _ =
+                record.state.compare_exchange(going, sent, Ordering::Relaxed, Ordering::Relaxed);
+            return false;
+        }
+        crate::fault::point("retire_marked");
+        self.push_free(slot)
     }
 
     /// Drops reader `bit`'s hold on `held`; the holders left (`None`: it held none, a
@@ -161,6 +263,39 @@ mod tests {
         assert!(core.reclaim_sent(lease.slot, 6));
         assert!(!core.reclaim_sent(lease.slot, 6), "once");
         assert_eq!(core.free_slots(), 2);
+    }
+
+    #[test]
+    fn retiring_takes_the_oldest_unheld_message_and_its_reader_is_told() {
+        let pool = heap_pool(3);
+        let core = &pool;
+        let sent: Vec<_> = (0..3)
+            .map(|pos| {
+                let lease = core.try_lease().unwrap().unwrap();
+                core.set_sent_at(lease, pos);
+                core.mark_sent(lease);
+                lease
+            })
+            .collect();
+        let g = |i: usize| u64::from(sent[i].generation);
+        // Reader 1 holds message 0: the oldest unheld one, message 1, goes.
+        let held = core.hold_retirable(sent[0].slot, g(0), 2).unwrap().expect("held");
+        assert!(core.retire_oldest(3));
+        assert_eq!(core.free_slots(), 1);
+        assert_eq!(core.hold_retirable(sent[1].slot, g(1), 1), Ok(None), "retired: missed");
+        let again = core.try_lease().unwrap().unwrap();
+        assert_eq!(again.slot, sent[1].slot);
+        assert_eq!(core.hold_retirable(sent[1].slot, g(1), 1), Ok(None), "leased again: missed");
+        assert!(core.hold_retirable(sent[1].slot, g(1) + 1, 1).is_err(), "never sent at it");
+        assert!(core.hold_retirable(sent[2].slot, g(2) + 1, 1).is_err(), "a generation ahead");
+        assert!(core.hold_shared(sent[2].slot, g(2) - 1, 1).is_err(), "blocking: no retirement");
+        // Held messages never go; the next unheld one does.
+        assert!(core.retire_oldest(3));
+        assert_eq!(core.hold_retirable(sent[2].slot, g(2), 1), Ok(None));
+        assert!(!core.retire_oldest(3), "only a held message is left");
+        assert_eq!(core.release_shared(held, 2), Some(0));
+        assert!(core.retire_oldest(3));
+        assert_eq!(core.holders(), 0, "every bit of a refused hold went again");
     }
 
     #[test]

@@ -248,6 +248,11 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
     pub fn capacity(&self) -> usize {
         self.local.capacity as usize
     }
+
+    /// Whether the ring is lagging (as read when this producer attached).
+    pub fn is_lagging(&self) -> bool {
+        self.local.lagging
+    }
 }
 
 /// [`Producer::try_push`] over the producer's parts.
@@ -418,13 +423,14 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
 
     /// The next element, waiting for it until `deadline`, with `then` run on its position
     /// and value before the cursor passes it (see `read_then_in`); at each liveness tick
-    /// of the wait, `tick` as in the other rings' `pop_then_ticking`. Blocking rings only
-    /// (a lag is `Corrupted` here).
+    /// of the wait, `tick` as in the other rings' `pop_then_ticking`. A lag (lagging rings)
+    /// ends the wait with `lagged(missed)`, or is `Corrupted` where that gives `None`.
     #[cfg_attr(loom, allow(dead_code))] // used by channels
     pub(crate) fn read_then_ticking<R>(
         &mut self,
         deadline: Deadline,
         then: impl FnOnce(u64, T) -> R,
+        mut lagged: impl FnMut(u64) -> Option<R>,
         mut tick: impl FnMut() -> Tick<R>,
     ) -> Result<R, super::PopTimeoutError> {
         let Self { storage, index, cursor, capacity, policy, lagging, .. } = self;
@@ -438,9 +444,10 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
                 Err(TryReadError::Empty | TryReadError::Disconnected | TryReadError::PeerDead) => {
                     Ok(None)
                 }
-                Err(TryReadError::Lagged(_)) => {
-                    Err(Corrupted { what: "a broadcast channel's ring lagged a reader" })
-                }
+                Err(TryReadError::Lagged(missed)) => match lagged(missed) {
+                    Some(r) => Ok(Some(r)),
+                    None => Err(Corrupted { what: "a broadcast channel's ring lagged a reader" }),
+                },
                 Err(TryReadError::Corrupted(c)) => Err(c),
             }
         };
@@ -452,6 +459,11 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
     /// How blocking reads wait.
     pub fn wait_policy(&self) -> WaitPolicy {
         self.policy
+    }
+
+    /// Whether the ring is lagging (as read when this reader joined).
+    pub fn is_lagging(&self) -> bool {
+        self.lagging
     }
 
     /// Takes this reader's cursor out of the mask now (its drop does too): the producer no
