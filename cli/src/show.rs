@@ -55,7 +55,7 @@ fn print_inspection(i: Inspection) {
         }
         match r.lagging {
             Some(true) => say!(
-                "policy    lagging: the producer never waits; a reader a ring behind is told \
+                "policy    lagging: the producer never waits; a reader it overtook is told \
                  how many it missed"
             ),
             Some(false) => say!("policy    the slowest reader holds the producer back"),

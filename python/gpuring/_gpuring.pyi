@@ -27,6 +27,7 @@ __all__ = [
     "PeerDead",
     "Disconnected",
     "SenderGone",
+    "Lagged",
     "Corrupted",
     "ShmError",
     "NotFound",
@@ -84,11 +85,15 @@ class Channel:
         pinned: bool = False,
         ready: Optional[str] = None,
         broadcast: bool = False,
+        lagging: bool = False,
     ) -> Channel:
         """Creates channel ``name`` (exclusively). ``device=None``: host slots.
         ``broadcast``: one sender, and receivers that each get every message sent while
         they are attached, reading the one slot in place (a slot goes back once every one
-        of them released it; the slowest holds the sender back).
+        of them released it; the slowest holds the sender back). ``lagging``: broadcast
+        channels; the sender never waits for a receiver that is behind (it reuses the
+        slot of the oldest message nobody holds; such a receiver gets :class:`Lagged`, then
+        the oldest message left).
         ``redeliver``: a message whose receiver died holding it goes to the next receiver,
         marked :attr:`Message.redelivered` (``False``: it is dropped).
         ``pinned``: host channels; this process's pools are registered with CUDA, so that
@@ -112,6 +117,7 @@ class Channel:
         pinned: bool = False,
         ready: Optional[str] = None,
         broadcast: bool = False,
+        lagging: bool = False,
     ) -> Channel:
         """Opens channel ``name`` if it exists (with what waits in it, its creator dead or
         alive), else creates it with these options: what a process that may be restarted
@@ -153,6 +159,8 @@ class Channel:
     def mpmc(self) -> bool: ...
     @property
     def broadcast(self) -> bool: ...
+    @property
+    def lagging(self) -> bool: ...
     @property
     def capacity(self) -> int: ...
     @property
@@ -326,6 +334,10 @@ class Full(Timeout, queue.Full): ...
 class PeerDead(Error): ...
 class Disconnected(Error): ...
 class SenderGone(Error): ...
+
+class Lagged(Error):
+    missed: int
+
 class Corrupted(Error): ...
 class ShmError(Error, OSError): ...
 class NotFound(ShmError, FileNotFoundError): ...

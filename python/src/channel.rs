@@ -66,6 +66,7 @@ pub(crate) struct PyChannel {
     slot_bytes: u64,
     max_senders: u32,
     redelivers: bool,
+    lagging: bool,
     /// How this process's senders of a GPU channel signal a send, as `ready=` asked
     /// (`None`: the default, or a host channel).
     ready: Option<GpuReady>,
@@ -73,13 +74,14 @@ pub(crate) struct PyChannel {
 
 impl PyChannel {
     fn new(ch: AnyChannel, ready: Option<GpuReady>) -> Self {
-        let (name, flavor, capacity, (slots, slot_bytes), max_senders, redelivers) = each_channel!(&ch, c => (
+        let (name, flavor, capacity, (slots, slot_bytes), max_senders, redelivers, lagging) = each_channel!(&ch, c => (
             c.name().to_owned(),
             c.flavor(),
             c.capacity(),
             c.slots(),
             c.max_senders(),
             c.redelivers(),
+            c.is_lagging(),
         ));
         let device = match &ch {
             AnyChannel::Cuda(_, g) => Some(g.ordinal),
@@ -96,6 +98,7 @@ impl PyChannel {
             slot_bytes,
             max_senders,
             redelivers,
+            lagging,
             ready,
         }
     }
@@ -224,6 +227,7 @@ struct Options<'a> {
     broadcast: bool,
     max_senders: Option<u32>,
     redeliver: bool,
+    lagging: bool,
     pinned: bool,
     ready: Option<&'a str>,
 }
@@ -244,7 +248,7 @@ impl Options<'_> {
             Some(n) => b.max_senders(n),
             None => b,
         };
-        let b = b.redeliver(self.redeliver);
+        let b = b.redeliver(self.redeliver).lagging(self.lagging);
         let made = py.detach(|| make(b, &pin, &gpu, signal, how));
         made.map(|c| PyChannel::new(c, signal)).map_err(|e| {
             e.map_or_else(|| raise(py, Class::NotFound, "the channel vanished"), |e| e.into_err(py))
@@ -264,7 +268,12 @@ impl PyChannel {
     /// one slot in place; a slot goes back once every receiver it went to has released its
     /// message; the slowest receiver holds the sender back, and one that dies or leaves
     /// stops holding it within a liveness tick (no message is delivered again: ``redeliver``
-    /// does not apply). ``max_senders``: pool table entries
+    /// does not apply). ``lagging``: broadcast channels only; the sender never waits for a
+    /// receiver that is behind: with no free slot it reuses the slot of the oldest message
+    /// no receiver holds, and a receiver that had not read it gets ``Lagged`` (its
+    /// ``missed`` attribute says how many), then the oldest message still there; the sender
+    /// waits only while every slot holds a message some receiver has in hand (received,
+    /// not yet released). ``max_senders``: pool table entries
     /// (default 4, or 16 for MPMC). ``redeliver``: a message whose receiver died holding
     /// it (killed after ``recv`` returned it, before it was released) is delivered again
     /// to the next receiver, with :attr:`Message.redelivered` set, so that nothing sent is
@@ -295,7 +304,7 @@ impl PyChannel {
     /// Raises ``AlreadyExists``, ``NoSpace``, ``ConfigError`` (also for a ``ready`` that is
     /// not ``"event"`` or ``"flag"``, or one given with ``device=None``), ``CudaError``.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, replace_stale=false, pinned=false, ready=None, broadcast=false))]
+    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, replace_stale=false, pinned=false, ready=None, broadcast=false, lagging=false))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
@@ -311,12 +320,14 @@ impl PyChannel {
         pinned: bool,
         ready: Option<&str>,
         broadcast: bool,
+        lagging: bool,
     ) -> PyResult<Self> {
         let b = Channel::builder(name)
             .capacity(capacity)
             .slots(slots, slot_bytes)
             .replace_stale(replace_stale);
-        let opts = Options { device, mpmc, broadcast, max_senders, redeliver, pinned, ready };
+        let opts =
+            Options { device, mpmc, broadcast, max_senders, redeliver, lagging, pinned, ready };
         opts.make(py, b, Make::Create)
     }
 
@@ -331,7 +342,7 @@ impl PyChannel {
     ///
     /// Raises what :meth:`open` and :meth:`create` raise.
     #[staticmethod]
-    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, pinned=false, ready=None, broadcast=false))]
+    #[pyo3(signature = (name, capacity=256, slots=8, slot_bytes=1 << 20, device=None, mpmc=false, max_senders=None, redeliver=true, pinned=false, ready=None, broadcast=false, lagging=false))]
     #[allow(clippy::too_many_arguments)]
     fn open_or_create(
         py: Python<'_>,
@@ -346,9 +357,11 @@ impl PyChannel {
         pinned: bool,
         ready: Option<&str>,
         broadcast: bool,
+        lagging: bool,
     ) -> PyResult<Self> {
         let b = Channel::builder(name).capacity(capacity).slots(slots, slot_bytes);
-        let opts = Options { device, mpmc, broadcast, max_senders, redeliver, pinned, ready };
+        let opts =
+            Options { device, mpmc, broadcast, max_senders, redeliver, lagging, pinned, ready };
         opts.make(py, b, Make::OpenOrCreate)
     }
 
@@ -488,6 +501,13 @@ impl PyChannel {
     #[getter]
     fn broadcast(&self) -> bool {
         self.broadcast
+    }
+
+    /// Whether the sender never waits for a receiver that is behind (a lagging broadcast
+    /// channel; see :meth:`create`).
+    #[getter]
+    fn lagging(&self) -> bool {
+        self.lagging
     }
 
     /// Descriptor ring cells.

@@ -39,6 +39,7 @@ classes! {
     PeerDead(Error) [] "Every peer this call waits for has died (noticed within ~30 ms of waiting). A receiver gets it once everything the dead senders published has been received; a sender, when the ring is full and every receiver has died.";
     Disconnected(Error) [] "Every peer left cleanly: for a receiver, every sender left and everything they sent was received (the channel's end, seen at once); for a sender, every receiver left. Not for ever: a peer that attaches later makes the channel work again.";
     SenderGone(Error) [] "GPU channels: the message's sender left or died, and its device memory with it; the message was dropped unread. The next ``recv`` carries on.";
+    Lagged(Error) [] "Lagging broadcast channels (``lagging=True``): this receiver fell behind and the sender, which never waits for it, reused the slots of ``missed`` messages before it read them (the exception's ``missed`` attribute). The next ``recv`` goes on with the oldest message still there.";
     Corrupted(Error) [] "A value read from shared memory is impossible (a corrupt segment, or a descriptor that does not match its pool). A bad descriptor is dropped; the next ``recv`` carries on.";
     ShmError(Error) ["OSError"] "A shared-memory segment could not be created or opened: not a gpuring channel, of another owner, of another layout version, and the like.";
     NotFound(ShmError) ["FileNotFoundError"] "No channel of this name exists (within the open timeout).";
@@ -96,19 +97,27 @@ fn types(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
 pub(crate) struct Raised {
     pub(crate) class: Class,
     pub(crate) msg: String,
+    /// `Lagged`: the messages missed (the exception's `missed` attribute).
+    pub(crate) missed: Option<u64>,
 }
 
 impl Raised {
     pub(crate) fn new(class: Class, msg: impl Display) -> Self {
-        Self { class, msg: msg.to_string() }
+        Self { class, msg: msg.to_string(), missed: None }
     }
 
     /// The Python exception.
     pub(crate) fn into_err(self, py: Python<'_>) -> PyErr {
-        match types(py) {
-            Ok(types) => PyErr::from_type(types[self.class as usize].bind(py).clone(), (self.msg,)),
-            Err(e) => e,
-        }
+        let made = types(py).and_then(|types| {
+            let class = types[self.class as usize].bind(py);
+            let Some(missed) = self.missed else {
+                return Ok(PyErr::from_type(class.clone(), (self.msg,)));
+            };
+            let exc = class.call1((self.msg,))?;
+            exc.setattr("missed", missed)?;
+            Ok(PyErr::from_value(exc))
+        });
+        made.unwrap_or_else(|e| e)
     }
 }
 
@@ -213,8 +222,17 @@ impl<B: Backend> ClassOf for RecvTimeoutError<B> {
             RecvTimeoutError::PeerDead => Class::PeerDead,
             RecvTimeoutError::Disconnected => Class::Disconnected,
             RecvTimeoutError::SenderGone => Class::SenderGone,
+            RecvTimeoutError::Lagged(_) => Class::Lagged,
             _ => Class::Error,
         }
+    }
+
+    fn raised(&self) -> Raised {
+        let missed = match self {
+            RecvTimeoutError::Lagged(n) => Some(*n),
+            _ => None,
+        };
+        Raised { missed, ..Raised::new(self.class(), self) }
     }
 }
 

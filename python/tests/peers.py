@@ -184,3 +184,21 @@ def qsize_then_put(q, out):
     """In a forked child: the queue's size as inherited, then an object put from here."""
     out.put(q.qsize())
     q.put(("from the child", np.arange(3)))
+
+
+def receive_broadcast(name, out_queue, all_attached):
+    """A broadcast channel's receiver: reports every int64 value it got until the sender
+    left, and how many it was told it missed (a lagging channel)."""
+    ch = gpuring.Channel.open(name, timeout=10)
+    rx = ch.receiver()
+    all_attached.wait(60)
+    got, missed = [], 0
+    while True:
+        try:
+            with rx.recv(timeout=30) as msg:
+                got.append(int(np.from_dlpack(msg)[0]))
+        except gpuring.Lagged as e:
+            missed += e.missed
+        except gpuring.Disconnected:
+            break
+    out_queue.put((got, missed))

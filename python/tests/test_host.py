@@ -759,3 +759,70 @@ def test_a_forked_child_dropping_inherited_endpoints_leaves_the_parents_channel(
     with pytest.raises(gpuring.AttachError):
         other.receiver()  # the parent's receiver still holds the SPSC role
     other.close()
+
+
+def test_broadcast_every_receiver_gets_every_message_in_order(name):
+    n = 2000
+    ch = gpuring.Channel.create(name, broadcast=True, capacity=16, slots=4, slot_bytes=64)
+    assert ch.broadcast and not ch.lagging
+    tx = ch.sender()
+    results = spawn.Queue()
+    attached = spawn.Barrier(5)
+    receivers = [
+        spawn.Process(target=peers.receive_broadcast, args=(name, results, attached))
+        for _ in range(4)
+    ]
+    for p in receivers:
+        p.start()
+    attached.wait(60)
+    for i in range(n):
+        tx.send(np.array([i], dtype=np.int64))
+    tx.close()
+    each = [results.get(timeout=120) for _ in receivers]
+    for p in receivers:
+        p.join(30)
+        assert p.exitcode == 0
+    ch.close()
+    assert all(got == list(range(n)) and missed == 0 for got, missed in each)
+
+
+def test_a_lagging_broadcast_receiver_is_told_how_many_it_missed(name):
+    with pytest.raises(gpuring.ConfigError, match="broadcast"):
+        gpuring.Channel.create(name, lagging=True)
+    ch = gpuring.Channel.create(name, broadcast=True, lagging=True, slots=2, slot_bytes=64)
+    assert ch.lagging and gpuring.Channel.open(name).lagging
+    tx, rx = ch.sender(), ch.receiver()
+    for i in range(5):
+        tx.send(np.array([i], dtype=np.int64))  # never waits: rx holds nothing
+    with pytest.raises(gpuring.Lagged) as lag:
+        rx.recv(timeout=1)
+    assert lag.value.missed == 3 and "missed 3" in str(lag.value)
+    held = rx.recv(timeout=1)
+    assert int(np.from_dlpack(held)[0]) == 3
+    # A message held is never taken back: the sender reuses the other slot, and the
+    # receiver, still holding 3, misses 4 and gets the newest.
+    for i in range(5, 8):
+        tx.send(np.array([i], dtype=np.int64))
+    with pytest.raises(gpuring.Lagged) as lag:
+        rx.recv(timeout=1)
+    assert lag.value.missed == 3
+    assert int(np.from_dlpack(held)[0]) == 3, "the held message is intact"
+    with rx.recv(timeout=1) as msg:
+        assert int(np.from_dlpack(msg)[0]) == 7
+    held.release()
+    tx.close()
+    with pytest.raises(gpuring.Disconnected):
+        rx.recv(timeout=1)
+
+
+def test_the_broadcast_example_reaches_every_worker(name):
+    out = subprocess.run(
+        [sys.executable, "python/examples/broadcast_step.py", "--steps", "300"],
+        cwd=os.path.join(os.path.dirname(__file__), "..", ".."),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    for i in range(4):
+        assert "worker %d: 300 steps, 0 missed, last 299" % i in out.stdout, out.stdout
