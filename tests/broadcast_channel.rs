@@ -243,6 +243,45 @@ fn a_lagging_sender_never_waits_and_a_slow_receiver_is_told_what_it_missed() {
     assert!(slow.child.wait().unwrap().success());
 }
 
+/// CPU time this process has used, in nanoseconds.
+fn cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+#[test]
+fn eight_idle_receivers_use_under_a_millisecond_of_cpu_in_a_second() {
+    const TEST: &str = "eight_idle_receivers_use_under_a_millisecond_of_cpu_in_a_second";
+    if role().as_deref() == Some("idle") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let rx = ch.receiver().unwrap(); // the default wait policy
+        announce("ready");
+        let before = cpu_ns();
+        let msg = rx.recv().unwrap(); // a second from now
+        let used = cpu_ns() - before;
+        assert_eq!(value(&msg), 7);
+        return announce(&format!("cpu {used}"));
+    }
+    let name = unique_name("bcast-idle");
+    let ch = Channel::builder(&name).broadcast().capacity(4).slots(2, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let tx = ch.sender().unwrap();
+    let mut receivers: Vec<Peer> = (0..8).map(|_| Peer::spawn(TEST, "idle", &name)).collect();
+    for r in &mut receivers {
+        r.expect("ready");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    send(&tx, 7); // one futex wake reaches every sleeper
+    let used: Vec<u64> = receivers.iter_mut().map(|r| r.expect("cpu").parse().unwrap()).collect();
+    let total: u64 = used.iter().sum();
+    eprintln!("8 idle receivers, a second each: {total} ns of CPU together ({used:?})");
+    // The spin-then-yield phase before the sleep, and the receive at the end: well under.
+    assert!(total < 1_000_000, "idle receivers used {total} ns of CPU: {used:?}");
+    for r in &mut receivers {
+        assert!(r.child.wait().unwrap().success());
+    }
+}
+
 #[test]
 fn receivers_get_peer_dead_after_what_a_killed_sender_sent() {
     const TEST: &str = "receivers_get_peer_dead_after_what_a_killed_sender_sent";
