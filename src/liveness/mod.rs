@@ -398,9 +398,16 @@ pub(crate) fn block_on<W: Watch, R>(
             None => Err(Blocked::Timeout),
         };
     }
+    // Spin (and yield) at the start of the wait only: a waiter woken by its tick's timeout
+    // goes back to sleep at once (an idle receiver's ticks then cost a few syscalls each).
+    let mut policy = policy;
     loop {
         let chunk = deadline.or_within(LIVENESS_TICK);
-        match wait_until(wait_on, policy, chunk, &mut attempt) {
+        let waited = wait_until(wait_on, policy, chunk, &mut attempt);
+        if !policy.never_sleeps() {
+            policy = WaitPolicy::SLEEP;
+        }
+        match waited {
             Ok(Ok(r)) => return done(r),
             Ok(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
             Ok(Err(why)) => return last(&mut attempt, Some(&mut on_tick), why),

@@ -184,6 +184,11 @@ impl ParticipantTable {
         let (code, own) = (role.code(), self.own());
         let mut count = PeerCount::default();
         for index in 0..MAX_PARTICIPANTS {
+            // Relaxed: a claim; only entries of `role` are probed (a lock probe, and the
+            // holder's `/proc` state, each), and the probe reads the entry again.
+            if entry_role(self.participants().entries[index].load(Ordering::Relaxed)) != code {
+                continue;
+            }
             match self.probe(index, own)? {
                 Some((value, true)) if entry_role(value) == code => count.live += 1,
                 Some((value, false)) if entry_role(value) == code => count.dead += 1,

@@ -153,6 +153,11 @@ impl WaitPolicy {
     pub const fn yields(&self) -> u32 {
         self.yields
     }
+
+    /// Whether a wait under this policy never sleeps (`u32::MAX` spins).
+    pub(crate) const fn never_sleeps(&self) -> bool {
+        self.spins == u32::MAX
+    }
 }
 
 impl Default for WaitPolicy {
@@ -381,9 +386,13 @@ pub(crate) fn wait_until<R>(
         }
         // Woken (or timed out, or spurious): look before registering again, so that the
         // usual case, woken because the peer published, pays no second heavy barrier on
-        // its way back to work.
+        // its way back to work; nor does a wait whose deadline has passed (a blocked
+        // endpoint's liveness tick), which this look ends.
         if let Some(r) = attempt() {
             return Ok(r);
+        }
+        if deadline.passed() {
+            return Err(TimedOut);
         }
     }
 }
