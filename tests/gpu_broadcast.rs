@@ -107,3 +107,80 @@ fn broadcast(test: &str, ready: GpuReady) {
         assert!(p.child.wait().unwrap().success(), "a receiver failed");
     }
 }
+
+/// A lagging broadcast channel with device slots: the sender never waits for the slow
+/// receiver (it sleeps holding each message); each receiver reads every message it gets
+/// in stream order after its (slow) write, whole, with the value of that message (the
+/// sender never rewrites a slot a receiver holds), gets them in order, and is told how
+/// many it missed: received + missed = sent, the last one always received.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
+fn gpu_lagging_broadcast_never_rewrites_a_held_slot() {
+    const TEST: &str = "gpu_lagging_broadcast_never_rewrites_a_held_slot";
+    const PASSES: u32 = 64;
+    const READS: u32 = 16;
+    if let Some(r) = role() {
+        let (_ctx, stream) = setup();
+        let ch = Channel::builder(ring_name()).cuda(&stream).open().unwrap();
+        assert!(ch.is_lagging());
+        let rx = ch.receiver().unwrap();
+        common::announce("ready");
+        // SAFETY: plain device allocations for the test's copies.
+        let scratch = unsafe { result::malloc_sync(BYTES) }.unwrap();
+        // SAFETY: as above.
+        let ends = unsafe { result::malloc_sync(8) }.unwrap();
+        let (mut received, mut missed, mut last) = (0u64, 0u64, None::<u64>);
+        while last != Some(MESSAGES - 1) {
+            let m = match rx.recv_timeout(LIMIT) {
+                Ok(m) => m,
+                Err(gpuring::RecvTimeoutError::Lagged(n)) => {
+                    missed += n;
+                    continue;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            let seq = m.seq();
+            assert!(last.is_none_or(|l| seq > l), "in order: {seq} after {last:?}");
+            for _ in 0..READS {
+                copy(scratch, m.device_ptr(), BYTES, &stream);
+            }
+            if r == "slow" {
+                std::thread::sleep(Duration::from_millis(5)); // holding it
+            }
+            // The first and last words, read in order after the slow reads.
+            copy(ends, m.device_ptr(), 4, &stream);
+            copy(ends + 4, m.device_ptr() + (WORDS as u64 - 1) * 4, 4, &stream);
+            let mut got = [0u32; 2];
+            read_words(ends, &mut got, &stream);
+            drop(m);
+            assert_eq!(got, [value(seq); 2], "message {seq}: rewritten or read early");
+            (received, last) = (received + 1, Some(seq));
+        }
+        assert_eq!(received + missed, MESSAGES, "received {received}, missed {missed}");
+        eprintln!("{r} receiver: {received} received, {missed} missed");
+        return common::announce(&format!("got {received} {missed}"));
+    }
+    let (_, stream) = setup();
+    let name = unique_name("gpu-lag");
+    let ch = Channel::builder(&name).broadcast().lagging(true).slots(3, BYTES as u64);
+    let ch = ch.cuda(&stream).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let mut peers = [Peer::spawn(TEST, "slow", &name), Peer::spawn(TEST, "quick", &name)];
+    for p in &mut peers {
+        p.expect("ready");
+    }
+    for seq in 0..MESSAGES {
+        // Never a wait for the slow receiver: at most one slot is held by each receiver.
+        let lease = tx.try_acquire().unwrap_or_else(|e| panic!("message {seq}: {e}"));
+        for pass in 0..PASSES {
+            memset(lease.device_ptr(), pass, WORDS, &stream);
+        }
+        memset(lease.device_ptr(), value(seq), WORDS, &stream);
+        tx.send_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
+    }
+    let slow = peers[0].expect("got");
+    assert!(slow.split(' ').nth(1).unwrap() != "0", "the slow receiver missed some: {slow}");
+    for p in &mut peers {
+        assert!(p.child.wait().unwrap().success(), "a receiver failed");
+    }
+}

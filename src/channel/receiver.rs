@@ -304,21 +304,6 @@ impl<B: Backend> Receiver<B> {
         died
     }
 
-    /// Closes the pool table entries of senders that died (`ChannelSegment::close_dead_owners`:
-    /// one lock probe per live entry): their pools are closed (device pools retired: what is
-    /// still queued is refused), the slots that would never come back marked free, and each
-    /// unlinks itself once what is still queued has been received or refused. Slow paths
-    /// only: liveness ticks, and once per dead sender's pool.
-    fn close_dead_senders(&self) {
-        let ring = &self.channel.ring;
-        let queued = |pool_id: u32, slot: u32, generation: u32| {
-            ring.any_in_ring::<Descriptor>(|d| {
-                d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
-            })
-        };
-        self.channel.close_dead_owners(self.me, &queued);
-    }
-
     /// The imports of the pools mapped so far (diagnostics of the backends).
     pub(crate) fn imported(&self) -> Vec<B::Imported> {
         self.pools.borrow().iter().flatten().map(|p| p.imported.clone()).collect()

@@ -216,6 +216,18 @@ impl<B: Backend> ChannelSegment<B> {
         me: ParticipantId,
         queued: &dyn Fn(u32, u32, u32) -> bool,
     ) {
+        self.close_dead_owners_but(me, queued, &|_, _| false);
+    }
+
+    /// [`close_dead_owners`](Self::close_dead_owners), without the lock probe of the
+    /// entries whose owner `alive(index, instance)` knows to live (a receiver that has the
+    /// pool mapped reads its owner word: one load, where a probe is a few syscalls).
+    pub(super) fn close_dead_owners_but(
+        &self,
+        me: ParticipantId,
+        queued: &dyn Fn(u32, u32, u32) -> bool,
+        alive: &dyn Fn(u32, u32) -> bool,
+    ) {
         for index in 0..self.max_pools() {
             let entry = self.entry(index);
             // Acquire: pairs with the Release store of the state by the entry's last
@@ -224,6 +236,7 @@ impl<B: Backend> ChannelSegment<B> {
             let code = PoolEntry::code(state);
             if !matches!(code, PoolEntry::CLAIMED | PoolEntry::ACTIVE)
                 || PoolEntry::owner(state) == me
+                || (code == PoolEntry::ACTIVE && alive(index, self.instance(entry)))
                 || self.ring.id_gone(PoolEntry::owner(state)).is_none()
             {
                 continue;

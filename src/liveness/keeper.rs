@@ -235,6 +235,13 @@ impl Vigil {
         Some(Self { link: link_addr, word, pid, _keep: keep })
     }
 
+    /// Whether a word is watched and its process lives: it holds a keeper's id, unmarked.
+    pub(crate) fn alive(word: &AtomicU32) -> bool {
+        // Acquire: as in `died`.
+        let w = word.load(Ordering::Acquire);
+        w != 0 && w & OWNER_DIED == 0
+    }
+
     /// Whether a watched word says its process died (the kernel set `OWNER_DIED`).
     pub(crate) fn died(word: &AtomicU32) -> bool {
         // Acquire: pairs with the kernel's store at the death (a locked cmpxchg) and with

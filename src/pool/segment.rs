@@ -405,6 +405,13 @@ impl PoolSegment {
         Vigil::died(&self.header().owner_word)
     }
 
+    /// Whether the process that made the pool is known to live: its `owner_word` is
+    /// watched (it holds the keeper's id) and the kernel has not marked it (one load).
+    /// `false` when it died, left, or was never watched: then only a lock probe can tell.
+    pub(crate) fn owner_alive(&self) -> bool {
+        Vigil::alive(&self.header().owner_word)
+    }
+
     /// Whether the pool is marked closed (its sender is gone and it was closed for it).
     pub(crate) fn is_closed(&self) -> bool {
         // SeqCst: as in `unlink_if_drained` (a flag only: nothing read after depends on it).

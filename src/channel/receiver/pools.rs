@@ -1,6 +1,7 @@
 //! The pools a receiver maps (on first sight of each), and redelivery from them: a
 //! receiver takes over the messages of receivers that died holding them
-//! (`ChannelBuilder::redeliver`), checking each slot's sent copy as any descriptor.
+//! (`ChannelBuilder::redeliver`), checking each slot's sent copy as any descriptor; and
+//! the closing of dead senders' entries, which the pools mapped here make cheaper.
 
 use super::{CachedPool, Receiver, Taken};
 use crate::channel::backend::Backend;
@@ -14,6 +15,29 @@ use std::sync::Arc;
 type Refused<B> = (Option<Arc<PoolSegment>>, RecvTimeoutError<B>);
 
 impl<B: Backend> Receiver<B> {
+    /// Closes the pool table entries of senders that died (`ChannelSegment::close_dead_owners`:
+    /// one lock probe per live entry): their pools are closed (device pools retired: what is
+    /// still queued is refused), the slots that would never come back marked free, and each
+    /// unlinks itself once what is still queued has been received or refused. Slow paths
+    /// only: liveness ticks, and once per dead sender's pool.
+    pub(super) fn close_dead_senders(&self) {
+        let ring = &self.channel.ring;
+        let queued = |pool_id: u32, slot: u32, generation: u32| {
+            ring.any_in_ring::<Descriptor>(|d| {
+                d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
+            })
+        };
+        // A pool mapped here whose owner word says its sender lives needs no probe.
+        let pools = self.pools.borrow();
+        let alive = |index: u32, instance: u32| {
+            pools
+                .get(index as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|p| p.instance == instance && p.seg.owner_alive())
+        };
+        self.channel.close_dead_owners_but(self.me, &queued, &alive);
+    }
+
     /// Takes over one message whose receiver died holding it, from any pool of the
     /// channel (`PoolCore::adopt`: a slot HELD by a party that is gone, whose descriptor is
     /// no longer queued), and checks its sent copy as any descriptor: `None` when there is

@@ -125,8 +125,10 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// (the lowest `sent_at` below `next`, the ring position the sender writes next) and puts
     /// it on the free ring, whatever the cursors say; whether one went.
     pub fn retire_oldest(&self, next: u64) -> bool {
-        // A reader may take its hold on the one chosen meanwhile: then the next oldest.
-        (0..self.slot_count()).any(|_| {
+        // A reader may take its hold on the one chosen meanwhile (or, missing it, set and
+        // clear its bit): then the next oldest, while there is one (bounded, against a
+        // peer that scribbles bits).
+        for _ in 0..self.slot_count().saturating_mul(4).max(64) {
             let oldest = self
                 .records
                 .iter()
@@ -138,8 +140,13 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
                 })
                 // Relaxed: as above (the sender wrote it).
                 .max_by_key(|(_, r)| next.wrapping_sub(r.sent_at.load(Ordering::Relaxed)));
-            oldest.is_some_and(|(slot, _)| self.retire(slot as u32))
-        })
+            match oldest {
+                None => return false,
+                Some((slot, _)) if self.retire(slot as u32) => return true,
+                Some(_) => {}
+            }
+        }
+        false
     }
 
     /// Retires sent slot `slot` if no reader holds it (module docs); whether it did.
