@@ -387,3 +387,28 @@ def test_object_tensors_written_after_a_slow_kernel_are_read_in_stream_order(nam
         assert float(got["y"][0].item()) == k + 0.5 and float(got["y"][-1].item()) == k + 0.5
     done(p)
     q.close()
+
+
+@pytest.mark.parametrize("mode", [[], ["--lagging", "--nap", "0.002"], ["--separate"]])
+def test_the_broadcast_example_on_the_gpu(mode):
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "python/examples/broadcast_step.py", "--steps", "500", "--device", "0"]
+        + mode,
+        cwd=os.path.join(os.path.dirname(__file__), "..", ".."),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    print(out.stdout)
+    for i in range(4):
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith("worker %d:" % i))
+        words = line.replace(",", "").split()  # worker i: G steps M missed last L ...
+        got, missed, last = int(words[2]), int(words[4]), int(words[7])
+        assert got + missed == 500 and last == 499, line
+        if "--lagging" not in mode:
+            assert missed == 0, line
