@@ -118,6 +118,19 @@ case $what in
     timeout 60 .gpu/bin/gpuring demo > "$out/demo-mps.log" 2>&1; tail -9 "$out/demo-mps.log"
     mps_off
     ;;
+  broadcast)  # python/examples/broadcast_step.py on GPU 0: one broadcast channel against four
+    # SPSC channels, streaming (steps/s) and one step every ms (latency), without then under MPS
+    for m in nomps mps; do
+      [ $m = mps ] && mps_on
+      for mode in "" --separate; do
+        for pace in "--steps 3000" "--steps 1000 --interval 0.001"; do
+          echo "== $m $mode $pace"
+          timeout 120 /opt/torch/.venv/bin/python3 python/examples/broadcast_step.py --device 0 $mode $pace 2>&1 | tail -5
+        done
+      done | tee "$out/broadcast-$m.txt"
+      [ $m = mps ] && mps_off
+    done
+    ;;
   objects)  # the objects bench (--quick) without MPS: ~5 min with the Rust API's rows
     OUT=$out timeout 560 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps.log" 2>&1
     echo "== objects bench, no MPS (exit $?)"; cat "$out/objects-nomps.log"
