@@ -80,6 +80,7 @@ def main(argv=None):
     p.add_argument("--separate", action="store_true", help="one SPSC channel per worker")
     p.add_argument("--interval", type=float, default=0.0, help="seconds between steps")
     p.add_argument("--nap", type=float, default=0.0, help="worker 0 sleeps this many s a step")
+    p.add_argument("--slots", type=int, default=8, help="slots per channel (default 8)")
     args = p.parse_args(argv)
     if args.separate and args.lagging:
         p.error("--lagging is a broadcast channel's policy")
@@ -92,7 +93,7 @@ def main(argv=None):
             broadcast=not args.separate,
             lagging=args.lagging,
             capacity=16,
-            slots=8,
+            slots=args.slots,
             slot_bytes=4 * SHAPE[0] * SHAPE[1],
             device=args.device,
         )
