@@ -247,6 +247,26 @@ fn a_lagging_sender_never_waits_and_a_slow_receiver_is_told_what_it_missed() {
     assert!(slow.child.wait().unwrap().success());
 }
 
+#[test]
+fn a_lagging_receiver_dropped_after_a_lag_leaves_nothing_behind() {
+    let name = unique_name("bcast-lag-drop");
+    let ch = Channel::builder(&name).broadcast().lagging(true).slots(2, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    for v in 0..5u64 {
+        let mut lease = tx.try_acquire().expect("never a wait");
+        lease[..8].copy_from_slice(&v.to_le_bytes());
+        lease[SLOT - 8..SLOT].copy_from_slice(&v.to_le_bytes());
+        tx.send(lease, TensorMeta::bytes(SLOT as u64)).unwrap();
+    }
+    assert!(matches!(rx.recv(), Err(RecvError::Lagged(3))));
+    // The receiver keeps message 3 for its next receive; dropped with it as the channel's
+    // last user, it leaves nothing behind.
+    drop((tx, ch));
+    drop(rx);
+    assert_eq!(common::leftovers_of(&name), Vec::<String>::new());
+}
+
 /// CPU time this process has used, in nanoseconds.
 fn cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);

@@ -153,6 +153,8 @@ impl<B: Backend> core::fmt::Debug for Receiver<B> {
 
 impl<B: Backend> Drop for Receiver<B> {
     fn drop(&mut self) {
+        // A message kept after a `Lagged` goes first: its pool must not outlive the channel.
+        drop(self.pending.take());
         if self.channel.segment.inherited() {
             return; // a forked child's copy: the parent's receiver leaves for itself
         }
@@ -221,7 +223,7 @@ type Unheld<B> = (RecvTimeoutError<B>, Option<SlotHold>);
 impl<B: Backend> Receiver<B> {
     /// Pops a descriptor, waiting until `deadline`, checks it and takes its slot, all
     /// before the descriptor leaves the ring (SPSC: before `head` moves; MPMC: before its
-    /// cell is freed); then the backend makes the message. A receiver killed in between
+    /// cell is freed); `recv_until` then has the backend make the message. A receiver killed in between
     /// leaves the message for the next receiver (SPSC: the next pop; MPMC: a waiting
     /// receiver adopts it within a tick), which takes the slot over from the dead holder
     /// (`PoolCore::receive`).
