@@ -267,6 +267,25 @@ fn a_lagging_receiver_dropped_after_a_lag_leaves_nothing_behind() {
     assert_eq!(common::leftovers_of(&name), Vec::<String>::new());
 }
 
+#[test]
+fn a_lagging_receivers_iteration_yields_the_lag_and_goes_on() {
+    let name = unique_name("bcast-lag-iter");
+    let ch = Channel::builder(&name).broadcast().lagging(true).slots(2, SLOT as u64).create();
+    let ch = ch.unwrap();
+    let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
+    for v in 0..5u64 {
+        let mut lease = tx.try_acquire().expect("never a wait");
+        lease[..8].copy_from_slice(&v.to_le_bytes());
+        lease[SLOT - 8..SLOT].copy_from_slice(&v.to_le_bytes());
+        tx.send(lease, TensorMeta::bytes(SLOT as u64)).unwrap();
+    }
+    drop(tx);
+    let got: Vec<Result<u64, String>> =
+        rx.iter().map(|m| m.map(|m| value(&m)).map_err(|e| e.to_string())).collect();
+    let lag = "this receiver fell behind a lagging broadcast channel and missed 3 messages";
+    assert_eq!(got, vec![Err(lag.to_owned()), Ok(3), Ok(4)], "then the sender's departure ends it");
+}
+
 /// CPU time this process has used, in nanoseconds.
 fn cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);

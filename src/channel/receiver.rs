@@ -433,8 +433,9 @@ impl<B: Backend> Receiver<B> {
     }
 
     /// The messages as they arrive, until every sender has left and all they sent has been
-    /// received ([`RecvError::Disconnected`] ends it quietly). Any other error is yielded,
-    /// and ends it; call `iter` again to carry on after one.
+    /// received ([`RecvError::Disconnected`] ends it quietly). A lagging broadcast
+    /// channel's [`RecvError::Lagged`] is yielded and the messages go on; any other error
+    /// is yielded, and ends it; call `iter` again to carry on after one.
     ///
     /// ```
     /// # let _made = gpuring::internal::doc_channel("doc-receiver-iter", 2)?;
@@ -449,12 +450,14 @@ impl<B: Backend> Receiver<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn iter(&self) -> impl Iterator<Item = Result<Message<B>, RecvError<B>>> + '_ {
-        receive_iter(|| self.recv(), |e| matches!(e, RecvError::Disconnected))
+        let lagged = |e: &RecvError<B>| matches!(e, RecvError::Lagged(_));
+        receive_iter(|| self.recv(), |e| matches!(e, RecvError::Disconnected), lagged)
     }
 
     /// The messages there now: ends quietly when the ring is empty
     /// ([`TryRecvError::Empty`]) or every sender has left
-    /// ([`TryRecvError::Disconnected`]); any other error is yielded, and ends it.
+    /// ([`TryRecvError::Disconnected`]); a `Lagged` is yielded and the messages go on; any
+    /// other error is yielded, and ends it.
     ///
     /// ```
     /// # let _made = gpuring::internal::doc_channel("doc-receiver-try-iter", 2)?;
@@ -468,6 +471,7 @@ impl<B: Backend> Receiver<B> {
         receive_iter(
             || self.try_recv(),
             |e| matches!(e, TryRecvError::Empty | TryRecvError::Disconnected),
+            |e| matches!(e, TryRecvError::Lagged(_)),
         )
     }
 }
@@ -517,7 +521,7 @@ impl<B: Backend> Receiver<B> {
 
     /// The messages as a [`Stream`](futures_core::Stream) (feature `async`): as
     /// [`iter`](Self::iter), it ends quietly once every sender has left and everything was
-    /// received, and ends after yielding any other error. Each item is a
+    /// received, yields a `Lagged` and goes on, and ends after yielding any other error. Each item is a
     /// [`recv_async`](Self::recv_async), and as cancel-safe.
     ///
     /// ```
@@ -566,8 +570,10 @@ impl<B: Backend> futures_core::Stream for Messages<'_, B> {
         match rx.poll_recv(cx, parked) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(m)) => Poll::Ready(Some(Ok(m))),
+            // As `iter`: a `Lagged` is yielded and the messages go on; `Disconnected` ends it
+            // quietly, any other error after it.
+            Poll::Ready(Err(e @ RecvError::Lagged(_))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(Err(e)) => {
-                // As `iter`: `Disconnected` ends it quietly, any other error after it.
                 *ended = true;
                 Poll::Ready((!matches!(e, RecvError::Disconnected)).then_some(Err(e)))
             }

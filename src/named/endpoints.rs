@@ -233,7 +233,7 @@ macro_rules! consumer_ops {
         /// published is taken ([`PopError::Disconnected`] ends it quietly). Any other
         /// error is yielded, and ends it.
         pub fn iter(&$($mut)? self) -> impl Iterator<Item = Result<T, PopError>> + '_ {
-            receive_iter(move || self.pop(), |e| matches!(e, PopError::Disconnected))
+            receive_iter(move || self.pop(), |e| matches!(e, PopError::Disconnected), |_| false)
         }
 
         /// The elements there now: ends quietly when the ring is empty or every producer
@@ -242,6 +242,7 @@ macro_rules! consumer_ops {
             receive_iter(
                 move || self.try_pop(),
                 |e| matches!(e, TryPopError::Empty | TryPopError::Disconnected),
+                |_| false,
             )
         }
 

@@ -167,11 +167,13 @@ pub(crate) use blocking;
 
 /// The iterator of a receiving end over one of its receive forms (`next`): yields what it
 /// receives; ends quietly when `next` says the other side has gone, or that nothing is
-/// there now (`quiet`); ends after yielding any other error, so that a `for` loop over it
-/// never spins on an error that stays.
+/// there now (`quiet`); yields an error that says what the next receive goes on from
+/// (`passing`: a lagging broadcast channel's `Lagged`) and goes on; ends after yielding
+/// any other error, so that a `for` loop over it never spins on an error that stays.
 pub(crate) fn receive_iter<T, E>(
     mut next: impl FnMut() -> Result<T, E>,
     quiet: impl Fn(&E) -> bool,
+    passing: impl Fn(&E) -> bool,
 ) -> impl Iterator<Item = Result<T, E>> {
     let mut done = false;
     std::iter::from_fn(move || {
@@ -180,6 +182,7 @@ pub(crate) fn receive_iter<T, E>(
         }
         match next() {
             Ok(v) => Some(Ok(v)),
+            Err(e) if passing(&e) => Some(Err(e)),
             Err(e) => {
                 done = true;
                 (!quiet(&e)).then_some(Err(e))
