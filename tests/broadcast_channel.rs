@@ -247,10 +247,10 @@ fn a_lagging_sender_never_waits_and_a_slow_receiver_is_told_what_it_missed() {
     assert!(slow.child.wait().unwrap().success());
 }
 
-#[test]
-fn a_lagging_receiver_dropped_after_a_lag_leaves_nothing_behind() {
-    let name = unique_name("bcast-lag-drop");
-    let ch = Channel::builder(&name).broadcast().lagging(true).slots(2, SLOT as u64).create();
+/// A lagging channel `name` of two slots, its sender and a receiver, and messages 0..5
+/// sent past the receiver (every acquire a `try_acquire`: never a wait).
+fn five_past_two_slots(name: &str) -> (Channel, gpuring::Sender, gpuring::Receiver) {
+    let ch = Channel::builder(name).broadcast().lagging(true).slots(2, SLOT as u64).create();
     let ch = ch.unwrap();
     let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
     for v in 0..5u64 {
@@ -259,6 +259,13 @@ fn a_lagging_receiver_dropped_after_a_lag_leaves_nothing_behind() {
         lease[SLOT - 8..SLOT].copy_from_slice(&v.to_le_bytes());
         tx.send(lease, TensorMeta::bytes(SLOT as u64)).unwrap();
     }
+    (ch, tx, rx)
+}
+
+#[test]
+fn a_lagging_receiver_dropped_after_a_lag_leaves_nothing_behind() {
+    let name = unique_name("bcast-lag-drop");
+    let (ch, tx, rx) = five_past_two_slots(&name);
     assert!(matches!(rx.recv(), Err(RecvError::Lagged(3))));
     // The receiver keeps message 3 for its next receive; dropped with it as the channel's
     // last user, it leaves nothing behind.
@@ -270,15 +277,7 @@ fn a_lagging_receiver_dropped_after_a_lag_leaves_nothing_behind() {
 #[test]
 fn a_lagging_receivers_iteration_yields_the_lag_and_goes_on() {
     let name = unique_name("bcast-lag-iter");
-    let ch = Channel::builder(&name).broadcast().lagging(true).slots(2, SLOT as u64).create();
-    let ch = ch.unwrap();
-    let (tx, rx) = (ch.sender().unwrap(), ch.receiver().unwrap());
-    for v in 0..5u64 {
-        let mut lease = tx.try_acquire().expect("never a wait");
-        lease[..8].copy_from_slice(&v.to_le_bytes());
-        lease[SLOT - 8..SLOT].copy_from_slice(&v.to_le_bytes());
-        tx.send(lease, TensorMeta::bytes(SLOT as u64)).unwrap();
-    }
+    let (_ch, tx, rx) = five_past_two_slots(&name);
     drop(tx);
     let got: Vec<Result<u64, String>> =
         rx.iter().map(|m| m.map(|m| value(&m)).map_err(|e| e.to_string())).collect();
