@@ -15,8 +15,9 @@ use std::sync::Arc;
 type Refused<B> = (Option<Arc<PoolSegment>>, RecvTimeoutError<B>);
 
 impl<B: Backend> Receiver<B> {
-    /// Closes the pool table entries of senders that died (`ChannelSegment::close_dead_owners`:
-    /// one lock probe per live entry): their pools are closed (device pools retired: what is
+    /// Closes the pool table entries of senders that died (`ChannelSegment::close_dead_owners_but`:
+    /// one lock probe per live entry, but none for a pool mapped here whose owner word says
+    /// its sender lives): their pools are closed (device pools retired: what is
     /// still queued is refused), the slots that would never come back marked free, and each
     /// unlinks itself once what is still queued has been received or refused. Slow paths
     /// only: liveness ticks, and once per dead sender's pool.
