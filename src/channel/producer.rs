@@ -27,11 +27,13 @@ enum RingEnd {
 
 impl ProducerRing {
     /// The producer end of a channel's `ring` of `flavor` (SPSC: claiming the producer
-    /// role).
+    /// role). MPMC: a sole end (`ClaimLock`): a `ProducerRing` is used through `&mut`
+    /// alone, by one thread at a time (the sender's, or under `PinnedTx`'s lock), and never
+    /// cloned.
     pub(super) fn attach(ring: &Arc<RingSegment>, flavor: Flavor) -> Result<Self, AttachError> {
         Ok(ProducerRing(match flavor {
             Flavor::Spsc => RingEnd::Spsc(ring.spsc_producer()?),
-            Flavor::Mpmc => RingEnd::Mpmc(ring.mpmc_producer()?),
+            Flavor::Mpmc => RingEnd::Mpmc(ring.mpmc_producer(true)?),
             Flavor::Broadcast => RingEnd::Broadcast(ring.broadcast_producer()?),
         }))
     }

@@ -51,7 +51,8 @@ impl Rx {
     fn attach<B: Backend>(channel: &ChannelSegment<B>) -> Result<Self, AttachError> {
         Ok(match channel.flavor {
             Flavor::Spsc => Rx::Spsc(RefCell::new(channel.ring.spsc_consumer()?)),
-            Flavor::Mpmc => Rx::Mpmc(channel.ring.mpmc_consumer()?),
+            // Sole: a receiver is not `Sync` and never clones its end.
+            Flavor::Mpmc => Rx::Mpmc(channel.ring.mpmc_consumer(true)?),
             Flavor::Broadcast => Rx::Broadcast(RefCell::new(channel.ring.broadcast_reader()?)),
         })
     }
@@ -135,7 +136,8 @@ pub struct Receiver<B: Backend = Host> {
 
 /// A message taken, checked and held, not yet made ready by the backend.
 struct Taken<B: Backend> {
-    pool: CachedPool<B>,
+    /// The backend's import of the message's pool.
+    imported: B::Imported,
     hold: SlotHold,
     desc: Descriptor,
     meta: TensorMeta,
@@ -247,11 +249,15 @@ impl<B: Backend> Receiver<B> {
                 return taken;
             }
         }
-        let then = |d| self.check_and_hold(d);
+        // The message taken goes here, and the wait passes on only whether it took one: a
+        // `Taken` is some 600 bytes, which every layer of the wait would move again.
+        let found = Cell::new(None);
+        let keep = |taken: Result<Taken<B>, Unheld<B>>| taken.map(|t| found.set(Some(t)));
+        let then = |d| keep(self.check_and_hold(d));
         let tick = || {
             self.close_dead_senders();
             match redeliver.then(|| self.redeliver_one()).flatten() {
-                Some(taken) => Tick::Done(taken.map_err(|why| (why, None))),
+                Some(taken) => Tick::Done(keep(taken.map_err(|why| (why, None)))),
                 None => {
                     // After the look for messages to deliver again, which maps every pool.
                     self.unlink_drained_pools();
@@ -269,7 +275,7 @@ impl<B: Backend> Receiver<B> {
                 c.borrow_mut().read_then_ticking(deadline, |_, d| then(d), lagged, tick)
             }
         };
-        if matches!(popped, Ok(Ok(_))) {
+        if matches!(popped, Ok(Ok(()))) {
             // The descriptor has left the ring; the message is this receiver's alone.
             crate::fault::point("recv_popped");
         }
@@ -293,7 +299,8 @@ impl<B: Backend> Receiver<B> {
             PopTimeoutError::Disconnected => RecvTimeoutError::Disconnected,
             PopTimeoutError::PeerDead => RecvTimeoutError::PeerDead,
             PopTimeoutError::Corrupted(c) => RecvTimeoutError::Corrupted(c),
-        })?
+        })??;
+        Ok(found.take().expect("a receive that succeeded took a message"))
     }
 
     /// Whether the sender of pool `seg` died (the kernel marked its owner word: one load);

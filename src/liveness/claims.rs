@@ -16,12 +16,20 @@ use crate::layout::Claims;
 /// turns with the line: held from the claim store to the last stamp of the run. Local to
 /// the process; uncontended unless two threads use one endpoint at once. (A test-and-set
 /// lock; under loom a model mutex, as loom cannot schedule a spinning waiter fairly.)
+///
+/// A *sole* endpoint's lock is no lock at all: an endpoint that is never cloned and that
+/// its owner uses from one thread at a time (a channel's `Sender` and `Receiver`, which are
+/// not `Sync`, hold their descriptor-ring ends so) has no clone to take turns with, and its
+/// operations follow one another in program order (or, moved to another thread, in the
+/// order the move established). Its turns then cost one branch on a plain `bool` instead of
+/// an atomic swap and a store.
 #[derive(Debug, Default)]
 pub struct ClaimLock {
     #[cfg(not(loom))]
     held: std::sync::atomic::AtomicBool,
     #[cfg(loom)]
     held: loom::sync::Mutex<()>,
+    sole: bool,
 }
 
 impl ClaimLock {
@@ -30,19 +38,34 @@ impl ClaimLock {
         Self::default()
     }
 
+    /// The lock of a sole endpoint (see the type's docs): its turns take nothing. The
+    /// endpoint holding it must never be cloned (`ShmStorage::clone` asserts so) and must be
+    /// used by one thread at a time.
+    pub(crate) fn sole() -> Self {
+        Self { sole: true, ..Self::default() }
+    }
+
+    /// Whether this is a sole endpoint's lock.
+    pub(crate) fn is_sole(&self) -> bool {
+        self.sole
+    }
+
     /// Takes the lock, spinning (then yielding) while a clone holds it; given back when the
     /// guard drops.
     #[cfg(not(loom))]
     #[inline(always)]
     pub(crate) fn lock(&self) -> ClaimTurn<'_> {
         use std::sync::atomic::Ordering;
+        if self.sole {
+            return ClaimTurn { lock: None };
+        }
         // Acquire: pairs with the Release store in `ClaimTurn::drop` of the clone that held
         // it last, so its claim store and its stamps come before ours (our claim store then
         // follows its in the line's order).
         if self.held.swap(true, Ordering::Acquire) {
             self.contended();
         }
-        ClaimTurn { lock: self }
+        ClaimTurn { lock: Some(self) }
     }
 
     #[cfg(not(loom))]
@@ -71,25 +94,28 @@ impl ClaimLock {
     /// Takes the lock (see the type's docs).
     #[cfg(loom)]
     pub(crate) fn lock(&self) -> ClaimTurn<'_> {
-        ClaimTurn { _held: self.held.lock().unwrap() }
+        ClaimTurn { _held: (!self.sole).then(|| self.held.lock().unwrap()) }
     }
 }
 
 /// A turn with a claim line; drop it once every cell of the run is finished.
 #[derive(Debug)]
 pub(crate) struct ClaimTurn<'a> {
+    /// `None`: a sole endpoint's turn.
     #[cfg(not(loom))]
-    lock: &'a ClaimLock,
+    lock: Option<&'a ClaimLock>,
     #[cfg(loom)]
-    _held: loom::sync::MutexGuard<'a, ()>,
+    _held: Option<loom::sync::MutexGuard<'a, ()>>,
 }
 
 #[cfg(not(loom))]
 impl Drop for ClaimTurn<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        // Release: pairs with the Acquire swap in `ClaimLock::lock` of the next clone.
-        self.lock.held.store(false, std::sync::atomic::Ordering::Release);
+        if let Some(lock) = self.lock {
+            // Release: pairs with the Acquire swap in `ClaimLock::lock` of the next clone.
+            lock.held.store(false, std::sync::atomic::Ordering::Release);
+        }
     }
 }
 

@@ -341,6 +341,9 @@ pub(crate) struct AttachAs {
     /// (named rings and channel rings; not a pool's free ring, whose producers are the
     /// receivers that happened to map the pool).
     pub(crate) counted: bool,
+    /// A sole endpoint: never cloned, used by one thread at a time, so its claim turns
+    /// take no lock (see `ClaimLock`).
+    pub(crate) sole: bool,
 }
 
 /// What an endpoint holds in a ring's segment: its participant entry and, for SPSC, its
@@ -390,7 +393,7 @@ impl Attachment {
             how,
             ring,
             claims,
-            claim_lock: ClaimLock::new(),
+            claim_lock: if how.sole { ClaimLock::sole() } else { ClaimLock::new() },
             participant: Some(participant),
             table: table.clone(),
             holds_role: false,
@@ -413,6 +416,11 @@ impl Attachment {
             attachment.in_count = true;
         }
         Ok(attachment)
+    }
+
+    /// Whether this is a sole endpoint (see [`AttachAs::sole`]).
+    pub(crate) fn is_sole(&self) -> bool {
+        self.claim_lock.is_sole()
     }
 
     /// This endpoint's entry in the participant table (`None` once it gave it back).

@@ -416,7 +416,7 @@ impl<T: Pod + Send> Ring<T, Mpmc> {
     /// [`AttachError::TooManyParticipants`]; [`AttachError::Corrupted`] when the ring's
     /// positions are impossible.
     pub fn producer(&self) -> Result<MpmcProducer<T>, AttachError> {
-        self.ring.mpmc_producer().map(|inner| MpmcProducer { inner })
+        self.ring.mpmc_producer(false).map(|inner| MpmcProducer { inner })
     }
 
     /// A consumer end. Any number may exist.
@@ -425,7 +425,7 @@ impl<T: Pod + Send> Ring<T, Mpmc> {
     ///
     /// As [`producer`](Self::producer).
     pub fn consumer(&self) -> Result<MpmcConsumer<T>, AttachError> {
-        self.ring.mpmc_consumer().map(|inner| MpmcConsumer { inner })
+        self.ring.mpmc_consumer(false).map(|inner| MpmcConsumer { inner })
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) struct ShmStorage<C> {
 
 impl<C> Clone for ShmStorage<C> {
     fn clone(&self) -> Self {
+        // A sole endpoint's claim turns take no lock: a clone would share its line.
+        assert!(!self.attachment.is_sole(), "a sole ring endpoint is never cloned");
         Self {
             ring: self.ring.clone(),
             attachment: self.attachment.clone(),
@@ -283,8 +285,11 @@ impl RingSegment {
         spsc: bool,
         counted: bool,
     ) -> Result<Attachment, AttachError> {
+        self.attach_as(AttachAs { role, spsc, counted, sole: false })
+    }
+
+    fn attach_as(self: &Arc<Self>, how: AttachAs) -> Result<Attachment, AttachError> {
         let ring = RingParts { header: NonNull::from(self.header()), control: self.control };
-        let how = AttachAs { role, spsc, counted };
         Attachment::take(&self.table, how, ring, &|claims, live| self.settle(claims, live))
     }
 
@@ -326,18 +331,23 @@ impl RingSegment {
         Ok(broadcast::Reader::join(storage, index)?)
     }
 
-    /// An MPMC producer end.
+    /// An MPMC producer end; `sole`: one that is never cloned and is used by one thread
+    /// at a time (its claim turns take no lock: `ClaimLock`).
     pub(crate) fn mpmc_producer<T: Pod + Send>(
         self: &Arc<Self>,
+        sole: bool,
     ) -> Result<mpmc::Producer<T, ShmStorage<MpmcCell<T>>>, AttachError> {
-        Ok(mpmc::Producer::new(self.storage(self.attach(Role::Producer, false, true)?))?)
+        let how = AttachAs { role: Role::Producer, spsc: false, counted: true, sole };
+        Ok(mpmc::Producer::new(self.storage(self.attach_as(how)?))?)
     }
 
-    /// An MPMC consumer end.
+    /// An MPMC consumer end; `sole` as for [`mpmc_producer`](Self::mpmc_producer).
     pub(crate) fn mpmc_consumer<T: Pod + Send>(
         self: &Arc<Self>,
+        sole: bool,
     ) -> Result<mpmc::Consumer<T, ShmStorage<MpmcCell<T>>>, AttachError> {
-        Ok(mpmc::Consumer::new(self.storage(self.attach(Role::Consumer, false, true)?))?)
+        let how = AttachAs { role: Role::Consumer, spsc: false, counted: true, sole };
+        Ok(mpmc::Consumer::new(self.storage(self.attach_as(how)?))?)
     }
 
     /// Storage for a ring that one process uses in both directions (a pool's free ring),

@@ -19,12 +19,11 @@ impl<B: Backend> Receiver<B> {
         }
         let pool = self.pool_for(index, instance, &d)?;
         let meta = self.check(&pool, &d).map_err(|why| (why, None))?;
-        let core = &pool.seg.core;
-        let hold = match &self.shared {
-            None => {
-                let held = core.receive(d.slot, d.generation).map_err(|c| (c.into(), None))?;
-                SlotHold { pool: pool.seg.clone(), held, shared: None }
-            }
+        // The pool's handle moves into the hold (one reference count a message, not two).
+        let CachedPool { seg, imported, .. } = pool;
+        let core = &seg.core;
+        let (held, shared) = match &self.shared {
+            None => (core.receive(d.slot, d.generation).map_err(|c| (c.into(), None))?, None),
             Some((bit, ring)) => {
                 let held = if self.lagging {
                     // Retired by the sender before we held it: one message missed.
@@ -34,10 +33,10 @@ impl<B: Backend> Receiver<B> {
                 } else {
                     core.hold_shared(d.slot, d.generation, *bit).map_err(|c| (c.into(), None))?
                 };
-                let shared = Some(SharedHold { bit: *bit, ring: ring.clone() });
-                SlotHold { pool: pool.seg.clone(), held, shared }
+                (held, Some(SharedHold { bit: *bit, ring: ring.clone() }))
             }
         };
+        let hold = SlotHold { pool: seg, held, shared };
         let died = self.note_owner(&hold.pool);
         // The slot is ours: a sender giving its device memory up now waits for us, or we
         // see that it has (then the slot goes back unread, with `hold`).
@@ -47,7 +46,7 @@ impl<B: Backend> Receiver<B> {
         }
         // The slot is ours and the descriptor still in the ring.
         crate::fault::point("recv_holding");
-        Ok(Taken { pool, hold, desc: d, meta, redelivered: false })
+        Ok(Taken { imported, hold, desc: d, meta, redelivered: false })
     }
 
     /// The checks of a descriptor `d` of `pool` before its slot is used: metadata, slot

@@ -14,6 +14,7 @@ impl<B: Backend> Receiver<B> {
     /// this receiver held them: `PoolCore::hold_retirable`) is counted without waiting, and
     /// told once, as `Lagged(missed)`; what came after them (a message, or an error) is
     /// what the next receive returns.
+    #[inline]
     pub(super) fn recv_until(&self, deadline: Deadline) -> Result<Message<B>, RecvTimeoutError<B>> {
         // (Only lagging channels keep one: the others move no `Option` on their hot path.)
         if let Some(next) = self.lagging.then(|| self.pending.take()).flatten() {
@@ -39,9 +40,10 @@ impl<B: Backend> Receiver<B> {
 
     /// The backend's part of a receive (a GPU receiver's stream waits for the sender's
     /// writes), then the message. On an error the hold goes, and the slot back unread.
+    #[inline(always)]
     fn deliver(&self, t: Taken<B>) -> Result<Message<B>, RecvTimeoutError<B>> {
         let policy = self.wait_policy();
-        let view = B::deliver(&self.receiving, &t.pool.imported, &t.hold, &t.desc, policy)?;
+        let view = B::deliver(&self.receiving, &t.imported, &t.hold, &t.desc, policy)?;
         Ok(Message::new(t.hold, t.desc, t.meta, view, t.redelivered))
     }
 }

@@ -130,7 +130,7 @@ impl<B: Backend> Receiver<B> {
         B::refuse(&hold.pool, died)?;
         // The slot is ours again; a death here leaves it to the next receiver the same way.
         crate::fault::point("redeliver_holding");
-        Ok(Taken { pool, hold, desc: d, meta, redelivered: true })
+        Ok(Taken { imported: pool.imported, hold, desc: d, meta, redelivered: true })
     }
 
     /// The pool at table row `index`, registration `instance`: cached, or mapped (and
