@@ -22,7 +22,21 @@ use crate::layout::Claims;
 /// not `Sync`, hold their descriptor-ring ends so) has no clone to take turns with, and its
 /// operations follow one another in program order (or, moved to another thread, in the
 /// order the move established). Its turns then cost one branch on a plain `bool` instead of
-/// an atomic swap and a store.
+/// an atomic swap and a store. What that rests on, checked when the docs are tested:
+///
+/// ```
+/// fn sendable<T: Send>() {}
+/// sendable::<gpuring::Sender>();
+/// sendable::<gpuring::Receiver>();
+/// ```
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<gpuring::Sender>(); // a sender is not `Sync`
+/// ```
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<gpuring::Receiver>(); // a receiver is not `Sync`
+/// ```
 #[derive(Debug, Default)]
 pub struct ClaimLock {
     #[cfg(not(loom))]
@@ -126,4 +140,25 @@ pub struct ClaimLine<'a> {
     pub line: &'a Claims,
     /// The process-local lock.
     pub lock: &'a ClaimLock,
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::ClaimLock;
+
+    #[test]
+    fn a_shared_lock_is_held_for_its_turn_and_a_sole_one_never() {
+        use std::sync::atomic::Ordering;
+        let shared = ClaimLock::new();
+        let turn = shared.lock();
+        assert!(shared.held.load(Ordering::Relaxed), "a turn holds the lock");
+        drop(turn);
+        assert!(!shared.held.load(Ordering::Relaxed), "given back with the turn");
+
+        let sole = ClaimLock::sole();
+        let (first, second) = (sole.lock(), sole.lock()); // no lock: both at once
+        assert!(!sole.held.load(Ordering::Relaxed), "a sole end's turn takes nothing");
+        drop((first, second));
+        assert!(sole.is_sole() && !shared.is_sole());
+    }
 }

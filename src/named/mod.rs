@@ -471,3 +471,25 @@ impl<T: Pod + Send> RingBuilder<T, Broadcast> {
         self
     }
 }
+
+#[cfg(test)]
+mod sole_tests {
+    use super::{Mpmc, Ring};
+
+    /// A sole ring end takes no claim lock, so a clone (sharing its line) must never exist.
+    #[test]
+    fn a_sole_end_moves_elements_and_cannot_be_cloned() {
+        let name = format!("gpuring-test-sole-{}", std::process::id());
+        let ring = Ring::<u64, Mpmc>::builder(&name).capacity(8).create().unwrap();
+        let (tx, rx) =
+            (ring.ring.mpmc_producer::<u64>(true).unwrap(), ring.ring.mpmc_consumer(true).unwrap());
+        for i in 0..20 {
+            tx.try_push(i).unwrap();
+            assert_eq!(rx.try_pop(), Ok(i));
+        }
+        let cloned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tx.clone()));
+        assert!(cloned.is_err(), "cloning a sole end panics");
+        let shared = ring.producer().unwrap();
+        drop(shared.clone()); // a shared end clones
+    }
+}
