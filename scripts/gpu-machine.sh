@@ -19,7 +19,8 @@
 #   rest     the CLI's GPU tests, the rows `full` runs out of time for, the Python bench
 #   check    all of the tests (Rust and Python) and the demo without and under MPS
 #   bench    before/after, alternated, two rounds, no MPS
-#   channel  the host channel 4 KB rows of before (/ middle) / this build, five rounds
+#   channel  the host channel 4 KB rows of before (/ middle) / this build, five rounds; then
+#            one thread's cost (examples/path_cost) of the same builds
 #   mps      before/after under MPS, and the demo under MPS
 #   objects  python/bench/objects.py --quick without MPS (one call: ~5 min)
 #   objects-mps  the same under MPS (another call, on the same warm machine)
@@ -83,6 +84,14 @@ case $what in
           | sed -E 's/.*\[[^ ]+ [^ ]+ ([^ ]+) [^ ]+ [^ ]+ [^ ]+\]/\1/' | paste -sd' ')"
       done
     done | tee "$out/channel.txt"
+    # One thread's cost of the same hand-off (examples/path_cost.rs), where the builds'
+    # binaries are there (.gpu/bin/path-cost-before, -mid; this build's example-path_cost)
+    for r in ${ROUNDS:-1 2 3 4 5}; do
+      for b in path-cost-before path-cost-mid example-path_cost; do
+        [ -x .gpu/bin/$b ] || continue
+        for f in mpmc spsc; do echo "r$r $b $(taskset -c ${cpus%%,*} .gpu/bin/$b $f)"; done
+      done
+    done | tee "$out/path-cost.txt"
     ;;
   mps)
     mps_on

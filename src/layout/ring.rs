@@ -7,7 +7,7 @@
 //! | 128 | [`RingHeader`]: capacity, element size and alignment, SPSC role claims, attach counts |
 //! | 256 | [`RingControl`]: tail, head and the two wait words, each on its own 128-byte line |
 //! | 768 | [`Participants`]: who is attached, and the MPMC positions each last claimed |
-//! | 5376 | `capacity` cells |
+//! | 9472 | `capacity` cells |
 //!
 //! The same ring sits at another offset inside channel and pool segments
 //! ([`RingLayout::at`]).
@@ -95,8 +95,9 @@ pub const MAX_PARTICIPANTS: usize = 64;
 pub struct Participants {
     /// The entries.
     pub entries: [AtomicU64; MAX_PARTICIPANTS],
-    /// Entry `i`'s claims, one 64-byte line per entry (written by its holder only, on every
-    /// MPMC push and pop, so that no two endpoints share a line).
+    /// Entry `i`'s claims, 128 bytes per entry (written by its holder only, on every MPMC
+    /// push and pop, so that no two endpoints share a line, nor a pair of lines that the
+    /// adjacent-line prefetcher moves together).
     pub claims: [Claims; MAX_PARTICIPANTS],
 }
 
@@ -112,7 +113,7 @@ pub struct Participants {
 /// endpoint, which will never finish it: it can be repaired (`ring::repair`) with no
 /// risk of racing a live writer. A dead word may name positions its holder never won
 /// (it lost the CAS, or died before it): the live winner's word names them too.
-#[repr(C, align(64))]
+#[repr(C, align(128))]
 #[derive(Debug)]
 pub struct Claims {
     /// The run of `tail` positions last claimed.
@@ -369,8 +370,8 @@ impl RingLayout {
 const _: () = {
     assert!(size_of::<RingHeader>() == 128);
     assert!(size_of::<RingControl>() == 512);
-    assert!(size_of::<Participants>() == 512 + 64 * 64);
-    assert!(size_of::<Claims>() == 64);
+    assert!(size_of::<Participants>() == 512 + 64 * 128);
+    assert!(size_of::<Claims>() == 128);
     assert!(size_of::<WaitWord>() == 8);
     assert!(size_of::<SpscCell<u64>>() == 8);
     assert!(size_of::<SpscCell<crate::descriptor::Descriptor>>() == 384);

@@ -58,8 +58,8 @@ fn layout_rejects_bad_capacity() {
 #[test]
 fn layout_offsets() {
     let l = RingLayout::new(1024, 384).unwrap();
-    assert_eq!((l.ring_header, l.control, l.participants, l.cells), (128, 256, 768, 5376));
-    assert_eq!(l.total_size, 5376 + 1024 * 384);
+    assert_eq!((l.ring_header, l.control, l.participants, l.cells), (128, 256, 768, 9472));
+    assert_eq!(l.total_size, 9472 + 1024 * 384);
 }
 
 #[test]
