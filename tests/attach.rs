@@ -202,9 +202,10 @@ fn a_segment_truncated_under_us_is_corrupted_not_a_crash() {
     }
     assert!(!ring_segment(&ring).truncated());
     // The hostile truncation (made from this process: to the kernel it is the same).
-    let keep = 8192;
-    OpenOptions::new().write(true).open(path(&name)).unwrap().set_len(keep).unwrap();
     let layout = RingLayout::new(4096, 8).unwrap();
+    // Two pages of cells stay (the positions, near the start, with them).
+    let keep = (layout.cells as u64).next_multiple_of(4096) + 8192;
+    OpenOptions::new().write(true).open(path(&name)).unwrap().set_len(keep).unwrap();
     let intact = (keep as usize - layout.cells) / 8; // cells wholly inside the object
     let mut got = Vec::new();
     loop {
