@@ -478,6 +478,7 @@ mod sole_tests {
 
     /// A sole ring end takes no claim lock, so a clone (sharing its line) must never exist.
     #[test]
+    #[cfg_attr(miri, ignore = "shm_open and mmap are not available under Miri")]
     fn a_sole_end_moves_elements_and_cannot_be_cloned() {
         let name = format!("gpuring-test-sole-{}", std::process::id());
         let ring = Ring::<u64, Mpmc>::builder(&name).capacity(8).create().unwrap();
