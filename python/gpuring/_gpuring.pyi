@@ -19,6 +19,7 @@ __all__ = [
     "cuda_available",
     "ipc_opens",
     "dtypes",
+    "clean",
     "MAX_DIMS",
     "Error",
     "Timeout",
@@ -63,6 +64,15 @@ def ipc_opens() -> int:
 
 def dtypes() -> list[str]:
     """The element type names gpuring carries."""
+
+def clean(prefix: str, queued: bool = False, dry_run: bool = False) -> list[Tuple[str, str]]:
+    """Removes the segments in ``/dev/shm`` that no process has open and whose names start
+    with ``prefix`` (what ``gpuring clean`` does): channels left by a crash with nothing
+    queued, their pools, pools whose channel is gone; with ``queued``, also channels
+    nobody has open although messages wait in them (dropped). A segment in use is never
+    removed. Returns ``(name, why)`` of each removed (or, with ``dry_run``, of each it
+    would remove); ``why`` is ``"left-over"``, ``"queued"``, ``"orphaned-pool"``,
+    ``"never-initialized"``, ``"other-version"`` or ``"unreadable"``."""
 
 def torch_views(base: Any, parts: list[Tuple[int, Any, Any]]) -> list[Any]:
     """Torch tensors viewing ``parts`` (byte offset, dtype, shape) of tensor ``base``."""

@@ -111,7 +111,8 @@ class Queue:
     Each putting process owns ``slots`` slots of ``slot_bytes`` bytes (the largest
     tensor a ``put`` takes; by default 8 of 1 MiB, as for a channel: larger tensors need a
     larger ``slot_bytes``, and host queues that much room in ``/dev/shm`` per putting
-    process); ``maxsize`` (or ``capacity``) bounds the messages in flight.
+    process); ``maxsize`` (or ``capacity``) bounds the messages in flight. An item larger
+    than a slot goes through ``large_slots`` slots of its size class (see :meth:`put`).
     ``get`` returns a copy by default, so that slots go back at once; ``copy=False``
     returns a zero-copy view that holds its slot until the tensor is freed.
 
@@ -130,18 +131,54 @@ class Queue:
         device: Optional[int] = None,
         max_senders: int = 16,
         ready: Optional[str] = None,
+        large_slots: Optional[int] = None,
     ) -> None:
+        self._setup(
+            name, maxsize, capacity, slots, slot_bytes, device, max_senders, ready, large_slots
+        )
+        self._ch = Channel.create(name=self._name, **self._options)
+
+    @classmethod
+    def open_or_create(
+        cls,
+        name: str,
+        maxsize: int = 0,
+        *,
+        capacity: Optional[int] = None,
+        slots: int = 8,
+        slot_bytes: int = 1 << 20,
+        device: Optional[int] = None,
+        max_senders: int = 16,
+        ready: Optional[str] = None,
+        large_slots: Optional[int] = None,
+    ) -> "Queue":
+        """The queue ``name`` if its channel exists (with what waits in it), else a new one
+        made with these options: what processes that meet by name call (each of them, in
+        any order; one creates it), and what a restarted process calls to take up its
+        queue again. The options are :class:`Queue`'s; an existing queue keeps its own
+        ring and each putter its slots, but ``maxsize``, ``device``, ``ready`` and
+        ``large_slots`` are this process's."""
+        q = cls.__new__(cls)
+        q._setup(
+            name, maxsize, capacity, slots, slot_bytes, device, max_senders, ready, large_slots
+        )
+        q._ch = Channel.open_or_create(name=name, **q._options)
+        return q
+
+    def _setup(self, name, maxsize, capacity, slots, slot_bytes, device, max_senders, ready, large):
         if name is None:
             name = "gpuring-queue-%d-%s" % (os.getpid(), secrets.token_hex(4))
         if capacity is None:
             capacity = _next_pow2(maxsize) if maxsize > 0 else 256
+        if large is not None and large < 1:
+            raise ValueError("large_slots must be at least 1")
         self._name = name
         self._maxsize = maxsize if maxsize > 0 else capacity
         self._device = device
         self._ready = ready
+        self._large = large
         self._init_local()
-        self._ch = Channel.create(
-            name,
+        self._options = dict(
             capacity=capacity,
             slots=slots,
             slot_bytes=slot_bytes,
@@ -166,6 +203,7 @@ class Queue:
             "device": self._device,
             "ready": self._ready,
             "maxsize": self._maxsize,
+            "large": self._large,
         }
 
     def __setstate__(self, state):
@@ -173,6 +211,7 @@ class Queue:
         self._device = state["device"]
         self._ready = state.get("ready")
         self._maxsize = state["maxsize"]
+        self._large = state.get("large")
         self._init_local()
 
     def _here(self):
@@ -214,7 +253,8 @@ class Queue:
         rest of the object is pickled beside them (see :meth:`gpuring.Sender.send_object`).
 
         An item larger than a slot goes too: through a second channel of this process,
-        made on first need with 2 slots (4 on a GPU) of the next power of two (at least
+        made on first need with ``large_slots`` slots (by default 2, 4 on a GPU) of the next
+        power of two (at least
         twice ``slot_bytes``) and kept for later items of that size, while a small message in
         the queue tells the getter where to take it.
 
@@ -268,7 +308,7 @@ class Queue:
             name = "%s.big%d.%d" % (self._name, os.getpid(), size.bit_length() - 1)
             ch = Channel.open_or_create(
                 name,
-                slots=2 if self._device is None else 4,
+                slots=self._large or (2 if self._device is None else 4),
                 slot_bytes=size,
                 device=self._device,
                 mpmc=True,

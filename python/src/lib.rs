@@ -44,6 +44,28 @@ fn dtype_names() -> Vec<&'static str> {
     dtypes::NAMES.iter().map(|(_, n)| *n).collect()
 }
 
+/// Removes the segments nobody uses whose names start with `prefix` (see
+/// `gpuring::inspect::clean`, as `gpuring clean`): returns `(name, why)` of each.
+#[pyfunction]
+#[pyo3(signature = (prefix, queued = false, dry_run = false))]
+fn clean(py: Python<'_>, prefix: &str, queued: bool, dry_run: bool) -> PyResult<Vec<(String, String)>> {
+    use errors::ClassOf;
+    use gpuring::inspect::{self, CleanReason};
+    let removed = py
+        .detach(|| inspect::clean(dry_run, queued, prefix))
+        .map_err(|e| e.raised().into_err(py))?;
+    let why = |w: CleanReason| match w {
+        CleanReason::OtherVersion => "other-version",
+        CleanReason::NeverInitialized => "never-initialized",
+        CleanReason::LeftOver => "left-over",
+        CleanReason::Queued(_) => "queued",
+        CleanReason::UnreadablePositions => "unreadable",
+        CleanReason::OrphanedPool => "orphaned-pool",
+        _ => "other",
+    };
+    Ok(removed.into_iter().map(|c| (c.name, why(c.why).to_owned())).collect())
+}
+
 #[pymodule]
 fn _gpuring(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<channel::PyChannel>()?;
@@ -54,6 +76,7 @@ fn _gpuring(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_opens, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
+    m.add_function(wrap_pyfunction!(clean, m)?)?;
     m.add_function(wrap_pyfunction!(receiver::torch_views, m)?)?;
     m.add("MAX_DIMS", gpuring::MAX_DIMS)?;
     m.add("SLOT_HEADER_SIZE", gpuring::SLOT_HEADER_SIZE)?;

@@ -1,0 +1,223 @@
+"""gpuring.ray on a local Ray cluster of two simulated nodes (CPU tensors; the GPU tests are
+in test_gpu.py's Ray part). Skipped when Ray or torch is missing: `.ci/run` installs both
+into a venv of its own for this file."""
+
+import os
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+
+import gpuring  # noqa: E402
+import gpuring.ray as gray  # noqa: E402
+
+# Before the classes below: `ray.method(tensor_transport="gpuring")` checks the name.
+gray.register()
+
+NODE_A = {"node_a": 1}
+NODE_B = {"node_b": 1}
+
+
+def _ours():
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("gpuring-ray-"))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 6, "resources": {"node_a": 100}, "include_dashboard": False},
+    )
+    c.add_node(num_cpus=4, resources={"node_b": 100})
+    ray.init(address=c.address, include_dashboard=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+    gray.cleanup()
+    assert _ours() == [], "left in /dev/shm: %r" % _ours()
+
+
+@ray.remote(enable_tensor_transport=True, num_cpus=0)
+class Producer:
+    @ray.method(tensor_transport="gpuring")
+    def make(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return {"x": torch.randn(n, generator=g), "i": torch.arange(n, dtype=torch.int64)}
+
+    @ray.method(tensor_transport="gpuring")
+    def state_dict(self, count, n):
+        return {"w%d" % k: torch.full((n,), float(k)) for k in range(count)}
+
+    def stats(self):
+        return gray.stats()
+
+    def node(self):
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self):
+        return os.getpid()
+
+    def put_many(self, ch, count, n):
+        for k in range(count):
+            ch.put((k, torch.full((n,), float(k))))
+        return count
+
+
+@ray.remote(enable_tensor_transport=True, num_cpus=0)
+class Consumer:
+    def node(self):
+        return ray.get_runtime_context().get_node_id()
+
+    def checksum(self, d):
+        return {k: float(v.double().sum()) for k, v in d.items()}
+
+    def stats(self):
+        return gray.stats()
+
+    def get_many(self, ch, count, n):
+        bad = 0
+        for k in range(count):
+            j, t = ch.get(timeout=30)
+            if j != k or t.shape != (n,) or not bool((t == float(k)).all()):
+                bad += 1
+        return bad
+
+
+def _expected(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g)
+    return {
+        "x": float(x.double().sum()),
+        "i": float(torch.arange(n, dtype=torch.int64).double().sum()),
+    }
+
+
+def _pair(res_a, res_b):
+    return Producer.options(resources=res_a).remote(), Consumer.options(resources=res_b).remote()
+
+
+def test_same_node_tensors_go_through_gpuring(cluster):
+    p, c = _pair(NODE_A, NODE_A)
+    for seed in range(5):
+        got = ray.get(c.checksum.remote(p.make.remote(1000, seed)))
+        assert got == pytest.approx(_expected(1000, seed))
+    ps, cs = ray.get([p.stats.remote(), c.stats.remote()])
+    assert ps["gpuring_sends"] == 5 and ps["fallback_sends"] == 0, ps
+    assert cs["gpuring_recvs"] == 5 and cs["fallback_recvs"] == 0, cs
+
+
+def test_a_state_dict_larger_than_a_slot_goes_in_one_message(cluster):
+    p, c = _pair(NODE_A, NODE_A)
+    # 300 tensors of 16 KB: 4.9 MB, beyond the 1 MiB slots.
+    got = ray.get(c.checksum.remote(p.state_dict.remote(300, 4096)))
+    assert got == {"w%d" % k: 4096.0 * k for k in range(300)}
+    assert ray.get(c.stats.remote())["gpuring_recvs"] == 1
+
+
+def test_one_result_to_several_actors_on_the_node(cluster):
+    p = Producer.options(resources=NODE_A).remote()
+    cs = [Consumer.options(resources=NODE_A).remote() for _ in range(3)]
+    ref = p.make.remote(5000, 7)
+    got = ray.get([c.checksum.remote(ref) for c in cs])
+    assert all(g == pytest.approx(_expected(5000, 7)) for g in got)
+    assert ray.get(p.stats.remote())["gpuring_sends"] == 3
+
+
+def test_across_nodes_the_collective_group_carries_them(cluster):
+    from ray.experimental.collective import create_collective_group, destroy_collective_group
+
+    p, c = _pair(NODE_A, NODE_B)
+    assert ray.get(p.node.remote()) != ray.get(c.node.remote())
+    group = create_collective_group([p, c], backend="gloo")
+    try:
+        got = ray.get(c.checksum.remote(p.make.remote(1000, 3)))
+        assert got == pytest.approx(_expected(1000, 3))
+        ps, cs = ray.get([p.stats.remote(), c.stats.remote()])
+        assert ps["fallback_sends"] == 1 and ps["gpuring_sends"] == 0, ps
+        assert cs["fallback_recvs"] == 1 and cs["gpuring_recvs"] == 0, cs
+    finally:
+        destroy_collective_group(group)
+
+
+def test_across_nodes_without_a_group_says_what_to_do(cluster):
+    p, c = _pair(NODE_A, NODE_B)
+    with pytest.raises(Exception, match="different nodes"):
+        ray.get(c.checksum.remote(p.make.remote(10, 1)), timeout=60)
+
+
+def test_a_dead_source_is_an_error_not_a_hang(cluster):
+    p, c = _pair(NODE_A, NODE_A)
+    ref = p.make.remote(1000, 1)
+    ray.get(p.stats.remote())  # the result exists
+    ray.kill(p)
+    start = time.monotonic()
+    with pytest.raises(ray.exceptions.RayError, match="aborted the transfer"):
+        ray.get(c.checksum.remote(ref), timeout=120)
+    assert time.monotonic() - start < 90
+    # The consumer is still of use.
+    p2 = Producer.options(resources=NODE_A).remote()
+    assert ray.get(c.checksum.remote(p2.make.remote(100, 2))) == pytest.approx(_expected(100, 2))
+
+
+def test_a_source_whose_destination_died_goes_on(cluster):
+    p, c = _pair(NODE_A, NODE_A)
+    ray.get([p.stats.remote(), c.stats.remote()])
+    ref = p.make.remote(1000, 1)
+    ray.kill(c)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(c.checksum.remote(ref), timeout=60)
+    c2 = Consumer.options(resources=NODE_A).remote()
+    assert ray.get(c2.checksum.remote(p.make.remote(100, 4)), timeout=120) == pytest.approx(
+        _expected(100, 4)
+    )
+
+
+def test_a_channel_on_one_node_streams_through_gpuring(cluster):
+    p, c = _pair(NODE_A, NODE_A)
+    ch = gray.channel(p, c)
+    assert ch.same_node
+    n, count = 256, 2000
+    sent = p.put_many.remote(ch, count, n)
+    assert ray.get(c.get_many.remote(ch, count, n), timeout=120) == 0
+    assert ray.get(sent) == count
+    ps, cs = ray.get([p.stats.remote(), c.stats.remote()])
+    assert ps["gpuring_sends"] == count and cs["gpuring_recvs"] == count
+
+
+def test_a_channel_across_nodes_goes_through_ray(cluster):
+    p, c = _pair(NODE_A, NODE_B)
+    ch = gray.channel(p, c)
+    assert not ch.same_node
+    sent = p.put_many.remote(ch, 20, 64)
+    assert ray.get(c.get_many.remote(ch, 20, 64), timeout=120) == 0
+    ray.get(sent)
+    ps, cs = ray.get([p.stats.remote(), c.stats.remote()])
+    assert ps["fallback_sends"] == 20 and ps["gpuring_sends"] == 0
+    assert cs["fallback_recvs"] == 20
+
+
+def test_killed_actors_leave_nothing_after_cleanup(cluster):
+    p, c = _pair(NODE_A, NODE_A)
+    ray.get(c.checksum.remote(p.make.remote(1000, 5)))
+    pid = ray.get(p.pid.remote())
+    mine = [f for f in _ours() if p._actor_id.hex() in f]
+    assert mine, "the pair's channel exists while both live"
+    ray.kill(p)
+    ray.kill(c)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    # Both processes are gone; what they left is removed by cleanup (register does it too).
+    deadline = time.monotonic() + 30
+    while [f for f in _ours() if p._actor_id.hex() in f] and time.monotonic() < deadline:
+        gpuring.clean("gpuring-ray-", queued=True)
+        time.sleep(0.2)
+    assert [f for f in _ours() if p._actor_id.hex() in f] == []
