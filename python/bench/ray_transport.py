@@ -1,0 +1,280 @@
+"""Ray between two actors that share a GPU: gpuring's tensor transport against Ray's CUDA-IPC
+transport and Ray's object store, and a gpuring.ray.channel against gpuring.Queue between two
+plain processes, all in one run.
+
+    python python/bench/ray_transport.py [--quick] [--json out.json]
+
+Transfers (one in flight, as a program that passes each result on): actor A's method fills
+its CUDA tensor (or a 300-tensor state dict of ~500 MB) and returns it; the driver passes
+the result to actor B's method, which reads a value of it (``x[-1].item()``: the data is
+there). Time per transfer: from A's method returning (``time.monotonic()`` in A, the last
+thing it does) to B having read the value (the same clock in B), median over the rounds;
+items/s: rounds over the driver's wall time (each round a produce and a consume call).
+
+Channel rows: A puts ``(time, tensor)`` (one ``fill_`` first), B gets it (a copy, the
+default) and reads a value; one item in flight (B answers through a second channel) for the
+latency, then A puts ``--rate-items`` items back to back (a ``fill_`` each) while B gets
+and reads each, for items/s. The baseline row runs the same two loops in two processes
+started by ``multiprocessing`` (spawn) over a ``gpuring.Queue``.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+import ray
+import torch
+
+import gpuring
+import gpuring.ray as gray
+
+gray.register()
+
+SIZES = {"4KB": 4096, "5MB": 5 << 20, "64MB": 64 << 20}
+SD_TENSORS, SD_NUMEL = 300, 436_907  # 300 float32 tensors of 1.75 MB: 524 MB
+
+
+# "cpu" (--cpu): a dry run of the script where there is no GPU (CUDA_IPC rows fail).
+DEVICE = "cpu" if "--cpu" in sys.argv else "cuda"
+
+
+def _make(shape):
+    if shape == "sd":
+        return {"w%03d" % i: torch.empty(SD_NUMEL, device=DEVICE) for i in range(SD_TENSORS)}
+    return torch.empty(SIZES[shape] // 4, device=DEVICE)
+
+
+def _fill(x, k):
+    if isinstance(x, dict):
+        for i, v in enumerate(x.values()):
+            v.fill_(k + i)
+    else:
+        x.fill_(k)
+
+
+def _check(x, k):
+    """Every tensor holds what A wrote (after the timed read)."""
+    if isinstance(x, dict):
+        lasts = torch.stack([v[-1] for v in x.values()]).cpu()
+        firsts = torch.stack([v[0] for v in x.values()]).cpu()
+        want = torch.arange(len(x), dtype=torch.float32) + k
+        return bool((lasts == want).all() and (firsts == want).all())
+    return bool(x[0].item() == k and x[-1].item() == k)
+
+
+@ray.remote(num_gpus=0.5, enable_tensor_transport=True)
+class Producer:
+    def __init__(self):
+        self.bufs = {}
+        self.ends = []
+
+    def produce(self, shape, k, slow=False):
+        x = self.bufs.get(shape)
+        if x is None:
+            x = self.bufs[shape] = _make(shape)
+        if slow and DEVICE == "cuda":
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the fill
+        _fill(x, k)
+        self.ends.append(time.monotonic())
+        return x
+
+    def take_ends(self):
+        e, self.ends = self.ends, []
+        return e
+
+    def run_sender(self, ch, ack, shape, rounds, rate_items):
+        return _sender(ch, ack, shape, rounds, rate_items)
+
+
+@ray.remote(num_gpus=0.5, enable_tensor_transport=True)
+class Consumer:
+    def consume(self, x, k):
+        first = next(iter(x.values())) if isinstance(x, dict) else x
+        v = first[-1].item()
+        t = time.monotonic()
+        return t, v == k and _check(x, k)
+
+    def run_receiver(self, ch, ack, rounds, rate_items):
+        return _receiver(ch, ack, rounds, rate_items)
+
+    def stats(self):
+        return gray.stats()
+
+
+def _sender(ch, ack, shape, rounds, rate_items):
+    x = _make(shape)
+    for k in range(rounds):
+        _fill(x, k)
+        ch.put((time.monotonic(), k, x))
+        ack.get(timeout=60)
+    t0 = time.monotonic()
+    for k in range(rate_items):
+        _fill(x, k)
+        ch.put((0.0, k, x))
+    ack.get(timeout=120)
+    return time.monotonic() - t0
+
+
+def _receiver(ch, ack, rounds, rate_items):
+    lat, bad = [], 0
+    for k in range(rounds):
+        t0, j, x = ch.get(timeout=60)
+        first = next(iter(x.values())) if isinstance(x, dict) else x
+        v = first[-1].item()
+        lat.append(time.monotonic() - t0)
+        bad += (j != k) or (v != k and not isinstance(x, dict))
+        ack.put(0)
+    for k in range(rate_items):
+        _, j, x = ch.get(timeout=60)
+        first = next(iter(x.values())) if isinstance(x, dict) else x
+        first[-1:].mul(2)  # a torch op per item
+        bad += j != k
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    ack.put(0)
+    return lat, bad
+
+
+def _proc_sender(q, ack, shape, rounds, rate_items, out, argv):
+    _as_parent(argv)
+    out.put(_sender(q, ack, shape, rounds, rate_items))
+
+
+def _proc_receiver(q, ack, rounds, rate_items, out, argv):
+    _as_parent(argv)
+    out.put(_receiver(q, ack, rounds, rate_items))
+
+
+def _as_parent(argv):
+    global DEVICE
+    DEVICE = "cpu" if "--cpu" in argv else "cuda"
+
+
+def transfers(a, b, transport, shape, rounds, warm):
+    """Per-transfer times (µs) and items/s of one transport."""
+    opts = {} if transport == "object store" else {"tensor_transport": transport}
+    bad = 0
+    walls = []
+    for k in range(warm + rounds):
+        w0 = time.monotonic()
+        ref = a.produce.options(**opts).remote(shape, k)
+        t_b, ok = ray.get(b.consume.remote(ref, k))
+        walls.append(time.monotonic() - w0)
+        del ref
+        bad += not ok
+        if k == warm - 1:
+            a.take_ends.remote()
+            t_bs = []
+        if k >= warm:
+            t_bs.append(t_b)
+    ends = ray.get(a.take_ends.remote())
+    us = [(tb - te) * 1e6 for tb, te in zip(t_bs, ends)]
+    return {
+        "p50_us": statistics.median(us),
+        "min_us": min(us),
+        "items_per_s": rounds / sum(walls[warm:]),
+        "bad": bad,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--rate-items", type=int, default=5000)
+    ap.add_argument("--cpu", action="store_true", help="a dry run without a GPU")
+    args = ap.parse_args()
+    rounds = {"4KB": 40, "5MB": 30, "64MB": 20, "sd": 8}
+    if args.quick:
+        rounds = {k: max(3, v // 4) for k, v in rounds.items()}
+    gpus = 0 if args.cpu else 1
+    ray.init(num_cpus=8, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    a = Producer.options(num_gpus=gpus / 2).remote()
+    b = Consumer.options(num_gpus=gpus / 2).remote()
+    results = {"transfers": {}, "channel": {}}
+    print("python", sys.version.split()[0], "torch", torch.__version__, "ray", ray.__version__)
+    print(torch.cuda.get_device_name(0) if gpus else "no GPU: a dry run on the CPU")
+
+    # Stream order: A's slow kernel then fill; B must see the fill (gpuring transport).
+    ref = a.produce.options(tensor_transport="gpuring").remote("64MB", 77, True)
+    _, ok = ray.get(b.consume.remote(ref, 77))
+    del ref
+    print(
+        "slow kernel before the fill, gpuring transport: values %s" % ("right" if ok else "WRONG")
+    )
+    results["slow_kernel_ok"] = ok
+
+    print(
+        "\n%-10s %-14s %12s %12s %12s %5s"
+        % ("size", "transport", "p50 µs", "min µs", "items/s", "bad")
+    )
+    for shape in ("4KB", "5MB", "64MB", "sd"):
+        for transport in ("gpuring", "cuda_ipc", "object store"):
+            n = rounds[shape] if transport != "object store" or shape != "sd" else 3
+            try:
+                r = transfers(a, b, transport, shape, n, warm=2)
+            except Exception as e:  # a transport that cannot do a row says so
+                print("%-10s %-14s failed: %s" % (shape, transport, str(e)[:200]))
+                continue
+            results["transfers"]["%s/%s" % (shape, transport)] = r
+            print(
+                "%-10s %-14s %12.1f %12.1f %12.1f %5d"
+                % (shape, transport, r["p50_us"], r["min_us"], r["items_per_s"], r["bad"])
+            )
+            sys.stdout.flush()
+    print("B's counters:", ray.get(b.stats.remote()))
+
+    print(
+        "\nchannel rows: one item in flight (p50 µs), then %d items back to back" % args.rate_items
+    )
+    for shape in ("4KB", "5MB", "64MB"):
+        n = max(rounds[shape], 200) if shape == "4KB" else rounds[shape] * 5
+        items = args.rate_items if shape == "4KB" else args.rate_items // 10
+        ch, ack = gray.channel(a, b, device="cuda" if gpus else None), gray.channel(b, a)
+        rx = b.run_receiver.remote(ch, ack, n, items)
+        secs = ray.get(a.run_sender.remote(ch, ack, shape, n, items))
+        lat, bad = ray.get(rx)
+        row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs, "bad": bad}
+        results["channel"]["%s/ray channel" % shape] = row
+        print(
+            "%-6s gpuring.ray.channel %10.1f µs %10.0f items/s bad %d"
+            % (shape, row["p50_us"], row["items_per_s"], bad)
+        )
+        ctx = mp.get_context("spawn")
+        q, ackq = gpuring.Queue(device=0 if gpus else None), gpuring.Queue()
+        out = ctx.Queue()
+        argv = ["--cpu"] if args.cpu else []
+        ps = ctx.Process(target=_proc_sender, args=(q, ackq, shape, n, items, out, argv))
+        pr = ctx.Process(target=_proc_receiver, args=(q, ackq, n, items, out, argv))
+        pr.start()
+        ps.start()
+        got = [out.get(timeout=300), out.get(timeout=300)]
+        ps.join()
+        pr.join()
+        secs = next(g for g in got if isinstance(g, float))
+        lat, bad = next(g for g in got if not isinstance(g, float))
+        row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs, "bad": bad}
+        results["channel"]["%s/plain processes" % shape] = row
+        print(
+            "%-6s gpuring.Queue, 2 procs %8.1f µs %10.0f items/s bad %d"
+            % (shape, row["p50_us"], row["items_per_s"], bad)
+        )
+        q.close()
+        ackq.close()
+        sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    ray.shutdown()
+    gray.cleanup()
+    print(
+        "gpuring objects left in /dev/shm:", [f for f in os.listdir("/dev/shm") if "gpuring" in f]
+    )
+
+
+if __name__ == "__main__":
+    main()

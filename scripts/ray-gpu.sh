@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# gpuring.ray on a GPU machine that has torch but no network and no Rust toolchain.
+#
+# Here:   bash scripts/ray-gpu.sh stage [DIR]   # DIR (default .gpu): the abi3 wheel, pytest,
+#                                               # Ray 2.60 (cp312) without its Java jars and
+#                                               # dashboard client, and Ray's dependencies
+# There:  OUT=$OUT bash scripts/ray-gpu.sh run [DIR]   # installs them into torch's Python ($PY),
+#         runs the pytest suite, then python/bench/ray_transport.py without and under MPS
+#         (PARTS picks), writing logs and JSON to $OUT
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-}
+dir=${2:-.gpu}
+if [ "$what" = stage ]; then
+  set -e
+  rm -rf "$dir/py" "$dir/ray" && mkdir -p "$dir/py" "$dir/ray"
+  python3 -m pip install -q "maturin>=1.9,<2"
+  python3 -m maturin build --release -m python/Cargo.toml -o "$dir/py"
+  python3 -m pip download -q --only-binary :all: -d "$dir/py" pytest
+  tmp=$(mktemp -d)
+  python3 -m pip download -q "ray==2.60.0" --python-version 3.12 --only-binary :all: \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$tmp"
+  mv "$tmp"/*.whl "$dir/ray/"
+  # Ray's wheel holds a 30 MB Java jar and the dashboard's web client, neither used here.
+  python3 - "$dir/ray" <<'PY'
+import glob, os, sys, zipfile
+src = glob.glob(os.path.join(sys.argv[1], "ray-*.whl"))[0]
+dst = src + ".slim"
+drop = ("ray/jars/", "ray/dashboard/client/build/")
+with zipfile.ZipFile(src) as zi, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zo:
+    for info in zi.infolist():
+        if info.filename.startswith(drop):
+            continue
+        data = zi.read(info.filename)
+        if info.filename.endswith(".dist-info/RECORD"):
+            data = b"\n".join(l for l in data.split(b"\n") if not l.startswith(tuple(d.encode() for d in drop)))
+        zo.writestr(info, data)
+os.replace(dst, src)
+PY
+  du -sh "$dir/py" "$dir/ray"
+  exit 0
+fi
+[ "$what" = run ] || { echo "usage: $0 stage [DIR] | run [DIR]"; exit 2; }
+PY=${PY:-/opt/torch/.venv/bin/python3}
+OUT=${OUT:-/tmp}
+$PY -m pip install -q --no-index --find-links "$dir/ray" --find-links "$dir/py" "$dir"/ray/ray-*.whl pytest 2>&1 | tail -3
+$PY -m pip install -q --no-deps --no-index --force-reinstall "$dir"/py/gpuring-*.whl || exit 1
+$PY -c "import sys, torch, ray, gpuring.ray; print('python', sys.version.split()[0], 'torch', torch.__version__, 'ray', ray.__version__)" || exit 1
+nvidia-smi -L
+rc=0
+# PARTS (default "tests nomps mps"): the whole pytest suite (host, GPU, Ray), the bench
+# without MPS, the bench under an MPS daemon of its own
+for part in ${PARTS:-tests nomps mps}; do
+  case $part in
+    tests) timeout 300 $PY -m pytest -q -rs python/tests 2>&1 | tee "$OUT/pytest.txt" | tail -6 || rc=1 ;;
+    nomps) timeout 420 $PY python/bench/ray_transport.py --json "$OUT/ray-nomps.json" ${BENCH_ARGS:-} 2>&1 \
+      | grep -v "^(raylet\|^\[" | tee "$OUT/ray-nomps.txt" || rc=1 ;;
+    mps)
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d && echo "MPS daemon started"
+      timeout 420 $PY python/bench/ray_transport.py --json "$OUT/ray-mps.json" ${BENCH_ARGS:-} 2>&1 \
+        | grep -v "^(raylet\|^\[" | tee "$OUT/ray-mps.txt" || rc=1
+      echo quit | nvidia-cuda-mps-control; echo "MPS daemon stopped"
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+  esac
+done
+echo "gpuring objects left in /dev/shm: $(ls /dev/shm | grep -c gpuring || true)"
+exit $rc
