@@ -143,6 +143,10 @@ class _Local:
             "gpuring_recvs": 0,
             "fallback_sends": 0,
             "fallback_recvs": 0,
+            "channel_puts": 0,
+            "channel_gets": 0,
+            "channel_puts_across": 0,
+            "channel_gets_across": 0,
         }
 
     def count(self, what):
@@ -174,9 +178,11 @@ def register(fallback: Optional[str] = None) -> None:
 
 
 def stats() -> Dict[str, int]:
-    """This process's transfers so far: ``gpuring_sends``, ``gpuring_recvs`` (through
-    gpuring channels) and ``fallback_sends``, ``fallback_recvs`` (through the fallback
-    transport, across nodes)."""
+    """This process's counts so far: the transport's ``gpuring_sends``, ``gpuring_recvs``
+    (results through gpuring channels) and ``fallback_sends``, ``fallback_recvs`` (through
+    the fallback transport, across nodes); the channels' ``channel_puts``,
+    ``channel_gets`` (through gpuring) and ``channel_puts_across``, ``channel_gets_across``
+    (through Ray's queue)."""
     with _local.lock:
         return dict(_local.counts)
 
@@ -489,10 +495,10 @@ class ActorChannel:
         """Queues ``obj``, waiting up to ``timeout`` s (forever if None) for room."""
         if self.same_node:
             self._queue().put(obj, timeout=timeout)
-            _local.count("gpuring_sends")
+            _local.count("channel_puts")
         else:
             self._across().put(obj, timeout=timeout)
-            _local.count("fallback_sends")
+            _local.count("channel_puts_across")
 
     def get(self, timeout: Optional[float] = None, copy: bool = True) -> Any:
         """The next item, waiting up to ``timeout`` s (forever if None); raises
@@ -500,7 +506,7 @@ class ActorChannel:
         only): zero-copy views that hold their slot until freed."""
         if self.same_node:
             item = self._queue().get(timeout=timeout, copy=copy)
-            _local.count("gpuring_recvs")
+            _local.count("channel_gets")
             return item
         from ray.util.queue import Empty as RayEmpty
 
@@ -508,7 +514,7 @@ class ActorChannel:
             item = self._across().get(timeout=timeout)
         except RayEmpty as e:
             raise Empty(str(e)) from None
-        _local.count("fallback_recvs")
+        _local.count("channel_gets_across")
         return item
 
     def close(self) -> None:

@@ -185,7 +185,8 @@ def test_a_channel_on_one_node_streams_through_gpuring(cluster):
     assert ray.get(c.get_many.remote(ch, count, n), timeout=120) == 0
     assert ray.get(sent) == count
     ps, cs = ray.get([p.stats.remote(), c.stats.remote()])
-    assert ps["gpuring_sends"] == count and cs["gpuring_recvs"] == count
+    assert ps["channel_puts"] == count and cs["channel_gets"] == count
+    assert ps["channel_puts_across"] == 0 and cs["channel_gets_across"] == 0
 
 
 def test_a_channel_across_nodes_goes_through_ray(cluster):
@@ -196,8 +197,8 @@ def test_a_channel_across_nodes_goes_through_ray(cluster):
     assert ray.get(c.get_many.remote(ch, 20, 64), timeout=120) == 0
     ray.get(sent)
     ps, cs = ray.get([p.stats.remote(), c.stats.remote()])
-    assert ps["fallback_sends"] == 20 and ps["gpuring_sends"] == 0
-    assert cs["fallback_recvs"] == 20
+    assert ps["channel_puts_across"] == 20 and ps["channel_puts"] == 0
+    assert cs["channel_gets_across"] == 20 and cs["channel_gets"] == 0
 
 
 def test_killed_actors_leave_nothing_after_cleanup(cluster):
@@ -221,3 +222,25 @@ def test_killed_actors_leave_nothing_after_cleanup(cluster):
         gpuring.clean("gpuring-ray-", queued=True)
         time.sleep(0.2)
     assert [f for f in _ours() if p._actor_id.hex() in f] == []
+
+
+def test_the_example_runs_on_two_nodes():
+    """python/examples/ray_weights.py --two-nodes: its own cluster; exits 1 if the rollouts
+    disagree or their results did not come back."""
+    import subprocess
+    import sys
+
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "ray_weights.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    r = subprocess.run(
+        [sys.executable, example, "--two-nodes", "--rollouts", "2", "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "rollouts agree: True; results streamed back: True" in r.stdout
+    lines = [line for line in r.stdout.splitlines() if line.startswith("rollout ")]
+    # One rollout per node: the first through gpuring, the second through the fallback.
+    assert "'gpuring_recvs': 3" in lines[0] and "'fallback_recvs': 3" in lines[1], lines
