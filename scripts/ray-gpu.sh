@@ -48,10 +48,12 @@ $PY -m pip install -q --no-deps --no-index --force-reinstall "$dir"/py/gpuring-*
 $PY -c "import sys, torch, ray, gpuring.ray; print('python', sys.version.split()[0], 'torch', torch.__version__, 'ray', ray.__version__)" || exit 1
 nvidia-smi -L
 rc=0
-# PARTS (default "tests nomps mps"): the whole pytest suite (host, GPU, Ray), the bench
+# PARTS (default "tests example nomps mps"): the whole pytest suite (host, GPU, Ray),
+# python/examples/ray_weights.py on GPU 0, the bench
 # without MPS, the bench under an MPS daemon of its own
-for part in ${PARTS:-tests nomps mps}; do
+for part in ${PARTS:-tests example nomps mps}; do
   case $part in
+    example) timeout 120 $PY python/examples/ray_weights.py 2>&1 | grep -v "^(raylet\|^\[" | tee "$OUT/ray-example.txt" | tail -8 || rc=1 ;;
     tests) timeout 300 $PY -m pytest -q -rs python/tests 2>&1 | tee "$OUT/pytest.txt" | tail -6 || rc=1 ;;
     nomps) timeout 420 $PY python/bench/ray_transport.py --json "$OUT/ray-nomps.json" ${BENCH_ARGS:-} 2>&1 \
       | grep -v "^(raylet\|^\[" | tee "$OUT/ray-nomps.txt" || rc=1 ;;

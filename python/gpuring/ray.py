@@ -69,7 +69,7 @@ from ray.experimental.rdt.collective_tensor_transport import CollectiveTransport
 
 from ._gpuring import clean
 from ._queue import Queue
-from .errors import Empty, Full
+from .errors import Disconnected, Empty, Full, PeerDead
 
 __all__ = [
     "TRANSPORT",
@@ -110,6 +110,7 @@ class GpuringTransportMetadata(CollectiveTransportMetadata):
 
     node_id: Optional[str] = None
     device_index: Optional[int] = None
+    device_uuid: Optional[str] = None
     obj_id: str = ""
 
 
@@ -138,6 +139,7 @@ class _Local:
         self.aborted: Dict[str, float] = {}
         self.early: Dict[str, List[Any]] = {}
         self.swept = False
+        self.uuids: Optional[List[str]] = None
         self.counts = {
             "gpuring_sends": 0,
             "gpuring_recvs": 0,
@@ -224,10 +226,13 @@ def _here() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def _pair_queue(comm, cuda, device) -> Queue:
-    """The pair's queue for CPU (``cuda`` false) or CUDA tensors, opened (or made) here on
-    first use with ``device``, this process's GPU (the sender's: where its slots are)."""
-    name = "%s%s-%s-%s" % (_PREFIX, comm.src, comm.dst, "g%d" % device if cuda else "h")
+def _pair_queue(comm, cuda, src_device, device, kind=None) -> Queue:
+    """The pair's queue for CPU (``cuda`` false) or CUDA tensors of the source's GPU
+    ``src_device`` (its name says which), opened (or made) here on first use with
+    ``device``, this process's GPU (the sender's: where its slots are). ``kind="ctl"``:
+    the pair's control queue (host), where a receiver refuses a result."""
+    what = kind or ("g%d" % src_device if cuda else "h")
+    name = "%s%s-%s-%s" % (_PREFIX, comm.src, comm.dst, what)
     with _local.lock:
         q = _local.queues.get(name)
         if q is None:
@@ -249,6 +254,34 @@ def _pair_queue(comm, cuda, device) -> Queue:
 def _refuse(comm):
     if comm.error:
         raise RuntimeError("gpuring.ray: " + comm.error.replace("gpuring.ray: ", ""))
+
+
+def _gpu_uuids():
+    """The UUIDs of the GPUs this process sees, by ordinal."""
+    if _local.uuids is None:
+        import torch
+
+        n = torch.cuda.device_count()
+        _local.uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(n)]
+    return _local.uuids
+
+
+def _refuse_to_source(comm, obj_id):
+    """Tells the source, waiting to send ``obj_id``, that it will not be taken."""
+    try:
+        _pair_queue(comm, False, None, None, "ctl").put(obj_id, timeout=2.0)
+    except (Full, Disconnected, PeerDead):
+        pass  # the source gave up first (Ray aborts it otherwise)
+
+
+def _check_refused(ctl, obj_id):
+    while True:
+        try:
+            refused = ctl.get(block=False)
+        except Empty:
+            return
+        if refused == obj_id:
+            raise RuntimeError("gpuring.ray: the destination refused %s (see its error)" % obj_id)
 
 
 def _check_abort(obj_id):
@@ -292,6 +325,7 @@ class GpuringTransport(TensorTransportManager):
             meta.append((t.shape, t.dtype))
         if kind not in (None, "cpu", "cuda"):
             raise ValueError("gpuring.ray carries CPU and CUDA tensors, not %s" % kind)
+        uuid = None
         if kind == "cuda":
             import torch
 
@@ -301,8 +335,14 @@ class GpuringTransport(TensorTransportManager):
             ev.record(torch.cuda.current_stream(index))
             with _local.lock:
                 _local.events[obj_id] = ev
+            uuid = _gpu_uuids()[index]
         return GpuringTransportMetadata(
-            tensor_meta=meta, tensor_device=kind, node_id=_here(), device_index=index, obj_id=obj_id
+            tensor_meta=meta,
+            tensor_device=kind,
+            node_id=_here(),
+            device_index=index,
+            device_uuid=uuid,
+            obj_id=obj_id,
         )
 
     def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
@@ -334,7 +374,7 @@ class GpuringTransport(TensorTransportManager):
             raise RuntimeError("gpuring.ray: the source is not on the node its metadata names")
         cuda = meta.tensor_device == "cuda"
         obj_id = meta.obj_id
-        q = _pair_queue(comm, cuda, meta.device_index)
+        q = _pair_queue(comm, cuda, meta.device_index, meta.device_index)
         if cuda:
             import torch
 
@@ -343,13 +383,17 @@ class GpuringTransport(TensorTransportManager):
             if ev is not None:
                 torch.cuda.current_stream(meta.device_index).wait_event(ev)
         item = (obj_id, list(tensors))
+        ctl = None
         while True:
             _check_abort(obj_id)
             try:
                 q.put(item, timeout=_POLL)
                 break
-            except Full:
-                continue
+            except (Full, Disconnected, PeerDead):
+                # No room, or no receiver yet (or it died: Ray aborts us then). A receiver
+                # that cannot take the result says so in the pair's control queue.
+                ctl = ctl or _pair_queue(comm, False, None, None, "ctl")
+                _check_refused(ctl, obj_id)
         _local.count("gpuring_sends")
 
     def recv_multiple_tensors(
@@ -367,8 +411,17 @@ class GpuringTransport(TensorTransportManager):
         cuda = meta.tensor_device == "cuda"
         import torch
 
+        if cuda and meta.device_uuid not in _gpu_uuids():
+            why = (
+                "gpuring.ray: %s lives on GPU %s, which this actor cannot see (it sees %s): "
+                "gpuring carries CUDA tensors between actors of one node that see the "
+                "source's GPU (e.g. that share it); between GPUs Ray gave apart, use "
+                'tensor_transport="nccl"' % (obj_id, meta.device_uuid, ", ".join(_gpu_uuids()))
+            )
+            _refuse_to_source(comm, obj_id)
+            raise RuntimeError(why)
         device = torch.cuda.current_device() if cuda else None
-        q = _pair_queue(comm, cuda, meta.device_index)
+        q = _pair_queue(comm, cuda, meta.device_index, device)
         # Sends of one pair can reach us in another order than the receives Ray asks for.
         while True:
             with _local.lock:
