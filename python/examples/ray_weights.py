@@ -43,7 +43,9 @@ class Trainer:
 
     def collect(self, channels, steps):
         """The rollouts' results, one per rollout and step, through the channels."""
-        return [[float(ch.get(timeout=60).sum()) for _ in range(steps)] for ch in channels]
+        # Step by step, as the rollouts send them (each rollout has a few slots only).
+        got = [[float(ch.get(timeout=60).sum()) for ch in channels] for _ in range(steps)]
+        return [list(col) for col in zip(*got)]
 
     def stats(self):
         return gpuring.ray.stats()
@@ -72,6 +74,11 @@ class Rollout:
 
     def stats(self):
         return gpuring.ray.stats()
+
+
+def counts(actor):
+    """The actor's gpuring.ray counters that are not zero."""
+    return {k: v for k, v in ray.get(actor.stats.remote()).items() if v}
 
 
 def main():
@@ -140,7 +147,7 @@ def main():
         print(
             "rollout %d on node %s: %s" % (k, ray.get(r.where.remote()), ray.get(r.stats.remote()))
         )
-    print("trainer: %s" % ray.get(trainer.stats.remote()))
+    print("trainer: %s" % counts(trainer))
     ray.shutdown()
     if cluster is not None:
         cluster.shutdown()

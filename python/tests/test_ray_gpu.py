@@ -51,9 +51,13 @@ class Consumer:
         return gray.stats()
 
 
-@ray.remote(enable_tensor_transport=True, num_gpus=0)
+@ray.remote(
+    enable_tensor_transport=True,
+    num_gpus=0,
+    runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": ""}},
+)
 class Blind:
-    """An actor Ray gave no GPU: it cannot see the producer's."""
+    """An actor that sees no GPU (as one Ray gave another GPU sees not the producer's)."""
 
     def check(self, d, k):
         return True
