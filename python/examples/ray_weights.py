@@ -144,9 +144,7 @@ def main():
         % (args.steps, args.rollouts, device, 1e3 * sorted(times)[len(times) // 2], agree, back)
     )
     for k, r in enumerate(rollouts):
-        print(
-            "rollout %d on node %s: %s" % (k, ray.get(r.where.remote()), ray.get(r.stats.remote()))
-        )
+        print("rollout %d on node %s: %s" % (k, ray.get(r.where.remote()), counts(r)))
     print("trainer: %s" % counts(trainer))
     ray.shutdown()
     if cluster is not None:
