@@ -48,7 +48,12 @@ fn dtype_names() -> Vec<&'static str> {
 /// `gpuring::inspect::clean`, as `gpuring clean`): returns `(name, why)` of each.
 #[pyfunction]
 #[pyo3(signature = (prefix, queued = false, dry_run = false))]
-fn clean(py: Python<'_>, prefix: &str, queued: bool, dry_run: bool) -> PyResult<Vec<(String, String)>> {
+fn clean(
+    py: Python<'_>,
+    prefix: &str,
+    queued: bool,
+    dry_run: bool,
+) -> PyResult<Vec<(String, String)>> {
     use errors::ClassOf;
     use gpuring::inspect::{self, CleanReason};
     let removed = py
