@@ -28,28 +28,11 @@ of the two actors) when they are not::
     trainer, rollout = Trainer.remote(), Rollout.remote()
     print(ray.get(rollout.load.remote(trainer.weights.remote())))
 
-How Ray's calls map onto gpuring (Ray 2.60's ``TensorTransportManager``):
-
-- ``is_one_sided`` is False: Ray runs ``send_multiple_tensors`` in the source actor and
-  ``recv_multiple_tensors`` in the destination, for each destination of a result.
-- ``extract_tensor_transport_metadata`` (source, right after the method): shapes, dtypes,
-  the node; for CUDA tensors an event on the current stream, which the send waits for.
-- ``get_communicator_metadata`` (the result's owner): looks up both actors' nodes (once
-  per actor); same node: the pair's channel; else the fallback's own metadata.
-- ``send_multiple_tensors``: the tensors go as one message (one slot; one copy each) into
-  the pair's channel, ``gpuring-ray-<source>-<destination>-...``, made on first use and
-  kept (handles opened once); a result larger than a slot goes through a channel of its
-  size class (two slots).
-- ``recv_multiple_tensors``: takes the message of that result and copies the tensors
-  out (the slot goes back at once); for CUDA tensors, returns once the copy is done, so
-  any stream of the destination may read them.
-- ``abort_transport`` (``can_abort_transport`` is True): a send or receive in progress
-  for that result raises; Ray reports the error to the method that needed it.
-- ``garbage_collect``: forgets the result's event (no slot is held between transfers).
-
-A source that dies mid-transfer shows as Ray's error in the method that needed its result
-(gpuring's :class:`~gpuring.PeerDead` underneath; Ray aborts the receive). Channels go with
-their last user; :func:`cleanup` removes those whose actors were all killed.
+docs/RAY.md says how each of Ray's calls maps onto gpuring, which path a transfer takes,
+and what each path guarantees. A source that dies before or while sending shows in the
+method that needed its result as Ray's :class:`ray.exceptions.ActorDiedError` (raised as
+:class:`PeerActorDied`, Ray's error wrapping it); channels go with their last user, and
+:func:`cleanup` removes those whose actors were all killed.
 
 **Streaming channels.** :func:`channel` joins two actors with a queue they both use, with
 no Ray call per item: a :class:`gpuring.Queue` when they share a node, a
@@ -73,6 +56,7 @@ from .errors import Disconnected, Empty, Full, PeerDead
 
 __all__ = [
     "TRANSPORT",
+    "PeerActorDied",
     "register",
     "channel",
     "ActorChannel",
@@ -105,8 +89,7 @@ _fallback: Optional[str] = None
 class GpuringTransportMetadata(CollectiveTransportMetadata):
     """What the source tells about a result: Ray's shapes and dtypes, the node it was made
     on, its CUDA device (an ordinal of the source process) and its id (Ray's send is not
-    told it). A collective transport's
-    metadata, so that a fallback takes it as its own."""
+    told it). A collective transport's metadata, so that a fallback takes it as its own."""
 
     node_id: Optional[str] = None
     device_index: Optional[int] = None
@@ -284,13 +267,34 @@ def _check_refused(ctl, obj_id):
             raise RuntimeError("gpuring.ray: the destination refused %s (see its error)" % obj_id)
 
 
-def _check_abort(obj_id):
+class PeerActorDied(ray.exceptions.ActorDiedError):
+    """The other actor of a transfer died: a :class:`ray.exceptions.ActorDiedError`, as
+    Ray's own transfers say it."""
+
+    def __init__(self, msg: str, actor_id: Optional[str] = None):
+        ray.exceptions.RayActorError.__init__(self, actor_id, msg)
+        self._gpuring = (msg, actor_id)
+
+    def __reduce__(self):
+        return (PeerActorDied, self._gpuring)
+
+
+def _check_abort(obj_id, peer, role):
+    """Raises if Ray aborted ``obj_id``'s transfer: :class:`PeerActorDied` if the other
+    actor, ``peer`` (the ``role`` of it), is dead."""
     with _local.lock:
-        if obj_id in _local.aborted:
-            raise RuntimeError(
-                "gpuring.ray: Ray aborted the transfer of %s (the other actor died, or its "
-                "side of the transfer failed)" % obj_id
-            )
+        if obj_id not in _local.aborted:
+            return
+    from ray._private import state
+
+    if (state.actors(peer) or {}).get("State") == "DEAD":
+        raise PeerActorDied(
+            "gpuring.ray: the %s actor %s died before %s went across" % (role, peer, obj_id),
+            peer,
+        )
+    raise RuntimeError(
+        "gpuring.ray: Ray aborted the transfer of %s (the %s's side failed)" % (obj_id, role)
+    )
 
 
 class GpuringTransport(TensorTransportManager):
@@ -385,7 +389,7 @@ class GpuringTransport(TensorTransportManager):
         item = (obj_id, list(tensors))
         ctl = None
         while True:
-            _check_abort(obj_id)
+            _check_abort(obj_id, comm.dst, "destination")
             try:
                 q.put(item, timeout=_POLL)
                 break
@@ -428,7 +432,7 @@ class GpuringTransport(TensorTransportManager):
                 tensors = _local.early.pop(obj_id, None)
             if tensors is not None:
                 break
-            _check_abort(obj_id)
+            _check_abort(obj_id, comm.src, "source")
             try:
                 got, tensors = q.get(timeout=_POLL)
             except Empty:

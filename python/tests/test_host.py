@@ -826,3 +826,43 @@ def test_the_broadcast_example_reaches_every_worker(name):
     assert out.returncode == 0, out.stderr
     for i in range(4):
         assert "worker %d: 300 steps, 0 missed, last 299" % i in out.stdout, out.stdout
+
+
+def test_clean_removes_what_a_killed_producer_left_and_never_what_is_in_use(name):
+    ready = spawn.Event()
+    p = spawn.Process(target=peers.produce_then_die, args=(name, [1, 2], ready))
+    p.start()
+    assert ready.wait(30)
+    mine = lambda: sorted(f for f in os.listdir("/dev/shm") if f.startswith(name))  # noqa: E731
+    # In use: nothing goes, even with queued=True.
+    assert gpuring.clean(name, queued=True) == []
+    assert mine()
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    # Left by a crash with two messages waiting: kept unless queued=True; a dry run says
+    # what would go and removes nothing.
+    assert gpuring.clean(name) == []
+    would = gpuring.clean(name, queued=True, dry_run=True)
+    assert (name, "queued") in would and any(w == "orphaned-pool" for _, w in would), would
+    assert mine()
+    removed = gpuring.clean(name, queued=True)
+    assert sorted(removed) == sorted(would)
+    assert mine() == []
+    # Other names are not touched.
+    assert gpuring.clean(name + "-none") == []
+
+
+def test_queue_open_or_create_meets_by_name(name):
+    a = gpuring.Queue.open_or_create(name, slots=2, large_slots=1)
+    b = gpuring.Queue.open_or_create(name)  # opens a's channel
+    a.put({"x": np.arange(5), "n": 3})
+    got = b.get(timeout=5)
+    assert list(got["x"]) == [0, 1, 2, 3, 4] and got["n"] == 3
+    # An item larger than a slot goes through its size class's channel (1 slot here).
+    big = np.arange(300_000, dtype=np.int64)  # 2.4 MB > 1 MiB
+    a.put(big)
+    assert np.array_equal(b.get(timeout=5), big)
+    with pytest.raises(ValueError):
+        gpuring.Queue.open_or_create(name, large_slots=0)
+    a.close()
+    b.close()
