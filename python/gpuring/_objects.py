@@ -259,9 +259,10 @@ def _payload_bytes(msg, off, n):
     return msg.torch_views([(off, "uint8", (n,))])[0].cpu().numpy().tobytes()
 
 
-def _rebuild(msg, table, copy):
+def _rebuild(msg, table, copy, cuda_device=None):
     """Each table entry as a tensor or array of the message (views, or views of one copy
-    of the payload), on the device it was sent from."""
+    of the payload), on the device it was sent from (CUDA tensors that came through host
+    slots: on GPU ``cuda_device`` of this process, if given)."""
     if type(table) is not list:
         raise Corrupted("an object message's table is not a list")
     made = [None] * len(table)
@@ -297,7 +298,7 @@ def _rebuild(msg, table, copy):
                 tbase = msg.torch().clone()
         views = torch_views(tbase, fast) if copy else msg.torch_views(fast)
         for k, v in zip(fast_at, views):
-            made[k] = _settle(torch, v, table[k], host)
+            made[k] = _settle(torch, v, table[k], host, cuda_device)
         for k in slow_at:
             _, off, dtype, shape = table[k][:4]
             base = tbase if tbase is not None else msg.torch()
@@ -308,7 +309,7 @@ def _rebuild(msg, table, copy):
             if off + n > msg.nbytes:
                 raise Corrupted("an object message names bytes outside its slot")
             v = base[off : off + n].view(dtype).view(shape)
-            made[k] = _settle(torch, v, table[k], host)
+            made[k] = _settle(torch, v, table[k], host, cuda_device)
     for k in arrays_at:
         _, off, dtype, shape = table[k]
         n = dtype.itemsize
@@ -324,11 +325,13 @@ def _rebuild(msg, table, copy):
     return made
 
 
-def _settle(torch, v, entry, host):
-    """A tensor view moved to the device it was sent from, its autograd flags restored."""
+def _settle(torch, v, entry, host, cuda_device=None):
+    """A tensor view moved to the device it was sent from (or ``cuda_device``), its
+    autograd flags restored."""
     _, _, _, _, dev, requires_grad, param = entry
     if host and dev >= 0:
-        v = v.to("cuda:%d" % dev)  # a host queue carried a CUDA tensor
+        # A host queue carried a CUDA tensor: to the sender's ordinal, or the one asked.
+        v = v.to("cuda:%d" % (dev if cuda_device is None else cuda_device))
     elif not host and dev < 0:
         v = v.cpu()  # a CPU tensor carried through GPU slots
     if param:
@@ -338,10 +341,11 @@ def _settle(torch, v, entry, host):
     return v
 
 
-def load(msg, copy=False):
+def load(msg, copy=False, cuda_device=None):
     """The object an object message carries (see the module's doc). ``copy``: tensors and
     arrays are views of one copy of the payload (the slot may go back at once) instead of
-    views of the slot."""
+    views of the slot. ``cuda_device``: where CUDA tensors that came through host slots go
+    (default: the sender's ordinal)."""
     header = msg.header
     kind = header[:4]
     if kind == _INLINE:
@@ -358,5 +362,5 @@ def load(msg, copy=False):
     (n,) = struct.unpack_from("<I", blob, 0)
     if 4 + n > len(blob):
         raise Corrupted("an object message's header is cut short")
-    made = _rebuild(msg, pickle.loads(blob[4 + n :]), copy)
+    made = _rebuild(msg, pickle.loads(blob[4 + n :]), copy, cuda_device)
     return _Loader(io.BytesIO(blob[4 : 4 + n]), made).load()
