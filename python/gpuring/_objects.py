@@ -259,10 +259,9 @@ def _payload_bytes(msg, off, n):
     return msg.torch_views([(off, "uint8", (n,))])[0].cpu().numpy().tobytes()
 
 
-def _rebuild(msg, table, copy, cuda_device=None):
+def _rebuild(msg, table, copy):
     """Each table entry as a tensor or array of the message (views, or views of one copy
-    of the payload), on the device it was sent from (CUDA tensors that came through host
-    slots: on GPU ``cuda_device`` of this process, if given)."""
+    of the payload), on the device it was sent from."""
     if type(table) is not list:
         raise Corrupted("an object message's table is not a list")
     made = [None] * len(table)
@@ -298,7 +297,7 @@ def _rebuild(msg, table, copy, cuda_device=None):
                 tbase = msg.torch().clone()
         views = torch_views(tbase, fast) if copy else msg.torch_views(fast)
         for k, v in zip(fast_at, views):
-            made[k] = _settle(torch, v, table[k], host, cuda_device)
+            made[k] = _settle(torch, v, table[k], host)
         for k in slow_at:
             _, off, dtype, shape = table[k][:4]
             base = tbase if tbase is not None else msg.torch()
@@ -309,7 +308,7 @@ def _rebuild(msg, table, copy, cuda_device=None):
             if off + n > msg.nbytes:
                 raise Corrupted("an object message names bytes outside its slot")
             v = base[off : off + n].view(dtype).view(shape)
-            made[k] = _settle(torch, v, table[k], host, cuda_device)
+            made[k] = _settle(torch, v, table[k], host)
     for k in arrays_at:
         _, off, dtype, shape = table[k]
         n = dtype.itemsize
@@ -325,13 +324,11 @@ def _rebuild(msg, table, copy, cuda_device=None):
     return made
 
 
-def _settle(torch, v, entry, host, cuda_device=None):
-    """A tensor view moved to the device it was sent from (or ``cuda_device``), its
-    autograd flags restored."""
+def _settle(torch, v, entry, host):
+    """A tensor view moved to the device it was sent from, its autograd flags restored."""
     _, _, _, _, dev, requires_grad, param = entry
     if host and dev >= 0:
-        # A host queue carried a CUDA tensor: to the sender's ordinal, or the one asked.
-        v = v.to("cuda:%d" % (dev if cuda_device is None else cuda_device))
+        v = v.to("cuda:%d" % dev)  # a host queue carried a CUDA tensor
     elif not host and dev < 0:
         v = v.cpu()  # a CPU tensor carried through GPU slots
     if param:
@@ -341,11 +338,10 @@ def _settle(torch, v, entry, host, cuda_device=None):
     return v
 
 
-def load(msg, copy=False, cuda_device=None):
+def load(msg, copy=False):
     """The object an object message carries (see the module's doc). ``copy``: tensors and
     arrays are views of one copy of the payload (the slot may go back at once) instead of
-    views of the slot. ``cuda_device``: where CUDA tensors that came through host slots go
-    (default: the sender's ordinal)."""
+    views of the slot."""
     header = msg.header
     kind = header[:4]
     if kind == _INLINE:
@@ -362,5 +358,5 @@ def load(msg, copy=False, cuda_device=None):
     (n,) = struct.unpack_from("<I", blob, 0)
     if 4 + n > len(blob):
         raise Corrupted("an object message's header is cut short")
-    made = _rebuild(msg, pickle.loads(blob[4 + n :]), copy, cuda_device)
+    made = _rebuild(msg, pickle.loads(blob[4 + n :]), copy)
     return _Loader(io.BytesIO(blob[4 : 4 + n]), made).load()

@@ -196,9 +196,6 @@ class Queue:
         self._rx = None
         self._big = {}  # size -> _Big: this process's channels for large items
         self._big_rx = {}  # name -> _Big: putters' large-item channels, opened here
-        # Where CUDA tensors of objects that came through host slots go (None: the
-        # putter's ordinal); gpuring.ray sets it for results between GPUs apart.
-        self._cuda_device = None
 
     def __getstate__(self):
         return {
@@ -363,10 +360,11 @@ class Queue:
                 if not until.pause():
                     raise Empty(str(e)) from None
 
-    def _unpack(self, msg, copy):
+    @staticmethod
+    def _unpack(msg, copy):
         with msg:
             if msg.tag == _OBJECT:
-                return _objects.load(msg, copy, self._cuda_device)
+                return _objects.load(msg, copy)
             if msg.tag == _TORCH or msg.device is not None:
                 out = msg.torch()
                 return out.clone() if copy else out

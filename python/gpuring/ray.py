@@ -123,7 +123,6 @@ class _Local:
         self.early: Dict[str, List[Any]] = {}
         self.swept = False
         self.uuids: Optional[List[str]] = None
-        self.paths: Dict[str, str] = {}
         self.counts = {
             "gpuring_sends": 0,
             "gpuring_recvs": 0,
@@ -214,8 +213,7 @@ def _pair_queue(comm, cuda, src_device, device, kind=None) -> Queue:
     """The pair's queue for CPU (``cuda`` false) or CUDA tensors of the source's GPU
     ``src_device`` (its name says which), opened (or made) here on first use with
     ``device``, this process's GPU (the sender's: where its slots are). ``kind="ctl"``:
-    the pair's control queue (host), where the receiver of a CUDA result tells the source
-    which queue it reads."""
+    the pair's control queue (host), where a receiver refuses a result."""
     what = kind or ("g%d" % src_device if cuda else "h")
     name = "%s%s-%s-%s" % (_PREFIX, comm.src, comm.dst, what)
     with _local.lock:
@@ -251,39 +249,22 @@ def _gpu_uuids():
     return _local.uuids
 
 
-def _tell_source(comm, obj_id, path):
-    """Tells the source of ``obj_id`` (its send waits for it) which queue this receiver
-    reads: ``"g"`` (the source's GPU), ``"h"`` (host slots), or ``"refused"``."""
-    ctl = _pair_queue(comm, False, None, None, "ctl")
+def _refuse_to_source(comm, obj_id):
+    """Tells the source, waiting to send ``obj_id``, that it will not be taken."""
+    try:
+        _pair_queue(comm, False, None, None, "ctl").put(obj_id, timeout=2.0)
+    except (Full, Disconnected, PeerDead):
+        pass  # the source gave up first (Ray aborts it otherwise)
+
+
+def _check_refused(ctl, obj_id):
     while True:
-        _check_abort(obj_id, comm.src, "source")
         try:
-            ctl.put((obj_id, path), timeout=_POLL)
+            refused = ctl.get(block=False)
+        except Empty:
             return
-        except (Full, Disconnected, PeerDead):
-            continue
-
-
-def _path_from(comm, obj_id):
-    """The destination's word on ``obj_id`` (see :func:`_tell_source`); words on other
-    results of the pair are kept for their sends."""
-    ctl = _pair_queue(comm, False, None, None, "ctl")
-    while True:
-        with _local.lock:
-            path = _local.paths.pop(obj_id, None)
-        if path is None:
-            _check_abort(obj_id, comm.dst, "destination")
-            try:
-                got, path = ctl.get(timeout=_POLL)
-            except Empty:
-                continue
-            if got != obj_id:
-                with _local.lock:
-                    _local.paths[got] = path
-                continue
-        if path == "refused":
+        if refused == obj_id:
             raise RuntimeError("gpuring.ray: the destination refused %s (see its error)" % obj_id)
-        return path
 
 
 class PeerActorDied(ray.exceptions.ActorDiedError):
@@ -397,9 +378,7 @@ class GpuringTransport(TensorTransportManager):
             raise RuntimeError("gpuring.ray: the source is not on the node its metadata names")
         cuda = meta.tensor_device == "cuda"
         obj_id = meta.obj_id
-        # CUDA results: the destination says which queue it reads (its announcement).
-        gpu = cuda and _path_from(comm, obj_id) == "g"
-        q = _pair_queue(comm, gpu, meta.device_index, meta.device_index)
+        q = _pair_queue(comm, cuda, meta.device_index, meta.device_index)
         if cuda:
             import torch
 
@@ -408,13 +387,17 @@ class GpuringTransport(TensorTransportManager):
             if ev is not None:
                 torch.cuda.current_stream(meta.device_index).wait_event(ev)
         item = (obj_id, list(tensors))
+        ctl = None
         while True:
             _check_abort(obj_id, comm.dst, "destination")
             try:
                 q.put(item, timeout=_POLL)
                 break
             except (Full, Disconnected, PeerDead):
-                continue  # no room, or no receiver yet (or it died: Ray aborts us then)
+                # No room, or no receiver yet (or it died: Ray aborts us then). A receiver
+                # that cannot take the result says so in the pair's control queue.
+                ctl = ctl or _pair_queue(comm, False, None, None, "ctl")
+                _check_refused(ctl, obj_id)
         _local.count("gpuring_sends")
 
     def recv_multiple_tensors(
@@ -432,21 +415,17 @@ class GpuringTransport(TensorTransportManager):
         cuda = meta.tensor_device == "cuda"
         import torch
 
-        device, gpu = None, False
-        if cuda:
-            if not _gpu_uuids():
-                _tell_source(comm, obj_id, "refused")
-                raise RuntimeError(
-                    "gpuring.ray: %s holds CUDA tensors and this actor sees no GPU" % obj_id
-                )
-            # The source's GPU, if this process sees it (CUDA IPC); else host slots, the
-            # tensors copied to this actor's GPU.
-            gpu = meta.device_uuid in _gpu_uuids()
-            _tell_source(comm, obj_id, "g" if gpu else "h")
-            device = torch.cuda.current_device()
-        q = _pair_queue(comm, cuda and gpu, meta.device_index, device)
-        if cuda and not gpu:
-            q._cuda_device = device
+        if cuda and meta.device_uuid not in _gpu_uuids():
+            why = (
+                "gpuring.ray: %s lives on GPU %s, which this actor cannot see (it sees %s): "
+                "gpuring carries CUDA tensors between actors of one node that see the "
+                "source's GPU (e.g. that share it); between GPUs Ray gave apart, use "
+                'tensor_transport="nccl"' % (obj_id, meta.device_uuid, ", ".join(_gpu_uuids()))
+            )
+            _refuse_to_source(comm, obj_id)
+            raise RuntimeError(why)
+        device = torch.cuda.current_device() if cuda else None
+        q = _pair_queue(comm, cuda, meta.device_index, device)
         # Sends of one pair can reach us in another order than the receives Ray asks for.
         while True:
             with _local.lock:

@@ -14,12 +14,9 @@ import gpuring.ray as gray  # noqa: E402
 gray.register()
 
 
-GPUS = torch.cuda.device_count()
-
-
 @pytest.fixture(scope="module")
 def local():
-    ray.init(num_cpus=8, num_gpus=GPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
     gray.cleanup()
@@ -78,21 +75,10 @@ def test_the_transfer_waits_for_the_producers_stream(local):
     assert ray.get(c.check.remote(p.make.remote(4 << 20, 9, True), 9))
 
 
-@pytest.mark.skipif(GPUS < 2, reason="needs two GPUs")
-def test_cuda_tensors_between_actors_on_two_gpus_go_through_host_slots(local):
-    # Ray gives each its own GPU alone: the consumer cannot see the producer's, and gets
-    # the tensors on its own GPU through host slots.
-    p = Producer.options(num_gpus=1).remote()
-    c = Consumer.options(num_gpus=1).remote()
-    for k, n in enumerate((1024, 5 << 20)):
-        assert ray.get(c.check.remote(p.make.remote(n, k), k))
-    assert ray.get(c.stats.remote())["gpuring_recvs"] == 2
-
-
 def test_a_destination_that_cannot_see_the_gpu_is_told_and_the_source_goes_on(local):
     p, blind, c = Producer.remote(), Blind.remote(), Consumer.remote()
     start = time.monotonic()
-    with pytest.raises(ray.exceptions.RayError, match="sees no GPU"):
+    with pytest.raises(ray.exceptions.RayError, match="cannot see"):
         ray.get(blind.check.remote(p.make.remote(1024, 1), 1), timeout=60)
     # The source's send was told, not left waiting for Ray's timeout (60 s).
     assert ray.get(c.check.remote(p.make.remote(1024, 2), 2), timeout=30)
