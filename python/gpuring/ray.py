@@ -39,6 +39,7 @@ no Ray call per item: a :class:`gpuring.Queue` when they share a node, a
 ``ray.util.queue.Queue`` (Ray's object store, milliseconds an item) when they do not.
 """
 
+import logging
 import os
 import threading
 import time
@@ -465,8 +466,20 @@ class GpuringTransport(TensorTransportManager):
     def abort_transport(self, obj_id, communicator_metadata):
         comm = communicator_metadata
         if comm is not None and comm.fallback:
-            _manager(comm.fallback).abort_transport(obj_id, comm.fallback_meta)
-            return
+            fallback = _manager(comm.fallback)
+            if fallback.can_abort_transport():
+                fallback.abort_transport(obj_id, comm.fallback_meta)
+                return
+            # Ray's collective transports cannot abort, and Ray kills both actors of a
+            # failed transfer of theirs (a collective receive would wait for ever): so
+            # does this one for a transfer it handed to them.
+            logging.getLogger(__name__).error(
+                "gpuring.ray: a transfer through %s failed; this actor ends, as Ray ends "
+                "both actors of a failed %s transfer",
+                comm.fallback,
+                comm.fallback,
+            )
+            os._exit(1)
         with _local.lock:
             now = time.monotonic()
             _local.aborted[obj_id] = now

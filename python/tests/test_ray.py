@@ -61,6 +61,15 @@ class Producer:
     def pid(self):
         return os.getpid()
 
+    def break_gloo_send(self):
+        """Makes this actor's Gloo sends fail (a transfer failing while both actors live)."""
+        from ray.experimental.rdt.collective_tensor_transport import GLOOTensorTransport
+
+        def fail(*args, **kwargs):
+            raise RuntimeError("a Gloo send made to fail")
+
+        GLOOTensorTransport.send_multiple_tensors = fail
+
     def put_many(self, ch, count, n):
         for k in range(count):
             ch.put((k, torch.full((n,), float(k))))
@@ -141,6 +150,50 @@ def test_across_nodes_the_collective_group_carries_them(cluster):
         assert cs["fallback_recvs"] == 1 and cs["gpuring_recvs"] == 0, cs
     finally:
         destroy_collective_group(group)
+
+
+def test_across_nodes_a_killed_source_is_an_error_not_a_hang(cluster):
+    from ray.experimental.collective import create_collective_group, destroy_collective_group
+
+    p, c = _pair(NODE_A, NODE_B)
+    group = create_collective_group([p, c], backend="gloo")
+    try:
+        ref = p.make.remote(1000, 1)
+        ray.get(p.stats.remote())
+        ray.kill(p)
+        start = time.monotonic()
+        with pytest.raises(ray.exceptions.RayError):
+            ray.get(c.checksum.remote(ref), timeout=120)
+        assert time.monotonic() - start < 90
+    finally:
+        _destroy(destroy_collective_group, group)
+
+
+def test_across_nodes_a_failed_send_ends_both_actors_as_ray_does(cluster):
+    """Ray's collective transports cannot abort, so Ray kills both actors of a failed
+    transfer of theirs (the receive would wait for ever). The fallback does the same for
+    the transfers it hands them: here the source's Gloo send fails while both live."""
+    from ray.experimental.collective import create_collective_group, destroy_collective_group
+
+    p, c = _pair(NODE_A, NODE_B)
+    group = create_collective_group([p, c], backend="gloo")
+    try:
+        ray.get(p.break_gloo_send.remote())
+        start = time.monotonic()
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(c.checksum.remote(p.make.remote(1000, 1)), timeout=60)
+        assert time.monotonic() - start < 45
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(p.stats.remote(), timeout=30)
+    finally:
+        _destroy(destroy_collective_group, group)
+
+
+def _destroy(destroy, group):
+    try:
+        destroy(group)
+    except Exception:  # Ray may have destroyed it with the failed transfer
+        pass
 
 
 def test_across_nodes_without_a_group_says_what_to_do(cluster):
