@@ -372,21 +372,23 @@ class GpuringTransport(TensorTransportManager):
     def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
         meta, comm = tensor_transport_metadata, communicator_metadata
         _refuse(comm)
+        cuda = meta.tensor_device == "cuda"
+        obj_id = meta.obj_id
+        if cuda:
+            import torch
+
+            # This thread's stream (where the copy, or the fallback's send, is ordered)
+            # waits for what the method's stream wrote.
+            with _local.lock:
+                ev = _local.events.get(obj_id)
+            if ev is not None:
+                torch.cuda.current_stream(meta.device_index).wait_event(ev)
         if comm.fallback:
             _local.count("fallback_sends")
             return _manager(comm.fallback).send_multiple_tensors(tensors, meta, comm.fallback_meta)
         if _here() != comm.src_node:
             raise RuntimeError("gpuring.ray: the source is not on the node its metadata names")
-        cuda = meta.tensor_device == "cuda"
-        obj_id = meta.obj_id
         q = _pair_queue(comm, cuda, meta.device_index, meta.device_index)
-        if cuda:
-            import torch
-
-            with _local.lock:
-                ev = _local.events.get(obj_id)
-            if ev is not None:
-                torch.cuda.current_stream(meta.device_index).wait_event(ev)
         item = (obj_id, list(tensors))
         ctl = None
         while True:
