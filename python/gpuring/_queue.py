@@ -254,9 +254,8 @@ class Queue:
 
         An item larger than a slot goes too: through a second channel of this process,
         made on first need with ``large_slots`` slots (by default 2, 4 on a GPU) of the next
-        power of two (at least
-        twice ``slot_bytes``) and kept for later items of that size, while a small message in
-        the queue tells the getter where to take it.
+        power of two (at least twice ``slot_bytes``) and kept for later items of that size,
+        while a small message in the queue tells the getter where to take it.
 
         Waits up to ``timeout`` seconds (forever if ``None``; not at all if ``block`` is
         false) for a free slot and room; raises :class:`gpuring.Full` (a ``queue.Full``).

@@ -124,6 +124,7 @@ class _Local:
         self.early: Dict[str, List[Any]] = {}
         self.swept = False
         self.uuids: Optional[List[str]] = None
+        self.node: Optional[str] = None
         self.counts = {
             "gpuring_sends": 0,
             "gpuring_recvs": 0,
@@ -207,7 +208,10 @@ def _node_of(actor) -> str:
 
 
 def _here() -> str:
-    return ray.get_runtime_context().get_node_id()
+    """This process's node (asked of Ray once: a process does not change nodes)."""
+    if _local.node is None:
+        _local.node = ray.get_runtime_context().get_node_id()
+    return _local.node
 
 
 def _pair_queue(comm, cuda, src_device, device, kind=None) -> Queue:
