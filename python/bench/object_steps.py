@@ -5,6 +5,9 @@ in any figure), beside the single-tensor path.
 
     python python/bench/object_steps.py [--n N] [--device 0|none]
 
+``--device none`` uses host slots (and CPU tensors where there is no GPU: a profile of
+the package's Python on any machine).
+
 Prints the median and p99 of each step in microseconds.
 """
 
@@ -41,13 +44,14 @@ def main():
     args = ap.parse_args()
     device = None if args.device == "none" else int(args.device)
     n = args.n
-    t = torch.ones(1024, device="cuda")
+    where = "cuda" if torch.cuda.is_available() else "cpu"
+    t = torch.ones(1024, device=where)
     obj = (time.time(), t)
-    d10 = {"t%d" % k: torch.ones(1024, device="cuda") for k in range(10)}
+    d10 = {"t%d" % k: torch.ones(1024, device=where) for k in range(10)}
     ch = gpuring.Channel.create("gpuring-steps-%d" % time.monotonic_ns(), device=device, slots=4)
     tx, rx = ch.sender(), ch.receiver()
-    torch.cuda.synchronize()
-    print("device", device)
+    sync()
+    print("device", device, "tensors", where)
 
     def whole_tensor():
         tx.send(t)
@@ -114,7 +118,12 @@ def main():
         ],
         n,
     )
-    torch.cuda.synchronize()
+    sync()
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def object_steps(tx, rx, obj, device, n):

@@ -24,6 +24,18 @@ _BIG = 3
 # process made act on nothing shared); keeping them spares the child the unmapping.
 _inherited = []
 
+# How many forks this process descends from (in this interpreter): a queue whose endpoints
+# were made under another count was inherited through a fork. A counter, not `getpid()`,
+# so that a put or get makes no system call of its own.
+_forks = [0]
+
+
+def _forked():
+    _forks[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class _Until:
     """A ``timeout=`` as a deadline, and the pauses of a wait that polls (while the peers
@@ -189,7 +201,7 @@ class Queue:
         )
 
     def _init_local(self):
-        self._pid = os.getpid()
+        self._gen = _forks[0]
         self._lock = threading.Lock()
         self._ch = None
         self._tx = None
@@ -217,7 +229,7 @@ class Queue:
     def _here(self):
         """In a forked child, leaves what the parent made to the parent (its lock too, which
         the fork may have copied held) and starts afresh; then the lock."""
-        if self._pid != os.getpid():
+        if self._gen != _forks[0]:
             _inherited.append((self._ch, self._tx, self._rx, self._big, self._big_rx))
             self._init_local()
         return self._lock
@@ -262,8 +274,16 @@ class Queue:
         An object that cannot be pickled raises :class:`gpuring.PicklingError` before
         anything is queued.
         """
-        tx = self._endpoint("tx")
+        tx = self._tx
+        if tx is None or self._gen != _forks[0]:
+            tx = self._endpoint("tx")
         kind = _kind(obj)
+        if kind != _OBJECT and block and timeout is None and _nbytes(obj) <= tx.slot_bytes:
+            # The common case, with nothing to count down: one call.
+            try:
+                return tx.send(obj, tag=kind)
+            except (Disconnected, PeerDead):
+                pass  # no getter: the loop below waits for one
         packed = _objects.Packed(obj, self._device) if kind == _OBJECT else None
         need = packed.total if packed is not None else _nbytes(obj)
         until = _Until(timeout if block else 0)
@@ -340,7 +360,21 @@ class Queue:
         the views leaves it to another consumer too (which may then see an item the dead one
         had acted on).
         """
-        rx = self._endpoint("rx")
+        rx = self._rx
+        if rx is None or self._gen != _forks[0]:
+            rx = self._endpoint("rx")
+        if block and timeout is None:
+            # The common case, with nothing to count down.
+            try:
+                msg = rx.recv()
+            except (Disconnected, PeerDead):
+                msg = None  # no putter: the loop below waits for one
+            if msg is not None and msg.tag != _BIG:
+                return self._unpack(msg, copy)
+            if msg is not None:
+                with msg:
+                    name = msg.header.decode()
+                return self._get_big(name, copy)
         until = _Until(timeout if block else 0)
         while True:
             try:
@@ -361,16 +395,19 @@ class Queue:
 
     @staticmethod
     def _unpack(msg, copy):
-        with msg:
-            if msg.tag == _OBJECT:
-                return _objects.load(msg, copy)
-            if msg.tag == _TORCH or msg.device is not None:
+        try:
+            tag = msg.tag
+            if tag == _TORCH or (tag != _OBJECT and msg.device is not None):
                 out = msg.torch()
                 return out.clone() if copy else out
+            if tag == _OBJECT:
+                return _objects.load(msg, copy)
             import numpy
 
             out = numpy.from_dlpack(msg)
             return out.copy() if copy else out
+        finally:
+            msg.release()
 
     def get_nowait(self) -> Any:
         """``get(block=False)``."""
@@ -394,7 +431,7 @@ class Queue:
         """Leaves the channel from this process (the queue goes away once no process has
         it open and nothing is queued)."""
         with self._lock:
-            if self._pid == os.getpid():
+            if self._gen == _forks[0]:
                 bigs = list(self._big.values()) + list(self._big_rx.values())
                 for end in [self._tx, self._rx, self._ch] + [e for b in bigs for e in (b.tx, b.ch)]:
                     if end is not None:
