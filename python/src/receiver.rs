@@ -8,6 +8,7 @@ use cudarc::driver::CudaStream;
 use gpuring::{
     Backend, Cuda, Host, Message, Pinned, Receiver, RecvTimeoutError, TensorMeta, WaitPolicy,
 };
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -276,11 +277,11 @@ pub(crate) fn torch_views<'py>(
     parts: &Bound<'py, PyList>,
 ) -> PyResult<Bound<'py, PyList>> {
     let py = base.py();
-    let ptr: usize = base.call_method0("data_ptr")?.extract()?;
-    let len: u64 = base.getattr("nbytes")?.extract()?;
-    let device = base.getattr("device")?;
-    let place = if device.getattr("type")?.extract::<String>()? == "cuda" {
-        (DEVICE_CUDA, device.getattr("index")?.extract::<Option<i32>>()?.unwrap_or(0))
+    // C accessors of the tensor, names interned: no torch.device made.
+    let ptr: usize = base.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    let len: u64 = base.getattr(intern!(py, "nbytes"))?.extract()?;
+    let place = if base.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
+        (DEVICE_CUDA, base.call_method0(intern!(py, "get_device"))?.extract::<i32>()?)
     } else {
         (DEVICE_CPU, 0)
     };
