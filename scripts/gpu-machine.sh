@@ -24,6 +24,9 @@
 #   mps      before/after under MPS, and the demo under MPS
 #   objects  python/bench/objects.py --quick without MPS (one call: ~5 min)
 #   objects-mps  the same under MPS (another call, on the same warm machine)
+#   queue-ab the objects bench's tensor, tuple and dict10 rows (no Rust rows) under MPS with
+#            the wheel of an earlier build (.gpu/py-before/, `maturin build` in a worktree of
+#            its commit) and this build's, alternated, ROUNDS (default "1") rounds
 #   handoff  the one-tensor rows of objects.py (--quick; with the Rust API's, from
 #            .gpu/bin/example-handoff) and object_steps.py, under MPS, then without
 #   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
@@ -147,6 +150,20 @@ case $what in
   objects-mps)  # the objects bench (--quick) under MPS (run `objects` in the next call)
     OUT=$out timeout 560 bash scripts/python-gpu.sh run objects --mps --quick > "$out/objects-mps.log" 2>&1
     echo "== objects bench, MPS (exit $?)"; cat "$out/objects-mps.log"
+    ;;
+  queue-ab)  # before/after of the package under MPS: .gpu/py-before/*.whl against .gpu/py/*.whl
+    mps_on
+    for r in ${ROUNDS:-1}; do
+      for w in before after; do
+        [ $w = before ] && whl=.gpu/py-before/*.whl || whl=.gpu/py/*.whl
+        /opt/torch/.venv/bin/python3 -m pip install -q --no-deps --no-index --force-reinstall $whl
+        echo "== round $r, $w"
+        # From /tmp: no .gpu/bin/example-handoff there, so no Rust rows
+        (cd /tmp && timeout 250 /opt/torch/.venv/bin/python3 "$OLDPWD/python/bench/objects.py" --quick \
+          --shapes "${SHAPES:-tensor,tuple,dict10}" 2>&1 | grep -v "^Rust API rows skipped") | tee "$out/ab-$r-$w.txt"
+      done
+    done
+    mps_off
     ;;
   handoff)  # one tensor per item, the Rust API beside the package, under MPS then without
     OUT=$out timeout 250 bash scripts/python-gpu.sh run objects --mps --quick --shapes tensor > "$out/handoff-mps.log" 2>&1
