@@ -48,6 +48,8 @@ def main():
     t = torch.ones(1024, device=where)
     obj = (time.time(), t)
     d10 = {"t%d" % k: torch.ones(1024, device=where) for k in range(10)}
+    # What runs killed earlier left (their channels have no process now), then this run's.
+    gpuring.clean("gpuring-steps-", queued=True)
     ch = gpuring.Channel.create("gpuring-steps-%d" % time.monotonic_ns(), device=device, slots=4)
     tx, rx = ch.sender(), ch.receiver()
     sync()

@@ -366,24 +366,13 @@ class Queue:
         if block and timeout is None:
             # The common case, with nothing to count down.
             try:
-                msg = rx.recv()
+                return self._take(rx.recv(), copy)
             except (Disconnected, PeerDead):
-                msg = None  # no putter: the loop below waits for one
-            if msg is not None and msg.tag != _BIG:
-                return self._unpack(msg, copy)
-            if msg is not None:
-                with msg:
-                    name = msg.header.decode()
-                return self._get_big(name, copy)
+                pass  # no putter (or a large item's died): the loop below waits for one
         until = _Until(timeout if block else 0)
         while True:
             try:
-                msg = rx.recv(timeout=until.left())
-                if msg.tag != _BIG:
-                    return self._unpack(msg, copy)
-                with msg:
-                    name = msg.header.decode()
-                return self._get_big(name, copy)
+                return self._take(rx.recv(timeout=until.left()), copy)
             except Timeout as e:
                 raise Empty(str(e)) from None
             except (Disconnected, PeerDead) as e:
@@ -392,6 +381,14 @@ class Queue:
                 # comes, as with torch's queue.
                 if not until.pause():
                     raise Empty(str(e)) from None
+
+    def _take(self, msg, copy):
+        """The item a message of the queue carries, or names (a large item)."""
+        if msg.tag != _BIG:
+            return self._unpack(msg, copy)
+        with msg:
+            name = msg.header.decode()
+        return self._get_big(name, copy)
 
     @staticmethod
     def _unpack(msg, copy):

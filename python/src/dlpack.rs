@@ -173,18 +173,7 @@ impl<'py> Source<'py> {
         }
         // torch.Size is a tuple: read in place, no list made.
         let size = t.getattr(intern!(py, "shape"))?;
-        let size = size.cast::<PyTuple>()?;
-        let mut shape = [0u64; MAX_DIMS];
-        if size.len() > MAX_DIMS {
-            // MetaError::TooManyDims, said as TooLarge.
-            let e = gpuring::MetaError::TooManyDims { ndim: size.len() };
-            return Err(raise(py, Class::TooLarge, e));
-        }
-        for (d, n) in shape.iter_mut().zip(size.iter()) {
-            *d = n.extract()?;
-        }
-        let meta = TensorMeta::contiguous(dtype, &shape[..size.len()])
-            .map_err(|e| raise(py, Class::TooLarge, e))?;
+        let meta = crate::dtypes::tuple_meta(size.cast::<PyTuple>()?, dtype, |e| e)?;
         let ptr: usize = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
         Ok(Some(Source { _keep: t, ptr, meta, place }))
     }

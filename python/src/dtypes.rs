@@ -72,26 +72,39 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
 /// tensor of `dtype`.
 pub(crate) fn meta(obj: &Bound<'_, PyAny>, dtype: DType) -> PyResult<TensorMeta> {
     let py = obj.py();
-    let bad = || raise(py, Class::ConfigError, "a shape is a sequence of ints >= 0");
+    let bad = |_| raise(py, Class::ConfigError, "a shape is a sequence of ints >= 0");
     // An int or a tuple (the usual forms) is read without a failed conversion (a Python
     // exception made and dropped: ~0.6 us) and without allocating.
+    if obj.is_instance_of::<PyInt>() {
+        let n: u64 = obj.extract().map_err(bad)?;
+        return TensorMeta::contiguous(dtype, &[n]).map_err(|e| raise(py, Class::TooLarge, e));
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return tuple_meta(t, dtype, bad);
+    }
+    let shape: Vec<u64> = obj.extract().map_err(bad)?;
+    // More than MAX_DIMS dimensions: MetaError::TooManyDims, said as TooLarge.
+    TensorMeta::contiguous(dtype, &shape).map_err(|e| raise(py, Class::TooLarge, e))
+}
+
+/// The metadata of a C-contiguous tensor of `dtype` shaped as the tuple `t` (a shape
+/// argument, a `torch.Size`), read in place: no list, no Vec. More than `MAX_DIMS`
+/// dimensions: `TooLarge`; an element that is not an int >= 0: `bad` of its error.
+pub(crate) fn tuple_meta(
+    t: &Bound<'_, PyTuple>,
+    dtype: DType,
+    bad: impl Fn(PyErr) -> PyErr,
+) -> PyResult<TensorMeta> {
+    let py = t.py();
+    if t.len() > MAX_DIMS {
+        let e = gpuring::MetaError::TooManyDims { ndim: t.len() };
+        return Err(raise(py, Class::TooLarge, e));
+    }
     let mut dims = [0u64; MAX_DIMS];
-    let ndim = if obj.is_instance_of::<PyInt>() {
-        dims[0] = obj.extract().map_err(|_| bad())?;
-        1
-    } else if let Ok(t) = obj.cast::<PyTuple>()
-        && t.len() <= MAX_DIMS
-    {
-        for (d, n) in dims.iter_mut().zip(t.iter()) {
-            *d = n.extract().map_err(|_| bad())?;
-        }
-        t.len()
-    } else {
-        let shape: Vec<u64> = obj.extract().map_err(|_| bad())?;
-        // More than MAX_DIMS dimensions: MetaError::TooManyDims, said as TooLarge.
-        return TensorMeta::contiguous(dtype, &shape).map_err(|e| raise(py, Class::TooLarge, e));
-    };
-    TensorMeta::contiguous(dtype, &dims[..ndim]).map_err(|e| raise(py, Class::TooLarge, e))
+    for (d, n) in dims.iter_mut().zip(t.iter()) {
+        *d = n.extract().map_err(&bad)?;
+    }
+    TensorMeta::contiguous(dtype, &dims[..t.len()]).map_err(|e| raise(py, Class::TooLarge, e))
 }
 
 /// A shape as a Python tuple.
