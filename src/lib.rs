@@ -304,7 +304,7 @@ pub use layout::{
     Corrupted, MAX_CAPACITY, MAX_PARTICIPANTS, MAX_POOLS as MAX_SENDERS, MAX_SLOT_SIZE, MAX_SLOTS,
     SLOT_HEADER_SIZE,
 };
-pub use liveness::{AttachError, LIVENESS_TICK, Role};
+pub use liveness::{AttachError, IDLE_TICK, LIVENESS_TICK, Role};
 pub use ring::{
     PopError, PopTimeoutError, PushError, PushTimeoutError, ReadError, ReadTimeoutError,
     TryPopError, TryPushError, TryReadError,

@@ -73,6 +73,33 @@ fn receiver_drains_a_killed_senders_messages_then_gets_peer_dead() {
     assert!(matches!(rx.recv_timeout(Duration::from_millis(200)), Err(RecvTimeoutError::PeerDead)));
 }
 
+/// A receiver that has waited past its first liveness tick sleeps on the channel segment's
+/// close events and ticks only every `IDLE_TICK` (a second): a sender killed then is
+/// noticed by the close of its descriptors, within the same bound as a tick's.
+#[test]
+fn idle_receiver_learns_of_a_killed_sender_from_its_close_not_its_idle_tick() {
+    const TEST: &str = "idle_receiver_learns_of_a_killed_sender_from_its_close_not_its_idle_tick";
+    if role().as_deref() == Some("sender") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let _tx = ch.sender().unwrap();
+        announce("attached");
+        // Long enough for the receiver to tick once and settle into its idle sleep.
+        std::thread::sleep(Duration::from_millis(300));
+        die();
+    }
+    assert!(gpuring::IDLE_TICK > Duration::from_millis(500), "the bound below tells them apart");
+    let name = unique_name("idle-killed-sender");
+    let ch = Channel::builder(&name).capacity(8).slots(2, 64).create().unwrap();
+    let rx = ch.receiver().unwrap();
+    let mut peer = Peer::spawn(TEST, "sender", &name);
+    peer.expect("attached");
+    let waited = rx.recv_timeout(Duration::from_secs(10));
+    let noticed = now_ns();
+    assert!(matches!(waited, Err(RecvTimeoutError::PeerDead)), "{waited:?}");
+    let died = peer.died();
+    assert_noticed("idle receiver", died, noticed);
+}
+
 #[test]
 fn sender_blocked_on_a_full_ring_gets_peer_dead_when_the_receiver_is_killed() {
     if role().as_deref() == Some("receiver") {

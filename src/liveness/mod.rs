@@ -57,6 +57,16 @@ pub use process::{ProcessState, process_state};
 /// death is noticed within this (plus one probe of the participant table).
 pub const LIVENESS_TICK: Duration = Duration::from_millis(30);
 
+/// How often a receiver (a ring consumer) that has waited a [`LIVENESS_TICK`] for a
+/// message checks its peers from then on, where the kernel tells this process of closes
+/// of the ring's segment (inotify, and `futex_waitv`: Linux ≥ 5.16). A peer's death closes
+/// its descriptors, and that close wakes the waiter to probe at once, so deaths are
+/// noticed sooner than by the tick; the tick only backs that up. An idle receiver then
+/// makes one wake-up a second instead of one every [`LIVENESS_TICK`]. Senders waiting for
+/// room keep the [`LIVENESS_TICK`] (slots of a dead receiver can come back later than its
+/// close: a GPU context lives until its process has exited), woken by closes too.
+pub const IDLE_TICK: Duration = Duration::from_secs(1);
+
 /// A side of a ring, and the role an endpoint plays on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -186,6 +196,16 @@ pub trait Watch {
     /// Whether the memory itself is known to be damaged (a segment that another process
     /// truncated under us).
     fn damaged(&self) -> Option<Corrupted> {
+        None
+    }
+    /// Where this process counts closes of the segment (inotify, read by the watcher
+    /// thread), where a sleep can wait on them beside its own word (`futex_waitv`): the
+    /// count's futex word, and this endpoint's record of the count at which its last probe
+    /// found its peers alive and nothing to do (`u64::MAX`: none yet; peers alive at
+    /// count `n` are alive while it stays `n`: a death is a close). `None`: the wait ticks
+    /// every [`LIVENESS_TICK`] instead. Slow paths only (the first call starts the
+    /// process's watcher thread).
+    fn closes(&self) -> Option<(&std::sync::atomic::AtomicU32, &std::sync::atomic::AtomicU64)> {
         None
     }
     /// This endpoint's claim line, where an MPMC endpoint names each run of positions it
@@ -361,7 +381,7 @@ pub(crate) fn block_on<W: Watch, R>(
         None => {}
     }
     if !W::WATCHES {
-        return match wait_until(wait_on, policy, deadline, &mut attempt) {
+        return match wait_until(wait_on, policy, deadline, None, &mut attempt) {
             Ok(Ok(r)) => done(r),
             Ok(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
             Ok(Err(why)) => last(&mut attempt, None, why),
@@ -401,9 +421,29 @@ pub(crate) fn block_on<W: Watch, R>(
     // Spin (and yield) at the start of the wait only: a waiter woken by its tick's timeout
     // goes back to sleep at once (an idle receiver's ticks then cost a few syscalls each).
     let mut policy = policy;
+    // Where the kernel tells of the segment's closes (`Watch::closes`): the close events
+    // as the last probe that found nothing to do saw them. The sleep then also wakes at a
+    // close (a peer may have died: the tick probes at once), so a consumer waiting for
+    // messages, which has nothing else a tick must do soon, ticks only every `IDLE_TICK`;
+    // and one whose endpoint probed at the count the segment still shows (an earlier wait
+    // of it) sleeps so from the start, without the first `LIVENESS_TICK`.
+    let consumer = waits_for == Role::Producer;
+    let mut word = None;
+    let mut closes = None;
+    if consumer {
+        if let Some((events, clear_at)) = *word.get_or_insert_with(|| watch.closes()) {
+            // Relaxed: the endpoint's own record of its probes; a stale value costs a tick.
+            closes = crate::wait::close_events(events)
+                .filter(|&seen| {
+                    clear_at.load(std::sync::atomic::Ordering::Relaxed) == u64::from(seen)
+                })
+                .map(|seen| (events, seen));
+        }
+    }
     loop {
-        let chunk = deadline.or_within(LIVENESS_TICK);
-        let waited = wait_until(wait_on, policy, chunk, &mut attempt);
+        let idle = consumer && closes.is_some();
+        let chunk = deadline.or_within(if idle { IDLE_TICK } else { LIVENESS_TICK });
+        let waited = wait_until(wait_on, policy, chunk, closes, &mut attempt);
         if !policy.never_sleeps() {
             policy = WaitPolicy::SLEEP;
         }
@@ -412,6 +452,11 @@ pub(crate) fn block_on<W: Watch, R>(
             Ok(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
             Ok(Err(why)) => return last(&mut attempt, Some(&mut on_tick), why),
             Err(TimedOut) => {
+                // Read before the probes: a close after them wakes the next sleep.
+                let at = *word.get_or_insert_with(|| watch.closes());
+                let seen = at.and_then(|(events, clear_at)| {
+                    crate::wait::close_events(events).map(|seen| (events, seen, clear_at))
+                });
                 if let Some(end) = tick(&mut attempt, &mut on_tick) {
                     return end;
                 }
@@ -423,6 +468,11 @@ pub(crate) fn block_on<W: Watch, R>(
                     // What the gone published before going is in the ring: take it first.
                     return last(&mut attempt, None, gone.into());
                 }
+                if let Some((_, seen, clear_at)) = seen {
+                    // Relaxed: see above.
+                    clear_at.store(u64::from(seen), std::sync::atomic::Ordering::Relaxed);
+                }
+                closes = seen.map(|(events, seen, _)| (events, seen));
             }
         }
     }

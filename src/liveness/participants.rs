@@ -365,6 +365,9 @@ pub struct Attachment {
     /// `drop` gives back (a failed attach has neither).
     holds_role: bool,
     in_count: bool,
+    /// The segment's close count when this endpoint's last probe found its peers alive and
+    /// nothing to do (`u64::MAX`: none yet; see [`Watch::closes`]).
+    clear_at: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: pointers into the mapping that `table` keeps alive; atomics only.
@@ -398,6 +401,7 @@ impl Attachment {
             table: table.clone(),
             holds_role: false,
             in_count: false,
+            clear_at: std::sync::atomic::AtomicU64::new(u64::MAX),
         };
         if how.spsc {
             attachment.claim_role()?; // on error, `drop` gives the entry back
@@ -526,6 +530,12 @@ impl Watch for Attachment {
         // `joined`: read after it, set before any count.
         header.attached[side].load(Ordering::Acquire) == 0
             && header.joined[side].load(Ordering::Relaxed) != 0
+    }
+    fn closes(&self) -> Option<(&std::sync::atomic::AtomicU32, &std::sync::atomic::AtomicU64)> {
+        if cfg!(miri) {
+            return None; // no inotify, no futex under Miri
+        }
+        Some((self.table.segment.closes().word()?, &self.clear_at))
     }
     fn damaged(&self) -> Option<Corrupted> {
         self.table.segment.truncated().then_some(Corrupted {

@@ -342,12 +342,18 @@ pub(crate) fn spin_then_yield<R>(
 /// Runs `attempt` until it returns `Some`, spinning, yielding and then sleeping on `word`
 /// as `policy` says, until `deadline`.
 ///
+/// With `closes` (a segment's close-event word and its value when the caller last probed
+/// its peers, see `reactor::close_events`), the sleep also ends when the segment sees a
+/// close (a peer may have died), and the wait returns `TimedOut` then, before `deadline`:
+/// the caller probes and comes back.
+///
 /// `attempt` must be the whole check: after a wake-up it is simply called again, so
 /// spurious wake-ups and `EINTR` are harmless.
 pub(crate) fn wait_until<R>(
     word: &WaitWord,
     policy: WaitPolicy,
     deadline: Deadline,
+    closes: Option<(&std::sync::atomic::AtomicU32, u32)>,
     mut attempt: impl FnMut() -> Option<R>,
 ) -> Result<R, TimedOut> {
     if matches!(deadline, Deadline::Now | Deadline::Tick) {
@@ -365,36 +371,68 @@ pub(crate) fn wait_until<R>(
     }
     loop {
         let (epoch, bounded) = word.register();
-        let outcome = match attempt() {
-            Some(r) => Some(Ok(r)),
-            None => match deadline.remaining() {
-                Some(Duration::ZERO) => Some(Err(TimedOut)),
-                left => {
-                    let left = if bounded {
-                        Some(left.map_or(DEGRADED_RECHECK, |l| l.min(DEGRADED_RECHECK)))
-                    } else {
-                        left
-                    };
-                    futex_wait(&word.epoch, epoch, left);
-                    None
-                }
-            },
-        };
-        word.unregister();
-        if let Some(outcome) = outcome {
-            return outcome;
+        let mut closed = false;
+        let found = attempt();
+        let left = deadline.remaining();
+        if found.is_none() && left != Some(Duration::ZERO) {
+            let left = if bounded {
+                Some(left.map_or(DEGRADED_RECHECK, |l| l.min(DEGRADED_RECHECK)))
+            } else {
+                left
+            };
+            closed = sleep(word, epoch, left, closes);
         }
-        // Woken (or timed out, or spurious): look before registering again, so that the
-        // usual case, woken because the peer published, pays no second heavy barrier on
-        // its way back to work; nor does a wait whose deadline has passed (a blocked
-        // endpoint's liveness tick), which this look ends.
+        word.unregister();
+        if let Some(r) = found {
+            return Ok(r);
+        }
+        // Woken (or timed out, or spurious, or a close): look before registering again, so
+        // that the usual case, woken because the peer published, pays no second heavy
+        // barrier on its way back to work; nor does a wait whose deadline has passed (a
+        // blocked endpoint's liveness tick), which this look ends, nor one a close ended
+        // (its caller probes, then comes back).
         if let Some(r) = attempt() {
             return Ok(r);
         }
-        if deadline.passed() {
+        if closed || deadline.passed() {
             return Err(TimedOut);
         }
     }
+}
+
+/// A segment's close events now (`word`: its `Watch::closes`), read before a probe; `None`
+/// where a sleep cannot wait on them (no `futex_waitv`; loom, Miri).
+pub(crate) fn close_events(word: &std::sync::atomic::AtomicU32) -> Option<u32> {
+    #[cfg(all(not(loom), not(miri)))]
+    return reactor::close_events(word);
+    #[cfg(any(loom, miri))]
+    {
+        let _ = word;
+        None
+    }
+}
+
+/// One sleep of a registered sleeper on `word` at `epoch`, for at most `left`; with
+/// `closes`, on those close events too (one `futex_waitv`). Returns whether they moved.
+fn sleep(
+    word: &WaitWord,
+    epoch: u32,
+    left: Option<Duration>,
+    closes: Option<(&std::sync::atomic::AtomicU32, u32)>,
+) -> bool {
+    #[cfg(all(not(loom), not(miri)))]
+    if let Some((events, seen)) = closes {
+        FUTEX_WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if reactor::sleep_or_close(word, epoch, (events, seen), left) {
+            // Acquire: pairs with the Release bump of the watcher thread (the caller's
+            // probe that follows sees what the close left).
+            return events.load(std::sync::atomic::Ordering::Acquire) != seen;
+        }
+    }
+    #[cfg(any(loom, miri))]
+    let _ = closes;
+    futex_wait(&word.epoch, epoch, left);
+    false
 }
 
 #[cfg(all(not(loom), not(miri)))]
@@ -469,6 +507,7 @@ mod tests {
             &word,
             WaitPolicy::SLEEP,
             Deadline::after(Duration::from_millis(20)),
+            None,
             || None,
         );
         assert_eq!(r, Err(TimedOut));
@@ -482,6 +521,7 @@ mod tests {
             &word,
             WaitPolicy::spin_then_sleep(u32::MAX, 0),
             Deadline::after(Duration::from_millis(5)),
+            None,
             || None,
         );
         assert_eq!(r, Err(TimedOut));
@@ -493,7 +533,7 @@ mod tests {
         let flag = Arc::new(AtomicBool::new(false));
         let (w, f) = (word.clone(), flag.clone());
         let sleeper = std::thread::spawn(move || {
-            wait_until(&w, WaitPolicy::SLEEP, Deadline::Never, || {
+            wait_until(&w, WaitPolicy::SLEEP, Deadline::Never, None, || {
                 f.load(Ordering::Acquire).then_some(())
             })
         });

@@ -114,3 +114,41 @@ pub(crate) fn block_on_any<S: ?Sized, O>(
         }
     }
 }
+
+/// The close events of a segment so far, read from `word` (a [`Closes::word`]) before a
+/// probe, so that a sleep on them ([`sleep_or_close`]) wakes at any close after it; `None`
+/// where the kernel has no `futex_waitv` (the wait probes by time instead).
+pub(crate) fn close_events(word: &StdAtomicU32) -> Option<u32> {
+    // Relaxed: a cached answer of the kernel; a stale `false` costs one refused call.
+    if NO_WAITV.load(StdOrdering::Relaxed) {
+        return None;
+    }
+    // Acquire: pairs with the Release bump of the watcher thread.
+    Some(word.load(StdOrdering::Acquire))
+}
+
+/// Sleeps until `word`'s epoch moves from `epoch`, the close events `closes` move from
+/// `seen`, or `timeout` passes (or a signal): one `futex_waitv`. `false` when the kernel
+/// has no `futex_waitv`: nothing waited, the caller sleeps on `word` alone.
+pub(crate) fn sleep_or_close(
+    word: &WaitWord,
+    epoch: u32,
+    (closes, seen): (&StdAtomicU32, u32),
+    timeout: Option<Duration>,
+) -> bool {
+    let waits = [word_wait(word, epoch), private_wait(closes, seen)];
+    let at = timeout.and_then(|t| Instant::now().checked_add(t)).map(monotonic);
+    // A word moved, the timeout, EAGAIN and EINTR all lead back to the caller's re-check.
+    let waited = futex::waitv(
+        &waits,
+        futex::WaitvFlags::empty(),
+        at.as_ref(),
+        rustix::time::ClockId::Monotonic,
+    );
+    if waited == Err(rustix::io::Errno::NOSYS) {
+        // Relaxed: see `close_events`.
+        NO_WAITV.store(true, StdOrdering::Relaxed);
+        return false;
+    }
+    true
+}

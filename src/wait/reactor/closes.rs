@@ -8,6 +8,9 @@ use super::*;
 #[derive(Debug)]
 pub(crate) struct Closes {
     pub(super) count: AtomicU64,
+    /// The same count, 32 bits wide: the futex word a blocking wait sleeps on beside its
+    /// own (see `wait_until`'s `closes`), woken by the watcher thread at every event.
+    events: StdAtomicU32,
     /// The inotify watch, or `None` when inotify refused it: then futures probe by time.
     wd: Option<i32>,
 }
@@ -21,12 +24,19 @@ impl Closes {
 
     /// Closes nobody watches: futures parked on such a segment probe by time.
     fn unwatched() -> Arc<Closes> {
-        Arc::new(Closes { count: AtomicU64::new(0), wd: None })
+        Arc::new(Closes { count: AtomicU64::new(0), events: StdAtomicU32::new(0), wd: None })
     }
 
-    /// Whether inotify watches this segment.
+    /// The futex word of this segment's close events, where this process's watcher
+    /// thread counts them (`None`: nobody does; waits probe by time).
+    pub(crate) fn word(&self) -> Option<&StdAtomicU32> {
+        self.watched().then_some(&self.events)
+    }
+
+    /// Whether inotify watches this segment for this process (a child forked after the
+    /// watch was made has no watcher thread: it probes by time).
     pub(crate) fn watched(&self) -> bool {
-        self.wd.is_some()
+        self.wd.is_some() && watcher().is_some()
     }
 }
 
@@ -48,15 +58,34 @@ pub(super) struct Watcher {
 
 pub(super) static WATCHER: OnceLock<Option<&'static Watcher>> = OnceLock::new();
 
+/// Set in a child forked after the watcher started: the child inherits [`WATCHER`] but
+/// not its thread, so nobody there counts the events.
+static FORKED_AWAY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs in the child of a `fork`, before `fork` returns there (async-signal-safe: one
+/// atomic store).
+extern "C" fn forked_child() {
+    // Relaxed: the child runs one thread now; later reads in it follow in program order.
+    FORKED_AWAY.store(true, StdOrdering::Relaxed);
+}
+
+/// This process's watcher, started on the first call; `None` where inotify or a thread
+/// was refused, and in a child forked after the watcher started.
 fn watcher() -> Option<&'static Watcher> {
-    *WATCHER.get_or_init(|| {
+    let w = (*WATCHER.get_or_init(|| {
         use rustix::fs::inotify;
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC).ok()?;
+        // SAFETY: registers a child handler that only stores an atomic. Should it fail
+        // (ENOMEM), a forked child would take the inherited watcher for its own and its
+        // blocking waits would learn of deaths by their `IDLE_TICK` only.
+        unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
         let w: &'static Watcher =
             Box::leak(Box::new(Watcher { fd, watches: Mutex::new(HashMap::new()) }));
         std::thread::Builder::new().name("gpuring-closes".into()).spawn(move || w.run()).ok()?;
         Some(w)
-    })
+    }))?;
+    // Relaxed: see `forked_child`.
+    (!FORKED_AWAY.load(StdOrdering::Relaxed)).then_some(w)
 }
 
 impl Watcher {
@@ -74,7 +103,11 @@ impl Watcher {
         if let Some(closes) = watches.get(&wd).and_then(Weak::upgrade) {
             return closes;
         }
-        let closes = Arc::new(Closes { count: AtomicU64::new(0), wd: Some(wd) });
+        let closes = Arc::new(Closes {
+            count: AtomicU64::new(0),
+            events: StdAtomicU32::new(0),
+            wd: Some(wd),
+        });
         watches.insert(wd, Arc::downgrade(&closes));
         closes
     }
@@ -103,10 +136,20 @@ impl Watcher {
                     continue;
                 }
             };
-            let closes = lock(&self.watches).get(&wd).and_then(Weak::upgrade);
-            if let Some(closes) = closes {
+            // The queue overflowed (wd -1): events were lost, so every segment may have
+            // seen a close.
+            let all: Vec<Arc<Closes>> = lock(&self.watches)
+                .iter()
+                .filter(|&(&w, _)| w == wd || wd == -1)
+                .filter_map(|(_, c)| c.upgrade())
+                .collect();
+            for closes in all {
                 // Release: a future that reads the new count (Acquire) probes after it.
                 closes.count.fetch_add(1, StdOrdering::Release);
+                // Release: pairs with the Acquire load in `close_events` (blocking waits
+                // sleeping on the word probe after they see it move).
+                closes.events.fetch_add(1, StdOrdering::Release);
+                let _ = futex::wake(&closes.events, futex::Flags::PRIVATE, i32::MAX as u32);
                 // Release: pairs with the Acquire load in `block_on_any`, which then sees
                 // the count bumped above. Threads asleep there wake to probe.
                 CLOSE_EVENTS.fetch_add(1, StdOrdering::Release);
