@@ -27,7 +27,9 @@
 //!   waking every [`LIVENESS_TICK`] to ask whether the memory was damaged, to let the
 //!   caller repair what dead peers left, and to give up with `PeerDead` once every peer it
 //!   waits for has died, or `Disconnected` once they have all left; a departure seen by
-//!   the attach count ends the wait at once.
+//!   the attach count ends the wait at once. Where the process watches the segment's
+//!   closes ([`Watch::closes`]), the sleep also wakes at a close (a death), and a consumer
+//!   whose peers were found alive ticks only every [`IDLE_TICK`].
 //!
 //! Liveness is asked by the rings, pools, channels and tools and asks none of them: ring
 //! work that a dead endpoint leaves (MPMC cells it won) is done by the ring layer, which
@@ -57,14 +59,15 @@ pub use process::{ProcessState, process_state};
 /// death is noticed within this (plus one probe of the participant table).
 pub const LIVENESS_TICK: Duration = Duration::from_millis(30);
 
-/// How often a receiver (a ring consumer) that has waited a [`LIVENESS_TICK`] for a
-/// message checks its peers from then on, where the kernel tells this process of closes
-/// of the ring's segment (inotify, and `futex_waitv`: Linux ≥ 5.16). A peer's death closes
-/// its descriptors, and that close wakes the waiter to probe at once, so deaths are
-/// noticed sooner than by the tick; the tick only backs that up. An idle receiver then
-/// makes one wake-up a second instead of one every [`LIVENESS_TICK`]. Senders waiting for
-/// room keep the [`LIVENESS_TICK`] (slots of a dead receiver can come back later than its
-/// close: a GPU context lives until its process has exited), woken by closes too.
+/// How often a receiver (a ring consumer) whose wait for a message found its peers alive
+/// (a [`LIVENESS_TICK`] into it, or an earlier wait's probe) checks them from then on,
+/// where the kernel tells this process of closes of the ring's segment (inotify, and
+/// `futex_waitv`: Linux ≥ 5.16). A peer's death closes its descriptors, and that close
+/// wakes the waiter to probe at once, so deaths are noticed sooner than by the tick; the
+/// tick only backs that up. An idle receiver then makes one wake-up a second instead of one
+/// every [`LIVENESS_TICK`]. Senders waiting for room keep the [`LIVENESS_TICK`] (slots of a
+/// dead receiver can come back later than its close: a GPU context lives until its process
+/// has exited), woken by closes too.
 pub const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// A side of a ring, and the role an endpoint plays on it.
