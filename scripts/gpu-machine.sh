@@ -18,6 +18,8 @@
 #   full     this build's rings, payloads and gpu suites (gpu without and under MPS)
 #   rest     the CLI's GPU tests, the rows `full` runs out of time for, the Python bench
 #   check    all of the tests (Rust and Python) and the demo without and under MPS
+#   two-gpus (a two-GPU machine) the test binaries, the cross-process GPU tests with their
+#            peers on GPU 1, the idle receivers' CPU, the demo
 #   bench    before/after, alternated, two rounds, no MPS
 #   channel  the host channel 4 KB rows of before (/ middle) / this build, five rounds; then
 #            one thread's cost (examples/path_cost) of the same builds
@@ -129,6 +131,18 @@ case $what in
     mps_on
     timeout 60 .gpu/bin/gpuring demo > "$out/demo-mps.log" 2>&1; tail -9 "$out/demo-mps.log"
     mps_off
+    ;;
+  two-gpus)  # a machine with two GPUs: `check`'s test binaries and demo, then the cross-process
+    # GPU tests with every peer on GPU 1 (GPURING_TEST_PEER_DEVICE), then the idle receivers
+    timeout 300 bash .gpu/run.sh > "$out/tests.log" 2>&1; echo "run.sh exit $?"
+    grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq -c
+    for t in gpu gpu_broadcast; do
+      GPURING_TEST_PEER_DEVICE=1 timeout 200 .gpu/bin/test-$t --include-ignored --nocapture > "$out/peer1-$t.log" 2>&1
+      echo "== $t, peers on GPU 1 (exit $?)"; grep -E '^test |test result|panicked|unordered' "$out/peer1-$t.log"
+    done
+    timeout 60 .gpu/bin/test-broadcast_channel eight_idle --nocapture 2>&1 | grep -E "idle|result" | tee "$out/idle.txt"
+    timeout 60 .gpu/bin/gpuring demo > "$out/demo-nomps.log" 2>&1; tail -9 "$out/demo-nomps.log"
+    echo "/dev/shm leftovers:"; ls /dev/shm | grep gpuring | head || true
     ;;
   broadcast)  # python/examples/broadcast_step.py on GPU 0: one broadcast channel against four
     # SPSC channels, streaming (steps/s) and one step every ms (latency), without then under MPS

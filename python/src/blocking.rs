@@ -50,12 +50,13 @@ impl Until {
     }
 }
 
-/// An endpoint's lock for one slice of a wait. The first try (a zero slice) runs with
+/// An endpoint's lock for one step of a wait. The first try (`slice` `None`) runs with
 /// the GIL held, so it does not wait for the lock: another thread may hold it through a
-/// whole slice of its own wait, and every Python thread would stall meanwhile. `None`:
-/// taken; try again in a slice (without the GIL, where waiting for it is harmless).
-pub(crate) fn lock_for<T>(m: &Mutex<T>, slice: Duration) -> Option<MutexGuard<'_, T>> {
-    if !slice.is_zero() {
+/// whole slice of its own wait, and every Python thread would stall meanwhile; nor does a
+/// zero slice (`timeout=0`: an answer now). `None`: taken; try again in a slice (without
+/// the GIL, where waiting for it is harmless).
+pub(crate) fn lock_for<T>(m: &Mutex<T>, slice: Option<Duration>) -> Option<MutexGuard<'_, T>> {
+    if slice.is_some_and(|d| !d.is_zero()) {
         return Some(m.lock().unwrap_or_else(PoisonError::into_inner));
     }
     match m.try_lock() {
@@ -74,7 +75,17 @@ pub(crate) enum Step<T, S> {
 }
 
 /// Runs `step` once at once, then in slices until it is done or `until` passes, the GIL
-/// released during each slice and signals checked between them. `Ok(Err(state))`: the deadline passed.
+/// released during each slice and signals checked between them. `Ok(Err(state))`: the
+/// deadline passed.
+///
+/// `step(state, None, _)` is one try, with the GIL held: no wait, no spin, no probe of the
+/// peers (the Rust API's `try_` form), so that what is ready (a free slot, a queued
+/// message) is taken without letting go of the GIL, and what is not costs a fraction of a
+/// microsecond. `step(state, Some(slice), again)` waits up to `slice` (the `_timeout`
+/// form: it sleeps, and probes the peers at its liveness ticks); `again` is false for the
+/// first slice only, the one whose start may spin as the endpoint's wait policy says (a
+/// wait already a slice long gains nothing by spinning at each slice's start). A zero
+/// `timeout` gets one zero slice after the try, so that it still learns of a dead peer.
 ///
 /// # Errors
 ///
@@ -83,22 +94,21 @@ pub(crate) fn wait<T: Send, S: Send>(
     py: Python<'_>,
     until: Until,
     mut state: S,
-    step: impl Fn(S, Duration) -> Step<T, S> + Sync,
+    step: impl Fn(S, Option<Duration>, bool) -> Step<T, S> + Sync,
 ) -> PyResult<Result<T, S>> {
-    // One try first, keeping the GIL: what is ready (a free slot, a queued message) is
-    // taken without letting go of the GIL and taking it back.
-    match step(state, Duration::ZERO) {
+    match step(state, None, false) {
         Step::Done(t) => return Ok(Ok(t)),
-        Step::Again(s) if until.passed() => return Ok(Err(s)),
         Step::Again(s) => state = s,
     }
+    let mut again = false;
     loop {
         let slice = until.slice();
-        match py.detach(|| step(state, slice)) {
+        match py.detach(|| step(state, Some(slice), again)) {
             Step::Done(t) => return Ok(Ok(t)),
             Step::Again(s) if until.passed() => return Ok(Err(s)),
             Step::Again(s) => {
                 state = s;
+                again = true;
                 py.check_signals()?;
             }
         }

@@ -389,8 +389,8 @@ impl PyChannel {
         let pin = pinning(py, pinned, device)?;
         let gpu = gpu(py, device)?;
         let builder = Channel::builder(name.clone());
-        let step = |(), slice: Duration| match make(
-            builder.clone().open_timeout(slice),
+        let step = |(), slice: Option<Duration>, _| match make(
+            builder.clone().open_timeout(slice.unwrap_or_default()),
             &pin,
             &gpu,
             signal,

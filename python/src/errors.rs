@@ -8,7 +8,7 @@ use std::fmt::Display;
 
 use gpuring::{
     AcquireTimeoutError, AttachError, Backend, ChannelError, CudaError, PoolError,
-    RecvTimeoutError, SendTimeoutError, ShmError,
+    RecvTimeoutError, SendTimeoutError, ShmError, TryAcquireError, TryRecvError, TrySendError,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -230,6 +230,61 @@ impl<B: Backend> ClassOf for RecvTimeoutError<B> {
     fn raised(&self) -> Raised {
         let missed = match self {
             RecvTimeoutError::Lagged(n) => Some(*n),
+            _ => None,
+        };
+        Raised { missed, ..Raised::new(self.class(), self) }
+    }
+}
+
+// The one-try forms, which a wait's first step (the GIL held) uses: their "nothing now"
+// (`Exhausted`, `Full`, `Empty`) means "wait", never raised; the rest as their wait forms.
+
+impl<B: Backend> ClassOf for TryAcquireError<B> {
+    fn class(&self) -> Class {
+        match self {
+            TryAcquireError::Exhausted => Class::Timeout,
+            TryAcquireError::Corrupted(_) => Class::Corrupted,
+            TryAcquireError::Device(_) => Class::CudaError,
+            TryAcquireError::PeerDead => Class::PeerDead,
+            TryAcquireError::Disconnected => Class::Disconnected,
+            _ => Class::Error,
+        }
+    }
+}
+
+impl<B: Backend> ClassOf for TrySendError<B> {
+    fn class(&self) -> Class {
+        match self {
+            TrySendError::Full(_) => Class::Timeout,
+            TrySendError::TooLarge { .. } => Class::TooLarge,
+            TrySendError::Corrupted(_) => Class::Corrupted,
+            TrySendError::Device(_) => Class::CudaError,
+            TrySendError::PeerDead(_) => Class::PeerDead,
+            TrySendError::Disconnected(_) => Class::Disconnected,
+            _ => Class::Error,
+        }
+    }
+}
+
+impl<B: Backend> ClassOf for TryRecvError<B> {
+    fn class(&self) -> Class {
+        match self {
+            TryRecvError::Empty => Class::Timeout,
+            TryRecvError::Corrupted(_) => Class::Corrupted,
+            TryRecvError::Pool(PoolError::Segment(s)) => s.class(),
+            TryRecvError::Pool(PoolError::Attach(a)) => a.class(),
+            TryRecvError::Device(_) => Class::CudaError,
+            TryRecvError::PeerDead => Class::PeerDead,
+            TryRecvError::Disconnected => Class::Disconnected,
+            TryRecvError::SenderGone => Class::SenderGone,
+            TryRecvError::Lagged(_) => Class::Lagged,
+            _ => Class::Error,
+        }
+    }
+
+    fn raised(&self) -> Raised {
+        let missed = match self {
+            TryRecvError::Lagged(n) => Some(*n),
             _ => None,
         };
         Raised { missed, ..Raised::new(self.class(), self) }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use cudarc::driver::CudaStream;
 use gpuring::{
-    Backend, Cuda, Host, Message, Pinned, Receiver, RecvTimeoutError, TensorMeta, WaitPolicy,
+    Backend, Cuda, Host, Message, Pinned, Receiver, RecvTimeoutError, TensorMeta, TryRecvError,
+    WaitPolicy,
 };
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -71,12 +72,36 @@ impl<B: Backend> From<RecvTimeoutError<B>> for RecvFailed {
     }
 }
 
-/// One slice of a receive on `r`: `None` when it ran out.
+impl<B: Backend> From<TryRecvError<B>> for RecvFailed {
+    fn from(e: TryRecvError<B>) -> Self {
+        RecvFailed { disconnected: matches!(e, TryRecvError::Disconnected), raised: e.raised() }
+    }
+}
+
+/// One step of a receive on `r` (a try, or a slice: see `blocking::wait`; a slice after the
+/// first does not spin): `None` when there was nothing.
 fn recv_slice<B: Backend>(
-    r: &Receiver<B>,
-    slice: Duration,
+    r: &mut Receiver<B>,
+    slice: Option<Duration>,
+    again: bool,
 ) -> Option<Result<Message<B>, RecvFailed>> {
-    match r.recv_timeout(slice) {
+    let Some(slice) = slice else {
+        return match r.try_recv() {
+            Err(TryRecvError::Empty) => None,
+            got => Some(got.map_err(RecvFailed::from)),
+        };
+    };
+    // A policy that never sleeps was asked for: it spins in every slice.
+    let policy = r.wait_policy();
+    let sleep = again && !policy.never_sleeps();
+    if sleep {
+        r.set_wait_policy(WaitPolicy::SLEEP);
+    }
+    let got = r.recv_timeout(slice);
+    if sleep {
+        r.set_wait_policy(policy);
+    }
+    match got {
         Err(RecvTimeoutError::Timeout) => None,
         got => Some(got.map_err(RecvFailed::from)),
     }
@@ -134,18 +159,21 @@ impl PyReceiver {
             None => None,
             Some(g) => Some((g, g.stream(gpu::stream_handle(py, stream, g.ordinal)?))),
         };
-        let step = |(), slice: Duration| {
+        let step = |(), slice: Option<Duration>, again: bool| {
             let Some(mut guard) = lock_for(&rx, slice) else { return Step::Again(()) };
             let got = match (&mut *guard, &stream) {
-                (AnyReceiver::Host(r), _) => recv_slice(r, slice).map(|r| r.map(AnyMessage::Host)),
-                (AnyReceiver::Pinned(r), Some((_, s))) => recv_slice(r, slice).map(|r| {
+                (AnyReceiver::Host(r), _) => {
+                    recv_slice(r, slice, again).map(|r| r.map(AnyMessage::Host))
+                }
+                (AnyReceiver::Pinned(r), Some((_, s))) => recv_slice(r, slice, again).map(|r| {
                     r.map(|m| AnyMessage::Pinned(PinnedMessage { msg: Some(m), after: s.clone() }))
                 }),
                 (AnyReceiver::Cuda(r), Some((g, s))) => {
                     if r.cuda_stream().cu_stream() != s.cu_stream() {
                         r.set_cuda_stream(s);
                     }
-                    recv_slice(r, slice).map(|r| r.map(|m| AnyMessage::Cuda(m, Arc::clone(g))))
+                    recv_slice(r, slice, again)
+                        .map(|r| r.map(|m| AnyMessage::Cuda(m, Arc::clone(g))))
                 }
                 (_, None) => unreachable!("a GPU or pinned receiver has its device"),
             };

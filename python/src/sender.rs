@@ -8,7 +8,7 @@ use std::time::Duration;
 use cudarc::driver::CudaStream;
 use gpuring::{
     AcquireTimeoutError, Backend, Cuda, Host, Lease, Pinned, SendTimeoutError, Sender, TensorMeta,
-    WaitPolicy,
+    TryAcquireError, TrySendError, WaitPolicy,
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -225,11 +225,17 @@ impl AnyLease {
 /// One slice of a lease's wait on sender `s`: `None` when it ran out.
 fn lease_slice<B: Backend>(
     s: &Sender<B>,
-    slice: Duration,
-) -> Option<Result<Lease<B>, AcquireTimeoutError<B>>> {
+    slice: Option<Duration>,
+) -> Option<Result<Lease<B>, Raised>> {
+    let Some(slice) = slice else {
+        return match s.try_acquire() {
+            Err(TryAcquireError::Exhausted) => None,
+            r => Some(r.map_err(|e| e.raised())),
+        };
+    };
     match s.acquire_timeout(slice) {
         Err(AcquireTimeoutError::Timeout) => None,
-        r => Some(r),
+        r => Some(r.map_err(|e| e.raised())),
     }
 }
 
@@ -237,21 +243,16 @@ fn lease_slice<B: Backend>(
 /// channel, on the stream with raw handle `raw`.
 fn acquire(py: Python<'_>, tx: &TxShared, until: Until, raw: usize) -> PyResult<AnyLease> {
     let stream = tx.gpu.as_ref().map(|g| g.stream(raw));
-    let step = |(), slice: Duration| {
+    let step = |(), slice: Option<Duration>, _| {
         let Some(mut guard) = lock_for(&tx.tx, slice) else { return Step::Again(()) };
         let got = match (&mut *guard, &stream) {
-            (AnySender::Host(s), _) => {
-                lease_slice(s, slice).map(|r| r.map(AnyLease::Host).map_err(|e| e.raised()))
-            }
-            (AnySender::Pinned(s), _) => {
-                lease_slice(s, slice).map(|r| r.map(AnyLease::Pinned).map_err(|e| e.raised()))
-            }
+            (AnySender::Host(s), _) => lease_slice(s, slice).map(|r| r.map(AnyLease::Host)),
+            (AnySender::Pinned(s), _) => lease_slice(s, slice).map(|r| r.map(AnyLease::Pinned)),
             (AnySender::Cuda(s), Some(stream)) => {
                 if s.cuda_stream().cu_stream() != stream.cu_stream() {
                     s.set_cuda_stream(stream);
                 }
-                lease_slice(s, slice)
-                    .map(|r| r.map(|l| AnyLease::Cuda(l, Vec::new())).map_err(|e| e.raised()))
+                lease_slice(s, slice).map(|r| r.map(|l| AnyLease::Cuda(l, Vec::new())))
             }
             (AnySender::Cuda(_), None) => unreachable!("a GPU sender has its device"),
         };
@@ -268,8 +269,14 @@ fn send_slice<B: Backend>(
     s: &Sender<B>,
     lease: Lease<B>,
     meta: TensorMeta,
-    slice: Duration,
+    slice: Option<Duration>,
 ) -> Result<(), Result<Lease<B>, Raised>> {
+    let Some(slice) = slice else {
+        return s.try_send(lease, meta).map_err(|e| match e {
+            TrySendError::Full(l) => Ok(l),
+            e => Err(e.raised()),
+        });
+    };
     s.send_timeout(lease, meta, slice).map_err(|e| match e {
         SendTimeoutError::Timeout(l) => Ok(l),
         e => Err(e.raised()),
@@ -293,7 +300,7 @@ fn send_lease(
             g.join(l.cuda_stream(), &s).map_err(|e| e.err(py))?;
         }
     }
-    let step = |lease: AnyLease, slice: Duration| {
+    let step = |lease: AnyLease, slice: Option<Duration>, _| {
         let Some(guard) = lock_for(&tx.tx, slice) else { return Step::Again(lease) };
         let r = match (&*guard, lease) {
             (AnySender::Host(s), AnyLease::Host(l)) => {

@@ -428,18 +428,17 @@ pub(crate) fn block_on<W: Watch, R>(
     // as the last probe that found nothing to do saw them. The sleep then also wakes at a
     // close (a peer may have died: the tick probes at once), so a consumer waiting for
     // messages, which has nothing else a tick must do soon, ticks only every `IDLE_TICK`;
-    // and one whose endpoint probed at the count the segment still shows (an earlier wait
-    // of it) sleeps so from the start, without the first `LIVENESS_TICK`.
+    // one whose endpoint's last quiet probe (an earlier wait's) saw the count the segment
+    // still shows, less than an `IDLE_TICK` ago, sleeps so from the start, and its deadline
+    // ends the wait without a tick (a caller that waits in slices, as Python does, would
+    // otherwise probe at every slice).
     let consumer = waits_for == Role::Producer;
     let mut word = None;
     let mut closes = None;
     if consumer {
         if let Some((events, clear_at)) = *word.get_or_insert_with(|| watch.closes()) {
-            // Relaxed: the endpoint's own record of its probes; a stale value costs a tick.
             closes = crate::wait::close_events(events)
-                .filter(|&seen| {
-                    clear_at.load(std::sync::atomic::Ordering::Relaxed) == u64::from(seen)
-                })
+                .filter(|&seen| quiet::holds(clear_at, seen))
                 .map(|seen| (events, seen));
         }
     }
@@ -460,6 +459,10 @@ pub(crate) fn block_on<W: Watch, R>(
                 let seen = at.and_then(|(events, clear_at)| {
                     crate::wait::close_events(events).map(|seen| (events, seen, clear_at))
                 });
+                let quiet = seen.is_some_and(|(_, seen, clear_at)| quiet::holds(clear_at, seen));
+                if consumer && quiet && deadline.passed() {
+                    return last(&mut attempt, None, Blocked::Timeout);
+                }
                 if let Some(end) = tick(&mut attempt, &mut on_tick) {
                     return end;
                 }
@@ -472,12 +475,44 @@ pub(crate) fn block_on<W: Watch, R>(
                     return last(&mut attempt, None, gone.into());
                 }
                 if let Some((_, seen, clear_at)) = seen {
-                    // Relaxed: see above.
-                    clear_at.store(u64::from(seen), std::sync::atomic::Ordering::Relaxed);
+                    quiet::record(clear_at, seen);
                 }
                 closes = seen.map(|(events, seen, _)| (events, seen));
             }
         }
+    }
+}
+
+/// An endpoint's record of its last quiet probe (its peers alive, nothing to do): the
+/// segment's close count then (low 32 bits) and when, in ms of this process's clock (high
+/// 32 bits), in the `AtomicU64` of [`Watch::closes`] (`u64::MAX`: none yet).
+mod quiet {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Instant;
+
+    use super::IDLE_TICK;
+
+    /// This process's clock, in ms (wrapping after 49 days: a wrapped record is at worst
+    /// one needless probe, or one skipped for less than an `IDLE_TICK`).
+    fn now_ms() -> u32 {
+        static START: OnceLock<Instant> = OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_millis() as u32
+    }
+
+    /// Whether the last quiet probe saw close count `seen`, less than an `IDLE_TICK` ago.
+    pub(super) fn holds(clear_at: &AtomicU64, seen: u32) -> bool {
+        // Relaxed: the endpoint's own record of its probes; a stale value costs a probe.
+        let v = clear_at.load(Ordering::Relaxed);
+        v != u64::MAX
+            && v as u32 == seen
+            && u128::from(now_ms().wrapping_sub((v >> 32) as u32)) < IDLE_TICK.as_millis()
+    }
+
+    /// Records a quiet probe at close count `seen`, now.
+    pub(super) fn record(clear_at: &AtomicU64, seen: u32) {
+        // Relaxed: see `holds`.
+        clear_at.store(u64::from(now_ms()) << 32 | u64::from(seen), Ordering::Relaxed);
     }
 }
 

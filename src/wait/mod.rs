@@ -155,7 +155,13 @@ impl WaitPolicy {
     }
 
     /// Whether a wait under this policy never sleeps (`u32::MAX` spins).
-    pub(crate) const fn never_sleeps(&self) -> bool {
+    ///
+    /// ```
+    /// use gpuring::WaitPolicy;
+    /// assert!(WaitPolicy::spin_then_sleep(u32::MAX, 0).never_sleeps());
+    /// assert!(!WaitPolicy::default().never_sleeps());
+    /// ```
+    pub const fn never_sleeps(&self) -> bool {
         self.spins == u32::MAX
     }
 }
