@@ -91,9 +91,10 @@ fn recv_slice<B: Backend>(
             got => Some(got.map_err(RecvFailed::from)),
         };
     };
-    // A policy that never sleeps was asked for: it spins in every slice.
+    // A policy that never sleeps was asked for: it spins in every slice. A zero slice
+    // (`timeout=0`) has no time to spin either.
     let policy = r.wait_policy();
-    let sleep = again && !policy.never_sleeps();
+    let sleep = (again || slice.is_zero()) && !policy.never_sleeps();
     if sleep {
         r.set_wait_policy(WaitPolicy::SLEEP);
     }
