@@ -391,6 +391,11 @@ impl Attachment {
         settle: Settle<'_>,
     ) -> Result<Self, AttachError> {
         let participant = table.register(how.role, settle)?;
+        // The watch of the segment's closes, now rather than at the first long wait, which
+        // may come in a steady state that allocates nothing (`Watch::closes`).
+        if how.counted && !cfg!(miri) {
+            table.segment.closes();
+        }
         let claims = NonNull::from(&table.participants().claims[participant.index]);
         let mut attachment = Self {
             how,
@@ -532,8 +537,12 @@ impl Watch for Attachment {
             && header.joined[side].load(Ordering::Relaxed) != 0
     }
     fn closes(&self) -> Option<(&std::sync::atomic::AtomicU32, &std::sync::atomic::AtomicU64)> {
-        if cfg!(miri) {
-            return None; // no inotify, no futex under Miri
+        // Message rings only: a pool's free ring (not counted) is waited on by a sender
+        // for slots, which can come back later than a holder's close (a GPU context lives
+        // until its process has exited), so it keeps the 30 ms tick. No inotify, no futex
+        // under Miri.
+        if !self.how.counted || cfg!(miri) {
+            return None;
         }
         Some((self.table.segment.closes().word()?, &self.clear_at))
     }

@@ -13,6 +13,8 @@ pub(crate) struct Closes {
     events: StdAtomicU32,
     /// The inotify watch, or `None` when inotify refused it: then futures probe by time.
     wd: Option<i32>,
+    /// The fork generation of the watcher that holds `wd` (see [`FORKS`]).
+    forks: u32,
 }
 
 impl Closes {
@@ -24,7 +26,12 @@ impl Closes {
 
     /// Closes nobody watches: futures parked on such a segment probe by time.
     fn unwatched() -> Arc<Closes> {
-        Arc::new(Closes { count: AtomicU64::new(0), events: StdAtomicU32::new(0), wd: None })
+        Arc::new(Closes {
+            count: AtomicU64::new(0),
+            events: StdAtomicU32::new(0),
+            wd: None,
+            forks: 0,
+        })
     }
 
     /// The futex word of this segment's close events, where this process's watcher
@@ -33,16 +40,18 @@ impl Closes {
         self.watched().then_some(&self.events)
     }
 
-    /// Whether inotify watches this segment for this process (a child forked after the
-    /// watch was made has no watcher thread: it probes by time).
+    /// Whether inotify watches this segment for this process (a watch a forked child
+    /// inherited belongs to its parent's watcher thread, which the child has not: the
+    /// child probes by time there). No system call, no lock.
     pub(crate) fn watched(&self) -> bool {
-        self.wd.is_some() && watcher().is_some()
+        // Relaxed: see `forked_child`.
+        self.wd.is_some() && self.forks == FORKS.load(StdOrdering::Relaxed)
     }
 }
 
 impl Drop for Closes {
     fn drop(&mut self) {
-        if let (Some(wd), Some(w)) = (self.wd, watcher()) {
+        if let (Some(wd), true, Some(w)) = (self.wd, self.watched(), watcher()) {
             w.remove(wd);
         }
     }
@@ -54,38 +63,54 @@ pub(super) struct Watcher {
     /// Watch descriptor → its closes (one entry per watched inode: adding a watch for an
     /// inode already watched returns the same descriptor).
     pub(super) watches: Mutex<HashMap<i32, Weak<Closes>>>,
+    /// The fork generation it was made in.
+    forks: u32,
 }
 
-pub(super) static WATCHER: OnceLock<Option<&'static Watcher>> = OnceLock::new();
+/// This process's watcher: `None` before the first use (or where inotify or a thread was
+/// refused, until the next try); one a forked child inherited is its parent's, whose
+/// thread the child has not (its `forks` is older than [`FORKS`]): the child makes its
+/// own.
+pub(super) static WATCHER: Mutex<Option<&'static Watcher>> = Mutex::new(None);
 
-/// Set in a child forked after the watcher started: the child inherits [`WATCHER`] but
-/// not its thread, so nobody there counts the events.
-static FORKED_AWAY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Forks this process has gone through since the watcher machinery was first used
+/// (counted in each child, by a `pthread_atfork` handler).
+static FORKS: StdAtomicU32 = StdAtomicU32::new(0);
 
 /// Runs in the child of a `fork`, before `fork` returns there (async-signal-safe: one
-/// atomic store).
+/// atomic add).
 extern "C" fn forked_child() {
     // Relaxed: the child runs one thread now; later reads in it follow in program order.
-    FORKED_AWAY.store(true, StdOrdering::Relaxed);
+    FORKS.fetch_add(1, StdOrdering::Relaxed);
 }
 
-/// This process's watcher, started on the first call; `None` where inotify or a thread
-/// was refused, and in a child forked after the watcher started.
+/// This process's watcher, started on the first call (and again in a child forked since);
+/// `None` where inotify or a thread is refused.
 fn watcher() -> Option<&'static Watcher> {
-    let w = (*WATCHER.get_or_init(|| {
-        use rustix::fs::inotify;
-        let fd = inotify::init(inotify::CreateFlags::CLOEXEC).ok()?;
-        // SAFETY: registers a child handler that only stores an atomic. Should it fail
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    HANDLER.call_once(|| {
+        // SAFETY: registers a child handler that only adds to an atomic. Should it fail
         // (ENOMEM), a forked child would take the inherited watcher for its own and its
         // blocking waits would learn of deaths by their `IDLE_TICK` only.
         unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
-        let w: &'static Watcher =
-            Box::leak(Box::new(Watcher { fd, watches: Mutex::new(HashMap::new()) }));
-        std::thread::Builder::new().name("gpuring-closes".into()).spawn(move || w.run()).ok()?;
-        Some(w)
-    }))?;
+    });
+    let mut current = lock(&WATCHER);
     // Relaxed: see `forked_child`.
-    (!FORKED_AWAY.load(StdOrdering::Relaxed)).then_some(w)
+    let forks = FORKS.load(StdOrdering::Relaxed);
+    if let Some(w) = *current {
+        if w.forks == forks {
+            return Some(w);
+        }
+        // Inherited: its descriptor is the parent's instance too, never read here (it
+        // stays open, one descriptor per fork, with close-on-exec).
+    }
+    use rustix::fs::inotify;
+    let fd = inotify::init(inotify::CreateFlags::CLOEXEC).ok()?;
+    let w: &'static Watcher =
+        Box::leak(Box::new(Watcher { fd, watches: Mutex::new(HashMap::new()), forks }));
+    std::thread::Builder::new().name("gpuring-closes".into()).spawn(move || w.run()).ok()?;
+    *current = Some(w);
+    Some(w)
 }
 
 impl Watcher {
@@ -107,6 +132,7 @@ impl Watcher {
             count: AtomicU64::new(0),
             events: StdAtomicU32::new(0),
             wd: Some(wd),
+            forks: self.forks,
         });
         watches.insert(wd, Arc::downgrade(&closes));
         closes

@@ -81,9 +81,9 @@ pub struct WaiterStats {
 pub fn waiter_stats() -> WaiterStats {
     let registry = lock(&REGISTRY);
     let parked = registry.iter().map(|s| lock(&s.entries).iter().flatten().count()).sum();
-    let watched_segments = WATCHER
-        .get()
-        .and_then(|w| w.map(|w| lock(&w.watches).values().filter(|c| c.strong_count() > 0).count()))
+    let watcher = *lock(&WATCHER);
+    let watched_segments = watcher
+        .map(|w| lock(&w.watches).values().filter(|c| c.strong_count() > 0).count())
         .unwrap_or(0);
     WaiterStats { threads: registry.len(), parked, watched_segments }
 }
