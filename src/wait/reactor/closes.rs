@@ -7,10 +7,10 @@ use super::*;
 /// included): bumped by the watcher thread, compared by parked futures.
 #[derive(Debug)]
 pub(crate) struct Closes {
-    pub(super) count: AtomicU64,
-    /// The same count, 32 bits wide: the futex word a blocking wait sleeps on beside its
-    /// own (see `wait_until`'s `closes`), woken by the watcher thread at every event.
-    events: StdAtomicU32,
+    /// The count, bumped and woken by the watcher thread at every event: compared by
+    /// parked futures, and the futex word a blocking wait sleeps on beside its own (see
+    /// `wait_until`'s `closes`).
+    pub(super) events: StdAtomicU32,
     /// The inotify watch, or `None` when inotify refused it: then futures probe by time.
     wd: Option<i32>,
     /// The fork generation of the watcher that holds `wd` (see [`FORKS`]).
@@ -26,12 +26,7 @@ impl Closes {
 
     /// Closes nobody watches: futures parked on such a segment probe by time.
     fn unwatched() -> Arc<Closes> {
-        Arc::new(Closes {
-            count: AtomicU64::new(0),
-            events: StdAtomicU32::new(0),
-            wd: None,
-            forks: 0,
-        })
+        Arc::new(Closes { events: StdAtomicU32::new(0), wd: None, forks: 0 })
     }
 
     /// The futex word of this segment's close events, where this process's watcher
@@ -128,12 +123,8 @@ impl Watcher {
         if let Some(closes) = watches.get(&wd).and_then(Weak::upgrade) {
             return closes;
         }
-        let closes = Arc::new(Closes {
-            count: AtomicU64::new(0),
-            events: StdAtomicU32::new(0),
-            wd: Some(wd),
-            forks: self.forks,
-        });
+        let closes =
+            Arc::new(Closes { events: StdAtomicU32::new(0), wd: Some(wd), forks: self.forks });
         watches.insert(wd, Arc::downgrade(&closes));
         closes
     }
@@ -170,10 +161,8 @@ impl Watcher {
                 .filter_map(|(_, c)| c.upgrade())
                 .collect();
             for closes in all {
-                // Release: a future that reads the new count (Acquire) probes after it.
-                closes.count.fetch_add(1, StdOrdering::Release);
-                // Release: pairs with the Acquire load in `close_events` (blocking waits
-                // sleeping on the word probe after they see it move).
+                // Release: pairs with the Acquire loads in `Parked::probe_due` and
+                // `close_events` (futures and blocking waits probe after they see it move).
                 closes.events.fetch_add(1, StdOrdering::Release);
                 let _ = futex::wake(&closes.events, futex::Flags::PRIVATE, i32::MAX as u32);
                 // Release: pairs with the Acquire load in `block_on_any`, which then sees

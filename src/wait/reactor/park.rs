@@ -78,7 +78,7 @@ impl Parked {
     pub(super) fn probe_due(&mut self, at: &Park) -> Option<Option<u64>> {
         if at.closes.watched() {
             // Acquire: pairs with the Release bump of the watcher thread.
-            let count = at.closes.count.load(StdOrdering::Acquire);
+            let count = u64::from(at.closes.events.load(StdOrdering::Acquire));
             // Relaxed: a cache of this endpoint's own probes; a stale value costs a probe.
             (at.clear_at.load(StdOrdering::Relaxed) != count).then_some(Some(count))
         } else {
