@@ -158,9 +158,20 @@ fn clean_removes_what_its_dry_run_said_it_would() {
         let ch = channel(&name, false);
         send_values(&ch, [7]);
     }
-    let dry = gpuring::inspect::clean(true, true, &name).unwrap();
-    let mut said: Vec<String> = dry.iter().map(|c| c.name.clone()).collect();
-    said.sort();
+    // A sibling test's child, spawned while this channel was open, holds a copy of its
+    // descriptors (and so their presence locks) until it execs: for that moment the
+    // segments are in use, and a dry run rightly leaves them out. Asked again until both
+    // show (CI once caught the pool so).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let said = loop {
+        let dry = gpuring::inspect::clean(true, true, &name).unwrap();
+        let mut said: Vec<String> = dry.iter().map(|c| c.name.clone()).collect();
+        said.sort();
+        if said.len() == 2 || std::time::Instant::now() > deadline {
+            break said;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert_eq!(said.len(), 2, "the channel and its pool: {said:?}");
     let done = gpuring::inspect::clean(false, true, &name).unwrap();
     let mut removed: Vec<String> = done.iter().map(|c| c.name.clone()).collect();
