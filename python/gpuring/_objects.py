@@ -33,6 +33,9 @@ from .errors import Corrupted, CudaError, PicklingError, TooLarge
 # or two little-endian u64, where the blob lies in the slot and its length (spilled). The
 # blob: a little-endian u32 n, n bytes of the object's pickle, then the table's pickle.
 _INLINE = b"GRO2"
+# A plain tree's header (tuples, lists, dicts, scalars and tensors only: no pickle; the
+# extension's tree.rs writes and reads it).
+_TREE = b"GRT1"
 _SPILLED = b"GRS2"
 _ALIGN = 256
 
@@ -344,6 +347,8 @@ def load(msg, copy=False):
     views of the slot."""
     header = msg.header
     kind = header[:4]
+    if kind == _TREE:
+        return msg.object(copy)  # the form without pickle, read by the extension
     if kind == _INLINE:
         blob = memoryview(header)[4:]
     elif kind == _SPILLED and len(header) == 20:

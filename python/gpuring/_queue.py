@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from . import _objects
 from ._gpuring import Channel
-from .errors import Disconnected, Empty, Full, PeerDead, Timeout
+from .errors import Disconnected, Empty, Full, PeerDead, Timeout, TooLarge
 
 # What a message's tag says the sender put in (a Queue owns its channel's tags).
 _NUMPY = 0
@@ -278,17 +278,32 @@ class Queue:
         if tx is None or self._gen != _forks[0]:
             tx = self._endpoint("tx")
         kind = _kind(obj)
-        if kind != _OBJECT and block and timeout is None and _nbytes(obj) <= tx.slot_bytes:
-            # The common case, with nothing to count down: one call.
+        packed = None
+        if block and timeout is None:
+            # The common cases, with nothing to count down: one call.
             try:
-                return tx.send(obj, tag=kind)
+                if kind == _OBJECT:
+                    return tx.send_object(obj, tag=_OBJECT)
+                if _nbytes(obj) <= tx.slot_bytes:
+                    return tx.send(obj, tag=kind)
+            except TooLarge:
+                packed = _objects.Packed(obj, self._device)  # the loop puts it aside
             except (Disconnected, PeerDead):
                 pass  # no getter: the loop below waits for one
-        packed = _objects.Packed(obj, self._device) if kind == _OBJECT else None
-        need = packed.total if packed is not None else _nbytes(obj)
+        if packed is not None:
+            need = packed.total
+        else:
+            need = 0 if kind == _OBJECT else _nbytes(obj)
         until = _Until(timeout if block else 0)
         while True:
             try:
+                if kind == _OBJECT and packed is None:
+                    try:
+                        # A plain tree goes without pickle; anything else pickled.
+                        return tx.send_object(obj, timeout=until.left(), tag=_OBJECT)
+                    except TooLarge:
+                        packed = _objects.Packed(obj, self._device)
+                        need = packed.total
                 if need > tx.slot_bytes:
                     return self._put_big(tx, obj, kind, packed, need, until)
                 if packed is not None:
@@ -398,7 +413,7 @@ class Queue:
                 out = msg.torch()
                 return out.clone() if copy else out
             if tag == _OBJECT:
-                return _objects.load(msg, copy)
+                return msg.object(copy)
             import numpy
 
             out = numpy.from_dlpack(msg)

@@ -131,7 +131,7 @@ impl<'py> Source<'py> {
     /// functions: a fraction of what `__dlpack__`, a Python method making a capsule,
     /// costs). Its bytes are read in the order of torch's current stream, as the caller
     /// does anyway. `None`: not such a tensor (or torch not imported): use DLPack.
-    fn read_torch(obj: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+    pub(crate) fn read_torch(obj: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
         let py = obj.py();
         let Some(torch) = crate::gpu::torch_module(py)? else { return Ok(None) };
         let tensor =
@@ -145,13 +145,14 @@ impl<'py> Source<'py> {
         if !obj.getattr(intern!(py, "layout"))?.is(strided.bind(py)) {
             return Ok(None); // sparse and the like: DLPack says what it thinks of them
         }
+        // `is_cpu` (a C property) where torch has it: `device.type` makes a device object.
+        let is_cpu = |t: &Bound<'py, PyAny>| match t.getattr(intern!(py, "is_cpu")) {
+            Ok(v) => v.is_truthy(),
+            Err(_) => t.getattr(intern!(py, "device"))?.getattr(intern!(py, "type"))?.eq("cpu"),
+        };
         let place = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
             Place::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract()?)
-        } else if obj
-            .getattr(intern!(py, "device"))?
-            .getattr(intern!(py, "type"))?
-            .eq(intern!(py, "cpu"))?
-        {
+        } else if is_cpu(obj)? {
             Place::Host
         } else {
             return Ok(None);

@@ -6,6 +6,7 @@
 //! | `channel.rs` | `Channel`: create, open, senders and receivers |
 //! | `sender.rs` | `Sender` (`send` copies a tensor into a slot), `Lease` (fill in place) |
 //! | `receiver.rs` | `Receiver`, `Message` (a zero-copy view, exported by DLPack) |
+//! | `tree.rs` | plain trees (tuples, lists, dicts, scalars, tensors) as one message, no pickle |
 //! | `dlpack.rs` | DLPack both ways: reading a caller's tensor, exporting a slot |
 //! | `gpu.rs` | contexts, torch's current stream, copies, ordering streams |
 //! | `blocking.rs` | waits with the GIL released, in slices, interruptible |
@@ -24,6 +25,7 @@ mod errors;
 mod gpu;
 mod receiver;
 mod sender;
+mod tree;
 
 /// Whether a CUDA driver is present and initialises here.
 #[pyfunction]

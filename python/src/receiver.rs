@@ -451,14 +451,30 @@ impl PyMessage {
     /// device it was sent from (a CPU tensor through GPU slots comes back to the CPU, a
     /// CUDA tensor through host slots to its GPU; those are copies either way).
     ///
-    /// Unpickling runs code the sender chose: only processes that can open the channel
-    /// (the same user) can send into it, as with ``multiprocessing``'s queues.
+    /// A plain object (see :meth:`Sender.send_object`) is read by the extension, every
+    /// value checked; the others are unpickled. Unpickling runs code the sender chose:
+    /// only processes that can open the channel (the same user) can send into it, as with
+    /// ``multiprocessing``'s queues.
     ///
-    /// Raises ``Corrupted`` (not an object message, or a part outside the slot),
-    /// ``Closed``, and what unpickling raises.
+    /// Raises ``Corrupted`` (not an object message, a description that does not hold
+    /// together, or a part outside the slot), ``Closed``, and what unpickling raises.
     #[pyo3(signature = (copy=false))]
     fn object<'py>(slf: &Bound<'py, Self>, copy: bool) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
+        let this = slf.get();
+        if this.header.starts_with(crate::tree::MAGIC) {
+            // A plain tree (no pickle): read here.
+            let held = this.held.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            let held = held.ok_or_else(|| closed(py, "message (released)"))?;
+            let payload = crate::tree::Payload {
+                ptr: this.ptr,
+                len: this.meta.nbytes(),
+                place: this.place,
+                keep: &|| Box::new(held.clone()),
+                whole: &|| this.torch(py),
+            };
+            return crate::tree::decode(py, &this.header, &payload, copy);
+        }
         let load = OBJECTS_LOAD.get_or_try_init(py, || {
             py.import("gpuring._objects")?.getattr("load").map(Bound::unbind)
         })?;
