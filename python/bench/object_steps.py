@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Where an object hand-off spends its CPU time: each step of ``Queue.put`` / ``get`` of a
-``(time.time(), tensor)`` tuple timed alone, in one process (both ends here: no wake-up
-in any figure), beside the single-tensor path.
+``(time.time(), tensor)`` tuple and a dict of ten tensors and an int timed alone, in one
+process (both ends here: no wake-up in any figure), beside the single-tensor path; both
+in the form the package uses for them (a plain tree, no pickle) and in the pickle form
+any other object takes.
 
     python python/bench/object_steps.py [--n N] [--device 0|none]
 
@@ -60,15 +62,21 @@ def main():
         with rx.recv() as m:
             return m.torch().clone()
 
-    def whole_tuple():
-        _objects.send(tx, obj, None, 0, device)
-        with rx.recv() as m:
-            return _objects.load(m, True)
+    def whole(o):
+        def run():
+            tx.send_object(o)  # a plain tree: the extension's form, no pickle
+            with rx.recv() as m:
+                return m.object(True)
 
-    def whole_dict():
-        _objects.send(tx, d10, None, 0, device)
-        with rx.recv() as m:
-            return _objects.load(m, True)
+        return run
+
+    def pickled(o):
+        def run():
+            _objects.Packed(o, device).send(tx)  # the pickle form, as any other object
+            with rx.recv() as m:
+                return _objects.load(m, True)
+
+        return run
 
     if args.profile:
         import cProfile
@@ -77,14 +85,17 @@ def main():
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(n):
-            whole_tuple()
+            pickled(obj)()
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(18)
     timed("tensor: send + recv + torch().clone()", whole_tensor, n)
-    timed("tuple: send_object + recv + object(copy=True)", whole_tuple, n)
-    timed("dict10: send_object + recv + object(copy=True)", whole_dict, n)
+    for label, o in (("tuple", obj), ("dict10", d10)):
+        timed("%s: send_object + recv + object(copy=True)" % label, whole(o), n)
+        timed("%s, pickle form: the same" % label, pickled(o), n)
     for label, o in (("tuple", obj), ("dict10", d10)):
         print("%s, step by step:" % label)
+        tree_steps(tx, rx, o, n)
+        print("%s, pickle form, step by step:" % label)
         object_steps(tx, rx, o, device, n)
     print("one tensor, step by step (the pattern of objects.py's channel rows):")
     got = []
@@ -126,6 +137,29 @@ def main():
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def tree_steps(tx, rx, obj, n):
+    """Times each step of a plain tree's put and get, one after another, n times."""
+    msgs = []
+
+    def recv():
+        msgs.append(rx.recv())
+
+    def load_copy():
+        out = msgs[-1].object(True)
+        msgs.pop().release()
+        return out
+
+    step_rows(
+        [
+            ("tx.send_object(obj)", lambda: tx.send_object(obj)),
+            ("rx.recv()", recv),
+            ("msg.object(copy=False)", lambda: msgs[-1].object(False)),
+            ("msg.object(copy=True) + release", load_copy),
+        ],
+        n,
+    )
 
 
 def object_steps(tx, rx, obj, device, n):
