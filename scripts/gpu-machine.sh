@@ -29,6 +29,7 @@
 #   queue-ab the objects bench's tensor, tuple and dict10 rows (no Rust rows) under MPS with
 #            the wheel of an earlier build (.gpu/py-before/, `maturin build` in a worktree of
 #            its commit) and this build's, alternated, ROUNDS (default "1") rounds
+#   trees    the Python suite, then under MPS objects.py --quick and object_steps.py
 #   handoff  the one-tensor rows of objects.py (--quick; with the Rust API's, from
 #            .gpu/bin/example-handoff) and object_steps.py, under MPS, then without
 #   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
@@ -178,6 +179,15 @@ case $what in
       done
     done
     mps_off
+    ;;
+  trees)  # objects through the package in one call: the Python suite (no MPS), then under
+    # MPS the objects bench (--quick) and the one-process steps of object_steps.py
+    timeout 170 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
+    grep -E "passed|failed|SKIPPED|left in" "$out/py.log"
+    OUT=$out timeout 320 bash scripts/python-gpu.sh run objects --mps --quick > "$out/objects-mps.log" 2>&1
+    echo "== objects bench, MPS (exit $?)"; cat "$out/objects-mps.log"
+    timeout 60 bash scripts/python-gpu.sh run steps --mps --n 2000 > "$out/steps-mps.log" 2>&1
+    echo "== object_steps, MPS (exit $?)"; cat "$out/steps-mps.log"
     ;;
   handoff)  # one tensor per item, the Rust API beside the package, under MPS then without
     OUT=$out timeout 250 bash scripts/python-gpu.sh run objects --mps --quick --shapes tensor > "$out/handoff-mps.log" 2>&1
