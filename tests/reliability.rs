@@ -383,6 +383,65 @@ fn a_dead_senders_pool_goes_once_its_messages_are_received() {
     }
 }
 
+/// A sender killed with messages queued whose open file descriptions outlive it: a child
+/// it forked holds them, so the lock that says "this sender lives" stays held after its
+/// death (a GPU driver tearing down a dead process's registered host memory keeps them a
+/// while the same way: a GPU test saw it). The kernel marked the pool's owner word at the
+/// death, and that is what the receiver goes by: it receives the messages and closes the
+/// dead sender's pool, which goes with the last of them. Before, the live-looking lock
+/// kept the pool's entry active (and the pool in `/dev/shm`) until the child let go.
+#[test]
+fn a_dead_senders_pool_is_closed_though_a_child_it_forked_holds_its_lock() {
+    const TEST: &str = "a_dead_senders_pool_is_closed_though_a_child_it_forked_holds_its_lock";
+    if role().as_deref() == Some("victim") {
+        let ch = Channel::builder(ring_name()).open().unwrap();
+        let tx = ch.sender().unwrap();
+        for tag in 1..=3u64 {
+            let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+            lease.set_tag(tag);
+            tx.send(lease, TensorMeta::bytes(8)).unwrap();
+        }
+        // SAFETY: the child calls only async-signal-safe functions (sleep, _exit) and keeps
+        // every descriptor and mapping it inherited until it is killed.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            // SAFETY: async-signal-safe calls in a forked child.
+            unsafe {
+                libc::sleep(60);
+                libc::_exit(0);
+            }
+        }
+        common::announce(&format!("child {child}"));
+        die();
+    }
+    let name = unique_name("dead-pool-child");
+    let ch = Channel::builder(&name).capacity(8).slots(4, 64).create().unwrap();
+    let rx = ch.receiver().unwrap();
+    let mut victim = Peer::spawn(TEST, "victim", &name);
+    let child: i32 = victim.expect("child").parse().unwrap();
+    victim.died();
+    assert_eq!(owner_died(&name), [Some(true)], "the kernel marked the dead sender's word");
+    for tag in 1..=3u64 {
+        assert_eq!(rx.recv_timeout(LIMIT).unwrap().tag(), tag);
+    }
+    let pools = ch.pools();
+    // SAFETY: the victim's child, which holds the victim's descriptions: killed, then
+    // waited for (not ours to reap: its end is watched through /proc, a zombie counting
+    // as gone, its descriptions closed).
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    let stat = format!("/proc/{child}/stat");
+    let gone = || {
+        std::fs::read_to_string(&stat)
+            .map_or(true, |s| s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
+    };
+    common::wait_for("the child's end", LIMIT, gone);
+    assert!(pools.iter().all(|p| p.state == PoolState::Closed), "{pools:?}");
+    assert!(matches!(rx.recv_timeout(LIMIT), Err(gpuring::RecvTimeoutError::PeerDead)));
+    drop((rx, ch));
+    assert_eq!(common::leftovers_of(&name), Vec::<String>::new());
+}
+
 /// An MPMC sender that dies after its messages were received, beside a live sender that
 /// sends nothing: a receiver waiting for a message closes the dead sender's pool at a
 /// liveness tick of its wait, and it goes from `/dev/shm` within a second. Before, it

@@ -216,17 +216,24 @@ impl<B: Backend> ChannelSegment<B> {
         me: ParticipantId,
         queued: &dyn Fn(u32, u32, u32) -> bool,
     ) {
-        self.close_dead_owners_but(me, queued, &|_, _| false);
+        self.close_dead_owners_but(me, queued, &|_, _| None);
     }
 
     /// [`close_dead_owners`](Self::close_dead_owners), without the lock probe of the
-    /// entries whose owner `alive(index, instance)` knows to live (a receiver that has the
-    /// pool mapped reads its owner word: one load, where a probe is a few syscalls).
+    /// entries whose owner `owner(index, instance)` knows about (a receiver that has the
+    /// pool mapped reads its owner word: one load, where a probe is a few syscalls):
+    /// `Some(true)`, it lives (left alone); `Some(false)`, the kernel marked the word at its
+    /// death (closed). The mark is the death itself, where the owner's lock can outlive
+    /// it: a process's locks go with its open file descriptions, which its mappings hold
+    /// until the kernel lets go of its memory, and a GPU driver tearing down a dead
+    /// process's registered host memory can hold that after the process is reaped (a GPU
+    /// test saw a killed sender's entry live to the probe after its messages had been
+    /// refused).
     pub(super) fn close_dead_owners_but(
         &self,
         me: ParticipantId,
         queued: &dyn Fn(u32, u32, u32) -> bool,
-        alive: &dyn Fn(u32, u32) -> bool,
+        owner: &dyn Fn(u32, u32) -> Option<bool>,
     ) {
         for index in 0..self.max_pools() {
             let entry = self.entry(index);
@@ -236,9 +243,16 @@ impl<B: Backend> ChannelSegment<B> {
             let code = PoolEntry::code(state);
             if !matches!(code, PoolEntry::CLAIMED | PoolEntry::ACTIVE)
                 || PoolEntry::owner(state) == me
-                || (code == PoolEntry::ACTIVE && alive(index, self.instance(entry)))
-                || self.ring.id_gone(PoolEntry::owner(state)).is_none()
             {
+                continue;
+            }
+            let known =
+                if code == PoolEntry::ACTIVE { owner(index, self.instance(entry)) } else { None };
+            let dead = match known {
+                Some(alive) => !alive,
+                None => self.ring.id_gone(PoolEntry::owner(state)).is_some(),
+            };
+            if !dead {
                 continue;
             }
             // Acquire: as above; makes this sender the one that closes the entry.

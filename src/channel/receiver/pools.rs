@@ -17,7 +17,7 @@ type Refused<B> = (Option<Arc<PoolSegment>>, RecvTimeoutError<B>);
 impl<B: Backend> Receiver<B> {
     /// Closes the pool table entries of senders that died (`ChannelSegment::close_dead_owners_but`:
     /// one lock probe per live entry, but none for a pool mapped here whose owner word says
-    /// its sender lives): their pools are closed (device pools retired: what is
+    /// its sender lives or died): their pools are closed (device pools retired: what is
     /// still queued is refused), the slots that would never come back marked free, and each
     /// unlinks itself once what is still queued has been received or refused. Slow paths
     /// only: liveness ticks, and once per dead sender's pool.
@@ -28,15 +28,14 @@ impl<B: Backend> Receiver<B> {
                 d.pool_id == pool_id && d.slot == slot && d.generation == u64::from(generation)
             })
         };
-        // A pool mapped here whose owner word says its sender lives needs no probe.
+        // A pool mapped here whose owner word says its sender lives, or died, needs no probe.
         let pools = self.pools.borrow();
-        let alive = |index: u32, instance: u32| {
-            pools
-                .get(index as usize)
-                .and_then(Option::as_ref)
-                .is_some_and(|p| p.instance == instance && p.seg.owner_alive())
+        let owner = |index: u32, instance: u32| {
+            let pool = pools.get(index as usize).and_then(Option::as_ref);
+            let seg = &pool.filter(|p| p.instance == instance)?.seg;
+            if seg.owner_alive() { Some(true) } else { seg.owner_died().then_some(false) }
         };
-        self.channel.close_dead_owners_but(self.me, &queued, &alive);
+        self.channel.close_dead_owners_but(self.me, &queued, &owner);
     }
 
     /// Takes over one message whose receiver died holding it, from any pool of the
