@@ -122,6 +122,11 @@ static CURRENT_STREAM: PyOnceLock<(Py<PyAny>, bool)> = PyOnceLock::new();
 
 /// torch's module, if the program imported it (gpuring never imports torch).
 pub(crate) fn torch_module<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    module(py, "torch")
+}
+
+/// Module `name`, if the program imported it (a look in `sys.modules`: nothing imported).
+pub(crate) fn module<'py>(py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
     let modules = SYS_MODULES.get_or_try_init(py, || {
         py.import("sys")?
             .getattr("modules")?
@@ -129,7 +134,7 @@ pub(crate) fn torch_module<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, P
             .map(Bound::unbind)
             .map_err(PyErr::from)
     })?;
-    modules.bind(py).get_item(pyo3::intern!(py, "torch"))
+    modules.bind(py).get_item(name)
 }
 
 /// torch's current stream on `device` as a raw handle (0: the legacy default stream), if

@@ -472,6 +472,7 @@ impl PyMessage {
                 place: this.place,
                 keep: &|| Box::new(held.clone()),
                 whole: &|| this.torch(py),
+                message: slf.as_any(),
             };
             return crate::tree::decode(py, &this.header, &payload, copy);
         }

@@ -4,10 +4,11 @@
 //! A *plain tree* is `None`, `bool`, `int` (64-bit), `float`, `str`, `bytes`, and tuples,
 //! lists and dicts of them (exactly those types: a namedtuple or an `OrderedDict` is not
 //! one), with dense torch tensors (`torch.Tensor` or `torch.nn.Parameter`, of a dtype
-//! gpuring carries, on the CPU or a GPU) anywhere as leaves. Its description, written in
+//! gpuring carries, on the CPU or a GPU) and numpy arrays (`numpy.ndarray`, of a dtype
+//! gpuring carries and numpy exports by DLPack) anywhere as leaves. Its description, written in
 //! the message's header (host memory beside the slot), must fit the header's 4096 bytes;
 //! the tensors are copied into the slot one after another, 256-byte aligned. Anything
-//! else (a dataclass, a numpy array, a list met twice or containing itself, a description
+//! else (a dataclass, a numpy scalar, a list met twice or containing itself, a description
 //! too long) is not a plain tree, and the caller pickles it instead (`_objects.py`): this
 //! form exists for speed, the pickle one for generality.
 //!
@@ -22,7 +23,8 @@
 //! | 7, 8 | tuple, list | u32 count, the items |
 //! | 9 | dict | u32 count, key and value of each item |
 //! | 10 | tensor | u8 dtype code, u8 flags (1: requires grad, 2: a Parameter), i32 device it left (-1: CPU), u64 offset in the slot, u8 dims, u64 each |
-//! | 11 | a tensor met before | u32 its index, in the order tensors first appear |
+//! | 11 | a tensor or array met before | u32 its index, in the order they first appear |
+//! | 12 | numpy array | u8 dtype code, u64 offset in the slot, u8 dims, u64 each |
 //!
 //! little-endian throughout. The receiver checks every value (a count, a length, a dtype,
 //! a part outside the payload: `Corrupted`), as it does the rest of shared memory.
@@ -34,7 +36,7 @@ use gpuring::{DType, MAX_DIMS, SLOT_HEADER_SIZE, TensorMeta};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::blocking::Until;
 use crate::dlpack::{self, DEVICE_CUDA, Keep, Place, Source};
@@ -62,6 +64,7 @@ const LIST: u8 = 8;
 const DICT: u8 = 9;
 const TENSOR: u8 = 10;
 const AGAIN: u8 = 11;
+const NDARRAY: u8 = 12;
 
 const REQUIRES_GRAD: u8 = 1;
 const PARAMETER: u8 = 2;
@@ -100,6 +103,8 @@ struct Encoder<'py> {
     end: u64,
     /// torch.Tensor and torch.nn.Parameter, where torch is imported.
     torch: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    /// numpy.ndarray, where numpy is imported.
+    ndarray: Option<Bound<'py, PyAny>>,
     /// The channel's GPU (None: host slots).
     channel: Option<i32>,
 }
@@ -116,6 +121,10 @@ pub(crate) fn encode<'py>(
         Some(t) => Some(torch_types(py, &t)?),
         None => None,
     };
+    let ndarray = match gpu::module(py, "numpy")? {
+        Some(np) => Some(np.getattr(intern!(py, "ndarray"))?),
+        None => None,
+    };
     let mut e = Encoder {
         out: MAGIC.to_vec(),
         parts: Vec::new(),
@@ -123,6 +132,7 @@ pub(crate) fn encode<'py>(
         containers: HashSet::new(),
         end: 0,
         torch,
+        ndarray,
         channel,
     };
     if !e.node(obj, 0)? || e.out.len() > SLOT_HEADER_SIZE {
@@ -228,12 +238,33 @@ impl<'py> Encoder<'py> {
         Ok(true)
     }
 
-    /// Writes a torch tensor (or a reference to one met before); false for anything else.
+    /// Places `src` in the slot and remembers it as `obj`: its offset.
+    fn place(&mut self, obj: &Bound<'py, PyAny>, src: Source<'py>) -> Option<u64> {
+        let off = self.end.div_ceil(ALIGN) * ALIGN;
+        self.end = off.checked_add(src.meta.nbytes())?;
+        let k = u32::try_from(self.parts.len()).unwrap_or(u32::MAX);
+        self.tensors.insert(obj.as_ptr() as usize, k);
+        self.parts.push((src, off));
+        Some(off)
+    }
+
+    fn dims(&mut self, meta: &TensorMeta) {
+        self.out.push(meta.shape().len() as u8);
+        for d in meta.shape() {
+            self.out.extend_from_slice(&d.to_le_bytes());
+        }
+    }
+
+    /// Writes a torch tensor or a numpy array (or a reference to one met before); false
+    /// for anything else.
     fn tensor(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<bool> {
-        let Some((tensor, parameter)) = &self.torch else { return Ok(false) };
         let ty = obj.get_type();
-        let param = ty.is(parameter);
-        if !(param || ty.is(tensor)) {
+        let is_array = self.ndarray.as_ref().is_some_and(|a| ty.is(a));
+        let (tensor, param) = match &self.torch {
+            Some((t, p)) => (ty.is(t), ty.is(p)),
+            None => (false, false),
+        };
+        if !(is_array || tensor || param) {
             return Ok(false);
         }
         let id = obj.as_ptr() as usize;
@@ -241,6 +272,9 @@ impl<'py> Encoder<'py> {
             self.out.push(AGAIN);
             self.out.extend_from_slice(&k.to_le_bytes());
             return Ok(true);
+        }
+        if is_array {
+            return self.array(obj);
         }
         let py = obj.py();
         // A dtype gpuring does not carry, a sparse tensor and the like: pickle's.
@@ -258,21 +292,33 @@ impl<'py> Encoder<'py> {
         };
         let grad = obj.getattr(intern!(py, "requires_grad"))?.is_truthy()?;
         let meta = src.meta;
-        let dims = meta.shape();
-        let off = self.end.div_ceil(ALIGN) * ALIGN;
-        let Some(end) = off.checked_add(meta.nbytes()) else { return Ok(false) };
-        self.end = end;
+        let Some(off) = self.place(obj, src) else { return Ok(false) };
         let flags = if grad { REQUIRES_GRAD } else { 0 } | if param { PARAMETER } else { 0 };
         self.out.extend_from_slice(&[TENSOR, meta.dtype() as u8, flags]);
         self.out.extend_from_slice(&device.to_le_bytes());
         self.out.extend_from_slice(&off.to_le_bytes());
-        self.out.push(dims.len() as u8);
-        for d in dims {
-            self.out.extend_from_slice(&d.to_le_bytes());
+        self.dims(&meta);
+        Ok(true)
+    }
+
+    /// Writes a numpy array of a dtype gpuring carries (read by DLPack, made contiguous
+    /// where it is not); false for another dtype.
+    fn array(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<bool> {
+        let py = obj.py();
+        let dtype = obj.getattr(intern!(py, "dtype"))?;
+        if dtype.getattr(intern!(py, "hasobject"))?.is_truthy()? {
+            return Ok(false);
         }
-        let k = u32::try_from(self.parts.len()).unwrap_or(u32::MAX);
-        self.tensors.insert(id, k);
-        self.parts.push((src, off));
+        // Host memory: no stream to order by.
+        let Ok(src) = Source::read(obj, &mut |_| Ok(0)) else { return Ok(false) };
+        if src.place != Place::Host {
+            return Ok(false);
+        }
+        let meta = src.meta;
+        let Some(off) = self.place(obj, src) else { return Ok(false) };
+        self.out.extend_from_slice(&[NDARRAY, meta.dtype() as u8]);
+        self.out.extend_from_slice(&off.to_le_bytes());
+        self.dims(&meta);
         Ok(true)
     }
 }
@@ -371,6 +417,8 @@ pub(crate) struct Payload<'a, 'py> {
     pub(crate) keep: &'a dyn Fn() -> Keep,
     /// The payload as one torch tensor (for a copy).
     pub(crate) whole: &'a dyn Fn() -> PyResult<Bound<'py, PyAny>>,
+    /// The message, whose `__dlpack__` numpy reads (host payloads).
+    pub(crate) message: &'a Bound<'py, PyAny>,
 }
 
 struct Decoder<'a, 'b, 'py> {
@@ -382,6 +430,8 @@ struct Decoder<'a, 'b, 'py> {
     copy: bool,
     /// With `copy`: the payload's one copy, made at the first tensor.
     base: Option<(usize, Bound<'py, PyAny>)>,
+    /// The payload as a numpy array (a copy with `copy`), made at the first array.
+    nbase: Option<Bound<'py, PyAny>>,
     torch: Option<Bound<'py, PyAny>>,
 }
 
@@ -398,8 +448,17 @@ pub(crate) fn decode<'py>(
     copy: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let buf = header.strip_prefix(MAGIC.as_slice()).ok_or_else(|| corrupted(py, "is not one"))?;
-    let mut d =
-        Decoder { py, buf, at: 0, made: Vec::new(), payload, copy, base: None, torch: None };
+    let mut d = Decoder {
+        py,
+        buf,
+        at: 0,
+        made: Vec::new(),
+        payload,
+        copy,
+        base: None,
+        nbase: None,
+        torch: None,
+    };
     let obj = d.node(0)?;
     if d.at != buf.len() {
         return Err(corrupted(py, "has bytes after its end"));
@@ -475,6 +534,7 @@ impl<'py> Decoder<'_, '_, 'py> {
                 d.into_any()
             }
             TENSOR => self.tensor()?,
+            NDARRAY => self.ndarray()?,
             AGAIN => {
                 let k = u32::from_le_bytes(self.array()?) as usize;
                 let t = self.made.get(k).ok_or_else(|| corrupted(py, "names an unknown tensor"))?;
@@ -491,15 +551,11 @@ impl<'py> Decoder<'_, '_, 'py> {
         Ok(self.torch.clone().expect("set above"))
     }
 
-    fn tensor(&mut self) -> PyResult<Bound<'py, PyAny>> {
+    /// A tensor's or an array's shape, checked, and that it lies within the payload.
+    fn part(&mut self, dtype: DType, off: u64) -> PyResult<TensorMeta> {
         let py = self.py;
-        let [code, flags] = self.array()?;
-        let device = i32::from_le_bytes(self.array()?);
-        let off = u64::from_le_bytes(self.array()?);
         let [ndim] = self.array()?;
-        let dtype =
-            DType::from_code(code).ok_or_else(|| corrupted(py, "holds an unknown dtype"))?;
-        if ndim as usize > MAX_DIMS || flags & !(REQUIRES_GRAD | PARAMETER) != 0 || device < -1 {
+        if ndim as usize > MAX_DIMS {
             return Err(corrupted(py, "holds an impossible tensor"));
         }
         let mut dims = [0u64; MAX_DIMS];
@@ -508,10 +564,27 @@ impl<'py> Decoder<'_, '_, 'py> {
         }
         let meta = TensorMeta::contiguous(dtype, &dims[..ndim as usize])
             .map_err(|_| corrupted(py, "holds an impossible shape"))?;
-        let p = self.payload;
-        if off.checked_add(meta.nbytes()).is_none_or(|end| end > p.len) {
+        if off.checked_add(meta.nbytes()).is_none_or(|end| end > self.payload.len) {
             return Err(corrupted(py, "names bytes outside its slot"));
         }
+        Ok(meta)
+    }
+
+    fn dtype(&self, code: u8) -> PyResult<DType> {
+        DType::from_code(code).ok_or_else(|| corrupted(self.py, "holds an unknown dtype"))
+    }
+
+    fn tensor(&mut self) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        let [code, flags] = self.array()?;
+        let device = i32::from_le_bytes(self.array()?);
+        let off = u64::from_le_bytes(self.array()?);
+        let dtype = self.dtype(code)?;
+        if flags & !(REQUIRES_GRAD | PARAMETER) != 0 || device < -1 {
+            return Err(corrupted(py, "holds an impossible tensor"));
+        }
+        let meta = self.part(dtype, off)?;
+        let p = self.payload;
         let torch = self.torch()?;
         let capsule = if self.copy {
             if self.base.is_none() {
@@ -540,6 +613,41 @@ impl<'py> Decoder<'_, '_, 'py> {
         } else if grad && v.call_method0(intern!(py, "is_floating_point"))?.is_truthy()? {
             v.call_method1(intern!(py, "requires_grad_"), (true,))?;
         }
+        self.made.push(v.clone());
+        Ok(v)
+    }
+
+    /// A numpy array: a view of the payload (or of its one copy); from GPU slots, a copy
+    /// back on the host (as the pickle form makes).
+    fn ndarray(&mut self) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        let [code] = self.array()?;
+        let off = u64::from_le_bytes(self.array()?);
+        let dtype = self.dtype(code)?;
+        let meta = self.part(dtype, off)?;
+        let p = self.payload;
+        let bytes = if p.place.0 == DEVICE_CUDA {
+            self.torch()?;
+            let raw = TensorMeta::bytes(meta.nbytes());
+            let keep = (p.keep)();
+            let capsule = dlpack::export(py, p.ptr + off as usize, p.place, &raw, false, keep)?;
+            let v = torch_from_capsule(py, capsule)?;
+            v.call_method0(intern!(py, "cpu"))?.call_method0(intern!(py, "numpy"))?
+        } else {
+            if self.nbase.is_none() {
+                let np = py.import("numpy")?;
+                let base = np.call_method1(intern!(py, "from_dlpack"), (p.message,))?;
+                let base = if self.copy { base.call_method0(intern!(py, "copy"))? } else { base };
+                self.nbase = Some(base);
+            }
+            let base = self.nbase.as_ref().expect("made above");
+            let (start, end) = (off as isize, (off + meta.nbytes()) as isize);
+            base.get_item(PySlice::new(py, start, end, 1))?
+        };
+        let shape = PyTuple::new(py, meta.shape())?;
+        let v = bytes
+            .call_method1(intern!(py, "view"), (crate::dtypes::name(dtype),))?
+            .call_method1(intern!(py, "reshape"), (shape,))?;
         self.made.push(v.clone());
         Ok(v)
     }

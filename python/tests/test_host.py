@@ -714,6 +714,69 @@ def test_forged_object_messages_are_corrupted(name):
         assert tx.free_slots == 1
 
 
+def test_numpy_trees_travel_without_pickle(name):
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    cases = [
+        (1.5, a),
+        {"obs": a, "mask": a > 3, "step": 17, "none": None, "s": "x", "b": b"\x00"},
+        [a[:, ::2], [np.zeros(0, dtype=np.int8), (np.array(2.0),)]],
+        {"tied": a, "again": a, "other": a.copy()},
+    ]
+    with gpuring.Channel.create(name, slots=2, slot_bytes=1 << 16) as ch:
+        tx, rx = ch.sender(), ch.receiver()
+        for obj in cases:
+            for copy in (True, False):
+                tx.send_object(obj)
+                with rx.recv(timeout=5) as msg:
+                    assert msg.header[:4] == b"GRT1", obj
+                    got = msg.object(copy=copy)
+                assert same(obj, got), (obj, got)
+        assert got["tied"] is got["again"] and got["other"] is not got["tied"]
+        # What a tree does not take still goes, pickled.
+        for obj in ([np.array([object()]), 1], (a, np.float32(1.0))):
+            tx.send_object(obj)
+            with rx.recv(timeout=5) as msg:
+                assert msg.header[:4] != b"GRT1"
+                got = msg.object(copy=True)
+            assert type(got) is type(obj) and len(got) == len(obj)
+        del got
+        import gc
+
+        gc.collect()
+        assert tx.free_slots == 2
+
+
+def test_forged_numpy_tree_nodes_are_corrupted(name):
+    import struct
+
+    def array_node(code, off, dims):
+        return (
+            bytes([12, code])
+            + struct.pack("<Q", off)
+            + bytes([len(dims)])
+            + b"".join(struct.pack("<Q", d) for d in dims)
+        )
+
+    with gpuring.Channel.create(name, slots=1, slot_bytes=4096) as ch:
+        tx, rx = ch.sender(), ch.receiver()
+        tx.send_object((np.ones(4, dtype=np.float32),))
+        with rx.recv(timeout=5) as msg:
+            code = msg.header[4 + 1 + 4 + 1]  # GRT1, tuple tag, count, array tag
+        cases = [
+            b"GRT1" + array_node(200, 0, (4,)),  # an unknown dtype
+            b"GRT1" + array_node(code, 4096, (1,)),  # outside the payload
+            b"GRT1" + array_node(code, 0, (1 << 62,)),  # a shape past the payload
+            b"GRT1" + array_node(code, 0, (1,) * 40),  # too many dims
+            b"GRT1" + array_node(code, 0, (4,))[:-3],  # cut short
+        ]
+        for h in cases:
+            tx.send(np.zeros(1024, dtype=np.uint8), header=h)
+            with rx.recv(timeout=5) as msg:
+                with pytest.raises(gpuring.Corrupted):
+                    msg.object()
+        assert tx.free_slots == 1
+
+
 def test_a_forked_child_reads_qsize_and_puts_objects(name):
     fork = mp.get_context("fork")
     q = gpuring.Queue(name, slot_bytes=1 << 16)
