@@ -20,7 +20,8 @@ CUDA IPC), and the receiver gets a zero-copy view of it through DLPack::
         print(t.sum())
 
 :class:`Queue` (and :class:`SimpleQueue`) is a drop-in for ``torch.multiprocessing.Queue``:
-any picklable object, its tensors and arrays carried in slots, the rest pickled. Errors are
+any picklable object, its tensors and arrays carried in slots, the rest beside them
+(containers and scalars without pickle, other objects pickled). Errors are
 subclasses of :class:`gpuring.Error` (module :mod:`gpuring.errors`). numpy and torch are
 optional: gpuring imports neither unless handed their objects.
 """

@@ -204,7 +204,8 @@ class Sender:
 
     def send_object(self, obj: Any, timeout: Optional[float] = None, tag: int = 0) -> None:
         """Sends any picklable object as one message: its tensors and arrays in one slot,
-        the rest pickled beside them (:meth:`Message.object` rebuilds it)."""
+        the rest beside them (tuples, lists, dicts and scalars described by the extension,
+        anything else pickled; :meth:`Message.object` rebuilds it)."""
 
     def lease(
         self,

@@ -62,7 +62,7 @@ class _Until:
 
 def _kind(obj):
     """What a message of ``obj`` carries: one tensor or array (sent as is), or an object
-    (its tensors and arrays in one slot, the rest pickled)."""
+    (its tensors and arrays in one slot, the rest described or pickled beside them)."""
     module = type(obj).__module__
     if module == "torch" and type(obj) is sys.modules["torch"].Tensor and not obj.requires_grad:
         return _TORCH
@@ -262,7 +262,9 @@ class Queue:
         """Queues ``obj``: a torch tensor, a numpy array, or any picklable object holding
         them (a tuple, a dict, a dataclass, a state dict, ...). Every tensor and array is
         copied into one slot of this process's pool (none of their bytes is pickled); the
-        rest of the object is pickled beside them (see :meth:`gpuring.Sender.send_object`).
+        rest of the object travels beside them: tuples, lists, dicts, ``None``, numbers,
+        strings and bytes described without pickle, anything else pickled (see
+        :meth:`gpuring.Sender.send_object`).
 
         An item larger than a slot goes too: through a second channel of this process,
         made on first need with ``large_slots`` slots (by default 2, 4 on a GPU) of the next
