@@ -327,6 +327,19 @@ fn a_message_kept_past_its_channel_leaves_nothing_once_its_sender_was_killed() {
     assert_eq!(common::leftovers_of(&name), Vec::<String>::new());
 }
 
+/// A sender of the test's channel that has sent three messages, tagged 1 to 3 (a peer
+/// about to die with them queued).
+fn send_three() -> gpuring::Sender {
+    let ch = Channel::builder(ring_name()).open().unwrap();
+    let tx = ch.sender().unwrap();
+    for tag in 1..=3u64 {
+        let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+        lease.set_tag(tag);
+        tx.send(lease, TensorMeta::bytes(8)).unwrap();
+    }
+    tx
+}
+
 /// What `inspect` says of the pools' owner words: the kernel marked the killed sender's.
 fn owner_died(name: &str) -> Vec<Option<bool>> {
     gpuring::inspect::inspect(name).unwrap().pools.iter().map(|p| p.owner_died).collect()
@@ -341,13 +354,7 @@ fn owner_died(name: &str) -> Vec<Option<bool>> {
 #[test]
 fn a_dead_senders_pool_goes_once_its_messages_are_received() {
     if role().as_deref() == Some("victim") {
-        let ch = Channel::builder(ring_name()).open().unwrap();
-        let tx = ch.sender().unwrap();
-        for tag in 1..=3u64 {
-            let mut lease = tx.acquire_timeout(LIMIT).unwrap();
-            lease.set_tag(tag);
-            tx.send(lease, TensorMeta::bytes(8)).unwrap();
-        }
+        let _tx = send_three();
         die();
     }
     for mpmc in [false, true] {
@@ -394,13 +401,7 @@ fn a_dead_senders_pool_goes_once_its_messages_are_received() {
 fn a_dead_senders_pool_is_closed_though_a_child_it_forked_holds_its_lock() {
     const TEST: &str = "a_dead_senders_pool_is_closed_though_a_child_it_forked_holds_its_lock";
     if role().as_deref() == Some("victim") {
-        let ch = Channel::builder(ring_name()).open().unwrap();
-        let tx = ch.sender().unwrap();
-        for tag in 1..=3u64 {
-            let mut lease = tx.acquire_timeout(LIMIT).unwrap();
-            lease.set_tag(tag);
-            tx.send(lease, TensorMeta::bytes(8)).unwrap();
-        }
+        let _tx = send_three();
         // SAFETY: the child calls only async-signal-safe functions (sleep, _exit) and keeps
         // every descriptor and mapping it inherited until it is killed.
         let child = unsafe { libc::fork() };

@@ -152,6 +152,27 @@ impl<'py> Encoder<'py> {
         }
     }
 
+    /// Writes a tuple's or a list's `n` items (`get`); false if one is not plain.
+    fn items(
+        &mut self,
+        tag: u8,
+        n: usize,
+        get: &dyn Fn(usize) -> Option<Bound<'py, PyAny>>,
+        depth: usize,
+    ) -> PyResult<bool> {
+        self.out.push(tag);
+        if !self.len_u32(n) {
+            return Ok(false);
+        }
+        for k in 0..n {
+            let Some(item) = get(k) else { return Ok(false) };
+            if !self.node(&item, depth + 1)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Writes `obj`; false if it is not part of a plain tree.
     fn node(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<bool> {
         if depth > MAX_DEPTH || self.out.len() > SLOT_HEADER_SIZE {
@@ -184,35 +205,15 @@ impl<'py> Encoder<'py> {
             }
             self.out.extend_from_slice(bytes);
         } else if let Ok(t) = obj.cast_exact::<PyTuple>() {
-            self.out.push(TUPLE);
-            if !self.len_u32(t.len()) {
-                return Ok(false);
-            }
-            for item in t.iter() {
-                if !self.node(&item, depth + 1)? {
-                    return Ok(false);
-                }
-            }
+            return self.items(TUPLE, t.len(), &|k| t.get_item(k).ok(), depth);
         } else if let Ok(l) = obj.cast_exact::<PyList>() {
             if !self.containers.insert(obj.as_ptr() as usize) {
                 return Ok(false);
             }
-            self.out.push(LIST);
-            // Read item by item: the list may not change under us (no Python code runs
-            // here but torch's C accessors), and a count that did is caught below.
+            // Read item by item: the list should not change under us (no Python code runs
+            // here but torch's and numpy's C accessors), and a count that did is caught.
             let n = l.len();
-            if !self.len_u32(n) {
-                return Ok(false);
-            }
-            for k in 0..n {
-                let Ok(item) = l.get_item(k) else { return Ok(false) };
-                if !self.node(&item, depth + 1)? {
-                    return Ok(false);
-                }
-            }
-            if l.len() != n {
-                return Ok(false);
-            }
+            return Ok(self.items(LIST, n, &|k| l.get_item(k).ok(), depth)? && l.len() == n);
         } else if let Ok(d) = obj.cast_exact::<PyDict>() {
             if !self.containers.insert(obj.as_ptr() as usize) {
                 return Ok(false);
