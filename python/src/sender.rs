@@ -401,6 +401,10 @@ impl PySender {
     /// every channel (GPU ones too); the receiver reads them as ``msg.header`` without
     /// touching the payload.
     ///
+    /// A :class:`Lease` of this sender is sent as it is, as ``lease.send(timeout)`` would
+    /// (``header`` and a non-zero ``tag`` replace its own); another sender's raises
+    /// ``ConfigError``.
+    ///
     /// Raises ``Timeout``, ``TooLarge``, ``DTypeError``, ``Disconnected`` (every receiver
     /// left), ``PeerDead``, ``Corrupted``, ``CudaError``, ``Closed``.
     #[pyo3(signature = (tensor, timeout=None, tag=0, header=None))]
@@ -414,6 +418,22 @@ impl PySender {
     ) -> PyResult<()> {
         let until = Until::new(py, timeout)?;
         let tx = self.shared(py)?;
+        if let Ok(lease) = tensor.cast::<PyLease>() {
+            // A lease of ours goes as it is (no copy into another slot, which would leave it
+            // holding its own); another sender's is not ours to send.
+            let l = lease.get();
+            if !Arc::ptr_eq(&l.tx, &tx) {
+                let msg = "the lease is another sender's: send it with lease.send()";
+                return Err(raise(py, Class::ConfigError, msg));
+            }
+            if let Some(h) = header {
+                l.set_header(py, h)?;
+            }
+            if tag != 0 {
+                l.set_tag(tag);
+            }
+            return l.send(py, timeout);
+        }
         let channel_gpu = tx.gpu.clone();
         // The stream the tensor is read in order of: torch's current one on its device
         // (asked once: by the DLPack path, or below).

@@ -714,6 +714,26 @@ def test_forged_object_messages_are_corrupted(name):
         assert tx.free_slots == 1
 
 
+def test_sending_a_lease_through_send_sends_it_as_it_is(name):
+    with gpuring.Channel.create(name, slots=2, slot_bytes=4096, mpmc=True) as ch:
+        tx, rx = ch.sender(), ch.receiver()
+        lease = tx.lease((4,), "float32", tag=5)
+        np.from_dlpack(lease)[:] = 7
+        tx.send(lease, header=b"h")  # not a copy into a second slot: the lease itself
+        assert lease.done and tx.free_slots == 1
+        with rx.recv(timeout=5) as msg:
+            assert (msg.tag, msg.header) == (5, b"h") and (np.from_dlpack(msg) == 7).all()
+        with pytest.raises(gpuring.Closed):
+            tx.send(lease)  # sent already
+        other = ch.sender()
+        theirs = other.lease((1,), "uint8")
+        with pytest.raises(gpuring.ConfigError):
+            tx.send(theirs)
+        theirs.cancel()
+        other.close()
+        assert tx.free_slots == 2 and len(ch) == 0
+
+
 def test_numpy_trees_travel_without_pickle(name):
     a = np.arange(24, dtype=np.float32).reshape(4, 6)
     cases = [
