@@ -303,8 +303,12 @@ impl<'py> Encoder<'py> {
     }
 
     /// Writes a numpy array of a dtype gpuring carries (read by DLPack, made contiguous
-    /// where it is not); false for another dtype.
+    /// where it is not); false for another dtype, and into GPU slots (an array there goes
+    /// by the pickle form, whose way back to the host is the one tested on a GPU so far).
     fn array(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<bool> {
+        if self.channel.is_some() {
+            return Ok(false);
+        }
         let py = obj.py();
         let dtype = obj.getattr(intern!(py, "dtype"))?;
         if dtype.getattr(intern!(py, "hasobject"))?.is_truthy()? {
