@@ -412,3 +412,31 @@ def test_the_broadcast_example_on_the_gpu(mode):
         assert got + missed == 500 and last == 499, line
         if "--lagging" not in mode:
             assert missed == 0, line
+
+
+@pytest.mark.parametrize("device", [0, None])
+def test_plain_trees_of_cuda_and_cpu_tensors_skip_pickle(name, device):
+    """A dict and a tuple of CUDA tensors (several: the one foreach copy into GPU slots),
+    a CPU tensor and scalars go as plain trees through GPU slots and through host slots:
+    the header says so, and every tensor comes back equal on the device it left from."""
+    with gpuring.Channel.create(name, slots=2, slot_bytes=1 << 20, device=device) as ch:
+        tx, rx = ch.sender(), ch.receiver()
+        a = torch.arange(4096, device="cuda", dtype=torch.float32)
+        b = torch.full((3, 5), 7, device="cuda", dtype=torch.bfloat16)
+        objs = [
+            {"a": a, "b": b, "tied": a, "cpu": torch.ones(6), "step": 3, "name": "x"},
+            (1.5, b, [a * 2, None]),
+        ]
+        for obj in objs:
+            for copy in (True, False):
+                tx.send_object(obj)
+                with rx.recv(timeout=10) as msg:
+                    assert msg.header[:4] == b"GRT1"
+                    got = msg.object(copy=copy)
+                assert peers.same(obj, got), got
+        assert got[2][0].device == torch.device("cuda", 0)
+        del got
+        import gc
+
+        gc.collect()
+        assert tx.free_slots == 2
