@@ -306,10 +306,9 @@ class Queue:
                     except TooLarge:
                         packed = _objects.Packed(obj, self._device)
                         need = packed.total
-                if need > tx.slot_bytes:
+                if packed is not None or need > tx.slot_bytes:
+                    # (An object is packed here only once `send_object` found it too large.)
                     return self._put_big(tx, obj, kind, packed, need, until)
-                if packed is not None:
-                    return packed.send(tx, until.left(), _OBJECT)
                 return tx.send(obj, timeout=until.left(), tag=kind)
             except Timeout as e:
                 raise Full(str(e)) from None
