@@ -32,6 +32,7 @@
 #   trees    the Python suite, then under MPS objects.py --quick and object_steps.py
 #   handoff  the one-tensor rows of objects.py (--quick; with the Rust API's, from
 #            .gpu/bin/example-handoff) and object_steps.py, under MPS, then without
+#   qsteps   the Python suite, then python/bench/queue_steps.py under MPS and without
 #   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
 #            (`cargo test --release --features cuda,fault-injection --test storms --no-run`,
 #            that binary stripped and copied there): the refusal test, then the storm with
@@ -196,6 +197,17 @@ case $what in
     echo "== one-tensor rows, no MPS (exit $?)"; cat "$out/handoff-nomps.log"
     timeout 60 bash scripts/python-gpu.sh run steps "" --n 2000 > "$out/steps.log" 2>&1
     echo "== steps, no MPS, one process (exit $?)"; cat "$out/steps.log"
+    ;;
+  qsteps)  # the Python suite (no MPS), then python/bench/queue_steps.py (the Queue's way
+    # from a plain channel, step by step) under MPS and, at 4 KB, without
+    timeout 170 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
+    grep -E "passed|failed|SKIPPED|left in" "$out/py.log"
+    mps_on
+    timeout 200 /opt/torch/.venv/bin/python3 python/bench/queue_steps.py --n 800 \
+      --json "$out/qsteps-mps.json" 2>&1 | tee "$out/qsteps-mps.txt"
+    mps_off
+    timeout 150 /opt/torch/.venv/bin/python3 python/bench/queue_steps.py --n 400 --sizes 4096 \
+      --json "$out/qsteps-nomps.json" 2>&1 | tee "$out/qsteps-nomps.txt"
     ;;
   storms)  # the GPU crash tests of tests/storms.rs (fault injection), host ready flags
     bin=.gpu/bin/test-storms-fault
