@@ -93,8 +93,9 @@ pub(crate) enum Place {
 /// A tensor handed to `send`, read through its DLPack capsule: the capsule (which keeps
 /// the memory alive) and what was read from it, checked.
 pub(crate) struct Source<'py> {
-    /// The capsule, or the torch tensor itself: what keeps the memory alive.
-    keep: Bound<'py, PyAny>,
+    /// The capsule, or the torch tensor itself: what keeps the memory alive (held, never
+    /// read).
+    _keep: Bound<'py, PyAny>,
     /// Address of the first element.
     pub(crate) ptr: usize,
     pub(crate) meta: TensorMeta,
@@ -102,12 +103,6 @@ pub(crate) struct Source<'py> {
 }
 
 impl<'py> Source<'py> {
-    /// The torch tensor read (made contiguous where it was not), where it was read by
-    /// [`Source::read_torch`].
-    pub(crate) fn torch_tensor(&self) -> Option<&Bound<'py, PyAny>> {
-        (!self.keep.is_instance_of::<pyo3::types::PyCapsule>()).then_some(&self.keep)
-    }
-
     /// Reads `obj` through `__dlpack__`. A CUDA tensor is asked for in the order of
     /// `cuda_stream(device)`'s stream (a DLPack stream value: 1 is the legacy default
     /// stream). A tensor that is not C-contiguous is made contiguous first (torch's
@@ -182,7 +177,7 @@ impl<'py> Source<'py> {
         let size = t.getattr(intern!(py, "shape"))?;
         let meta = crate::dtypes::tuple_meta(size.cast::<PyTuple>()?, dtype, |e| e)?;
         let ptr: usize = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
-        Ok(Some(Source { keep: t, ptr, meta, place }))
+        Ok(Some(Source { _keep: t, ptr, meta, place }))
     }
 
     fn read_once(
@@ -313,7 +308,7 @@ impl<'py> Source<'py> {
         let meta = TensorMeta::contiguous(dtype, &shape[..ndim])
             .map_err(|e| raise(py, Class::TooLarge, e))?;
         let ptr = (tensor.data as usize).wrapping_add(tensor.byte_offset as usize);
-        Ok(Some(Source { keep: capsule, ptr, meta, place }))
+        Ok(Some(Source { _keep: capsule, ptr, meta, place }))
     }
 }
 

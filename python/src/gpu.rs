@@ -3,13 +3,15 @@
 //! foreign streams, copies between a tensor and a slot, and ordering one stream after
 //! another.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use gpuring::CudaError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
+
+use crate::gather::Gather;
 
 /// Which way a copy goes.
 #[derive(Debug, Clone, Copy)]
@@ -25,6 +27,18 @@ pub(crate) struct Gpu {
     pub(crate) ordinal: i32,
     /// One stream handle is used over and over (torch's current stream): wrap it once.
     last: Mutex<Option<(usize, Arc<CudaStream>)>>,
+    /// The copy kernel of several tensors, loaded at first use (`None`: refused).
+    gather: OnceLock<Option<Gather>>,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if let Some(Some(g)) = self.gather.get()
+            && self.ctx.bind_to_thread().is_ok()
+        {
+            g.unload();
+        }
+    }
 }
 
 impl std::fmt::Debug for Gpu {
@@ -49,7 +63,7 @@ impl Gpu {
             code: sys::cudaError_enum::CUDA_ERROR_INVALID_DEVICE as i32,
         })?;
         let ctx = gpuring::cuda::context(n)?;
-        Ok(Arc::new(Gpu { ctx, ordinal, last: Mutex::new(None) }))
+        Ok(Arc::new(Gpu { ctx, ordinal, last: Mutex::new(None), gather: OnceLock::new() }))
     }
 
     /// A cudarc handle of the stream whose raw handle is `raw` (0: the legacy default
@@ -99,6 +113,19 @@ impl Gpu {
             }
         };
         check("cuMemcpyAsync", r)
+    }
+
+    /// Enqueues the copies `parts` (source, destination, bytes: device addresses of this
+    /// device that the caller vouches for, as for [`Gpu::copy`]) on `stream` in one launch
+    /// per 64: false (nothing enqueued) where the kernel cannot be loaded.
+    pub(crate) fn gather(
+        &self,
+        parts: &[(u64, u64, u64)],
+        stream: &CudaStream,
+    ) -> Result<bool, CudaError> {
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let Some(g) = self.gather.get_or_init(Gather::load) else { return Ok(false) };
+        g.copy(parts, stream).map(|()| true)
     }
 
     /// Waits on the host for everything queued on `stream`.

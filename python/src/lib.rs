@@ -9,6 +9,7 @@
 //! | `tree.rs` | plain trees (tuples, lists, dicts, scalars, tensors) as one message, no pickle |
 //! | `dlpack.rs` | DLPack both ways: reading a caller's tensor, exporting a slot |
 //! | `gpu.rs` | contexts, torch's current stream, copies, ordering streams |
+//! | `gather.rs`, `kernels/` | one kernel launch copying a message's CUDA tensors into its slot |
 //! | `blocking.rs` | waits with the GIL released, in slices, interruptible |
 //! | `dtypes.rs`, `errors.rs` | dtype names; gpuring's exception classes, and which stands for each Rust error |
 //!
@@ -22,6 +23,7 @@ mod channel;
 mod dlpack;
 mod dtypes;
 mod errors;
+mod gather;
 mod gpu;
 mod receiver;
 mod sender;

@@ -148,3 +148,41 @@ def put_after_slow_kernel(q, count):
         y.fill_(k + 0.5)
         q.put({"k": k, "x": x, "y": y}, timeout=60)
     torch.cuda.synchronize()
+
+
+def many_tensors(k, zeros=False):
+    """Message k's dict of 70 CUDA tensors (more than one copy launch holds): odd byte
+    counts, a view that starts 4 bytes into its storage, a 3 MB one, several dtypes; the
+    values of tensor i are k + i (or zeros)."""
+    out = {}
+    for i in range(70):
+        v = 0 if zeros else k + i
+        if i % 7 == 0:
+            t = torch.full((3 * i + 1,), v, dtype=torch.int8, device="cuda")
+        elif i % 7 == 1:
+            t = torch.full((1001,), float(v), device="cuda")[1:]  # data_ptr 4 bytes in
+        elif i == 2:
+            t = torch.full((3 << 18,), float(v), device="cuda")  # 3 MB
+        elif i % 7 == 3:
+            t = torch.full((5, 3), float(v), dtype=torch.bfloat16, device="cuda")
+        else:
+            t = torch.full((256 + i,), float(v), dtype=torch.float64, device="cuda")
+        out["t%d" % i] = t
+    out["k"] = k
+    return out
+
+
+def send_many_tensors_after_slow_kernel(name, count):
+    """Each message is `many_tensors(k)`, its values written by kernels queued after a
+    slow one on this process's current stream: `send_object` must copy them after the
+    slow kernel, without waiting for it on the host."""
+    ch = opened(name)
+    tx = ch.sender()
+    for k in range(count):
+        obj = many_tensors(k, zeros=True)
+        torch.cuda._sleep(SLOW_CYCLES)
+        for i in range(70):
+            obj["t%d" % i].fill_(k + i)
+        tx.send_object(obj, timeout=60)
+    torch.cuda.synchronize()
+    tx.close()

@@ -415,8 +415,32 @@ def test_the_broadcast_example_on_the_gpu(mode):
 
 
 @pytest.mark.parametrize("device", [0, None])
+def test_a_dict_of_70_cuda_tensors_crosses_in_one_message_after_a_slow_kernel(name):
+    """A dict of 70 CUDA tensors (odd byte counts, a view 4 bytes into its storage, 3 MB,
+    several dtypes: more than one copy launch) goes as one plain tree into another
+    process, its tensors written after a ~0.3 s kernel there: every value arrives, the
+    copies and the ready signal were ordered after the writes on the GPU."""
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=8 << 20, device=0)
+    rx = ch.receiver()
+    p = run(gpu_peers.send_many_tensors_after_slow_kernel, name, 3)
+    for k in range(3):
+        with rx.recv(timeout=60) as msg:
+            assert msg.header[:4] == b"GRT1"
+            got = msg.object(copy=k % 2 == 0)
+        want = gpu_peers.many_tensors(k)
+        assert set(got) == set(want)
+        for key, t in want.items():
+            if torch.is_tensor(t):
+                assert got[key].dtype == t.dtype and got[key].shape == t.shape, key
+                assert torch.equal(got[key], t), "%s of message %d differs" % (key, k)
+            else:
+                assert got[key] == t
+        del got
+    done(p)
+
+
 def test_plain_trees_of_cuda_and_cpu_tensors_skip_pickle(name, device):
-    """A dict and a tuple of CUDA tensors (several: the one foreach copy into GPU slots),
+    """A dict and a tuple of CUDA tensors (several: one copy launch into GPU slots),
     a CPU tensor and scalars go as plain trees through GPU slots and through host slots:
     the header says so, and every tensor comes back equal on the device it left from."""
     with gpuring.Channel.create(name, slots=2, slot_bytes=1 << 20, device=device) as ch:
