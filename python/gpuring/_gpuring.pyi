@@ -238,6 +238,10 @@ class Lease:
     def copy_in(self, src: Any, offset: int = 0) -> None:
         """Copies ``src`` (anything with ``__dlpack__``) into the slot at byte ``offset``."""
 
+    def copy_in_many(self, parts: list[tuple[Any, int]]) -> None:
+        """Copies each ``(src, offset)`` into the slot (CUDA tensors into a GPU slot: one
+        kernel launch per 64)."""
+
     def __enter__(self) -> Lease: ...
     def __exit__(
         self,

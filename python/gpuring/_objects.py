@@ -192,37 +192,24 @@ def _bytes_of_ndarray(np, a):
 
 def _fill(lease, parts, blob, spill, device=None):
     """Copies each part into the lease at its offset, and the spilled pickle after them.
-    Into GPU slots (``device``), the CUDA tensors of gpuring's dtypes go in one
-    ``torch._foreach_copy_`` into views of the slot made in one call (one launch where
-    torch can, against one driver copy of ~4 µs each); the rest one ``copy_in`` each."""
+    Into GPU slots (``device``), the CUDA tensors go in one ``copy_in_many`` call (one
+    kernel launch per 64 of those on the slot's device, against a driver copy of some 5 µs
+    of CPU each); the rest one ``copy_in`` each."""
     torch = sys.modules.get("torch")
     np = sys.modules.get("numpy")
-    many = []  # (tensor, offset, nbytes, dtype name): CUDA tensors for the one foreach copy
+    many = []  # (tensor, offset): CUDA tensors for the one call
     for obj, off, n in parts:
         if n == 0:
             continue
         if torch is not None and isinstance(obj, torch.Tensor):
-            name = _torch_name(torch, obj.dtype) if device is not None and obj.is_cuda else None
-            if name is not None:
-                many.append((obj, off, n, name))
+            if device is not None and obj.is_cuda and _torch_name(torch, obj.dtype) is not None:
+                many.append((obj, off))
             else:
                 _copy_tensor(lease, obj, off, n, torch)
         else:
             lease.copy_in(_bytes_of_ndarray(np, obj), off)
-    if len(many) > 1:
-        try:
-            # Views ordered on torch's current stream (after the slot's last reader; the
-            # send waits for them), where the sources were written.
-            dsts = lease.torch_views([(off, name, tuple(t.shape)) for t, off, _, name in many])
-        except (DTypeError, BufferError, RuntimeError):
-            dsts = None  # a dtype gpuring or torch's DLPack import refuses: one copy each
-        if dsts is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(dsts, [t for t, _, _, _ in many])
-            del dsts
-            many = []
-    for t, off, n, _ in many:
-        _copy_tensor(lease, t, off, n, torch)
+    if many:
+        lease.copy_in_many(many)
     if spill is not None:
         if np is not None:
             lease.copy_in(np.frombuffer(blob, dtype=np.uint8), spill)

@@ -98,6 +98,33 @@ pub(crate) fn copy_into(
     }
 }
 
+/// Copies the CUDA sources of the GPU slot's device among `parts` (each fits the lease at
+/// its offset: the caller checked) into `lease` by one kernel launch per 64, after the
+/// work queued on `raw` (torch's current stream on that device, which they were read in
+/// the order of): true when it did (the caller copies the others), false when it did
+/// nothing (a host lease, fewer than two such sources, or a driver that refuses the
+/// kernel: the caller copies them one by one).
+pub(crate) fn gather_into(
+    py: Python<'_>,
+    tx: &TxShared,
+    lease: &AnyLease,
+    parts: &[(&Source<'_>, u64)],
+    raw: usize,
+) -> PyResult<bool> {
+    let (AnyLease::Cuda(l, _), Some(g)) = (lease, &tx.gpu) else { return Ok(false) };
+    let base = l.device_ptr();
+    let copies: Vec<_> = parts
+        .iter()
+        .filter(|(s, _)| s.place == Place::Cuda(g.ordinal))
+        .map(|(s, off)| (s.ptr as u64, base + off, s.meta.nbytes()))
+        .collect();
+    if copies.len() < 2 {
+        return Ok(false);
+    }
+    g.join(l.cuda_stream(), &g.stream(raw)).map_err(|e| e.err(py))?;
+    g.gather(&copies, l.cuda_stream()).map_err(|e| e.err(py))
+}
+
 /// `CudaError`: a tensor on GPU `d`, for a channel whose slots are on `g`.
 fn wrong_gpu(py: Python<'_>, d: i32, g: &Gpu) -> PyErr {
     gpu_mismatch(py, d, g.ordinal)
@@ -650,6 +677,18 @@ pub(crate) struct PyLease {
 }
 
 impl PyLease {
+    /// `TooLarge` unless `n` bytes at `offset` lie within the lease.
+    fn fits(&self, py: Python<'_>, offset: u64, n: u64) -> PyResult<()> {
+        if offset.checked_add(n).is_none_or(|end| end > self.meta.nbytes()) {
+            let msg = format!(
+                "{n} bytes at offset {offset} go past the lease's {} bytes",
+                self.meta.nbytes()
+            );
+            return Err(raise(py, Class::TooLarge, msg));
+        }
+        Ok(())
+    }
+
     fn take(&self, py: Python<'_>) -> PyResult<AnyLease> {
         let l = self.lease.lock().unwrap_or_else(PoisonError::into_inner).take();
         l.ok_or_else(|| closed(py, "lease (sent or cancelled)"))
@@ -721,21 +760,44 @@ impl PyLease {
     #[pyo3(signature = (src, offset=0))]
     fn copy_in(&self, py: Python<'_>, src: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
         let (source, asked) = read_source(py, src)?;
-        let n = source.meta.nbytes();
-        if offset.checked_add(n).is_none_or(|end| end > self.meta.nbytes()) {
-            return Err(raise(
-                py,
-                Class::TooLarge,
-                format!(
-                    "{n} bytes at offset {offset} go past the lease's {} bytes",
-                    self.meta.nbytes()
-                ),
-            ));
-        }
+        self.fits(py, offset, source.meta.nbytes())?;
         let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
         let lease = guard.as_mut().ok_or_else(|| closed(py, "lease (sent or cancelled)"))?;
         copy_into(py, &self.tx, lease, offset, &source, asked)?;
         drop(source);
+        Ok(())
+    }
+
+    /// Copies each ``(src, offset)`` of ``parts`` into the slot, as :meth:`copy_in` copies
+    /// one, in one call: into a GPU slot, the CUDA tensors of its device by one kernel
+    /// launch (per 64 tensors) in the order of torch's current stream, where a copy each
+    /// costs some 5-7 µs of CPU (how a state dict's tensors go in). Raises as
+    /// :meth:`copy_in` does, before anything is copied.
+    fn copy_in_many(&self, py: Python<'_>, parts: &Bound<'_, PyList>) -> PyResult<()> {
+        let mut read = Vec::with_capacity(parts.len());
+        for item in parts.iter() {
+            let (src, offset): (Bound<'_, PyAny>, u64) = item.extract()?;
+            let (source, asked) = read_source(py, &src)?;
+            self.fits(py, offset, source.meta.nbytes())?;
+            read.push((source, offset, asked));
+        }
+        let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        let lease = guard.as_mut().ok_or_else(|| closed(py, "lease (sent or cancelled)"))?;
+        let mut gathered = None;
+        if let Some(g) = &self.tx.gpu {
+            let raw = gpu::current_stream(py, g.ordinal)?;
+            let refs: Vec<_> = read.iter().map(|(s, off, _)| (s, *off)).collect();
+            if gather_into(py, &self.tx, lease, &refs, raw)? {
+                gathered = Some(g.ordinal);
+            }
+        }
+        for (source, offset, asked) in &read {
+            if gathered.is_some_and(|d| source.place == Place::Cuda(d)) {
+                continue;
+            }
+            copy_into(py, &self.tx, lease, *offset, source, *asked)?;
+        }
+        drop(read);
         Ok(())
     }
 

@@ -40,10 +40,10 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PySlice, PySt
 
 use crate::blocking::Until;
 use crate::dlpack::{self, DEVICE_CUDA, Keep, Place, Source};
-use crate::errors::{Class, ClassOf, raise};
+use crate::errors::{Class, raise};
 use crate::gpu;
 use crate::receiver::torch_from_capsule;
-use crate::sender::{AnyLease, TxShared, acquire, copy_into, send_lease};
+use crate::sender::{TxShared, acquire, copy_into, gather_into, send_lease};
 
 /// The first four bytes of a plain tree's header.
 pub(crate) const MAGIC: &[u8; 4] = b"GRT1";
@@ -355,24 +355,12 @@ pub(crate) fn send(
     };
     let mut lease = acquire(py, tx, until, raw.unwrap_or(0))?;
     lease.set_header(py, &tree.header)?;
-    let mut done = false;
-    if let (AnyLease::Cuda(l, _), Some(g)) = (&lease, &tx.gpu) {
-        // Several CUDA tensors of the slot's device: one kernel launch for all of them
-        // (gather.rs), on the lease's stream (torch's current one, which they were written
-        // in the order of), where a driver copy costs 5-7 µs of CPU each.
-        let base = l.device_ptr();
-        let mine = |s: &Source<'_>| s.place == Place::Cuda(g.ordinal);
-        let many: Vec<_> = tree
-            .parts
-            .iter()
-            .filter(|(s, _)| mine(s))
-            .map(|(s, off)| (s.ptr as u64, base + off, s.meta.nbytes()))
-            .collect();
-        if many.len() > 1 {
-            done = g.gather(&many, l.cuda_stream()).map_err(|e| e.err(py))?;
-        }
-        if done {
-            tree.parts.retain(|(s, _)| !mine(s));
+    // Several CUDA tensors of the slot's device: one kernel launch for all of them, on
+    // the lease's stream (torch's current one, which they were written in the order of).
+    if let (Some(g), Some(raw)) = (&tx.gpu, raw) {
+        let refs: Vec<_> = tree.parts.iter().map(|(s, off)| (s, *off)).collect();
+        if gather_into(py, tx, &lease, &refs, raw)? {
+            tree.parts.retain(|(s, _)| s.place != Place::Cuda(g.ordinal));
         }
     }
     for (src, off) in &tree.parts {

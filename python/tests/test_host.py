@@ -734,6 +734,27 @@ def test_sending_a_lease_through_send_sends_it_as_it_is(name):
         assert tx.free_slots == 2 and len(ch) == 0
 
 
+def test_copy_in_many_places_each_part_or_none(name):
+    """``Lease.copy_in_many`` copies each (array, offset) where asked (a non-contiguous
+    one made contiguous); a part past the lease raises TooLarge before anything is copied."""
+    a = np.arange(6, dtype=np.int32)
+    b = np.arange(12, dtype=np.uint8).reshape(3, 4)[:, ::2]
+    with gpuring.Channel.create(name, slots=1, slot_bytes=4096) as ch:
+        tx, rx = ch.sender(), ch.receiver()
+        lease = tx.lease((64,), "uint8")
+        np.from_dlpack(lease)[:] = 255
+        with pytest.raises(gpuring.TooLarge):
+            lease.copy_in_many([(a, 0), (b, 60)])
+        assert (np.from_dlpack(lease) == 255).all(), "a refused call copied something"
+        lease.copy_in_many([(a, 8), (b, 40)])
+        lease.send()
+        with rx.recv(timeout=5) as msg:
+            got = np.from_dlpack(msg)
+            assert (got[8:32].view(np.int32) == a).all()
+            assert (got[40:46] == b.ravel()).all()
+            assert (got[:8] == 255).all() and (got[32:40] == 255).all()
+
+
 def test_numpy_trees_travel_without_pickle(name):
     a = np.arange(24, dtype=np.float32).reshape(4, 6)
     cases = [
