@@ -33,6 +33,7 @@
 #   handoff  the one-tensor rows of objects.py (--quick; with the Rust API's, from
 #            .gpu/bin/example-handoff) and object_steps.py, under MPS, then without
 #   qsteps   the Python suite, then python/bench/queue_steps.py under MPS and without
+#   gather   the package's GPU tests, copy_costs.py under MPS, then queue-ab (SHAPES)
 #   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
 #            (`cargo test --release --features cuda,fault-injection --test storms --no-run`,
 #            that binary stripped and copied there): the refusal test, then the storm with
@@ -208,6 +209,18 @@ case $what in
     mps_off
     timeout 150 /opt/torch/.venv/bin/python3 python/bench/queue_steps.py --n 400 --sizes 4096 \
       --json "$out/qsteps-nomps.json" 2>&1 | tee "$out/qsteps-nomps.txt"
+    ;;
+  gather)  # the package's GPU tests (no MPS), python/bench/copy_costs.py under MPS, then
+    # queue-ab's before/after (.gpu/py-before against .gpu/py) of SHAPES (default dict10,state)
+    PY=/opt/torch/.venv/bin/python3
+    $PY -m pip install -q --no-deps --no-index .gpu/py/*.whl 2>&1 | tail -1
+    $PY -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/gpuring*.whl
+    timeout 200 $PY -m pytest -q -rs python/tests/test_gpu.py python/tests/test_torch_objects.py > "$out/py-gpu.log" 2>&1
+    echo "python GPU tests exit $?"; grep -E "passed|failed|Error|SKIPPED" "$out/py-gpu.log" | tail -8
+    mps_on
+    timeout 90 $PY python/bench/copy_costs.py --ptx python/src/kernels/gather.ptx 2>&1 | tee "$out/copy-costs-mps.txt"
+    mps_off
+    SHAPES=${SHAPES:-dict10,state} bash "$0" queue-ab
     ;;
   storms)  # the GPU crash tests of tests/storms.rs (fault injection), host ready flags
     bin=.gpu/bin/test-storms-fault
