@@ -414,7 +414,6 @@ def test_the_broadcast_example_on_the_gpu(mode):
             assert missed == 0, line
 
 
-@pytest.mark.parametrize("device", [0, None])
 def test_a_dict_of_70_cuda_tensors_crosses_in_one_message_after_a_slow_kernel(name):
     """A dict of 70 CUDA tensors (odd byte counts, a view 4 bytes into its storage, 3 MB,
     several dtypes: more than one copy launch) goes as one plain tree into another
@@ -439,6 +438,7 @@ def test_a_dict_of_70_cuda_tensors_crosses_in_one_message_after_a_slow_kernel(na
     done(p)
 
 
+@pytest.mark.parametrize("device", [0, None])
 def test_plain_trees_of_cuda_and_cpu_tensors_skip_pickle(name, device):
     """A dict and a tuple of CUDA tensors (several: one copy launch into GPU slots),
     a CPU tensor and scalars go as plain trees through GPU slots and through host slots:
