@@ -36,7 +36,7 @@ pub enum ChannelError<B: Backend = Host> {
         /// The capacity asked for.
         capacity: u64,
     },
-    /// `create`: a pool of `slot_count` slots of `slot_size` bytes is out of range
+    /// `create` or `sender_with_slots`: a pool of `slot_count` slots of `slot_size` bytes is out of range
     /// (1..=2^20 slots of 1 byte..=256 GiB, at most 1 TiB in all).
     InvalidPool {
         /// Slots asked for.

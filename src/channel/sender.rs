@@ -105,9 +105,39 @@ impl<B: Backend> Channel<B> {
     /// [`ChannelError::PoolTableFull`](super::ChannelError::PoolTableFull), and what
     /// creating the pool segment (or the backend's part of the pool) can return.
     pub fn sender(&self) -> Result<Sender<B>, super::ChannelError<B>> {
+        self.sender_with_slots(self.inner.slot_count, self.inner.slot_size)
+    }
+
+    /// A sender whose pool has slots of its own: `slot_count` slots of `slot_size` bytes
+    /// instead of the channel's (see [`Channel::slots`]). Receivers take each sender's
+    /// messages from its pool whatever its slots; what one sender's pool costs (host shared
+    /// memory, or device memory) is its own. For a sender whose items outgrow the
+    /// channel's slots, as a queue's putter of large tensors.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-own-slots");
+    /// let ch = gpuring::Channel::builder("doc-sender-own-slots").mpmc().slots(4, 4096).create()?;
+    /// let big = ch.sender_with_slots(2, 1 << 20)?;
+    /// assert_eq!((big.slot_count(), big.slot_size()), (2, 1 << 20));
+    /// # Ok::<(), gpuring::ChannelError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ChannelError::InvalidPool`](super::ChannelError::InvalidPool) for slots out of
+    /// range (as at create), and as [`sender`](Self::sender).
+    pub fn sender_with_slots(
+        &self,
+        slot_count: u32,
+        slot_size: u64,
+    ) -> Result<Sender<B>, super::ChannelError<B>> {
+        if crate::layout::PoolLayout::for_backend(B::CODE, slot_count, slot_size).is_none() {
+            return Err(super::ChannelError::InvalidPool { slot_count, slot_size });
+        }
         let mut ring = ProducerRing::attach(&self.inner.ring, self.inner.flavor)?;
         let queued = |pool_id, slot, generation| ring.queued(pool_id, slot, generation);
-        let registered = self.inner.register_pool(ring.id(), &queued)?;
+        let slots = (slot_count, slot_size);
+        let registered = self.inner.register_pool(ring.id(), &queued, slots)?;
         let vigil = registered.pool.watch_owner();
         let pool = Arc::new(registered.pool);
         // Broadcast: a dead reader dropped at a tick of a push lets go of its slots too.

@@ -108,8 +108,9 @@ impl<B: Backend> ChannelSegment<B> {
     }
 
     /// Claims a table entry for the sender `me` (its identity in the channel's ring) and
-    /// makes its pool (through the backend) under the entry's name; the entry goes `ACTIVE`
-    /// once the pool exists. First, entries of senders that died are closed
+    /// makes its pool of `slots` (count, bytes each: the channel's, or the sender's own)
+    /// through the backend under the entry's name, recording them in the entry; the entry
+    /// goes `ACTIVE` once the pool exists. First, entries of senders that died are closed
     /// ([`close_dead_owners`](Self::close_dead_owners)); and when no entry is free, closed
     /// entries whose pools only dead receivers keep are drained
     /// ([`drain_closed`](Self::drain_closed)). `queued(pool_id, slot, generation)` says
@@ -122,13 +123,14 @@ impl<B: Backend> ChannelSegment<B> {
         &self,
         me: ParticipantId,
         queued: &dyn Fn(u32, u32, u32) -> bool,
+        slots: (u32, u64),
     ) -> Result<Registered<B>, ChannelError<B>> {
         self.close_dead_owners(me, queued);
-        if let Some(registered) = self.claim(me)? {
+        if let Some(registered) = self.claim(me, slots)? {
             return Ok(registered);
         }
         if self.drain_closed(queued) > 0 {
-            if let Some(registered) = self.claim(me)? {
+            if let Some(registered) = self.claim(me, slots)? {
                 return Ok(registered);
             }
         }
@@ -137,7 +139,11 @@ impl<B: Backend> ChannelSegment<B> {
 
     /// Claims an entry that is empty, or closed with its pool gone, and makes the pool
     /// there; `None` when there is no such entry.
-    fn claim(&self, me: ParticipantId) -> Result<Option<Registered<B>>, ChannelError<B>> {
+    fn claim(
+        &self,
+        me: ParticipantId,
+        (slot_count, slot_size): (u32, u64),
+    ) -> Result<Option<Registered<B>>, ChannelError<B>> {
         for index in 0..self.max_pools() {
             let entry = self.entry(index);
             // Acquire: pairs with the Release store of the state by the entry's last
@@ -176,23 +182,22 @@ impl<B: Backend> ChannelSegment<B> {
             // above, and names are never made twice).
             entry.instance.store(instance, Ordering::Relaxed);
             let name = self.pool_name(index, instance);
-            let (pool, made) =
-                match B::create_pool(&self.ctx, &name, self.slot_count, self.slot_size) {
-                    Ok(made) => made,
-                    Err(e) => {
-                        // Release: pairs with the Acquire loads above. (The instance written
-                        // names no pool: the entry is as reusable as it was.)
-                        entry.state.store(state, Ordering::Release);
-                        return Err(e.into());
-                    }
-                };
+            let (pool, made) = match B::create_pool(&self.ctx, &name, slot_count, slot_size) {
+                Ok(made) => made,
+                Err(e) => {
+                    // Release: pairs with the Acquire loads above. (The instance written
+                    // names no pool: the entry is as reusable as it was.)
+                    entry.state.store(state, Ordering::Release);
+                    return Err(e.into());
+                }
+            };
             // A death here leaves the entry CLAIMED by a sender that is gone, and a pool
             // that nobody saw: `close_dead_owners` removes both.
             crate::fault::point("pool_made");
             // Relaxed: published by the Release store of `state` below.
             entry.backend.store(B::CODE, Ordering::Relaxed);
-            entry.slot_count.store(self.slot_count, Ordering::Relaxed);
-            entry.slot_size.store(self.slot_size, Ordering::Relaxed);
+            entry.slot_count.store(slot_count, Ordering::Relaxed);
+            entry.slot_size.store(slot_size, Ordering::Relaxed);
             entry.owner_pid.store(std::process::id(), Ordering::Relaxed);
             write_name(entry, &name);
             // Release: pairs with the Acquire load of the state in `open_pool`; the fields
@@ -317,7 +322,7 @@ impl<B: Backend> ChannelSegment<B> {
         PoolSegment::close_orphaned(
             &self.pool_name(index, instance),
             B::CODE,
-            (self.slot_count, self.slot_size),
+            self.entry_slots(index),
             sender_dead,
             B::holder_gone,
             |slot, generation| queued(pool_id, slot, generation),
@@ -345,6 +350,15 @@ impl<B: Backend> ChannelSegment<B> {
     pub(super) fn clear_orphans_hint(&self) {
         // Relaxed: as in `note_orphans`.
         self.header().orphans.store(0, Ordering::Relaxed);
+    }
+
+    /// The slots (count, bytes each) entry `index` records for its pool, read after an
+    /// Acquire load of its state: untrusted, as all of the table (the pool's layout checks
+    /// them, and its segment must agree).
+    fn entry_slots(&self, index: u32) -> (u32, u64) {
+        let entry = self.entry(index);
+        // Relaxed: after the caller's Acquire load of the state.
+        (entry.slot_count.load(Ordering::Relaxed), entry.slot_size.load(Ordering::Relaxed))
     }
 
     /// The registration instance an entry records (16 bits), read after an Acquire load of
@@ -385,11 +399,10 @@ impl<B: Backend> ChannelSegment<B> {
         {
             return Err(corrupt("descriptor names an unknown pool"));
         }
-        let params =
-            (entry.slot_count.load(Ordering::Relaxed), entry.slot_size.load(Ordering::Relaxed));
-        if params != (self.slot_count, self.slot_size)
-            || entry.backend.load(Ordering::Relaxed) != B::CODE
-        {
+        // Each sender's pool has the slots its entry records (the channel's, or its own):
+        // impossible ones, or a segment that disagrees, are refused when it is opened.
+        let (slot_count, slot_size) = self.entry_slots(index);
+        if entry.backend.load(Ordering::Relaxed) != B::CODE {
             return Err(corrupt("pool table entry disagrees with the channel"));
         }
         let name = self.pool_name(index, instance);
@@ -397,13 +410,17 @@ impl<B: Backend> ChannelSegment<B> {
             return Err(corrupt("pool table entry names an unexpected segment"));
         }
         let timeout = if wait { self.open_timeout } else { Duration::ZERO };
-        let opened = PoolSegment::open(&name, B::CODE, self.slot_count, self.slot_size, timeout);
+        let opened = PoolSegment::open(&name, B::CODE, slot_count, slot_size, timeout);
         opened.map_err(|e| match e {
             PoolSegmentError::Segment(ShmError::NotFound { .. }) => {
                 corrupt("descriptor names a pool that no longer exists")
             }
             PoolSegmentError::Segment(ShmError::Corrupted(c)) | PoolSegmentError::Corrupted(c) => {
                 RecvTimeoutError::Corrupted(c)
+            }
+            // The entry's slots (untrusted) size a mapping its segment does not have.
+            PoolSegmentError::Segment(ShmError::SizeMismatch { .. }) => {
+                corrupt("pool table entry disagrees with its pool segment")
             }
             PoolSegmentError::Segment(e) => RecvTimeoutError::Pool(PoolError::Segment(e)),
             PoolSegmentError::Attach(e) => RecvTimeoutError::Pool(PoolError::Attach(e)),
