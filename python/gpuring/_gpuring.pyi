@@ -144,8 +144,16 @@ class Channel:
         """Opens channel ``name``, waiting up to ``timeout`` s for it (default 1; None: as
         long as it takes). ``pinned``, ``ready``: as for :meth:`create`, for this process."""
 
-    def sender(self, spins: Optional[int] = None, yields: Optional[int] = None) -> Sender:
-        """A new sender, with its own slot pool (``spins`` / ``yields``: how it waits)."""
+    def sender(
+        self,
+        spins: Optional[int] = None,
+        yields: Optional[int] = None,
+        *,
+        slots: Optional[int] = None,
+        slot_bytes: Optional[int] = None,
+    ) -> Sender:
+        """A new sender, with its own slot pool (``spins`` / ``yields``: how it waits;
+        ``slots`` / ``slot_bytes``: its pool's, where not the channel's)."""
 
     def receiver(self, spins: Optional[int] = None, yields: Optional[int] = None) -> Receiver:
         """A new receiver; a wait spins ``spins`` times (default 2048), yields ``yields``

@@ -120,11 +120,13 @@ class Queue:
     (``"flag"`` or ``"event"``; ``None``, the default: flags where the GPU can; see
     :meth:`gpuring.Channel.create`).
 
-    Each putting process owns ``slots`` slots of ``slot_bytes`` bytes (the largest
-    tensor a ``put`` takes; by default 8 of 1 MiB, as for a channel: larger tensors need a
-    larger ``slot_bytes``, and host queues that much room in ``/dev/shm`` per putting
-    process); ``maxsize`` (or ``capacity``) bounds the messages in flight. An item larger
-    than a slot goes through ``large_slots`` slots of its size class (see :meth:`put`).
+    Each putting process owns ``slots`` slots of ``slot_bytes`` bytes (by default 8 of
+    1 MiB, as for a channel; host queues take that much room in ``/dev/shm`` per putting
+    process). Without a ``slot_bytes``, a process whose first ``put`` is a tensor or array
+    larger than 1 MiB gets ``large_slots`` slots (by default 2, 4 on a GPU) of that size's
+    power of two instead, so that such items go as one message each; ``maxsize`` (or
+    ``capacity``) bounds the messages in flight. An item larger than the putter's slots
+    goes through ``large_slots`` slots of its size class (see :meth:`put`).
     ``get`` returns a copy by default, so that slots go back at once; ``copy=False``
     returns a zero-copy view that holds its slot until the tensor is freed.
 
@@ -139,7 +141,7 @@ class Queue:
         *,
         capacity: Optional[int] = None,
         slots: int = 8,
-        slot_bytes: int = 1 << 20,
+        slot_bytes: Optional[int] = None,
         device: Optional[int] = None,
         max_senders: int = 16,
         ready: Optional[str] = None,
@@ -158,7 +160,7 @@ class Queue:
         *,
         capacity: Optional[int] = None,
         slots: int = 8,
-        slot_bytes: int = 1 << 20,
+        slot_bytes: Optional[int] = None,
         device: Optional[int] = None,
         max_senders: int = 16,
         ready: Optional[str] = None,
@@ -184,6 +186,10 @@ class Queue:
             capacity = _next_pow2(maxsize) if maxsize > 0 else 256
         if large is not None and large < 1:
             raise ValueError("large_slots must be at least 1")
+        # No slot size asked for: a putter's slots follow its first item (`_sender`).
+        self._fit = slot_bytes is None
+        if slot_bytes is None:
+            slot_bytes = 1 << 20
         self._name = name
         self._maxsize = maxsize if maxsize > 0 else capacity
         self._device = device
@@ -216,6 +222,7 @@ class Queue:
             "ready": self._ready,
             "maxsize": self._maxsize,
             "large": self._large,
+            "fit": self._fit,
         }
 
     def __setstate__(self, state):
@@ -224,6 +231,7 @@ class Queue:
         self._ready = state.get("ready")
         self._maxsize = state["maxsize"]
         self._large = state.get("large")
+        self._fit = state.get("fit", False)
         self._init_local()
 
     def _here(self):
@@ -242,16 +250,25 @@ class Queue:
             )
         return self._ch
 
-    def _endpoint(self, which):
+    def _endpoint(self, which, need=0):
         with self._here():
-            self._channel()
+            ch = self._channel()
             if which == "tx":
                 if self._tx is None:
-                    self._tx = self._ch.sender()
+                    self._tx = self._sender(ch, need)
                 return self._tx
             if self._rx is None:
                 self._rx = self._ch.receiver()
             return self._rx
+
+    def _sender(self, ch, need):
+        """This process's sender, for a first item of ``need`` bytes (0: an object): with
+        the channel's slots or, where the queue fits putters' slots to their items and
+        this one is larger, with ``large_slots`` slots of its size's power of two."""
+        if self._fit and need > ch.slot_bytes:
+            count = self._large or (2 if self._device is None else 4)
+            return ch.sender(slots=count, slot_bytes=_next_pow2(need))
+        return ch.sender()
 
     @property
     def name(self) -> str:
@@ -276,10 +293,10 @@ class Queue:
         An object that cannot be pickled raises :class:`gpuring.PicklingError` before
         anything is queued.
         """
+        kind = _kind(obj)
         tx = self._tx
         if tx is None or self._gen != _forks[0]:
-            tx = self._endpoint("tx")
-        kind = _kind(obj)
+            tx = self._endpoint("tx", 0 if kind == _OBJECT else _nbytes(obj))
         packed = None
         if block and timeout is None:
             # The common cases, with nothing to count down: one call.

@@ -411,17 +411,28 @@ impl PyChannel {
 
     /// A new sender, with its own slot pool (made now). SPSC channels have one live
     /// sender at a time. ``spins`` / ``yields``: how its waits wait (see
-    /// :meth:`receiver`). Raises ``AttachError``, ``ConfigError`` (the pool table is
-    /// full), ``NoSpace``, ``CudaError``, ``Closed``.
-    #[pyo3(signature = (spins=None, yields=None))]
+    /// :meth:`receiver`). ``slots`` / ``slot_bytes``: this sender's pool, where it needs
+    /// other slots than the channel's (larger items, fewer slots); receivers take each
+    /// sender's messages from its own pool. Raises ``AttachError``, ``ConfigError`` (the
+    /// pool table is full, or slots out of range), ``NoSpace``, ``CudaError``, ``Closed``.
+    #[pyo3(signature = (spins=None, yields=None, *, slots=None, slot_bytes=None))]
     fn sender(
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = opt_spins_arg)] spins: Option<u32>,
         #[pyo3(from_py_with = opt_yields_arg)] yields: Option<u32>,
+        slots: Option<u32>,
+        slot_bytes: Option<u64>,
     ) -> PyResult<PySender> {
         let ch = self.get(py)?;
-        PySender::new(py, ch, policy(spins, yields))
+        let own = match (slots, slot_bytes) {
+            (None, None) => None,
+            (count, size) => {
+                let (c, b) = each_channel!(&ch, c => c.slots());
+                Some((count.unwrap_or(c), size.unwrap_or(b)))
+            }
+        };
+        PySender::new(py, ch, policy(spins, yields), own)
     }
 
     /// A new receiver. SPSC channels have one live receiver at a time.

@@ -375,11 +375,31 @@ pub(crate) struct PySender {
 }
 
 impl PySender {
-    pub(crate) fn new(py: Python<'_>, ch: AnyChannel, policy: WaitPolicy) -> PyResult<Self> {
-        let made = py.detach(|| match &ch {
-            AnyChannel::Host(c) => c.sender().map(AnySender::Host).map_err(|e| e.raised()),
-            AnyChannel::Pinned(c, _) => c.sender().map(AnySender::Pinned).map_err(|e| e.raised()),
-            AnyChannel::Cuda(c, _) => c.sender().map(AnySender::Cuda).map_err(|e| e.raised()),
+    /// A sender of `ch` whose pool has `slots` (count, bytes each), the channel's where
+    /// `None`.
+    pub(crate) fn new(
+        py: Python<'_>,
+        ch: AnyChannel,
+        policy: WaitPolicy,
+        slots: Option<(u32, u64)>,
+    ) -> PyResult<Self> {
+        let made = py.detach(|| {
+            let (count, size) = slots.unwrap_or_else(|| match &ch {
+                AnyChannel::Host(c) => c.slots(),
+                AnyChannel::Pinned(c, _) => c.slots(),
+                AnyChannel::Cuda(c, _) => c.slots(),
+            });
+            match &ch {
+                AnyChannel::Host(c) => {
+                    c.sender_with_slots(count, size).map(AnySender::Host).map_err(|e| e.raised())
+                }
+                AnyChannel::Pinned(c, _) => {
+                    c.sender_with_slots(count, size).map(AnySender::Pinned).map_err(|e| e.raised())
+                }
+                AnyChannel::Cuda(c, _) => {
+                    c.sender_with_slots(count, size).map(AnySender::Cuda).map_err(|e| e.raised())
+                }
+            }
         });
         let mut tx = made.map_err(|e| e.into_err(py))?;
         let slot_bytes = each_sender!(&mut tx, s => {

@@ -594,7 +594,7 @@ def test_an_array_met_twice_comes_back_as_one(name):
 
 
 def test_items_larger_than_a_slot_go_through_a_second_channel(name):
-    q = gpuring.Queue(name)  # 1 MiB slots
+    q = gpuring.Queue(name, slot_bytes=1 << 20)  # 1 MiB slots, whatever the first item
     big = np.random.default_rng(1).random(700_000)  # 5.6 MB
     state = {"layer%d.w" % i: np.full((64, 64), i, dtype=np.float32) for i in range(300)}
     p = spawn.Process(target=peers.put_queue_items, args=(q, [big, state, (7, big), "after"]))
@@ -605,6 +605,27 @@ def test_items_larger_than_a_slot_go_through_a_second_channel(name):
     assert q.get(timeout=60) == "after"
     p.join(30)
     assert p.exitcode == 0
+    q.close()
+
+
+def test_a_putter_whose_first_item_is_large_gets_slots_of_its_size(name):
+    """Without a slot_bytes, a putter's first array of 5.6 MB gives it slots of 8 MiB:
+    that item and the next go as one message each (no second channel); a later 20 MB
+    one, past those slots, goes the large-item way."""
+    q = gpuring.Queue(name)
+    big = np.random.default_rng(2).random(700_000)  # 5.6 MB
+
+    def seconds():
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(name + ".big"))
+
+    q.put(big)
+    q.put(big[:10])
+    assert q._tx.slot_bytes == 8 << 20 and seconds() == []
+    assert same(q.get(timeout=5), big) and same(q.get(timeout=5), big[:10])
+    huge = np.arange(2_500_000, dtype=np.float64)  # 20 MB
+    q.put(huge)
+    assert seconds() != [], "past the putter's slots: a second channel"
+    assert same(q.get(timeout=5), huge)
     q.close()
 
 
