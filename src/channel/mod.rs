@@ -227,7 +227,8 @@ impl<B: Backend> Channel<B> {
         self.len() == 0
     }
 
-    /// Each sender's pool: (slot count, bytes per slot).
+    /// The slots of the pool [`sender`](Self::sender) makes: (slot count, bytes per slot).
+    /// A sender may have slots of its own ([`sender_with_slots`](Self::sender_with_slots)).
     ///
     /// ```
     /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-mod-slots");
