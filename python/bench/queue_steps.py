@@ -8,7 +8,8 @@ One item in flight (the consumer acknowledges each through a pipe), a producer a
 consumer process on GPU 0, the producer's torch op (``t.fill_(i)``) before each hand-off as
 in ``objects.py``. Each row changes one thing on the way from a plain channel
 (``tx.send(t)``; ``rx.recv()``, ``msg.torch()``) to ``gpuring.Queue``'s defaults
-(an MPMC channel with redelivery; ``get`` clones and releases before it returns), so the
+(an MPMC channel with redelivery; ``get`` clones and releases before it returns; a
+putter's slots fitted to its first item, or 1 MiB ones and the large-item way), so the
 cost of each step shows in the same run. Times are CLOCK_MONOTONIC on both sides, from
 the producer's send/put call; the consumer's marks are printed as medians: ``recv`` (the
 message is here), ``view`` (the tensor is made), ``done`` (what the row's ``get`` does
@@ -36,7 +37,7 @@ ROWS = [
     ("spsc: + clone + release", dict(), "clone,release"),
     ("Queue.get(copy=False)", "queue", "nocopy"),
     ("Queue.get()", "queue", ""),
-    ("Queue(slot_bytes=size).get()", "queue-fit", ""),
+    ("Queue(slot_bytes=1 MiB).get()", "queue-1mib", ""),
 ]
 
 
@@ -108,8 +109,10 @@ def run(ctx, opts, steps, size, n):
     q = ch = None
     if opts == "queue":
         q = gpuring.Queue(device=DEV[0])
-    elif opts == "queue-fit":
-        q = gpuring.Queue(device=DEV[0], slot_bytes=max(size, 1 << 20))
+    elif opts == "queue-1mib":
+        # 1 MiB slots whatever the first item: a larger one goes the large-item way (two
+        # messages), where the default fits the putter's slots to its first item.
+        q = gpuring.Queue(device=DEV[0], slot_bytes=1 << 20)
     else:
         ch = gpuring.Channel.create(name, slot_bytes=max(size, 1 << 20), device=DEV[0], **opts)
     a, b = ctx.Pipe()
