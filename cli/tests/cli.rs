@@ -129,6 +129,22 @@ fn inspect_shows_capacity_depth_and_pools() {
     waiter.join().unwrap();
 }
 
+/// Senders with slots of their own (`Channel::sender_with_slots`): `inspect` shows each
+/// pool's slots as its table entry records them, not the channel's.
+#[test]
+fn inspect_shows_each_senders_own_slots() {
+    let name = unique_name("cli-own-slots");
+    let ch = Channel::builder(&name).mpmc().capacity(64).slots(4, 256).create().unwrap();
+    let (usual, own) = (ch.sender().unwrap(), ch.sender_with_slots(2, 1 << 20).unwrap());
+    own.send(own.acquire().unwrap(), TensorMeta::bytes(16)).unwrap();
+    let (stdout, stderr) = text(&gpuring(&["inspect", &name]));
+    let cells = pool_cells(&stdout, usual.pool_name());
+    assert_eq!(&cells[3..7], ["host", "-", "4", "256 B"], "{cells:?}{stderr}");
+    let cells = pool_cells(&stdout, own.pool_name());
+    assert_eq!(&cells[3..7], ["host", "-", "2", "1.0 MiB"], "{cells:?}");
+    assert_eq!(&cells[7..10], ["1", "0", "1"], "one free, one in flight: {cells:?}");
+}
+
 /// A broadcast channel: `inspect` shows each receiver and how far behind it is, `list` how
 /// many there are and the slowest.
 #[test]
