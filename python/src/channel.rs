@@ -425,13 +425,8 @@ impl PyChannel {
         slot_bytes: Option<u64>,
     ) -> PyResult<PySender> {
         let ch = self.get(py)?;
-        let own = match (slots, slot_bytes) {
-            (None, None) => None,
-            (count, size) => {
-                let (c, b) = each_channel!(&ch, c => c.slots());
-                Some((count.unwrap_or(c), size.unwrap_or(b)))
-            }
-        };
+        let (count, size) = each_channel!(&ch, c => c.slots());
+        let own = (slots.unwrap_or(count), slot_bytes.unwrap_or(size));
         PySender::new(py, ch, policy(spins, yields), own)
     }
 

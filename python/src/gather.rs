@@ -93,10 +93,10 @@ impl Gather {
                 blocks = blocks.max(units.div_ceil(THREADS));
             }
             let mut params = [(&raw mut table).cast::<c_void>()];
+            // Grid rows: the parts filled (≤ 64, under the 65,535 allowed), each copying
+            // only its own `n` bytes, which the caller vouches for.
             // SAFETY: `func` takes one `Table` by value, which `params[0]` points at (the
-            // driver copies it at the launch); grid rows = the parts filled (≤ 64, under
-            // the 65,535 allowed), each part copying only its own `n` bytes, which the
-            // caller vouches for; `stream` is a live stream of this context.
+            // driver copies it at the launch); `stream` is a live stream of this context.
             let r = unsafe {
                 sys::cuLaunchKernel(
                     self.func,

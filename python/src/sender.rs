@@ -104,17 +104,16 @@ pub(crate) fn copy_into(
 /// the order of): true when it did (the caller copies the others), false when it did
 /// nothing (a host lease, fewer than two such sources, or a driver that refuses the
 /// kernel: the caller copies them one by one).
-pub(crate) fn gather_into(
+pub(crate) fn gather_into<'a, 'py: 'a>(
     py: Python<'_>,
     tx: &TxShared,
     lease: &AnyLease,
-    parts: &[(&Source<'_>, u64)],
+    parts: impl Iterator<Item = (&'a Source<'py>, u64)>,
     raw: usize,
 ) -> PyResult<bool> {
     let (AnyLease::Cuda(l, _), Some(g)) = (lease, &tx.gpu) else { return Ok(false) };
     let base = l.device_ptr();
     let copies: Vec<_> = parts
-        .iter()
         .filter(|(s, _)| s.place == Place::Cuda(g.ordinal))
         .map(|(s, off)| (s.ptr as u64, base + off, s.meta.nbytes()))
         .collect();
@@ -375,30 +374,22 @@ pub(crate) struct PySender {
 }
 
 impl PySender {
-    /// A sender of `ch` whose pool has `slots` (count, bytes each), the channel's where
-    /// `None`.
+    /// A sender of `ch` whose pool has `slots` (count, bytes each).
     pub(crate) fn new(
         py: Python<'_>,
         ch: AnyChannel,
         policy: WaitPolicy,
-        slots: Option<(u32, u64)>,
+        (count, size): (u32, u64),
     ) -> PyResult<Self> {
-        let made = py.detach(|| {
-            let (count, size) = slots.unwrap_or_else(|| match &ch {
-                AnyChannel::Host(c) => c.slots(),
-                AnyChannel::Pinned(c, _) => c.slots(),
-                AnyChannel::Cuda(c, _) => c.slots(),
-            });
-            match &ch {
-                AnyChannel::Host(c) => {
-                    c.sender_with_slots(count, size).map(AnySender::Host).map_err(|e| e.raised())
-                }
-                AnyChannel::Pinned(c, _) => {
-                    c.sender_with_slots(count, size).map(AnySender::Pinned).map_err(|e| e.raised())
-                }
-                AnyChannel::Cuda(c, _) => {
-                    c.sender_with_slots(count, size).map(AnySender::Cuda).map_err(|e| e.raised())
-                }
+        let made = py.detach(|| match &ch {
+            AnyChannel::Host(c) => {
+                c.sender_with_slots(count, size).map(AnySender::Host).map_err(|e| e.raised())
+            }
+            AnyChannel::Pinned(c, _) => {
+                c.sender_with_slots(count, size).map(AnySender::Pinned).map_err(|e| e.raised())
+            }
+            AnyChannel::Cuda(c, _) => {
+                c.sender_with_slots(count, size).map(AnySender::Cuda).map_err(|e| e.raised())
             }
         });
         let mut tx = made.map_err(|e| e.into_err(py))?;
@@ -804,10 +795,9 @@ impl PyLease {
         let mut guard = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
         let lease = guard.as_mut().ok_or_else(|| closed(py, "lease (sent or cancelled)"))?;
         let mut gathered = None;
-        if let Some(g) = &self.tx.gpu {
+        if let (Some(g), AnyLease::Cuda(..)) = (&self.tx.gpu, &*lease) {
             let raw = gpu::current_stream(py, g.ordinal)?;
-            let refs: Vec<_> = read.iter().map(|(s, off, _)| (s, *off)).collect();
-            if gather_into(py, &self.tx, lease, &refs, raw)? {
+            if gather_into(py, &self.tx, lease, read.iter().map(|(s, off, _)| (s, *off)), raw)? {
                 gathered = Some(g.ordinal);
             }
         }

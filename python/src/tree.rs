@@ -358,8 +358,7 @@ pub(crate) fn send(
     // Several CUDA tensors of the slot's device: one kernel launch for all of them, on
     // the lease's stream (torch's current one, which they were written in the order of).
     if let (Some(g), Some(raw)) = (&tx.gpu, raw) {
-        let refs: Vec<_> = tree.parts.iter().map(|(s, off)| (s, *off)).collect();
-        if gather_into(py, tx, &lease, &refs, raw)? {
+        if gather_into(py, tx, &lease, tree.parts.iter().map(|(s, off)| (s, *off)), raw)? {
             tree.parts.retain(|(s, _)| s.place != Place::Cuda(g.ordinal));
         }
     }
