@@ -387,6 +387,8 @@ fn a_sender_with_no_receiver_sends_into_nothing_and_keeps_its_slots() {
     for v in 0..10 {
         send(&tx, v); // nobody reads: each slot back at the next acquire
     }
+    // A slot whose message nobody read is free again as soon as anyone asks.
+    assert_eq!(tx.free_slots(), 2, "the last message's slot is counted free");
     let rx = ch.receiver().unwrap();
     assert!(matches!(rx.try_recv(), Err(gpuring::TryRecvError::Empty)), "nothing kept");
     send(&tx, 10);

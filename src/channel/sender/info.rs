@@ -29,7 +29,11 @@ impl<B: Backend> Sender<B> {
         self.pool.slot_size()
     }
 
-    /// Slots now free in this sender's pool (a snapshot; exact when nothing moves).
+    /// Slots now free in this sender's pool (a snapshot; exact when nothing moves). In a
+    /// broadcast channel it first puts back every sent slot that every receiver has passed
+    /// and dropped: a message that went out with no receiver attached, or whose last
+    /// receiver's drop came before another receiver's cursor passed it, holds its slot
+    /// until then (or until an acquire finds no free slot).
     ///
     /// ```
     /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-free-slots");
@@ -41,6 +45,7 @@ impl<B: Backend> Sender<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn free_slots(&self) -> usize {
+        self.reclaim_broadcast(false);
         self.pool.core.free_slots()
     }
 

@@ -12,7 +12,7 @@
 //! `SENT(g) → RETURNING` and pushes it on the free ring, as any return does (a death
 //! between the two is what [`reclaim_dead`](PoolCore::reclaim_dead) already repairs). The
 //! last reader to drop the message tries that; the sender tries it for every sent slot when
-//! it finds no free slot, and at its liveness ticks (where a dead reader's bits are cleared
+//! it finds no free slot, when asked how many are free, and at its liveness ticks (where a dead reader's bits are cleared
 //! first, [`clear_holder`](PoolCore::clear_holder)).
 //!
 //! *Lagging* channels (the sender never waits for a reader that is behind): a sender with
