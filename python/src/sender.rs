@@ -650,6 +650,18 @@ impl PySender {
         Ok(each_sender!(&*self.shared(py)?.lock(), s => s.free_slots()))
     }
 
+    /// Slots in this sender's pool.
+    #[getter]
+    fn slot_count(&self, py: Python<'_>) -> PyResult<u32> {
+        Ok(each_sender!(&*self.shared(py)?.lock(), s => s.slot_count()))
+    }
+
+    /// Slots of this sender's pool that receivers hold now (received, not yet released).
+    #[getter]
+    fn held_slots(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(each_sender!(&*self.shared(py)?.lock(), s => s.held_slots()))
+    }
+
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
         slf
     }

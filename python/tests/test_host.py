@@ -991,3 +991,48 @@ def test_queue_open_or_create_meets_by_name(name):
         gpuring.Queue.open_or_create(name, large_slots=0)
     a.close()
     b.close()
+
+
+def test_a_putter_whose_getter_keeps_items_gets_more_slots_rather_than_waiting(name):
+    q = gpuring.Queue(name, slots=2, slot_bytes=4096)
+    kept = []
+    for i in range(16):  # views kept: each pair of items holds a pool of 2 slots
+        q.put(np.full(16, i, dtype=np.int32), timeout=5)
+        kept.append(q.get(timeout=5, copy=False))
+    assert [int(a[0]) for a in kept] == list(range(16))
+    assert all((a == i).all() for i, a in enumerate(kept)), "no slot was written under a view"
+    pools = q._txs.all
+    assert len(pools) == 8 and all(s.held_slots == 2 for s in pools)
+    # At the cap (8 pools) a put waits for a slot, as before.
+    with pytest.raises(gpuring.Full):
+        q.put(np.zeros(16, dtype=np.int32), timeout=0.1)
+    del kept[:3]  # two slots of the first pool, one of the second
+    q.put(np.full(16, 99, dtype=np.int32), timeout=5)
+    assert int(q.get(timeout=5)[0]) == 99
+    # A getter that copies holds no slot for long: no more pools.
+    kept.clear()
+    for i in range(99):
+        q.put(np.full(16, i, dtype=np.int32), timeout=5)
+        if i % 3 == 2:
+            assert [int(q.get(timeout=5)[0]) for _ in range(3)] == [i - 2, i - 1, i]
+    assert len(q._txs.all) == 8 and all(s.held_slots == 0 for s in q._txs.all)
+    q.close()
+
+
+def test_a_putter_adds_pools_only_for_items_kept_not_for_items_queued(name):
+    q = gpuring.Queue(name, slots=2, slot_bytes=4096)
+    for i in range(2):
+        q.put(np.full(16, i, dtype=np.int32), timeout=5)
+    # Both slots in the ring, not yet taken: the getters lag, more slots would only queue more.
+    with pytest.raises(gpuring.Full):
+        q.put(np.zeros(16, dtype=np.int32), timeout=0.1)
+    assert len(q._txs.all) == 1
+    first = q.get(timeout=5, copy=False)  # one held, one queued: half, not more
+    with pytest.raises(gpuring.Full):
+        q.put(np.zeros(16, dtype=np.int32), timeout=0.1)
+    assert len(q._txs.all) == 1
+    second = q.get(timeout=5, copy=False)  # both held: a second pool
+    q.put(np.full(16, 2, dtype=np.int32), timeout=5)
+    assert len(q._txs.all) == 2
+    assert [int(first[0]), int(second[0]), int(q.get(timeout=5)[0])] == [0, 1, 2]
+    q.close()

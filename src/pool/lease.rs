@@ -174,6 +174,15 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             .count()
     }
 
+    /// Slots now held by receivers (received, not yet given back; a snapshot).
+    pub fn held_slots(&self) -> usize {
+        self.records
+            .iter()
+            // Relaxed: a diagnostic count.
+            .filter(|r| unpack(r.state.load(Ordering::Relaxed)).1 == HELD)
+            .count()
+    }
+
     /// Whether every slot is free, read with SeqCst (see [`release`](Self::release)).
     pub fn all_free(&self) -> bool {
         self.records

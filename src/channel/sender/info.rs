@@ -45,8 +45,31 @@ impl<B: Backend> Sender<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn free_slots(&self) -> usize {
-        self.reclaim_broadcast(false);
+        if self.channel.flavor == crate::channel::Flavor::Broadcast {
+            self.reclaim_broadcast(false);
+        }
         self.pool.core.free_slots()
+    }
+
+    /// Slots of this sender's pool that receivers hold now: received and not yet dropped
+    /// (a snapshot). With [`free_slots`](Self::free_slots), what tells a sender whose
+    /// acquire would wait that its receivers keep its messages, rather than not having
+    /// taken them yet. A broadcast channel's slots count as sent, never as held.
+    ///
+    /// ```
+    /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-sender-held-slots");
+    /// let ch = gpuring::Channel::builder("doc-sender-held-slots").slots(4, 4096).create()?;
+    /// let (tx, rx) = (ch.sender()?, ch.receiver()?);
+    /// tx.send(tx.acquire()?, gpuring::TensorMeta::bytes(8))?;
+    /// assert_eq!((tx.free_slots(), tx.held_slots()), (3, 0)); // sent, not yet received
+    /// let msg = rx.recv()?;
+    /// assert_eq!(tx.held_slots(), 1);
+    /// drop(msg);
+    /// assert_eq!((tx.free_slots(), tx.held_slots()), (4, 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn held_slots(&self) -> usize {
+        self.pool.core.held_slots()
     }
 
     /// The sequence number the next message will carry.
