@@ -186,3 +186,13 @@ def send_many_tensors_after_slow_kernel(name, count):
         tx.send_object(obj, timeout=60)
     torch.cuda.synchronize()
     tx.close()
+
+
+def put_kept(q, count, finished):
+    """Puts ``count`` tensors, which the getter keeps (views), then stays until ``finished``:
+    the views are this process's memory."""
+    for i in range(count):
+        q.put(expected(i), timeout=60)
+    torch.cuda.synchronize()
+    assert finished.wait(120)
+    q.close()

@@ -464,3 +464,18 @@ def test_plain_trees_of_cuda_and_cpu_tensors_skip_pickle(name, device):
 
         gc.collect()
         assert tx.free_slots == 2
+
+
+def test_a_gpu_putter_whose_getter_keeps_views_gets_more_pools(name):
+    q = gpuring.Queue(name, slots=2, slot_bytes=1 << 16, device=0)
+    finished = spawn.Event()
+    p = run(gpu_peers.put_kept, q, 12, finished)
+    kept = [q.get(timeout=60, copy=False) for _ in range(12)]  # six pools of two slots
+    # Every item was put while the ones before it were kept: none was written under a view.
+    torch.cuda.synchronize()
+    for i, t in enumerate(kept):
+        assert t.is_cuda and torch.equal(t, gpu_peers.expected(i)), "item %d" % i
+    del kept, t
+    finished.set()
+    done(p)
+    q.close()
