@@ -93,6 +93,9 @@ def _nbytes(obj):
 # their slots, more like it (`_Senders.roomy`).
 _MAX_SENDERS = 8
 
+# Seconds a put waits for a slot before it looks again whether more slots are warranted.
+_LOOK = 0.002
+
 
 class _Senders:
     """This process's senders of one channel: the first, and more like it (as many slots
@@ -126,6 +129,21 @@ class _Senders:
             return first
         self.all.append(more)
         return more
+
+    def send(self, until, call):
+        """``call(sender, timeout)`` with :meth:`roomy`'s sender. Where that one has no free
+        slot and the group may still grow, it waits in slices of :data:`_LOOK` seconds and
+        looks again between them: a getter may meanwhile take and keep enough items."""
+        while True:
+            s = self.roomy()
+            if s.free_slots or not self.more or len(self.all) >= _MAX_SENDERS:
+                return call(s, until.left())
+            left = until.left()
+            try:
+                return call(s, _LOOK if left is None else min(left, _LOOK))
+            except Timeout:
+                if until.left() == 0.0:
+                    raise
 
     def close(self):
         for s in self.all:
@@ -345,10 +363,10 @@ class Queue:
         tx = self._tx
         if tx is None or self._gen != _forks[0]:
             tx = self._endpoint("tx", 0 if kind == _OBJECT else _nbytes(obj))
-        if not tx.free_slots:
-            tx = self._txs.roomy()  # getters keeping items: more slots rather than a wait
+        # No free slot: the getters lag, or keep items (then `_Senders.send` adds slots).
+        roomy = tx.free_slots
         packed = None
-        if block and timeout is None:
+        if block and timeout is None and roomy:
             # The common cases, with nothing to count down: one call.
             try:
                 if kind == _OBJECT:
@@ -364,19 +382,22 @@ class Queue:
         else:
             need = 0 if kind == _OBJECT else _nbytes(obj)
         until = _Until(timeout if block else 0)
+        txs = self._txs
         while True:
             try:
                 if kind == _OBJECT and packed is None:
                     try:
                         # A plain tree goes without pickle; anything else pickled.
-                        return tx.send_object(obj, timeout=until.left(), tag=_OBJECT)
+                        return txs.send(
+                            until, lambda s, t: s.send_object(obj, timeout=t, tag=_OBJECT)
+                        )
                     except TooLarge:
                         packed = _objects.Packed(obj, self._device)
                         need = packed.total
                 if packed is not None or need > tx.slot_bytes:
                     # (An object is packed here only once `send_object` found it too large.)
-                    return self._put_big(tx, obj, kind, packed, need, until)
-                return tx.send(obj, timeout=until.left(), tag=kind)
+                    return self._put_big(obj, kind, packed, need, until)
+                return txs.send(until, lambda s, t: s.send(obj, timeout=t, tag=kind))
             except Timeout as e:
                 raise Full(str(e)) from None
             except (Disconnected, PeerDead):
@@ -384,22 +405,21 @@ class Queue:
                 if not until.pause():
                     raise
 
-    def _put_big(self, tx, obj, kind, packed, need, until):
+    def _put_big(self, obj, kind, packed, need, until):
         """Puts an item larger than a slot through this process's channel for its size,
         and a message naming it into the queue."""
-        size = max(_next_pow2(need), 2 * tx.slot_bytes)
+        size = max(_next_pow2(need), 2 * self._tx.slot_bytes)
         big = self._big_sender(size)
-        big_tx = big.tx if big.tx.free_slots else big.txs.roomy()
         # The queue's slot first (nothing sent if none comes in time), then the item, then
         # the message that names it: once the item went, that message waits for room as
         # long as it takes, so that no item is left without one.
-        note = tx.lease((0,), "uint8", timeout=until.left(), tag=_BIG)
+        note = self._txs.send(until, lambda s, t: s.lease((0,), "uint8", timeout=t, tag=_BIG))
         try:
             note.header = big.name.encode()
             if packed is not None:
-                packed.send(big_tx, until.left(), _OBJECT)
+                big.txs.send(until, lambda s, t: packed.send(s, t, _OBJECT))
             else:
-                big_tx.send(obj, timeout=until.left(), tag=kind)
+                big.txs.send(until, lambda s, t: s.send(obj, timeout=t, tag=kind))
         except BaseException:
             note.cancel()
             raise

@@ -202,3 +202,12 @@ def receive_broadcast(name, out_queue, all_attached):
         except gpuring.Disconnected:
             break
     out_queue.put((got, missed))
+
+
+def put_kept(q, count, finished):
+    """Puts ``count`` arrays as fast as it can, which the getter keeps (views); stays until
+    ``finished``."""
+    for i in range(count):
+        q.put(np.full((16,), i, dtype=np.int32), timeout=60)
+    assert finished.wait(120)
+    q.close()

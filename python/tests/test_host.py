@@ -1019,6 +1019,23 @@ def test_a_putter_whose_getter_keeps_items_gets_more_slots_rather_than_waiting(n
     q.close()
 
 
+def test_a_putter_running_ahead_of_a_getter_that_keeps_items_gets_more_slots(name):
+    # The putter is ahead: when it finds no free slot, the getter has not taken (let alone
+    # kept) them yet. It waits a little at a time and looks again.
+    q = gpuring.Queue(name, slots=2, slot_bytes=4096)
+    finished = spawn.Event()
+    p = spawn.Process(target=peers.put_kept, args=(q, 12, finished))
+    p.start()
+    kept = [q.get(timeout=60, copy=False) for _ in range(12)]
+    assert [int(a[0]) for a in kept] == list(range(12))
+    assert all((a == i).all() for i, a in enumerate(kept)), "no slot was written under a view"
+    del kept
+    finished.set()
+    p.join(30)
+    assert p.exitcode == 0
+    q.close()
+
+
 def test_a_putter_adds_pools_only_for_items_kept_not_for_items_queued(name):
     q = gpuring.Queue(name, slots=2, slot_bytes=4096)
     for i in range(2):
