@@ -111,7 +111,7 @@ def consumer(how, q, name, n, lat, ack, out):
             msg = rx.recv(timeout=60)
             x = msg.torch() if how == "channel .torch()" else torch.from_dlpack(msg)
         else:
-            obj = q.get(copy=how != "gpuring copy=False")
+            obj = q.get(copy=how != "gpuring copy=False") if how.startswith("gpuring") else q.get()
             x = first_tensor(obj)
         t1 = now()  # the tensor is usable: reads queued now are ordered after its writes
         y = x.view(-1)[:1] * 2  # the consumer's torch op, reading it
