@@ -116,7 +116,7 @@ class _Senders:
             if s.free_slots:
                 return s
         first = self.all[0]
-        if not self.more or len(self.all) >= _MAX_SENDERS:
+        if not self.may_grow():
             return first
         # Slots sent and not yet taken are the getters' lag: more slots would only queue
         # more. Slots held are items taken and kept: those are worth more slots.
@@ -130,13 +130,17 @@ class _Senders:
         self.all.append(more)
         return more
 
+    def may_grow(self):
+        """Whether another sender may still be added."""
+        return self.more and len(self.all) < _MAX_SENDERS
+
     def send(self, until, call):
         """``call(sender, timeout)`` with :meth:`roomy`'s sender. Where that one has no free
         slot and the group may still grow, it waits in slices of :data:`_LOOK` seconds and
         looks again between them: a getter may meanwhile take and keep enough items."""
         while True:
             s = self.roomy()
-            if s.free_slots or not self.more or len(self.all) >= _MAX_SENDERS:
+            if s.free_slots or not self.may_grow():
                 return call(s, until.left())
             left = until.left()
             try:
@@ -152,12 +156,12 @@ class _Senders:
 
 class _Big:
     """A channel of a putter for items larger than the queue's slots, and its end here (a
-    putter's senders, or a getter's receiver)."""
+    putter's :class:`_Senders`, or a getter's receiver)."""
 
-    __slots__ = ("name", "ch", "tx", "txs")
+    __slots__ = ("name", "ch", "end")
 
-    def __init__(self, name, ch, end, txs=None):
-        self.name, self.ch, self.tx, self.txs = name, ch, end, txs
+    def __init__(self, name, ch, end):
+        self.name, self.ch, self.end = name, ch, end
 
 
 def _next_pow2(n):
@@ -363,8 +367,11 @@ class Queue:
         tx = self._tx
         if tx is None or self._gen != _forks[0]:
             tx = self._endpoint("tx", 0 if kind == _OBJECT else _nbytes(obj))
-        # No free slot: the getters lag, or keep items (then `_Senders.send` adds slots).
         roomy = tx.free_slots
+        if not roomy:
+            # Another of this process's senders may have one (or be made: getters keep items).
+            tx = self._txs.roomy()
+            roomy = tx.free_slots
         packed = None
         if block and timeout is None and roomy:
             # The common cases, with nothing to count down: one call.
@@ -417,9 +424,9 @@ class Queue:
         try:
             note.header = big.name.encode()
             if packed is not None:
-                big.txs.send(until, lambda s, t: packed.send(s, t, _OBJECT))
+                big.end.send(until, lambda s, t: packed.send(s, t, _OBJECT))
             else:
-                big.txs.send(until, lambda s, t: s.send(obj, timeout=t, tag=kind))
+                big.end.send(until, lambda s, t: s.send(obj, timeout=t, tag=kind))
         except BaseException:
             note.cancel()
             raise
@@ -437,8 +444,7 @@ class Queue:
                 mpmc=True,
                 ready=self._ready,
             )
-            tx = ch.sender()
-            big = self._big[size] = _Big(name, ch, tx, _Senders(ch, tx))
+            big = self._big[size] = _Big(name, ch, _Senders(ch, ch.sender()))
         return big
 
     def _get_big(self, name, copy):
@@ -449,7 +455,7 @@ class Queue:
             rx = self._big_rx[name] = _Big(name, ch, ch.receiver())
         # The item went before the message that names it, so it is there (or, with several
         # getters, one of the same putter's is).
-        return self._unpack(rx.tx.recv(), copy)
+        return self._unpack(rx.end.recv(), copy)
 
     def get(self, block: bool = True, timeout: Optional[float] = None, *, copy: bool = True) -> Any:
         """Removes an item from the queue and returns it, as it was put: a tensor (a torch
@@ -540,7 +546,7 @@ class Queue:
         with self._lock:
             if self._gen == _forks[0]:
                 bigs = list(self._big.values()) + list(self._big_rx.values())
-                ends = [self._txs, self._rx, self._ch] + [b.txs or b.tx for b in bigs]
+                ends = [self._txs, self._rx, self._ch] + [b.end for b in bigs]
                 for end in ends + [b.ch for b in bigs]:
                     if end is not None:
                         end.close()
