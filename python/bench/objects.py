@@ -35,6 +35,7 @@ into its slot.
 import argparse
 import json
 import os
+import queue
 import subprocess
 import time
 
@@ -129,6 +130,29 @@ def consumer(how, q, name, n, lat, ack, out):
     out.put({"got": got, "secs": (t_end - t_first) / 1e9, "items": n - 1 - n // 10})
 
 
+def _report(box, reporter, procs, row, limit=900):
+    """What ``reporter`` puts in ``box``, waiting while it lives and no other of ``procs``
+    failed: a child that dies ends the row at once, not after ``limit`` s."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            return box.get(timeout=1)
+        except queue.Empty:
+            pass
+        failed = [
+            x for x in procs if x.exitcode not in (None, 0) or (x is reporter and x.exitcode == 0)
+        ]
+        if failed or time.monotonic() > deadline:
+            try:  # a report put just before the exit
+                return box.get(timeout=1)
+            except queue.Empty:
+                pass
+            for x in procs:
+                x.kill()
+            why = "exit %r" % failed[0].exitcode if failed else "no report in %d s" % limit
+            raise RuntimeError("%s: %s" % (row, why))
+
+
 def run(ctx, how, shape, size, n, lat):
     name = "gpuring-objbench-%d" % time.monotonic_ns()
     ch = q = None
@@ -146,8 +170,8 @@ def run(ctx, how, shape, size, n, lat):
     p = ctx.Process(target=producer, args=(how, q, name, shape, size, n, lat, a, pout))
     c.start()
     p.start()
-    rep = cout.get(timeout=900)
-    sent = pout.get(timeout=60)
+    rep = _report(cout, c, (c, p), "%s %s" % (how, shape))
+    sent = _report(pout, p, (c, p), "%s %s" % (how, shape))
     p.join(60)
     c.join(60)
     if p.exitcode or c.exitcode:
