@@ -44,8 +44,9 @@ fn gpu_host_flags_broadcast_to_four_receivers() {
 /// value) into one of two slots; each receiver reads the last word on another stream first
 /// (the control: outside the protocol, it races the write), then, in its own stream's
 /// order, copies the whole slot many times (slow reads) and its last word, then drops the
-/// message: that word must be the message's value (read after the write, and before the
-/// sender's next write of the slot, which waits for every receiver's drop).
+/// message, which returns with those reads still queued: that word must be the message's
+/// value (read after the write, and before the sender's next write of the slot, which
+/// waits for every receiver's hold to go, each after its receiver's reads).
 fn broadcast(test: &str, ready: GpuReady) {
     const PASSES: u32 = 512;
     const READS: u32 = 64;
@@ -59,7 +60,7 @@ fn broadcast(test: &str, ready: GpuReady) {
         let scratch = unsafe { result::malloc_sync(BYTES) }.unwrap();
         // SAFETY: as above.
         let last = unsafe { result::malloc_sync(4) }.unwrap();
-        let mut stale = 0;
+        let (mut stale, mut queued_at_drop) = (0, 0);
         for seq in 0..MESSAGES {
             let m = rx.recv_timeout(LIMIT).unwrap();
             assert_eq!(m.seq(), seq, "every message once, in order");
@@ -69,10 +70,19 @@ fn broadcast(test: &str, ready: GpuReady) {
                 copy(scratch, m.device_ptr(), BYTES, &stream);
             }
             copy(last, end, 4, &stream);
-            drop(m); // the drop waits for the reads above; then the slot may go back
+            // The drop does not wait for the reads above: this receiver's hold goes once
+            // they are done (then the slot may go back).
+            drop(m);
+            // SAFETY: our live stream.
+            let busy = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
+            queued_at_drop += u32::from(busy == sys::CUresult::CUDA_ERROR_NOT_READY);
             assert_eq!(read_word(last, &stream), value(seq), "message {seq}: read out of order");
         }
         eprintln!("unordered control read a stale value in {stale} of {MESSAGES} messages");
+        eprintln!("reads still queued after the drop: {queued_at_drop} of {MESSAGES} messages");
+        // 64 copies of 8 MB take a GPU ~0.2 ms or more: a drop that waited for them (as it
+        // did before holds were given up by a lane) would always find the stream idle.
+        assert!(queued_at_drop > MESSAGES as u32 / 2, "drops waited for their reads");
         if std::env::var("GPURING_TEST_FLAGS").is_ok() {
             assert_eq!(stale, 0, "a flag-signalled message handed out before its write");
         }

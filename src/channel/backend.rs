@@ -157,6 +157,13 @@ pub(crate) mod sealed {
             policy: WaitPolicy,
         ) -> Result<Self::MessageSlot, Refused<Self::Error>>;
 
+        /// A message goes: what it held of its slot, then its hold (the slot goes back, or
+        /// a broadcast reader's hold on it). By default both now, in that order.
+        fn release(slot: Self::MessageSlot, hold: SlotHold) {
+            drop(slot);
+            drop(hold);
+        }
+
         /// A receiver that imported this pool is being dropped.
         fn receiver_gone(imported: &Self::Imported) {
             let _ = imported;

@@ -1,6 +1,7 @@
 //! What a receive hands out: [`Message`], a received slot, read in place and returned on
 //! drop.
 
+use std::mem::ManuallyDrop;
 use std::ops::Deref;
 
 use super::backend::sealed;
@@ -27,9 +28,10 @@ use crate::pool::SlotHold;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Message<B: Backend = Host> {
-    // Dropped first: a GPU message records its release event before the slot goes back.
-    pub(crate) slot: B::MessageSlot,
-    pub(crate) hold: SlotHold,
+    // Both given up by the backend when the message goes (`Backend::release`): by default
+    // the slot's view first (a GPU message records its release event), then the hold.
+    pub(crate) slot: ManuallyDrop<B::MessageSlot>,
+    pub(crate) hold: ManuallyDrop<SlotHold>,
     desc: Descriptor,
     meta: TensorMeta,
     redelivered: bool,
@@ -45,8 +47,17 @@ impl<B: Backend> core::fmt::Debug for Message<B> {
             .field("generation", &self.hold.held.generation)
             .field("meta", &self.meta)
             .field("redelivered", &self.redelivered)
-            .field("memory", &self.slot)
+            .field("memory", &*self.slot)
             .finish()
+    }
+}
+
+impl<B: Backend> Drop for Message<B> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the message is not used again.
+        let (slot, hold) =
+            unsafe { (ManuallyDrop::take(&mut self.slot), ManuallyDrop::take(&mut self.hold)) };
+        B::release(slot, hold);
     }
 }
 
@@ -58,13 +69,22 @@ impl<B: Backend> Message<B> {
         slot: B::MessageSlot,
         redelivered: bool,
     ) -> Self {
-        Self { slot, hold, desc, meta, redelivered }
+        Self {
+            slot: ManuallyDrop::new(slot),
+            hold: ManuallyDrop::new(hold),
+            desc,
+            meta,
+            redelivered,
+        }
     }
 
     /// The message as its parts, the slot not returned: for the backends' own ways of
     /// giving it back (after a stream's work).
     pub(crate) fn into_parts(self) -> (B::MessageSlot, SlotHold) {
-        (self.slot, self.hold)
+        let mut parts = ManuallyDrop::new(self);
+        // SAFETY: `parts` is never dropped or used again: each field is taken once (the
+        // others own nothing to drop).
+        unsafe { (ManuallyDrop::take(&mut parts.slot), ManuallyDrop::take(&mut parts.hold)) }
     }
 
     /// The tensor metadata (checked).

@@ -27,6 +27,7 @@ use super::CudaError;
 use super::device::{DevicePool, ImportedPool, map_ready_flags, register_local};
 use super::driver;
 use super::flag::{FlagGone, process_exited, wait_ready_flag};
+use super::returns::drop_after;
 use crate::channel::backend::sealed::{Backend, HoldsRing};
 use crate::channel::backend::{OwnedRing, Refused, Unmade};
 use crate::channel::producer::ProducerRing;
@@ -148,24 +149,58 @@ pub struct DeviceRead {
     stream: Arc<CudaStream>,
     ptr: sys::CUdeviceptr,
     slot: u32,
+    after: AfterReads,
+}
+
+/// What a message's drop does for the reads queued on its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterReads {
+    /// Records the slot's release event, which the next lease's stream waits on.
+    RecordRelease,
     /// A broadcast channel's message, which several receivers read: the slot's one release
-    /// event cannot order them all, so the drop waits for this receiver's reads instead.
-    shared: bool,
+    /// event cannot order them all, so the hold is given up only after this receiver's
+    /// reads (`Cuda::release` hands it to a lane; this is what is left if it did not).
+    WaitForReads,
+    /// The hold was handed over already.
+    Nothing,
+}
+
+impl DeviceRead {
+    /// Gives up `hold`, a broadcast message's, once this receiver's reads queued on the
+    /// message's stream are done: now if they are, else from a lane's function (no thread
+    /// blocked); waits for them where neither can be known or enqueued (a failed driver
+    /// call: never the normal path).
+    fn drop_hold_after_reads(mut self, hold: SlotHold) {
+        self.after = AfterReads::Nothing;
+        match self.device.reads_done(self.slot, &self.stream) {
+            Ok(true) => drop(hold),
+            // On an error it waited for the stream and dropped the hold.
+            Ok(false) => drop(drop_after(&self.device, hold, &self.stream)),
+            Err(_) => {
+                let _ = self.stream.synchronize();
+                drop(hold);
+            }
+        }
+    }
 }
 
 impl Drop for DeviceRead {
     fn drop(&mut self) {
-        if self.shared {
-            // Our reads are done when the drop returns; then the hold lets the slot go.
-            let _ = self.stream.synchronize();
-            return;
-        }
-        // The next lease's stream waits on this record, so it writes only after our reads
-        // (when the stream is idle, the reads are done and nothing is recorded).
-        if self.device.record_release(self.slot, &self.stream).is_err() {
-            // Without the record the slot would be handed back under pending reads: wait
-            // for them instead (a failed driver call; never the normal path).
-            let _ = self.stream.synchronize();
+        match self.after {
+            AfterReads::Nothing => {}
+            AfterReads::WaitForReads => {
+                // Our reads are done when the drop returns; then the hold lets the slot go.
+                let _ = self.stream.synchronize();
+            }
+            // The next lease's stream waits on this record, so it writes only after our
+            // reads (when the stream is idle, the reads are done and nothing is recorded).
+            AfterReads::RecordRelease => {
+                if self.device.record_release(self.slot, &self.stream).is_err() {
+                    // Without the record the slot would be handed back under pending reads:
+                    // wait for them instead (a failed driver call; never the normal path).
+                    let _ = self.stream.synchronize();
+                }
+            }
         }
     }
 }
@@ -331,8 +366,27 @@ impl Backend for Cuda {
             device: device.clone(),
             stream: stream.clone(),
             slot,
-            shared: hold.shared.is_some(),
+            after: if hold.shared.is_some() {
+                AfterReads::WaitForReads
+            } else {
+                AfterReads::RecordRelease
+            },
         })
+    }
+
+    fn release(slot: DeviceRead, hold: SlotHold) {
+        if slot.after == AfterReads::WaitForReads {
+            slot.drop_hold_after_reads(hold);
+        } else {
+            drop(slot);
+            drop(hold);
+        }
+    }
+
+    fn receiver_gone(device: &Arc<ImportedPool>) {
+        // Broadcast holds queued on streams go first (up to 5 s), so that their functions
+        // do not hold the last reference to the pool.
+        device.returns.settle(std::time::Duration::from_secs(5));
     }
 }
 

@@ -26,6 +26,7 @@ use cudarc::driver::{result, sys};
 
 use super::events::{Events, IPC_OPENS, check, event_handle, interprocess_event, open_event};
 use super::register::Registration;
+use super::returns::{Home, Returns};
 use super::{CudaError, driver};
 use crate::layout::{PoolLayout, PoolView, SlotRecord, load_bytes, store_bytes};
 use crate::pool::PoolSegment;
@@ -286,6 +287,18 @@ pub struct ImportedPool {
     ready_handles: Box<[[u8; 64]]>,
     uuid: [u8; 16],
     host_flags: bool,
+    /// Broadcast messages' holds given up after this receiver's reads (`Cuda::release`).
+    pub(super) returns: Returns<ImportedPool>,
+}
+
+impl Home for ImportedPool {
+    fn returns(&self) -> &Returns<Self> {
+        &self.returns
+    }
+
+    fn slot_count(&self) -> usize {
+        self.ready_handles.len()
+    }
 }
 
 impl ImportedPool {
@@ -324,6 +337,7 @@ impl ImportedPool {
             ready_handles: Box::new([]),
             uuid,
             host_flags,
+            returns: Returns::new(),
         };
         let handle = sys::CUipcMemHandle { reserved: mem_handle.map(|b| b as _) };
         IPC_OPENS.fetch_add(1, StdOrdering::Relaxed);
@@ -378,6 +392,7 @@ impl ImportedPool {
             uuid,
             host_flags,
             local: Some(pool),
+            returns: Returns::new(),
         })
     }
 
@@ -410,11 +425,20 @@ impl ImportedPool {
     /// Records `slot`'s release event on `stream` (nothing when `stream` is idle: the
     /// reads queued there are done, see `Events::record_unless_idle`).
     pub(crate) fn record_release(&self, slot: u32, stream: &CudaStream) -> Result<(), CudaError> {
-        let slot = slot as usize;
-        // With host flags no stream waited on the ready event: only the stream's own
-        // state says whether reads are pending.
-        let after = (!self.host_flags).then(|| self.events.ready[slot]);
-        self.events.record_unless_idle(self.events.release[slot], stream, after)
+        self.events.record_unless_idle(self.events.release[slot as usize], stream, self.after(slot))
+    }
+
+    /// Whether the reads of `slot` queued on `stream` are done: every piece of work queued
+    /// there has completed.
+    pub(crate) fn reads_done(&self, slot: u32, stream: &CudaStream) -> Result<bool, CudaError> {
+        self.events.idle(stream, self.after(slot))
+    }
+
+    /// The event a stream of `slot`'s reader waited on, if any: with host flags no stream
+    /// waited on the ready event, and only the stream's own state says whether reads are
+    /// pending.
+    fn after(&self, slot: u32) -> Option<sys::CUevent> {
+        (!self.host_flags).then(|| self.events.ready[slot as usize])
     }
 }
 

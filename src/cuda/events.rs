@@ -116,16 +116,26 @@ impl Events {
         stream: &CudaStream,
         after: Option<sys::CUevent>,
     ) -> Result<(), CudaError> {
+        if self.idle(stream, after)? { Ok(()) } else { enqueue_record(event, stream) }
+    }
+
+    /// Whether every piece of work queued on `stream` has completed; `after` as for
+    /// [`record_unless_idle`](Self::record_unless_idle) (pending: not idle, without the
+    /// costlier stream query).
+    pub(super) fn idle(
+        &self,
+        stream: &CudaStream,
+        after: Option<sys::CUevent>,
+    ) -> Result<bool, CudaError> {
         self.bind()?;
         let after_done = match after {
             // SAFETY: a live event.
             Some(after) => completed("cuEventQuery", unsafe { sys::cuEventQuery(after) })?,
             None => true,
         };
-        let idle = after_done
-            // SAFETY: the caller's live stream.
-            && completed("cuStreamQuery", unsafe { sys::cuStreamQuery(stream.cu_stream()) })?;
-        if idle { Ok(()) } else { enqueue_record(event, stream) }
+        // SAFETY: the caller's live stream.
+        Ok(after_done
+            && completed("cuStreamQuery", unsafe { sys::cuStreamQuery(stream.cu_stream()) })?)
     }
 }
 

@@ -33,7 +33,7 @@ use super::CudaError;
 use super::driver;
 use super::lane::{Handoff, Lane, drop_outside_cuda, in_host_fn};
 use super::register::Registration;
-use super::returns::{PinnedPool, PinnedRead, release_after};
+use super::returns::{PinnedPool, PinnedRead, Returns, drop_after};
 use crate::channel::backend::sealed::{Backend, HoldsRing, HostMemory};
 use crate::channel::backend::{HostSlot, Refused, Unmade};
 use crate::channel::producer::ProducerRing;
@@ -204,8 +204,7 @@ impl Backend for Pinned {
         Ok(Arc::new(PinnedPool {
             seg: seg.clone(),
             registration: Registration::register(ctx, data.as_ptr(), len, mapping.clone()),
-            deferred: OnceLock::new(),
-            lane: OnceLock::new(),
+            returns: Returns::new(),
         }))
     }
 
@@ -224,9 +223,7 @@ impl Backend for Pinned {
     fn receiver_gone(pool: &Arc<PinnedPool>) {
         // Slot returns queued on streams run first (up to 5 s), so that their functions do
         // not hold the last reference to the pool.
-        if let Some(lane) = pool.lane.get() {
-            lane.settle(Duration::from_secs(5));
-        }
+        pool.returns.settle(Duration::from_secs(5));
     }
 }
 
@@ -521,15 +518,9 @@ impl Message<Pinned> {
     /// [`CudaError`] when the return cannot be enqueued: then this waits for `stream`, and
     /// the slot goes back.
     pub fn release_on(self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
-        if self.hold.shared.is_some() {
-            // A broadcast message: its hold is one of several, given up by its drop (a
-            // stream-ordered return frees the slot itself): wait for the work instead.
-            let waited = stream.synchronize().map_err(super::driver("cuStreamSynchronize"));
-            drop(self);
-            return waited;
-        }
+        // A broadcast message's hold is one of several: its drop gives up only this
+        // receiver's, and the last holder's puts the slot back.
         let (read, hold) = self.into_parts();
-        let (_, held) = hold.into_parts();
-        release_after(&read.pool, held, stream)
+        drop_after(&read.pool, hold, stream)
     }
 }

@@ -1,6 +1,8 @@
-//! A pinned receiver's side: the pools it mapped (each registered, or why not), what its
-//! messages hold, and the return of a slot once a stream's work on it is done, with no
-//! thread blocked (a lane's function does it).
+//! A receiver's holds given up once a stream's work on their slots is done, with no thread
+//! blocked (a lane's function drops the hold): a pinned receiver's slot after the copies
+//! out of it (`Message::<Pinned>::release_on`), and a GPU broadcast message's hold after
+//! this receiver's reads (the slot's one release event cannot order several receivers'
+//! reads). Also the pools a pinned receiver maps (each registered, or why not).
 
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
@@ -11,7 +13,39 @@ use super::CudaError;
 use super::lane::{Handoff, Lane, drop_outside_cuda, in_host_fn};
 use super::register::Registration;
 use crate::channel::backend::HostSlot;
-use crate::pool::{PoolSegment, SlotRef};
+use crate::pool::{PoolSegment, SlotHold};
+
+/// The stream-ordered returns of one pool's slots, as one receiver holds them: an entry per
+/// slot and the lane their functions run on, both made on the first return that has to
+/// wait.
+#[derive(Debug)]
+pub(super) struct Returns<H> {
+    deferred: OnceLock<Box<[Deferred<H>]>>,
+    lane: OnceLock<Lane>,
+}
+
+/// A receiver's hold whose drop waits for a stream, and the pool that keeps its entry.
+type Deferred<H> = Handoff<SlotHold, H>;
+
+impl<H> Returns<H> {
+    pub(super) const fn new() -> Self {
+        Self { deferred: OnceLock::new(), lane: OnceLock::new() }
+    }
+
+    /// Waits, up to `limit`, for the returns queued so far (so that their functions do
+    /// not hold the last reference to the pool when its receiver goes).
+    pub(super) fn settle(&self, limit: std::time::Duration) {
+        if let Some(lane) = self.lane.get() {
+            lane.settle(limit);
+        }
+    }
+}
+
+/// A pool whose receiver's holds can wait for a stream: where its [`Returns`] are.
+pub(super) trait Home: Send + Sync + Sized + 'static {
+    fn returns(&self) -> &Returns<Self>;
+    fn slot_count(&self) -> usize;
+}
 
 /// A pool a pinned receiver has mapped: its registration (or why there is none: the pool is
 /// read unpinned then, pinning being a matter of speed), and the stream-ordered returns of
@@ -20,14 +54,18 @@ use crate::pool::{PoolSegment, SlotRef};
 pub struct PinnedPool {
     pub(super) seg: Arc<PoolSegment>,
     pub(super) registration: Result<Registration, CudaError>,
-    /// One entry per slot for returns that wait for a stream, made on the first.
-    pub(super) deferred: OnceLock<Box<[Deferred]>>,
-    /// Where their functions run, made on the first.
-    pub(super) lane: OnceLock<Lane>,
+    pub(super) returns: Returns<PinnedPool>,
 }
 
-/// A receiver's slot whose return waits for a stream.
-type Deferred = Handoff<SlotRef, PinnedPool>;
+impl Home for PinnedPool {
+    fn returns(&self) -> &Returns<Self> {
+        &self.returns
+    }
+
+    fn slot_count(&self) -> usize {
+        self.seg.core.slot_count() as usize
+    }
+}
 
 /// What a pinned message holds: the payload's bytes, and its pool (whose registration
 /// stays while the message, or a copy out of it, lives).
@@ -37,61 +75,57 @@ pub struct PinnedRead {
     pub(super) pool: Arc<PinnedPool>,
 }
 
-/// Returns `held` (a slot this process holds as a receiver of `pool`) once the work queued
-/// on `stream` so far has completed, without blocking: a lane's function does it. When the
-/// function cannot be enqueued, waits for the stream instead, returns the slot, and says
-/// why.
-pub(super) fn release_after(
-    pool: &Arc<PinnedPool>,
-    held: SlotRef,
+/// Drops `hold` (a slot this process holds as a receiver of `home`'s pool) once the work
+/// queued on `stream` so far has completed, without blocking: a lane's function does it.
+/// When the function cannot be enqueued, waits for the stream instead, drops the hold, and
+/// says why.
+pub(super) fn drop_after<H: Home>(
+    home: &Arc<H>,
+    hold: SlotHold,
     stream: &CudaStream,
 ) -> Result<(), CudaError> {
-    let slots = pool.seg.core.slot_count() as usize;
-    let entries = pool.deferred.get_or_init(|| Deferred::entries(slots));
-    let lane = match Lane::in_cell(&pool.lane, stream, slots) {
-        Ok(lane) => lane,
-        Err(e) => {
+    let returns = home.returns();
+    let slots = home.slot_count();
+    let slot = hold.held.slot as usize;
+    let entries = returns.deferred.get_or_init(|| Deferred::entries(slots));
+    let lane = match Lane::in_cell(&returns.lane, stream, slots) {
+        Ok(lane) if slot < entries.len() => lane,
+        made => {
             let _ = stream.synchronize();
-            release(&pool.seg, held);
-            return Err(e);
+            drop(hold);
+            // (A slot out of range is the pool's own check; it never gets here.)
+            return made.map(|_| ());
         }
     };
-    let slot = held.slot as usize;
     // SAFETY: the entry of a slot we hold: empty (its last function emptied it before that
-    // slot came back to be held again), and nobody else fills it.
-    let user = unsafe { entries[slot].fill(held, pool.clone()) };
-    // SAFETY: `release_deferred` calls no CUDA and does not unwind (`in_host_fn`); the entry
+    // slot came back to be held again), and nobody else fills it (this receiver holds a
+    // slot once at a time, and the entries are this receiver's).
+    let user = unsafe { entries[slot].fill(hold, home.clone()) };
+    // SAFETY: `drop_deferred` calls no CUDA and does not unwind (`in_host_fn`); the entry
     // lives in this pool, which the reference in it keeps until it has run.
-    match unsafe { lane.launch_after(stream, slot, release_deferred, user) } {
+    match unsafe { lane.launch_after(stream, slot, drop_deferred::<H>, user) } {
         Ok(()) => Ok(()),
         Err(e) => {
-            // Not enqueued: wait for the reads, then return the slot here.
+            // Not enqueued: wait for the reads, then drop the hold here.
             let _ = stream.synchronize();
             // SAFETY: the function never ran, so the entry is still full and ours.
-            unsafe { release_deferred(user) };
+            unsafe { drop_deferred::<H>(user) };
             Err(e)
         }
     }
 }
 
-/// Returns `held` to `pool`, and unlinks the pool if its sender left and this was the
-/// last slot out.
-fn release(pool: &PoolSegment, held: SlotRef) {
-    if pool.core.release(held) {
-        pool.unlink_if_drained();
-    }
-}
-
-/// The function of [`release_after`]: empties the entry, then returns the slot.
+/// The function of [`drop_after`]: empties the entry, then drops the hold (the slot goes
+/// back, or, for a broadcast message, this receiver's hold on it).
 ///
 /// # Safety
 ///
-/// `user` is a full [`Deferred`] entry, filled by `release_after`.
-unsafe extern "C" fn release_deferred(user: *mut c_void) {
+/// `user` is a full [`Deferred`] entry, filled by `drop_after`.
+unsafe extern "C" fn drop_deferred<H: Home>(user: *mut c_void) {
     in_host_fn(|| {
-        // SAFETY: a full entry from `release_after`, taken once here.
-        let (held, pool) = unsafe { Deferred::take(user) };
-        release(&pool.seg, held);
-        drop_outside_cuda(pool);
+        // SAFETY: a full entry from `drop_after`, taken once here.
+        let (hold, home) = unsafe { Deferred::<H>::take(user) };
+        drop(hold);
+        drop_outside_cuda(home);
     });
 }

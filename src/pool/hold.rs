@@ -55,15 +55,6 @@ pub(crate) struct SharedHold {
     pub(crate) ring: Arc<ShmStorage<SpscCell<Descriptor>>>,
 }
 
-impl SlotHold {
-    /// The pool and the slot, without returning it: the caller does.
-    pub(crate) fn into_parts(self) -> (Arc<PoolSegment>, SlotRef) {
-        let hold = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `hold` is never used or dropped again; its pool is moved out once.
-        (unsafe { std::ptr::read(&hold.pool) }, hold.held)
-    }
-}
-
 impl Drop for SlotHold {
     fn drop(&mut self) {
         if self.pool.inherited() {
