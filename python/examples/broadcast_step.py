@@ -6,6 +6,7 @@ the slot goes back once every worker has released its message.
     python python/examples/broadcast_step.py --device 0     # torch CUDA tensors, GPU slots
     python python/examples/broadcast_step.py --lagging      # workers may skip steps
     python python/examples/broadcast_step.py --separate     # N SPSC channels instead
+    python python/examples/broadcast_step.py --device 0 --no-sync  # workers never wait for the GPU
 
 Each worker checks every step it gets (its values are the step number) and reports how many
 it got and missed, and the latency from the scheduler's ``send`` to its own tensor being
@@ -16,7 +17,10 @@ streams (steps per second). By default the slowest worker holds the scheduler ba
 (nothing is lost); with ``--lagging`` the scheduler never waits for a worker that is
 behind, and such a worker is told how many steps it missed (``gpuring.Lagged``) and goes
 on with the newest. ``--separate`` sends each step through N single-receiver channels
-(one copy into a slot per worker): the baseline of the broadcast.
+(one copy into a slot per worker): the baseline of the broadcast. With ``--no-sync`` (GPU) a
+worker does not wait for the GPU at each step: it adds the step's sum into a running total
+on the GPU (a read of the slot queued on its stream, released with the message, whose slot
+must not be rewritten before that read) and checks the total once, at the end.
 """
 
 import argparse
@@ -29,11 +33,24 @@ import gpuring
 SHAPE = (64, 1024)  # a step's input: 64 rows of 1024 float32 (256 KiB)
 
 
-def worker(name, device, index, nap, results):
+def worker(name, device, index, nap, results, no_sync=False):
     ch = gpuring.Channel.open(name, device=device, timeout=10)
     rx = ch.receiver()
     results.put(("ready", index))
-    if device is None:
+    total = expected = None
+    if no_sync:
+        import torch
+
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        expected = [0]
+
+        def check(msg, step):
+            x = torch.from_dlpack(msg)
+            usable = time.perf_counter()
+            total.add_(x.sum(dtype=torch.float64))  # queued; x and the message go now
+            expected[0] += step * x.numel()
+            return usable, True
+    elif device is None:
         import numpy as np
 
         def check(msg, step):
@@ -66,6 +83,9 @@ def worker(name, device, index, nap, results):
             missed += e.missed
         except gpuring.Disconnected:
             break
+    if no_sync and total.item() != expected[0]:
+        results.put(("bad", index, -1, last))  # a slot rewritten under a queued read
+        return
     latencies.sort()
     p50 = latencies[len(latencies) // 2] * 1e6 if latencies else float("nan")
     results.put(("done", index, got, missed, last, p50))
@@ -81,9 +101,16 @@ def main(argv=None):
     p.add_argument("--interval", type=float, default=0.0, help="seconds between steps")
     p.add_argument("--nap", type=float, default=0.0, help="worker 0 sleeps this many s a step")
     p.add_argument("--slots", type=int, default=8, help="slots per channel (default 8)")
+    p.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="GPU: workers sum each step on the GPU and check the total at the end",
+    )
     args = p.parse_args(argv)
     if args.separate and args.lagging:
         p.error("--lagging is a broadcast channel's policy")
+    if args.no_sync and (args.device is None or args.lagging):
+        p.error("--no-sync needs --device, and every step (no --lagging)")
 
     base = "gpuring-example-broadcast-%d" % mp.current_process().pid
     names = [base + "-%d" % i for i in range(args.workers)] if args.separate else [base]
@@ -105,7 +132,14 @@ def main(argv=None):
     procs = [
         ctx.Process(
             target=worker,
-            args=(names[i % len(names)], args.device, i, args.nap if i == 0 else 0, results),
+            args=(
+                names[i % len(names)],
+                args.device,
+                i,
+                args.nap if i == 0 else 0,
+                results,
+                args.no_sync,
+            ),
         )
         for i in range(args.workers)
     ]

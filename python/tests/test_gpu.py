@@ -389,8 +389,20 @@ def test_object_tensors_written_after_a_slow_kernel_are_read_in_stream_order(nam
     q.close()
 
 
-@pytest.mark.parametrize("mode", [[], ["--lagging", "--nap", "0.002"], ["--separate"]])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        [],
+        ["--lagging", "--nap", "0.002"],
+        ["--separate"],
+        ["--no-sync"],
+        ["--no-sync", "--separate"],
+    ],
+)
 def test_the_broadcast_example_on_the_gpu(mode):
+    """Every worker gets every step (or is told what it missed), values checked at each
+    step, or (``--no-sync``) by a total summed on the GPU from reads still queued when each
+    message is released: a slot rewritten under one of them changes the total."""
     import os
     import subprocess
     import sys

@@ -126,7 +126,8 @@ impl<B: Backend> ChannelBuilder<B> {
     /// (nothing is lost; a receiver that dies or leaves stops holding it within a liveness
     /// tick). A receiver that attaches later starts with the next message. Messages are not
     /// delivered again ([`redeliver`](Self::redeliver) is off: each receiver has its own
-    /// copy of the delivery).
+    /// copy of the delivery). With device slots, a receiver's drop does not wait for the
+    /// reads it queued on its stream: its hold goes once they are done.
     ///
     /// ```
     /// # let _clean = gpuring::internal::RemoveOnDrop::new("doc-builder-broadcast");

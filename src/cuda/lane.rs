@@ -1,7 +1,8 @@
 //! Lanes: where the hand-offs that follow a stream run (a pinned sender's publish once its
 //! copy into the slot is done, a pinned receiver's return of a slot once the copy out of
-//! it is done), with no caller's thread blocked; and the preallocated entries that hand
-//! their arguments over ([`Handoff`]).
+//! it is done, a GPU broadcast reader's hold given up once its reads are done), with no
+//! caller's thread blocked; and the preallocated entries that hand their arguments over
+//! ([`Handoff`]).
 //!
 //! A copy into or out of pinned memory is truly asynchronous, so the hand-off must follow
 //! the stream, not the call: a function run when the copy has completed publishes the
