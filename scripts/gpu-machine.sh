@@ -24,8 +24,8 @@
 #   channel  the host channel 4 KB rows of before (/ middle) / this build, five rounds; then
 #            one thread's cost (examples/path_cost) of the same builds
 #   mps      before/after under MPS, and the demo under MPS
-#   release  the test binaries, the package's broadcast GPU tests, broadcast_step.py --no-sync
-#            with .gpu/py-before/ and this build's wheel, without and under MPS
+#   release  the test binaries, broadcast_step.py --no-sync with .gpu/py-before/ and this
+#            build's wheel, without and under MPS, then the Python suite
 #   objects  python/bench/objects.py --quick without MPS (one call: ~5 min)
 #   objects-mps  the same under MPS (another call, on the same warm machine)
 #   queue-ab the objects bench's tensor, tuple and dict10 rows (no Rust rows) under MPS with
@@ -163,16 +163,13 @@ case $what in
     done
     ;;
   release)  # GPU broadcast receivers' drops that do not wait for their reads: every test
-    # binary (.gpu/run.sh), the package's broadcast GPU tests, then broadcast_step.py --no-sync
-    # (workers that never wait for the GPU) with the wheel of an earlier build
-    # (.gpu/py-before/) and this build's, alternated, 4 and 1 workers, broadcast and SPSC,
-    # without MPS (STEPS_NOMPS, default 4000 steps) then under MPS (STEPS_MPS, default 20000)
+    # binary (.gpu/run.sh); broadcast_step.py --no-sync (workers that never wait for the GPU)
+    # with the wheel of an earlier build (.gpu/py-before/) and this build's, alternated, 4
+    # and 1 workers, broadcast and SPSC, without MPS (STEPS_NOMPS, default 4000 steps) then
+    # under MPS (STEPS_MPS, default 20000); then the Python suite (PYTEST_LIMIT s)
     timeout 200 bash .gpu/run.sh > "$out/tests.log" 2>&1
     echo "== .gpu/run.sh (exit $?)"; grep -E "panicked|FAILED|^gpu-stage|reads still queued" "$out/tests.log" | head -30
     py=/opt/torch/.venv/bin/python3
-    $py -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/*.whl
-    timeout 200 $py -m pytest -q -rs python/tests/test_gpu.py -k broadcast > "$out/pytest.log" 2>&1
-    echo "== pytest test_gpu.py -k broadcast (exit $?)"; tail -3 "$out/pytest.log"
     for m in nomps mps; do
       [ $m = mps ] && mps_on
       [ $m = mps ] && steps=${STEPS_MPS:-20000} || steps=${STEPS_NOMPS:-4000}
@@ -192,6 +189,8 @@ case $what in
       [ $m = mps ] && mps_off
     done
     $py -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/*.whl
+    timeout ${PYTEST_LIMIT:-240} $py -m pytest -q -rs python/tests > "$out/pytest.log" 2>&1
+    echo "== the Python suite, no MPS (exit $?)"; tail -4 "$out/pytest.log"
     echo "/dev/shm leftovers:"; ls /dev/shm | grep gpuring | head || true
     ;;
   objects)  # the objects bench (--quick) without MPS: ~5 min with the Rust API's rows
