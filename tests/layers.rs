@@ -33,7 +33,7 @@ const FOLDERS: &[(&str, &[&str])] = &[
     (
         "cuda",
         &[
-            "slack", "register", "lane", "events", "device", "flag", "backend", "returns",
+            "slack", "register", "lane", "events", "returns", "device", "flag", "backend",
             "pinned", "setup",
         ],
     ),

@@ -24,10 +24,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, sys};
 
 use super::CudaError;
-use super::device::{DevicePool, ImportedPool, map_ready_flags, register_local};
+use super::device::{DevicePool, DeviceRead, ImportedPool, map_ready_flags, register_local};
 use super::driver;
 use super::flag::{FlagGone, process_exited, wait_ready_flag};
-use super::returns::drop_after;
 use crate::channel::backend::sealed::{Backend, HoldsRing};
 use crate::channel::backend::{OwnedRing, Refused, Unmade};
 use crate::channel::producer::ProducerRing;
@@ -139,70 +138,6 @@ pub struct DeviceLease {
     device: Arc<DevicePool>,
     stream: Arc<CudaStream>,
     ptr: sys::CUdeviceptr,
-}
-
-/// A device slot a message holds. Dropping it records the slot's release event on the
-/// message's stream (after the reads queued there), before the slot goes back.
-#[derive(Debug)]
-pub struct DeviceRead {
-    device: Arc<ImportedPool>,
-    stream: Arc<CudaStream>,
-    ptr: sys::CUdeviceptr,
-    slot: u32,
-    after: AfterReads,
-}
-
-/// What a message's drop does for the reads queued on its stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AfterReads {
-    /// Records the slot's release event, which the next lease's stream waits on.
-    RecordRelease,
-    /// A broadcast channel's message, which several receivers read: the slot's one release
-    /// event cannot order them all, so the hold is given up only after this receiver's
-    /// reads (`Cuda::release` hands it to a lane; this is what is left if it did not).
-    WaitForReads,
-    /// The hold was handed over already.
-    Nothing,
-}
-
-impl DeviceRead {
-    /// Gives up `hold`, a broadcast message's, once this receiver's reads queued on the
-    /// message's stream are done: now if they are, else from a lane's function (no thread
-    /// blocked); waits for them where neither can be known or enqueued (a failed driver
-    /// call: never the normal path).
-    fn drop_hold_after_reads(mut self, hold: SlotHold) {
-        self.after = AfterReads::Nothing;
-        match self.device.reads_done(self.slot, &self.stream) {
-            Ok(true) => drop(hold),
-            // On an error it waited for the stream and dropped the hold.
-            Ok(false) => drop(drop_after(&self.device, hold, &self.stream)),
-            Err(_) => {
-                let _ = self.stream.synchronize();
-                drop(hold);
-            }
-        }
-    }
-}
-
-impl Drop for DeviceRead {
-    fn drop(&mut self) {
-        match self.after {
-            AfterReads::Nothing => {}
-            AfterReads::WaitForReads => {
-                // Our reads are done when the drop returns; then the hold lets the slot go.
-                let _ = self.stream.synchronize();
-            }
-            // The next lease's stream waits on this record, so it writes only after our
-            // reads (when the stream is idle, the reads are done and nothing is recorded).
-            AfterReads::RecordRelease => {
-                if self.device.record_release(self.slot, &self.stream).is_err() {
-                    // Without the record the slot would be handed back under pending reads:
-                    // wait for them instead (a failed driver call; never the normal path).
-                    let _ = self.stream.synchronize();
-                }
-            }
-        }
-    }
 }
 
 impl Backend for Cuda {
@@ -361,26 +296,12 @@ impl Backend for Cuda {
         } else {
             device.wait_ready(slot, stream).map_err(Refused::Device)?;
         }
-        Ok(DeviceRead {
-            ptr: device.slot_ptr(slot, d.byte_offset),
-            device: device.clone(),
-            stream: stream.clone(),
-            slot,
-            after: if hold.shared.is_some() {
-                AfterReads::WaitForReads
-            } else {
-                AfterReads::RecordRelease
-            },
-        })
+        let ptr = device.slot_ptr(slot, d.byte_offset);
+        Ok(DeviceRead::new(device, stream, ptr, slot, hold.shared.is_some()))
     }
 
     fn release(slot: DeviceRead, hold: SlotHold) {
-        if slot.after == AfterReads::WaitForReads {
-            slot.drop_hold_after_reads(hold);
-        } else {
-            drop(slot);
-            drop(hold);
-        }
+        slot.release(hold);
     }
 
     fn receiver_gone(device: &Arc<ImportedPool>) {

@@ -16,7 +16,7 @@
 //! A sender makes a [`DevicePool`] and writes its handles into the pool segment
 //! ([`DevicePool::export_into`], `layout::CudaPoolInfo` and `layout::SlotEvents`); a
 //! receiver opens them as an [`ImportedPool`] on first sight of the pool
-//! ([`ImportedPool::import`]).
+//! ([`ImportedPool::import`]), and each message it receives holds a [`DeviceRead`].
 
 use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -26,10 +26,10 @@ use cudarc::driver::{result, sys};
 
 use super::events::{Events, IPC_OPENS, check, event_handle, interprocess_event, open_event};
 use super::register::Registration;
-use super::returns::{Home, Returns};
+use super::returns::{Home, Returns, drop_after};
 use super::{CudaError, driver};
 use crate::layout::{PoolLayout, PoolView, SlotRecord, load_bytes, store_bytes};
-use crate::pool::PoolSegment;
+use crate::pool::{PoolSegment, SlotHold};
 use crate::shm::Segment;
 use crate::sync::Ordering;
 
@@ -439,6 +439,93 @@ impl ImportedPool {
     /// pending.
     fn after(&self, slot: u32) -> Option<sys::CUevent> {
         (!self.host_flags).then(|| self.events.ready[slot as usize])
+    }
+}
+
+/// A device slot a message holds. Dropping it records the slot's release event on the
+/// message's stream (after the reads queued there), before the slot goes back.
+#[derive(Debug)]
+pub struct DeviceRead {
+    pub(super) device: Arc<ImportedPool>,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) ptr: sys::CUdeviceptr,
+    pub(super) slot: u32,
+    after: AfterReads,
+}
+
+/// What a message's drop does for the reads queued on its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterReads {
+    /// Records the slot's release event, which the next lease's stream waits on.
+    RecordRelease,
+    /// A broadcast channel's message, which several receivers read: the slot's one release
+    /// event cannot order them all, so the hold is given up only after this receiver's
+    /// reads (`Cuda::release` hands it to a lane; this is what is left if it did not).
+    WaitForReads,
+    /// The hold was handed over already.
+    Nothing,
+}
+
+impl DeviceRead {
+    /// What a message of `device`'s slot `slot` (payload at `ptr`) holds, read in the order
+    /// of `stream`; `shared`: a broadcast channel's.
+    pub(super) fn new(
+        device: &Arc<ImportedPool>,
+        stream: &Arc<CudaStream>,
+        ptr: sys::CUdeviceptr,
+        slot: u32,
+        shared: bool,
+    ) -> Self {
+        let after = if shared { AfterReads::WaitForReads } else { AfterReads::RecordRelease };
+        Self { device: device.clone(), stream: stream.clone(), ptr, slot, after }
+    }
+
+    /// Its message goes: this, then `hold` (`Backend::release`).
+    pub(super) fn release(self, hold: SlotHold) {
+        if self.after == AfterReads::WaitForReads {
+            self.drop_hold_after_reads(hold);
+        } else {
+            drop(self);
+            drop(hold);
+        }
+    }
+
+    /// Gives up `hold`, a broadcast message's, once this receiver's reads queued on the
+    /// message's stream are done: now if they are, else from a lane's function (no thread
+    /// blocked); waits for them where neither can be known or enqueued (a failed driver
+    /// call: never the normal path).
+    fn drop_hold_after_reads(mut self, hold: SlotHold) {
+        self.after = AfterReads::Nothing;
+        match self.device.reads_done(self.slot, &self.stream) {
+            Ok(true) => drop(hold),
+            // On an error it waited for the stream and dropped the hold.
+            Ok(false) => drop(drop_after(&self.device, hold, &self.stream)),
+            Err(_) => {
+                let _ = self.stream.synchronize();
+                drop(hold);
+            }
+        }
+    }
+}
+
+impl Drop for DeviceRead {
+    fn drop(&mut self) {
+        match self.after {
+            AfterReads::Nothing => {}
+            AfterReads::WaitForReads => {
+                // Our reads are done when the drop returns; then the hold lets the slot go.
+                let _ = self.stream.synchronize();
+            }
+            // The next lease's stream waits on this record, so it writes only after our
+            // reads (when the stream is idle, the reads are done and nothing is recorded).
+            AfterReads::RecordRelease => {
+                if self.device.record_release(self.slot, &self.stream).is_err() {
+                    // Without the record the slot would be handed back under pending reads:
+                    // wait for them instead (a failed driver call; never the normal path).
+                    let _ = self.stream.synchronize();
+                }
+            }
+        }
     }
 }
 
