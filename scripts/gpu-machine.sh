@@ -26,6 +26,7 @@
 #   mps      before/after under MPS, and the demo under MPS
 #   release  the test binaries, broadcast_step.py --no-sync with .gpu/py-before/ and this
 #            build's wheel, without and under MPS, then the Python suite
+#   broadcast-ab  only those broadcast runs (ORDER="after before" to swap, ROUNDS)
 #   objects  python/bench/objects.py --quick without MPS (one call: ~5 min)
 #   objects-mps  the same under MPS (another call, on the same warm machine)
 #   queue-ab the objects bench's tensor, tuple and dict10 rows (no Rust rows) under MPS with
@@ -61,6 +62,27 @@ gpu_rows='gpu_handoff_one_way/(floor_ipc_events_spin|gpuring_spsc_(spin|default)
 payload_rows='payload_4KB/gpuring_(spsc|mpmc)$'
 bench() { # tag binary rows
   timeout 240 .gpu/bin/$2 --bench "$3" > "$out/$1-$2.log" 2>&1; echo "== $1 $2 (exit $?)"; show "$out/$1-$2.log"
+}
+bcast_ab() { # broadcast_step.py --no-sync, wheels .gpu/py-before/ and .gpu/py/ (see `release`)
+  local py=/opt/torch/.venv/bin/python3 m r w whl workers mode steps
+  for m in nomps mps; do
+    [ $m = mps ] && mps_on
+    [ $m = mps ] && steps=${STEPS_MPS:-20000} || steps=${STEPS_NOMPS:-4000}
+    for r in ${ROUNDS:-1}; do
+      for w in ${ORDER:-before after}; do
+        [ $w = before ] && whl=.gpu/py-before/*.whl || whl=.gpu/py/*.whl
+        $py -m pip install -q --no-deps --no-index --force-reinstall $whl
+        for workers in 4 1; do
+          for mode in "" --separate; do
+            echo "== $m round $r $w, $workers workers $mode, $steps steps, --no-sync"
+            timeout 100 $py python/examples/broadcast_step.py --device 0 --no-sync \
+              --workers $workers --steps $steps $mode 2>&1 | tail -$((workers + 1))
+          done
+        done
+      done
+    done | tee "$out/broadcast-$m.txt"
+    [ $m = mps ] && mps_off
+  done
 }
 case $what in
   tests)
@@ -169,29 +191,16 @@ case $what in
     # under MPS (STEPS_MPS, default 20000); then the Python suite (PYTEST_LIMIT s)
     timeout 200 bash .gpu/run.sh > "$out/tests.log" 2>&1
     echo "== .gpu/run.sh (exit $?)"; grep -E "panicked|FAILED|^gpu-stage|reads still queued" "$out/tests.log" | head -30
+    bcast_ab
     py=/opt/torch/.venv/bin/python3
-    for m in nomps mps; do
-      [ $m = mps ] && mps_on
-      [ $m = mps ] && steps=${STEPS_MPS:-20000} || steps=${STEPS_NOMPS:-4000}
-      for r in ${ROUNDS:-1}; do
-        for w in before after; do
-          [ $w = before ] && whl=.gpu/py-before/*.whl || whl=.gpu/py/*.whl
-          $py -m pip install -q --no-deps --no-index --force-reinstall $whl
-          for workers in 4 1; do
-            for mode in "" --separate; do
-              echo "== $m round $r $w, $workers workers $mode, $steps steps, --no-sync"
-              timeout 100 $py python/examples/broadcast_step.py --device 0 --no-sync \
-                --workers $workers --steps $steps $mode 2>&1 | tail -$((workers + 1))
-            done
-          done
-        done
-      done | tee "$out/broadcast-$m.txt"
-      [ $m = mps ] && mps_off
-    done
     $py -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/*.whl
     timeout ${PYTEST_LIMIT:-240} $py -m pytest -q -rs python/tests > "$out/pytest.log" 2>&1
     echo "== the Python suite, no MPS (exit $?)"; tail -4 "$out/pytest.log"
     echo "/dev/shm leftovers:"; ls /dev/shm | grep gpuring | head || true
+    ;;
+  broadcast-ab)  # `release`'s broadcast runs alone (ORDER, ROUNDS)
+    bcast_ab
+    /opt/torch/.venv/bin/python3 -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/*.whl
     ;;
   objects)  # the objects bench (--quick) without MPS: ~5 min with the Rust API's rows
     OUT=$out timeout 560 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps.log" 2>&1
