@@ -27,6 +27,7 @@
 #   release  the test binaries, broadcast_step.py --no-sync with .gpu/py-before/ and this
 #            build's wheel, without and under MPS, then the Python suite
 #   broadcast-ab  only those broadcast runs (ORDER="after before" to swap, ROUNDS)
+#   broadcast-pairs  under MPS, each configuration with both wheels back to back
 #   objects  python/bench/objects.py --quick without MPS (one call: ~5 min)
 #   objects-mps  the same under MPS (another call, on the same warm machine)
 #   queue-ab the objects bench's tensor, tuple and dict10 rows (no Rust rows) under MPS with
@@ -83,6 +84,26 @@ bcast_ab() { # broadcast_step.py --no-sync, wheels .gpu/py-before/ and .gpu/py/ 
     done | tee "$out/broadcast-$m.txt"
     [ $m = mps ] && mps_off
   done
+}
+bcast_pairs() { # broadcast_step.py --no-sync under MPS, run by run: each configuration with
+  # the .gpu/py-before/ wheel and this build's, their order swapped every round (ROUNDS)
+  local py=/opt/torch/.venv/bin/python3 r w workers mode order
+  $py -m pip install -q --no-deps --no-index --target /tmp/wheel-before .gpu/py-before/*.whl
+  $py -m pip install -q --no-deps --no-index --target /tmp/wheel-after .gpu/py/*.whl
+  mps_on
+  for r in ${ROUNDS:-1 2 3 4}; do
+    [ $((r % 2)) = 1 ] && order="before after" || order="after before"
+    for workers in 4 1; do
+      for mode in "" --separate; do
+        for w in $order; do
+          echo "== round $r $w, $workers workers $mode, ${STEPS_MPS:-20000} steps, --no-sync"
+          PYTHONPATH=/tmp/wheel-$w timeout 100 $py python/examples/broadcast_step.py --device 0 \
+            --no-sync --workers $workers --steps ${STEPS_MPS:-20000} $mode 2>&1 | tail -1
+        done
+      done
+    done
+  done | tee "$out/broadcast-pairs-mps.txt"
+  mps_off
 }
 case $what in
   tests)
@@ -201,6 +222,9 @@ case $what in
   broadcast-ab)  # `release`'s broadcast runs alone (ORDER, ROUNDS)
     bcast_ab
     /opt/torch/.venv/bin/python3 -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/*.whl
+    ;;
+  broadcast-pairs)  # under MPS, each configuration with both wheels back to back (ROUNDS)
+    bcast_pairs
     ;;
   objects)  # the objects bench (--quick) without MPS: ~5 min with the Rust API's rows
     OUT=$out timeout 560 bash scripts/python-gpu.sh run objects "" --quick > "$out/objects-nomps.log" 2>&1
