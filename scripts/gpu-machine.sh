@@ -86,14 +86,15 @@ bcast_ab() { # broadcast_step.py --no-sync, wheels .gpu/py-before/ and .gpu/py/ 
   done
 }
 bcast_pairs() { # broadcast_step.py --no-sync under MPS, run by run: each configuration with
-  # the .gpu/py-before/ wheel and this build's, their order swapped every round (ROUNDS)
+  # the .gpu/py-before/ wheel and this build's, their order swapped every round (ROUNDS,
+  # WORKERS, STEPS_MPS)
   local py=/opt/torch/.venv/bin/python3 r w workers mode order
   $py -m pip install -q --no-deps --no-index --target /tmp/wheel-before .gpu/py-before/*.whl
   $py -m pip install -q --no-deps --no-index --target /tmp/wheel-after .gpu/py/*.whl
   mps_on
   for r in ${ROUNDS:-1 2 3 4}; do
     [ $((r % 2)) = 1 ] && order="before after" || order="after before"
-    for workers in 4 1; do
+    for workers in ${WORKERS:-4 1}; do
       for mode in "" --separate; do
         for w in $order; do
           echo "== round $r $w, $workers workers $mode, ${STEPS_MPS:-20000} steps, --no-sync"
