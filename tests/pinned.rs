@@ -1,6 +1,6 @@
 //! Pinned host slots between a GPU process and a CPU process: stream-ordered copies into
-//! and out of host slots (`send_from_device_on`, `copy_to_device_on`), registration once
-//! per pool mapping.
+//! and out of host slots (`send_from_device_on`, `copy_to_device_on`, also of a broadcast
+//! channel), registration once per pool mapping.
 //!
 //! Every test here needs a GPU and is `#[ignore]`d, so a machine without one lists them as
 //! ignored (visibly skipped); on the GPU machine `bash .gpu/run.sh` runs them. Each test's
@@ -31,8 +31,14 @@ const WORDS: usize = BYTES / 4;
 /// The parent of a two-process test: creates host channel `tag` with `slots` slots of
 /// BYTES (unpinned: each child chooses), runs `test`'s receiver and sender, waits for both.
 fn run_pair(test: &str, tag: &str, slots: u32) {
+    run_pair_of(test, tag, slots, false);
+}
+
+/// [`run_pair`], of a broadcast channel if `broadcast`.
+fn run_pair_of(test: &str, tag: &str, slots: u32, broadcast: bool) {
     let name = unique_name(tag);
-    let ch = Channel::builder(&name).slots(slots, BYTES as u64).create().unwrap();
+    let builder = Channel::builder(&name).slots(slots, BYTES as u64);
+    let ch = if broadcast { builder.broadcast() } else { builder }.create().unwrap();
     let mut peers = [spawn(test, "receiver", &name, &[]), spawn(test, "sender", &name, &[])];
     wait_all(&mut peers, WATCHDOG);
     drop(ch);
@@ -140,6 +146,34 @@ fn pinned_gpu_to_cpu_process_in_stream_order() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run by .gpu/run.sh on the GPU machine)"]
 fn pinned_cpu_to_gpu_process_slot_waits_for_the_copy() {
+    cpu_to_gpu("pinned_cpu_to_gpu_process_slot_waits_for_the_copy", false);
+}
+
+/// The same through a broadcast channel: `copy_to_device_on` hands the receiver's hold to
+/// the lane (the slot goes back once the copy is done and every cursor is past it), where
+/// before it waited for the stream.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run by .gpu/run.sh on the GPU machine)"]
+fn pinned_cpu_to_gpu_broadcast_slot_waits_for_the_copy() {
+    cpu_to_gpu("pinned_cpu_to_gpu_broadcast_slot_waits_for_the_copy", true);
+}
+
+/// Waits until the broadcast channel `name` has a receiver (a message sent before it
+/// attached would not be its).
+fn wait_for_a_reader(name: &str) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    let attached = || {
+        gpuring::inspect::list().unwrap().iter().any(|s| {
+            s.name.ends_with(name) && s.readers.as_ref().is_some_and(|r| !r.is_empty())
+        })
+    };
+    while !attached() {
+        assert!(std::time::Instant::now() < deadline, "no receiver attached to {name}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn cpu_to_gpu(test: &str, broadcast: bool) {
     const MESSAGES: u64 = 24;
     const PASSES: u32 = 256;
     match role().as_deref() {
@@ -151,6 +185,7 @@ fn pinned_cpu_to_gpu_process_slot_waits_for_the_copy() {
             let mut host = vec![0u32; WORDS];
             let mut overwritten = 0;
             let mut allocs = 0;
+            let mut queued_at_release = 0;
             for seq in 0..MESSAGES {
                 if seq == 2 {
                     allocs = allocations();
@@ -171,6 +206,9 @@ fn pinned_cpu_to_gpu_process_slot_waits_for_the_copy() {
                 } else {
                     // SAFETY: `dst` holds BYTES and lives until the process exits.
                     unsafe { m.copy_to_device_on(dst, &stream) }.unwrap();
+                    // SAFETY: our live stream.
+                    let busy = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
+                    queued_at_release += u32::from(busy == sys::CUresult::CUDA_ERROR_NOT_READY);
                 }
                 // Read the device copy back (outside the counted steady state's purpose:
                 // `host` is preallocated).
@@ -189,6 +227,9 @@ fn pinned_cpu_to_gpu_process_slot_waits_for_the_copy() {
             assert_counting();
             assert!(overwritten > 0, "the control never saw the overwrite: the test is blind");
             eprintln!("control copies saw the overwrite in {overwritten} of {}", MESSAGES / 2);
+            // The slow work queued before each copy takes milliseconds: a release that
+            // waited for the stream would never return with it still busy.
+            assert!(queued_at_release > 0, "copy_to_device_on waited for its copy");
             assert_eq!(rx.pin_error(), None);
             assert_eq!(cuda::host_registrations(), 1, "one registration for the one pool");
             drop(rx);
@@ -197,6 +238,9 @@ fn pinned_cpu_to_gpu_process_slot_waits_for_the_copy() {
         Some("sender") => {
             let ch = Channel::builder(ring_name()).open().unwrap();
             let tx = ch.sender().unwrap();
+            if broadcast {
+                wait_for_a_reader(&ring_name());
+            }
             let meta = TensorMeta::contiguous(DType::U32, &[WORDS as u64]).unwrap();
             // One more lease after the last message: its overwrite races the last control.
             for seq in 0..=MESSAGES {
@@ -212,7 +256,7 @@ fn pinned_cpu_to_gpu_process_slot_waits_for_the_copy() {
             }
             assert_eq!(cuda::host_registrations(), 0, "a CPU-only sender touches no CUDA");
         }
-        _ => run_pair("pinned_cpu_to_gpu_process_slot_waits_for_the_copy", "pinned-c2g", 1),
+        _ => run_pair_of(test, "pinned-c2g", 1, broadcast),
     }
 }
 
