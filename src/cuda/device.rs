@@ -443,7 +443,8 @@ impl ImportedPool {
 }
 
 /// A device slot a message holds. Dropping it records the slot's release event on the
-/// message's stream (after the reads queued there), before the slot goes back.
+/// message's stream (after the reads queued there), before the slot goes back; a broadcast
+/// message's hold goes only once those reads are done ([`DeviceRead::release`]).
 #[derive(Debug)]
 pub struct DeviceRead {
     pub(super) device: Arc<ImportedPool>,
@@ -499,7 +500,9 @@ impl DeviceRead {
         match self.device.reads_done(self.slot, &self.stream) {
             Ok(true) => drop(hold),
             // On an error it waited for the stream and dropped the hold.
-            Ok(false) => drop(drop_after(&self.device, hold, &self.stream)),
+            Ok(false) => {
+                let _ = drop_after(&self.device, hold, &self.stream);
+            }
             Err(_) => {
                 let _ = self.stream.synchronize();
                 drop(hold);
