@@ -163,9 +163,10 @@ fn pinned_cpu_to_gpu_broadcast_slot_waits_for_the_copy() {
 fn wait_for_a_reader(name: &str) {
     let deadline = std::time::Instant::now() + LIMIT;
     let attached = || {
-        gpuring::inspect::list().unwrap().iter().any(|s| {
-            s.name.ends_with(name) && s.readers.as_ref().is_some_and(|r| !r.is_empty())
-        })
+        gpuring::inspect::list()
+            .unwrap()
+            .iter()
+            .any(|s| s.name.ends_with(name) && s.readers.as_ref().is_some_and(|r| !r.is_empty()))
     };
     while !attached() {
         assert!(std::time::Instant::now() < deadline, "no receiver attached to {name}");
