@@ -329,7 +329,10 @@ class Message:
         views of the slot (or copies)."""
 
     def release(self) -> None:
-        """Lets go of the slot (it goes back once no view of it is left)."""
+        """Lets go of the slot (it goes back once no view of it is left). Nothing waits
+        for the GPU here: the sender's next write of the slot comes after the reads queued
+        on the stream the message was received on (a broadcast channel's: after every
+        receiver's)."""
 
     def __enter__(self) -> Message: ...
     def __exit__(self, *args: builtins.object) -> bool: ...
