@@ -325,9 +325,16 @@ pub fn slowest_now<S: Storage + Cursors>(storage: &S) -> u64 {
     slowest(storage, tail, 0)
 }
 
-/// The indices of the bits set in `mask`, below [`MAX_READERS`].
+/// The indices of the bits set in `mask`, below [`MAX_READERS`], lowest first: one step per
+/// bit set, not per place (a reclaim asks at every last holder's drop).
 fn bits(mask: u64) -> impl Iterator<Item = usize> {
-    (0..MAX_READERS).filter(move |&i| mask & (1 << i) != 0)
+    // (A forged mask's bits past the places there are name none.)
+    let mut left = mask & (u64::MAX >> (64 - MAX_READERS));
+    std::iter::from_fn(move || {
+        let i = left.trailing_zeros() as usize;
+        left &= left.wrapping_sub(1); // the lowest bit set goes
+        (i < 64).then_some(i)
+    })
 }
 
 impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
@@ -550,18 +557,11 @@ fn read_then_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors, R>(
         return Err(lagged(storage, index, cursor, tail.wrapping_sub(capacity)));
     }
     let cell = &storage.cells()[(*cursor & (capacity - 1)) as usize];
-    let value = if lagging {
+    let done = if lagging {
         // The producer may be rewriting the cell: a volatile copy, dropped below if `head`
         // shows that a rewrite began.
         // SAFETY: a read inside the cell array of a `Pod` (any bytes are a valid `T`).
-        cell.value.with(|p| unsafe { p.read_volatile() })
-    } else {
-        // The position is below `tail` (the element is written), and our cursor keeps the
-        // producer from rewriting it until the store below.
-        // SAFETY: so the cell holds the element, unchanged; `T: Pod`.
-        cell.value.with(|p| unsafe { p.read() })
-    };
-    if lagging {
+        let value = cell.value.with(|p| unsafe { p.read_volatile() });
         // Acquire: orders the copy above before the `head` load below (the producer's
         // Release fence orders its `head` store before its write of the cell).
         fence(Ordering::Acquire);
@@ -572,8 +572,14 @@ fn read_then_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors, R>(
             // The rewrite of this cell (position cursor + capacity) has begun.
             return Err(lagged(storage, index, cursor, writing.wrapping_sub(capacity)));
         }
-    }
-    let done = then(*cursor, value);
+        then(*cursor, value)
+    } else {
+        // The position is below `tail` (the element is written), and our cursor keeps the
+        // producer from rewriting it until the store below. Read straight into `then`'s
+        // argument (one copy of the element, not two).
+        // SAFETY: so the cell holds the element, unchanged; `T: Pod`.
+        then(*cursor, cell.value.with(|p| unsafe { p.read() }))
+    };
     *cursor = cursor.wrapping_add(1);
     // Release: pairs with the producer's Acquire cursor loads (our read is done), and with
     // the Acquire loads of a broadcast channel's reclaimer (`then`'s hold is visible).

@@ -119,3 +119,11 @@ fn threads_read_every_element_exactly_once_in_order() {
     }
     readers.into_iter().for_each(|t| t.join().unwrap());
 }
+
+#[test]
+fn bits_names_each_place_set_lowest_first() {
+    assert_eq!(super::bits(0).count(), 0);
+    assert_eq!(super::bits(0b1010_0001).collect::<Vec<_>>(), [0, 5, 7]);
+    assert_eq!(super::bits(1 << 63).collect::<Vec<_>>(), [63]);
+    assert_eq!(super::bits(u64::MAX).collect::<Vec<_>>(), (0..64).collect::<Vec<_>>());
+}
