@@ -51,7 +51,7 @@ use crate::wait::{Deadline, WaitPolicy, notify};
 mod dead;
 mod heap;
 pub(crate) use dead::ReaderDropped;
-use dead::drop_gone_readers;
+use dead::{bits, drop_gone_readers};
 pub use heap::{HeapCursors, Subscriber, with_capacity, with_policy};
 
 /// Readers of one broadcast ring at once (one bit each of the readers mask).
@@ -323,18 +323,6 @@ pub fn slowest_now<S: Storage + Cursors>(storage: &S) -> u64 {
     // Acquire: pairs with the producer's Release `tail` store.
     let tail = storage.control().tail.load(Ordering::Acquire);
     slowest(storage, tail, 0)
-}
-
-/// The indices of the bits set in `mask`, below [`MAX_READERS`], lowest first: one step per
-/// bit set, not per place (a reclaim asks at every last holder's drop).
-fn bits(mask: u64) -> impl Iterator<Item = usize> {
-    // (A forged mask's bits past the places there are name none.)
-    let mut left = mask & (u64::MAX >> (64 - MAX_READERS));
-    std::iter::from_fn(move || {
-        let i = left.trailing_zeros() as usize;
-        left &= left.wrapping_sub(1); // the lowest bit set goes
-        (i < 64).then_some(i)
-    })
 }
 
 impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
