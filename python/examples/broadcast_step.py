@@ -37,18 +37,18 @@ def worker(name, device, index, nap, results, no_sync=False):
     ch = gpuring.Channel.open(name, device=device, timeout=10)
     rx = ch.receiver()
     results.put(("ready", index))
-    total = expected = None
+    total, expected = None, 0
     if no_sync:
         import torch
 
         total = torch.zeros((), dtype=torch.float64, device=device)
-        expected = [0]
 
         def check(msg, step):
+            nonlocal expected
             x = torch.from_dlpack(msg)
             usable = time.perf_counter()
             total.add_(x.sum(dtype=torch.float64))  # queued; x and the message go now
-            expected[0] += step * x.numel()
+            expected += step * x.numel()
             return usable, True
     elif device is None:
         import numpy as np
@@ -83,7 +83,7 @@ def worker(name, device, index, nap, results, no_sync=False):
             missed += e.missed
         except gpuring.Disconnected:
             break
-    if no_sync and total.item() != expected[0]:
+    if no_sync and total.item() != expected:
         results.put(("bad", index, -1, last))  # a slot rewritten under a queued read
         return
     latencies.sort()

@@ -89,12 +89,11 @@ pub(super) fn drop_after<H: Home>(
     let slot = hold.held.slot as usize;
     let entries = returns.deferred.get_or_init(|| Deferred::entries(slots));
     let lane = match Lane::in_cell(&returns.lane, stream, slots) {
-        Ok(lane) if slot < entries.len() => lane,
-        made => {
+        Ok(lane) => lane,
+        Err(e) => {
             let _ = stream.synchronize();
             drop(hold);
-            // (A slot out of range is the pool's own check; it never gets here.)
-            return made.map(|_| ());
+            return Err(e);
         }
     };
     // SAFETY: the entry of a slot we hold: empty (its last function emptied it before that
