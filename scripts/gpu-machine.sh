@@ -38,6 +38,10 @@
 #            .gpu/bin/example-handoff) and object_steps.py, under MPS, then without
 #   qsteps   the Python suite, then python/bench/queue_steps.py under MPS and without
 #   gather   the package's GPU tests, copy_costs.py under MPS, then queue-ab (SHAPES)
+#   idle-ab  eight idle broadcast receivers' CPU (tests/broadcast_channel.rs eight_idle) with
+#            .gpu/before/test-broadcast_channel and this build's, alternated (ROUNDS, default
+#            "1 2 3"); then the test binaries; then the demo under MPS with .gpu/before/gpuring
+#            and this build's
 #   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
 #            (`cargo test --release --features cuda,fault-injection --test storms --no-run`,
 #            that binary stripped and copied there): the refusal test, then the storm with
@@ -300,6 +304,23 @@ case $what in
     done
     timeout 200 $bin --ignored --nocapture --exact gpu_storms_lose_nothing > "$out/storms.log" 2>&1
     echo "== the three storms (exit $?)"; grep -E "published|slowest|panicked|test result" "$out/storms.log"
+    ;;
+  idle-ab)  # idle receivers' CPU before/after, the test binaries, the demo under MPS before/after
+    for r in ${ROUNDS:-1 2 3}; do
+      for b in before after; do
+        [ $b = before ] && bin=.gpu/before/test-broadcast_channel || bin=.gpu/bin/test-broadcast_channel
+        echo "== idle round $r $b"
+        timeout 60 $bin eight_idle --nocapture 2>&1 | grep -E "8 receivers|test result|panicked"
+      done
+    done | tee "$out/idle.txt"
+    timeout 330 bash .gpu/run.sh > "$out/tests.log" 2>&1; echo "run.sh exit $?"
+    grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq -c
+    mps_on
+    for b in before after before after; do
+      [ $b = before ] && bin=.gpu/before/gpuring || bin=.gpu/bin/gpuring
+      echo "== demo MPS $b"; timeout 60 $bin demo 2>&1 | grep -E "│ (gpuring|pipe)"
+    done | tee "$out/demo-mps.txt"
+    mps_off
     ;;
   pybench)  # the Python package against Python's queues, no MPS
     OUT=$out timeout 500 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1

@@ -433,10 +433,13 @@ impl PyChannel {
     /// A new receiver. SPSC channels have one live receiver at a time.
     ///
     /// A wait first spins ``spins`` times with a CPU pause between tries (each some
-    /// 10–40 ns), then yields the CPU ``yields`` times, then sleeps on a futex (default
-    /// 2048 and 8: a few µs of spinning). A receiver whose messages come tens of µs apart
-    /// answers faster spinning longer (e.g. ``spins=100_000``, some 1–4 ms), at the cost
-    /// of a busy core while it waits; the GIL is released all the while. A receive from a
+    /// 15–40 ns), then yields the CPU ``yields`` times, then sleeps on a futex (default
+    /// 2048 and 8: 30–90 µs of spinning). A receiver whose waits keep ending in sleeps
+    /// longer than 100 µs spins a quarter as much each time, down to 64 spins, until a
+    /// wait answered within a shorter sleep earns them all back. A receiver whose messages
+    /// come further apart than that answers faster spinning longer (e.g.
+    /// ``spins=100_000``, some 1.5–4 ms), at the cost of a busy core while it waits; the
+    /// GIL is released all the while. A receive from a
     /// ``ready="flag"`` sender waits for the flag the same way: at least 4096 spins, the
     /// yields, then 4 µs naps at a timer slack of 1 µs for 0.5 ms, then naps doubling to
     /// 1 ms; ``spins=2**32 - 1`` never sleeps.

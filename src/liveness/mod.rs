@@ -39,7 +39,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::layout::{Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER};
-use crate::wait::{Deadline, TimedOut, WaitPolicy, WaitWord, notify, wait_until};
+use crate::wait::{Deadline, Sleeper, TimedOut, WaitWord, Waits, notify, wait_until};
 
 mod claims;
 #[cfg(not(loom))]
@@ -304,7 +304,7 @@ pub(crate) enum Tick<R> {
 }
 
 /// The blocking form of a non-blocking operation: retries `attempt` (which returns
-/// `Ok(Some(r))` on success, `Ok(None)` to wait) as `policy` says, sleeping on `wait_on`,
+/// `Ok(Some(r))` on success, `Ok(None)` to wait) as `waits` says, sleeping on `wait_on`,
 /// until `deadline`; after a success, wakes the other side's sleepers on `wake`.
 ///
 /// The first attempt reads no clock, and with [`Deadline::Now`] it is the only one. After
@@ -325,7 +325,7 @@ pub(crate) fn block_on<W: Watch, R>(
     waits_for: Role,
     wait_on: &WaitWord,
     wake: &WaitWord,
-    policy: WaitPolicy,
+    waits: &Waits,
     deadline: Deadline,
     mut attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
     mut on_tick: impl FnMut() -> Tick<R>,
@@ -384,7 +384,8 @@ pub(crate) fn block_on<W: Watch, R>(
         None => {}
     }
     if !W::WATCHES {
-        return match wait_until(wait_on, policy, deadline, None, &mut attempt) {
+        let mut sleeper = Sleeper::new(wait_on);
+        return match wait_until(&mut sleeper, waits, true, deadline, None, &mut attempt) {
             Ok(Ok(r)) => done(r),
             Ok(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
             Ok(Err(why)) => last(&mut attempt, None, why),
@@ -423,7 +424,10 @@ pub(crate) fn block_on<W: Watch, R>(
     }
     // Spin (and yield) at the start of the wait only: a waiter woken by its tick's timeout
     // goes back to sleep at once (an idle receiver's ticks then cost a few syscalls each).
-    let mut policy = policy;
+    let mut first = true;
+    // Registered at the first sleep, and until the wait ends: the ticks' sleeps after the
+    // first need no heavy barrier (`wait::Sleeper`).
+    let mut sleeper = Sleeper::new(wait_on);
     // Where the kernel tells of the segment's closes (`Watch::closes`): the close events
     // as the last probe that found nothing to do saw them. The sleep then also wakes at a
     // close (a peer may have died: the tick probes at once), so a consumer waiting for
@@ -445,10 +449,8 @@ pub(crate) fn block_on<W: Watch, R>(
     loop {
         let idle = consumer && closes.is_some();
         let chunk = deadline.or_within(if idle { IDLE_TICK } else { LIVENESS_TICK });
-        let waited = wait_until(wait_on, policy, chunk, closes, &mut attempt);
-        if !policy.never_sleeps() {
-            policy = WaitPolicy::SLEEP;
-        }
+        let waited = wait_until(&mut sleeper, waits, first, chunk, closes, &mut attempt);
+        first = false;
         match waited {
             Ok(Ok(r)) => return done(r),
             Ok(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
@@ -529,7 +531,7 @@ mod tests {
             Role::Producer,
             &word,
             &word,
-            WaitPolicy::default(),
+            &Waits::default(),
             Deadline::Now,
             || {
                 tries += 1;

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use crate::layout::{Corrupted, RingControl};
 use crate::liveness::{Blocked, Role, Tick, Unwatched, Watch, block_on};
-use crate::wait::{Deadline, WaitPolicy};
+use crate::wait::{Deadline, Waits};
 
 pub mod broadcast;
 mod error;
@@ -226,7 +226,7 @@ pub(crate) fn cache_hint<C>(value: &C, hint: Hint) {
 pub(crate) fn wait_for<S: Storage, R>(
     storage: &S,
     me: Role,
-    policy: WaitPolicy,
+    waits: &Waits,
     deadline: Deadline,
     attempt: impl FnMut() -> Result<Option<R>, Corrupted>,
     on_tick: impl FnMut() -> Tick<R>,
@@ -236,7 +236,7 @@ pub(crate) fn wait_for<S: Storage, R>(
         Role::Producer => (Role::Consumer, &c.not_full, &c.not_empty),
         Role::Consumer => (Role::Producer, &c.not_empty, &c.not_full),
     };
-    block_on(storage.watch(), peers, sleep_on, wake, policy, deadline, attempt, on_tick)
+    block_on(storage.watch(), peers, sleep_on, wake, waits, deadline, attempt, on_tick)
 }
 
 /// For the non-blocking forms, after they found the ring full or empty: whether every

@@ -35,7 +35,7 @@ use super::{
 use crate::layout::{Corrupted, MpmcCell, STAMP_FLAGS};
 use crate::liveness::{Blocked, Role, Tick, Watch};
 use crate::sync::Ordering;
-use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
+use crate::wait::{Deadline, WaitPolicy, Waits, barrier_mode, notify};
 
 /// An in-process MPMC ring of `capacity` elements (a power of two) on the heap. Clone the
 /// handles for more producers or consumers.
@@ -61,7 +61,7 @@ pub struct Producer<T, S> {
     pub(super) storage: S,
     pub(super) capacity: u64,
     pub(super) hints: Hints,
-    pub(super) policy: WaitPolicy,
+    pub(super) policy: Waits,
     _elem: PhantomData<fn(T)>,
 }
 
@@ -70,7 +70,7 @@ pub struct Producer<T, S> {
 pub struct Consumer<T, S> {
     pub(super) storage: S,
     pub(super) capacity: u64,
-    pub(super) policy: WaitPolicy,
+    pub(super) policy: Waits,
     /// A blocking `pop` of this handle adopted a dead consumer's cell at its last tick, so
     /// more of that consumer's run may be waiting: the next `pop` that finds the ring empty
     /// looks for them at once instead of a tick later. Local to this handle.
@@ -80,7 +80,7 @@ pub struct Consumer<T, S> {
 
 impl<T, S: Clone> Clone for Producer<T, S> {
     fn clone(&self) -> Self {
-        Self { storage: self.storage.clone(), ..*self }
+        Self { storage: self.storage.clone(), policy: self.policy.clone(), ..*self }
     }
 }
 
@@ -89,7 +89,7 @@ impl<T, S: Clone> Clone for Consumer<T, S> {
         Self {
             storage: self.storage.clone(),
             capacity: self.capacity,
-            policy: self.policy,
+            policy: self.policy.clone(),
             adopting: std::sync::atomic::AtomicBool::new(false),
             _elem: PhantomData,
         }
@@ -267,7 +267,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
         let capacity = check_positions(&storage)?;
         barrier_mode(); // registers for membarrier now, not on the first publish
         let hints = Hints::from_env();
-        Ok(Self { storage, capacity, hints, policy: WaitPolicy::default(), _elem: PhantomData })
+        Ok(Self { storage, capacity, hints, policy: Waits::default(), _elem: PhantomData })
     }
 
     /// Pushes `value` if there is room; never blocks. Wakes sleeping consumers.
@@ -320,12 +320,12 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Producer<T, S> {
             repair(&self.storage);
             Tick::Idle
         };
-        wait_for(&self.storage, Role::Producer, self.policy, deadline, attempt, on_tick)
+        wait_for(&self.storage, Role::Producer, &self.policy, deadline, attempt, on_tick)
     }
 
     /// Sets how blocking pushes of this handle wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.policy = policy;
+        self.policy.set(policy);
     }
 
     /// Whether every consumer is gone (see `ring::peers_gone`): for senders that refuse to
@@ -373,7 +373,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
         let capacity = check_positions(&storage)?;
         barrier_mode(); // registers for membarrier now, not on the first publish
         let adopting = std::sync::atomic::AtomicBool::new(false);
-        Ok(Self { storage, capacity, policy: WaitPolicy::default(), adopting, _elem: PhantomData })
+        Ok(Self { storage, capacity, policy: Waits::default(), adopting, _elem: PhantomData })
     }
 
     /// Pops the oldest element if there is one; never blocks (and adopts nothing: blocking
@@ -423,12 +423,12 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
 
     /// Sets how blocking pops of this handle wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.policy = policy;
+        self.policy.set(policy);
     }
 
     /// How blocking pops of this handle wait.
     pub fn wait_policy(&self) -> WaitPolicy {
-        self.policy
+        self.policy.policy()
     }
 
     /// Number of cells.

@@ -315,7 +315,7 @@ impl<T: Pod, S: Storage<Cell = MpmcCell<T>>> Consumer<T, S> {
             repair(&self.storage);
             adopt()
         };
-        wait_for(&self.storage, Role::Consumer, self.policy, deadline, attempt, on_tick)
+        wait_for(&self.storage, Role::Consumer, &self.policy, deadline, attempt, on_tick)
             .map_err(PopTimeoutError::from)
     }
 

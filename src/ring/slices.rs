@@ -138,7 +138,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> spsc::Producer<T, S> {
     ) -> Result<usize, Blocked> {
         let Self { storage, local, policy, .. } = self;
         let attempt = || try_push_slice_in(storage, local, values).map(|n| (n > 0).then_some(n));
-        wait_for(&*storage, Role::Producer, *policy, deadline, attempt, || Tick::Idle)
+        wait_for(&*storage, Role::Producer, policy, deadline, attempt, || Tick::Idle)
     }
 }
 
@@ -170,7 +170,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> spsc::Consumer<T, S> {
         }
         let Self { storage, local, policy, .. } = self;
         let attempt = || try_pop_into_in(storage, local, out).map(|n| (n > 0).then_some(n));
-        wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle)
+        wait_for(&*storage, Role::Consumer, policy, deadline, attempt, || Tick::Idle)
             .map_err(PopTimeoutError::from)
     }
 }

@@ -20,7 +20,7 @@ use super::{
 use crate::layout::{Corrupted, SpscCell};
 use crate::liveness::{Blocked, Role, Tick};
 use crate::sync::Ordering;
-use crate::wait::{Deadline, WaitPolicy, barrier_mode, notify};
+use crate::wait::{Deadline, WaitPolicy, Waits, barrier_mode, notify};
 
 /// An in-process SPSC ring of `capacity` elements (a power of two) on the heap.
 ///
@@ -108,7 +108,7 @@ impl Local {
 pub struct Producer<T, S> {
     pub(super) storage: S,
     pub(super) local: Local,
-    pub(super) policy: WaitPolicy,
+    pub(super) policy: Waits,
     _elem: PhantomData<fn(T)>,
 }
 
@@ -117,7 +117,7 @@ pub struct Producer<T, S> {
 pub struct Consumer<T, S> {
     pub(super) storage: S,
     pub(super) local: Local,
-    pub(super) policy: WaitPolicy,
+    pub(super) policy: Waits,
     _elem: PhantomData<fn() -> T>,
 }
 
@@ -225,7 +225,7 @@ macro_rules! end_new {
             Ok(Self {
                 local: Local::load(&storage, $producer)?,
                 storage,
-                policy: WaitPolicy::default(),
+                policy: Waits::default(),
                 _elem: PhantomData,
             })
         }
@@ -263,13 +263,13 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Producer<T, S> {
     ) -> Result<(), PushTimeoutError<T>> {
         let Self { storage, local, policy, .. } = self;
         let attempt = || try_push_in(storage, local, value).map(Some).or_else(push_retry);
-        wait_for(&*storage, Role::Producer, *policy, deadline, attempt, || Tick::Idle)
+        wait_for(&*storage, Role::Producer, policy, deadline, attempt, || Tick::Idle)
             .map_err(|b| PushTimeoutError::from_blocked(b, value))
     }
 
     /// Sets how blocking pushes wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.policy = policy;
+        self.policy.set(policy);
     }
 
     /// Whether every consumer is gone (see `ring::peers_gone`): for senders that refuse to
@@ -413,7 +413,7 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
             Tick::Idle => Tick::Idle,
             Tick::Stop(why) => Tick::Stop(why),
         };
-        wait_for(&*storage, Role::Consumer, *policy, deadline, attempt, on_tick)
+        wait_for(&*storage, Role::Consumer, policy, deadline, attempt, on_tick)
             .map_err(PopTimeoutError::from)
             .map(|r| r.expect("then runs on the one successful pop"))
     }
@@ -431,12 +431,12 @@ impl<T: Pod, S: Storage<Cell = SpscCell<T>>> Consumer<T, S> {
 
     /// Sets how blocking pops wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.policy = policy;
+        self.policy.set(policy);
     }
 
     /// How blocking pops wait.
     pub fn wait_policy(&self) -> WaitPolicy {
-        self.policy
+        self.policy.policy()
     }
 
     /// Number of cells.

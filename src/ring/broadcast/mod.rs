@@ -46,7 +46,7 @@ use super::{PushTimeoutError, ReadTimeoutError, Storage, TryPushError, TryReadEr
 use crate::layout::{Corrupted, MAX_PARTICIPANTS, SpscCell};
 use crate::liveness::{Role, Tick};
 use crate::sync::{AtomicU64, Ordering, fence};
-use crate::wait::{Deadline, WaitPolicy, notify};
+use crate::wait::{Deadline, WaitPolicy, Waits, notify};
 
 mod dead;
 mod heap;
@@ -89,7 +89,7 @@ pub unsafe trait Cursors {
 pub struct Producer<T, S> {
     storage: S,
     local: Local,
-    policy: WaitPolicy,
+    policy: Waits,
     /// Run with the index of each dead reader dropped at a tick, under its place's lock.
     on_drop: Option<ReaderDropped>,
     _elem: PhantomData<fn(T) -> T>,
@@ -119,7 +119,7 @@ pub struct Reader<T, S: Cursors> {
     /// The next position to read (this reader's own copy of its cursor).
     cursor: u64,
     capacity: u64,
-    policy: WaitPolicy,
+    policy: Waits,
     _elem: PhantomData<fn() -> T>,
 }
 
@@ -144,13 +144,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
         let tail = storage.control().tail.load(Ordering::Acquire);
         let min = slowest(&storage, tail, own);
         let local = Local { tail, min, capacity, own, lagging: storage.lagging() };
-        Ok(Self {
-            storage,
-            local,
-            policy: WaitPolicy::default(),
-            on_drop: None,
-            _elem: PhantomData,
-        })
+        Ok(Self { storage, local, policy: Waits::default(), on_drop: None, _elem: PhantomData })
     }
 
     /// Runs `f` with the index of each dead reader dropped at a tick, while no new reader
@@ -184,7 +178,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
             let dropped = drop_gone_readers(storage, on_drop.as_ref(), 0);
             if dropped > 0 { Tick::Retry } else { Tick::Idle }
         };
-        wait_for(storage, Role::Producer, *policy, deadline, attempt, on_tick)
+        wait_for(storage, Role::Producer, policy, deadline, attempt, on_tick)
             .map_err(|b| PushTimeoutError::from_blocked(b, value))
     }
 
@@ -241,7 +235,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Producer<T, S> {
 
     /// Sets how blocking pushes wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.policy = policy;
+        self.policy.set(policy);
     }
 
     /// Number of cells.
@@ -362,7 +356,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
             index,
             cursor: now,
             capacity,
-            policy: WaitPolicy::default(),
+            policy: Waits::default(),
             _elem: PhantomData,
         })
     }
@@ -409,7 +403,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
             }
             Err(TryReadError::Corrupted(c)) => Err(c),
         };
-        match wait_for(storage, Role::Consumer, *policy, deadline, attempt, || Tick::Idle) {
+        match wait_for(storage, Role::Consumer, policy, deadline, attempt, || Tick::Idle) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(missed)) => Err(ReadTimeoutError::Lagged(missed)),
             Err(b) => Err(ReadTimeoutError::from(b)),
@@ -447,13 +441,13 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
             }
         };
         // (`then` taken already cannot be: its one successful read ended the wait.)
-        wait_for(storage, Role::Consumer, *policy, deadline, attempt, &mut tick)
+        wait_for(storage, Role::Consumer, policy, deadline, attempt, &mut tick)
             .map_err(super::PopTimeoutError::from)
     }
 
     /// How blocking reads wait.
     pub fn wait_policy(&self) -> WaitPolicy {
-        self.policy
+        self.policy.policy()
     }
 
     /// Whether the ring is lagging (as read when this reader joined).
@@ -482,7 +476,7 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
 
     /// Sets how blocking reads wait.
     pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
-        self.policy = policy;
+        self.policy.set(policy);
     }
 
     /// Elements published and not yet read by this reader (a snapshot).

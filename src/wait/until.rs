@@ -1,0 +1,366 @@
+//! The wait loop ([`wait_until`]): spinning as an endpoint's recent waits earned, then
+//! sleeping as a registered [`Sleeper`].
+//!
+//! **Spins earned.** A [`WaitPolicy`]'s spins answer a peer that is about to publish (a few µs away) without
+//! a futex wake-up; for a peer that publishes much later they are CPU burnt in vain, once
+//! per wait: on a Xeon of 2026 a `pause` costs some 40 cycles, and the default 2,048 spins
+//! with their checks take 30–70 µs. An endpoint therefore keeps, beside its policy, the
+//! spins its waits have *earned* ([`Waits`]):
+//!
+//! - a wait that went to sleep and was woken within [`SHORT_SLEEP`], or within the time
+//!   the policy's spins take where that is longer (spinning longer would have caught it),
+//!   earns the policy's spins back, all of them;
+//! - one that slept longer (spinning longer would not have helped) spins a quarter as much
+//!   next time, down to [`FLOOR`];
+//! - one that ended while spinning or yielding changes nothing.
+//!
+//! So a stream whose messages come close together spins as the policy says (its waits never
+//! sleep, or sleep briefly), and an endpoint left idle, or fed a step every millisecond,
+//! stops spinning in vain after a few waits. Only a wait's first step spins (its later
+//! liveness chunks sleep at once, as before), and a policy that never sleeps is never cut.
+//! The budget is this endpoint's own (a process-local atomic, not in shared memory): any
+//! value is safe, it only moves CPU time and wake-up latency.
+//!
+//! **One registration a wait.** A wait registers as a sleeper (with the heavy barrier) at
+//! its first sleep and stays registered until it ends ([`Sleeper`]).
+
+use std::sync::atomic::{AtomicU32 as LocalU32, Ordering as LocalOrdering};
+use std::time::Duration;
+
+use super::{DEGRADED_RECHECK, Deadline, TimedOut, WaitPolicy, WaitWord, sleep};
+use crate::sync::Ordering;
+
+/// A sleep shorter than this means the wait would have been answered by spinning longer
+/// (or than the policy's spins take, where that is longer: [`spins_take`]).
+pub(crate) const SHORT_SLEEP: Duration = Duration::from_micros(100);
+
+/// About how long `spins` spins take on this machine: the time of one `pause`, measured
+/// once a process (over 1,024 of them, some 15–40 µs, at the first sleep that asks), times
+/// `spins`. A lower bound (a spin also runs its check).
+fn spins_take(spins: u32) -> Duration {
+    static PAUSE_PS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let pause_ps = *PAUSE_PS.get_or_init(|| {
+        let start = std::time::Instant::now();
+        for _ in 0..1024 {
+            std::hint::spin_loop();
+        }
+        (start.elapsed().as_nanos() as u64).saturating_mul(1000) / 1024
+    });
+    Duration::from_nanos(pause_ps.saturating_mul(u64::from(spins)) / 1000)
+}
+
+/// The fewest spins a policy's waits are cut to (about 1–3 µs).
+pub(crate) const FLOOR: u32 = 64;
+
+/// An endpoint's wait policy and the spins its recent waits earned (module docs).
+#[derive(Debug)]
+pub(crate) struct Waits {
+    policy: WaitPolicy,
+    /// Spins the next wait makes, at most `policy.spins`.
+    earned: LocalU32,
+}
+
+impl Clone for Waits {
+    fn clone(&self) -> Self {
+        Self::new(self.policy)
+    }
+}
+
+impl Default for Waits {
+    fn default() -> Self {
+        Self::new(WaitPolicy::default())
+    }
+}
+
+impl Waits {
+    /// `policy`, with all its spins earned.
+    pub(crate) const fn new(policy: WaitPolicy) -> Self {
+        Self { policy, earned: LocalU32::new(policy.spins) }
+    }
+
+    /// The policy as set.
+    pub(crate) const fn policy(&self) -> WaitPolicy {
+        self.policy
+    }
+
+    /// Sets the policy, all its spins earned.
+    pub(crate) fn set(&mut self, policy: WaitPolicy) {
+        *self = Self::new(policy);
+    }
+
+    /// The policy the next wait's first step runs under: the spins earned.
+    pub(crate) fn now(&self) -> WaitPolicy {
+        // Relaxed: a hint of this endpoint's own; any value is safe.
+        let spins = self.earned.load(LocalOrdering::Relaxed).min(self.policy.spins);
+        WaitPolicy { spins, yields: self.policy.yields }
+    }
+
+    /// A wait that spun as [`now`](Self::now) said in vain, then slept for `slept`.
+    pub(crate) fn slept(&self, slept: Duration) {
+        let full = self.policy.spins;
+        if self.policy.never_sleeps() || full <= FLOOR {
+            return;
+        }
+        // Relaxed: as in `now`; two threads sharing an endpoint may lose one's update.
+        let earned = self.earned.load(LocalOrdering::Relaxed).min(full);
+        let short = slept < SHORT_SLEEP || slept < spins_take(full);
+        let next = if short { full } else { (earned / 4).max(FLOOR) };
+        if next != earned {
+            self.earned.store(next, LocalOrdering::Relaxed);
+        }
+    }
+}
+
+/// A thread's registration as a sleeper on a wait word for one blocking wait: made, with
+/// its heavy barrier, before the wait's first sleep, and kept until the wait ends (the
+/// value's drop), through every later sleep of the wait (its liveness chunks, its spurious
+/// wake-ups) and the ticks between them.
+///
+/// Once the barrier has run, a publisher's load of `sleepers` sees this registration for as
+/// long as it stands (nothing takes it off the count before the drop), so a later sleep
+/// needs no barrier of its own: it reads the epoch (Acquire), re-checks, and sleeps on that
+/// epoch, and a publication after the re-check bumps the epoch and wakes it. On a VM of
+/// 16 cores the barrier (`membarrier`) costs 20–180 µs of CPU, so an idle receiver that
+/// registered anew at each tick paid it once a second. While registered between sleeps (a
+/// tick's probe), a publisher makes one needless wake syscall at most.
+pub(crate) struct Sleeper<'a> {
+    word: &'a WaitWord,
+    /// Whether sleeps are bounded by `DEGRADED_RECHECK`, once registered.
+    bounded: Option<bool>,
+}
+
+impl<'a> Sleeper<'a> {
+    /// Not registered yet: nothing is done until the first sleep.
+    pub(crate) const fn new(word: &'a WaitWord) -> Self {
+        Self { word, bounded: None }
+    }
+
+    /// Registers if not yet (the heavy barrier), then the epoch to sleep on and whether the
+    /// sleep is bounded.
+    fn register(&mut self) -> (u32, bool) {
+        match self.bounded {
+            Some(bounded) => {
+                // Acquire: pairs with the Release bump in `wake_all`.
+                (self.word.epoch.load(Ordering::Acquire), bounded)
+            }
+            None => {
+                let (epoch, bounded) = self.word.register();
+                self.bounded = Some(bounded);
+                (epoch, bounded)
+            }
+        }
+    }
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        if self.bounded.is_some() {
+            self.word.unregister();
+        }
+    }
+}
+
+/// The spinning and yielding steps of a wait, as `policy` says, spinning at least
+/// `min_spins` times: `attempt` is called before each spin and after each yield, and
+/// `now_and_then` once every 1024 spins (what a policy that never sleeps must still check).
+/// Returns what either returned first, or `None` once both steps are spent.
+#[inline]
+pub(crate) fn spin_then_yield<R>(
+    policy: WaitPolicy,
+    min_spins: u32,
+    mut attempt: impl FnMut() -> Option<R>,
+    mut now_and_then: impl FnMut() -> Option<R>,
+) -> Option<R> {
+    let mut spins = 0u32;
+    loop {
+        if let Some(r) = attempt() {
+            return Some(r);
+        }
+        if spins >= policy.spins.max(min_spins) {
+            break;
+        }
+        spins += 1;
+        std::hint::spin_loop();
+        if spins % 1024 == 0 {
+            if let Some(r) = now_and_then() {
+                return Some(r);
+            }
+        }
+    }
+    for _ in 0..policy.yields {
+        std::thread::yield_now();
+        if let Some(r) = attempt() {
+            return Some(r);
+        }
+    }
+    None
+}
+
+/// Runs `attempt` until it returns `Some`, spinning, yielding and then sleeping on the
+/// sleeper's word as `waits` says, until `deadline`; with `spin` false (a wait's later steps), sleeping at
+/// once unless the policy never sleeps. A first step that sleeps tells `waits` how long
+/// (`spins.rs`).
+///
+/// With `closes` (a segment's close-event word and its value when the caller last probed
+/// its peers, see `reactor::close_events`), the sleep also ends when the segment sees a
+/// close (a peer may have died), and the wait returns `TimedOut` then, before `deadline`:
+/// the caller probes and comes back.
+///
+/// `attempt` must be the whole check: after a wake-up it is simply called again, so
+/// spurious wake-ups and `EINTR` are harmless.
+pub(crate) fn wait_until<R>(
+    sleeper: &mut Sleeper<'_>,
+    waits: &Waits,
+    spin: bool,
+    deadline: Deadline,
+    closes: Option<(&std::sync::atomic::AtomicU32, u32)>,
+    mut attempt: impl FnMut() -> Option<R>,
+) -> Result<R, TimedOut> {
+    if matches!(deadline, Deadline::Now | Deadline::Tick) {
+        return attempt().ok_or(TimedOut);
+    }
+    let policy = waits.now();
+    let learn = spin && !policy.never_sleeps();
+    let policy = if spin || policy.never_sleeps() { policy } else { WaitPolicy::SLEEP };
+    // Never-sleep policies still honour the deadline, checked now and then.
+    let spun = spin_then_yield(
+        policy,
+        0,
+        || attempt().map(Ok),
+        || deadline.passed().then_some(Err(TimedOut)),
+    );
+    if let Some(outcome) = spun {
+        return outcome;
+    }
+    // The spins were in vain: how long the sleep lasts says whether they were too few.
+    let asleep = learn.then(std::time::Instant::now);
+    let outcome = sleep_until(sleeper, deadline, closes, attempt);
+    if let Some(at) = asleep {
+        waits.slept(at.elapsed());
+    }
+    outcome
+}
+
+/// [`wait_until`]'s sleeps, after its spins and yields.
+fn sleep_until<R>(
+    sleeper: &mut Sleeper<'_>,
+    deadline: Deadline,
+    closes: Option<(&std::sync::atomic::AtomicU32, u32)>,
+    mut attempt: impl FnMut() -> Option<R>,
+) -> Result<R, TimedOut> {
+    loop {
+        let (epoch, bounded) = sleeper.register();
+        let found = attempt();
+        let left = deadline.remaining();
+        if found.is_some() || left == Some(Duration::ZERO) {
+            return found.ok_or(TimedOut);
+        }
+        let left = if bounded {
+            Some(left.map_or(DEGRADED_RECHECK, |l| l.min(DEGRADED_RECHECK)))
+        } else {
+            left
+        };
+        let closed = sleep(sleeper.word, epoch, left, closes);
+        // Woken (or timed out, or spurious, or a close): look before sleeping again; a wait
+        // whose deadline has passed (a blocked endpoint's liveness tick) or that a close
+        // ended (its caller probes, then comes back) ends here, still registered.
+        if let Some(r) = attempt() {
+            return Ok(r);
+        }
+        if closed || deadline.passed() {
+            return Err(TimedOut);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::wait::notify;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn a_wait_stays_registered_across_its_sleeps_and_is_still_woken() {
+        let word = Arc::new(WaitWord::new());
+        let flag = Arc::new(AtomicBool::new(false));
+        let (w, f) = (word.clone(), flag.clone());
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let waits = Waits::new(WaitPolicy::SLEEP);
+            let mut sleeper = Sleeper::new(&w);
+            let check = || f.load(Ordering::Acquire).then_some(());
+            // A first chunk that times out (as a liveness tick's does) leaves it registered.
+            let first = wait_until(
+                &mut sleeper,
+                &waits,
+                true,
+                Deadline::after(Duration::from_millis(5)),
+                None,
+                check,
+            );
+            assert_eq!(first, Err(TimedOut));
+            assert_eq!(w.sleepers(), 1, "registered between the wait's sleeps");
+            // The second sleep has no deadline: only the wake below can end it.
+            let second = wait_until(&mut sleeper, &waits, false, Deadline::Never, None, check);
+            drop(sleeper);
+            done.send((second, w.sleepers())).unwrap();
+        });
+        // Once the first chunk is over (the count stays 1 throughout: wait a little longer
+        // than the chunk), publish and notify: the registration made before still counts.
+        std::thread::sleep(Duration::from_millis(30));
+        flag.store(true, Ordering::Release);
+        notify(&word);
+        let (second, sleepers) =
+            finished.recv_timeout(Duration::from_secs(10)).expect("the second sleep was woken");
+        assert_eq!(second, Ok(()));
+        assert_eq!(sleepers, 0, "the wait's end takes it off the count");
+    }
+
+    #[test]
+    fn long_sleeps_cut_the_spins_to_the_floor_and_a_short_one_earns_them_back() {
+        let waits = Waits::default();
+        let full = WaitPolicy::default().spins();
+        // Longer than both what counts as short and what the full spins take here.
+        let long = SHORT_SLEEP.max(spins_take(full)) * 2;
+        assert_eq!(waits.now().spins(), full);
+        waits.slept(long);
+        assert_eq!(waits.now().spins(), full / 4);
+        for _ in 0..10 {
+            waits.slept(long * 1000);
+        }
+        assert_eq!(waits.now().spins(), FLOOR);
+        assert_eq!(waits.now().yields(), WaitPolicy::default().yields(), "yields are kept");
+        waits.slept(SHORT_SLEEP / 5);
+        assert_eq!(waits.now().spins(), full);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)] // times `pause`: Miri's clock is not the CPU's
+    fn a_long_spinning_policy_earns_its_spins_back_within_the_time_they_take() {
+        let spins = 100_000;
+        let waits = Waits::new(WaitPolicy::spin_then_sleep(spins, 8));
+        let take = spins_take(spins);
+        assert!(take > Duration::from_micros(100), "100,000 pauses take {take:?}");
+        waits.slept(take * 4);
+        assert_eq!(waits.now().spins(), spins / 4);
+        // A wait answered after a sleep shorter than the full spins would have taken.
+        waits.slept(take / 2);
+        assert_eq!(waits.now().spins(), spins);
+    }
+
+    #[test]
+    fn policies_that_never_sleep_or_barely_spin_are_never_cut() {
+        let busy = Waits::new(WaitPolicy::spin_then_sleep(u32::MAX, 0));
+        busy.slept(Duration::from_secs(100));
+        assert!(busy.now().never_sleeps());
+        let few = Waits::new(WaitPolicy::spin_then_sleep(10, 2));
+        few.slept(Duration::from_secs(1));
+        assert_eq!(few.now(), WaitPolicy::spin_then_sleep(10, 2));
+        let mut set = Waits::default();
+        set.slept(Duration::from_secs(1));
+        set.set(WaitPolicy::SLEEP);
+        assert_eq!(set.now(), WaitPolicy::SLEEP);
+        assert_eq!(set.policy(), WaitPolicy::SLEEP);
+    }
+}
