@@ -40,8 +40,9 @@
 #   gather   the package's GPU tests, copy_costs.py under MPS, then queue-ab (SHAPES)
 #   idle-ab  eight idle broadcast receivers' CPU (tests/broadcast_channel.rs eight_idle) with
 #            .gpu/before/test-broadcast_channel and this build's, alternated (ROUNDS, default
-#            "1 2 3"); then the test binaries; then the demo under MPS with .gpu/before/gpuring
-#            and this build's
+#            "1 2 3"); python/bench/idle.py with this build's wheel (.gpu/py, if staged); then
+#            the test binaries; then the demo under MPS with .gpu/before/gpuring and this
+#            build's
 #   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
 #            (`cargo test --release --features cuda,fault-injection --test storms --no-run`,
 #            that binary stripped and copied there): the refusal test, then the storm with
@@ -313,6 +314,10 @@ case $what in
         timeout 60 $bin eight_idle --nocapture 2>&1 | grep -E "8 receivers|test result|panicked"
       done
     done | tee "$out/idle.txt"
+    if ls .gpu/py/*.whl > /dev/null 2>&1; then  # the same from Python (this build's wheel)
+      /opt/torch/.venv/bin/python3 -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/gpuring*.whl
+      for r in 1 2; do timeout 60 /opt/torch/.venv/bin/python3 python/bench/idle.py; done | tee -a "$out/idle.txt"
+    fi
     timeout 330 bash .gpu/run.sh > "$out/tests.log" 2>&1; echo "run.sh exit $?"
     grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq -c
     mps_on

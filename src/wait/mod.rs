@@ -419,10 +419,10 @@ mod tests {
 
     #[test]
     fn deadline_passes_with_sleep_policy() {
-        let word = WaitWord::new();
+        let (word, waits) = (WaitWord::new(), Waits::new(WaitPolicy::SLEEP));
         let r: Result<(), _> = wait_until(
             &mut Sleeper::new(&word),
-            &Waits::new(WaitPolicy::SLEEP),
+            &waits,
             true,
             Deadline::after(Duration::from_millis(20)),
             None,
@@ -434,10 +434,10 @@ mod tests {
 
     #[test]
     fn deadline_passes_with_spin_only_policy() {
-        let word = WaitWord::new();
+        let (word, waits) = (WaitWord::new(), Waits::new(WaitPolicy::spin_then_sleep(u32::MAX, 0)));
         let r: Result<(), _> = wait_until(
             &mut Sleeper::new(&word),
-            &Waits::new(WaitPolicy::spin_then_sleep(u32::MAX, 0)),
+            &waits,
             true,
             Deadline::after(Duration::from_millis(5)),
             None,

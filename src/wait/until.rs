@@ -56,9 +56,14 @@ pub(crate) const FLOOR: u32 = 64;
 #[derive(Debug)]
 pub(crate) struct Waits {
     policy: WaitPolicy,
-    /// Spins the next wait makes, at most `policy.spins`.
-    earned: LocalU32,
+    /// How many times the policy's spins were cut by 4 since a wait last earned them all
+    /// back: kept when the policy is set (a Python receive sets `SLEEP` for its later
+    /// slices, then its policy again), so what the waits learnt outlives such a switch.
+    cuts: LocalU32,
 }
+
+/// The most cuts counted (2,048 spins reach the floor after 3).
+const MAX_CUTS: u32 = 15;
 
 impl Clone for Waits {
     fn clone(&self) -> Self {
@@ -75,7 +80,7 @@ impl Default for Waits {
 impl Waits {
     /// `policy`, with all its spins earned.
     pub(crate) const fn new(policy: WaitPolicy) -> Self {
-        Self { policy, earned: LocalU32::new(policy.spins) }
+        Self { policy, cuts: LocalU32::new(0) }
     }
 
     /// The policy as set.
@@ -83,16 +88,20 @@ impl Waits {
         self.policy
     }
 
-    /// Sets the policy, all its spins earned.
+    /// Sets the policy; the cuts the waits earned stay.
     pub(crate) fn set(&mut self, policy: WaitPolicy) {
-        *self = Self::new(policy);
+        self.policy = policy;
     }
 
     /// The policy the next wait's first step runs under: the spins earned.
     pub(crate) fn now(&self) -> WaitPolicy {
+        let policy = self.policy;
+        if policy.never_sleeps() || policy.spins <= FLOOR {
+            return policy;
+        }
         // Relaxed: a hint of this endpoint's own; any value is safe.
-        let spins = self.earned.load(LocalOrdering::Relaxed).min(self.policy.spins);
-        WaitPolicy { spins, yields: self.policy.yields }
+        let cuts = self.cuts.load(LocalOrdering::Relaxed).min(MAX_CUTS);
+        WaitPolicy { spins: (policy.spins >> (2 * cuts)).max(FLOOR), yields: policy.yields }
     }
 
     /// A wait that spun as [`now`](Self::now) said in vain, then slept for `slept`.
@@ -102,11 +111,11 @@ impl Waits {
             return;
         }
         // Relaxed: as in `now`; two threads sharing an endpoint may lose one's update.
-        let earned = self.earned.load(LocalOrdering::Relaxed).min(full);
+        let cuts = self.cuts.load(LocalOrdering::Relaxed).min(MAX_CUTS);
         let short = slept < SHORT_SLEEP || slept < spins_take(full);
-        let next = if short { full } else { (earned / 4).max(FLOOR) };
-        if next != earned {
-            self.earned.store(next, LocalOrdering::Relaxed);
+        let next = if short { 0 } else { (cuts + 1).min(MAX_CUTS) };
+        if next != cuts {
+            self.cuts.store(next, LocalOrdering::Relaxed);
         }
     }
 }
@@ -127,17 +136,23 @@ pub(crate) struct Sleeper<'a> {
     word: &'a WaitWord,
     /// Whether sleeps are bounded by `DEGRADED_RECHECK`, once registered.
     bounded: Option<bool>,
+    /// The endpoint's spins, when this wait spun in vain, and when it first went to sleep:
+    /// told how long the wait slept when it ends.
+    learn: Option<(&'a Waits, Option<std::time::Instant>)>,
 }
 
 impl<'a> Sleeper<'a> {
     /// Not registered yet: nothing is done until the first sleep.
     pub(crate) const fn new(word: &'a WaitWord) -> Self {
-        Self { word, bounded: None }
+        Self { word, bounded: None, learn: None }
     }
 
     /// Registers if not yet (the heavy barrier), then the epoch to sleep on and whether the
     /// sleep is bounded.
     fn register(&mut self) -> (u32, bool) {
+        if let Some((_, asleep @ None)) = &mut self.learn {
+            *asleep = Some(std::time::Instant::now());
+        }
         match self.bounded {
             Some(bounded) => {
                 // Acquire: pairs with the Release bump in `wake_all`.
@@ -157,7 +172,32 @@ impl Drop for Sleeper<'_> {
         if self.bounded.is_some() {
             self.word.unregister();
         }
+        if let Some((waits, Some(asleep))) = self.learn {
+            waits.slept(asleep.elapsed());
+        }
     }
+}
+
+/// The spins and yields at a wait's start, as many as `waits` earned (a policy that never
+/// sleeps: until `deadline`, checked now and then). `None` when they were spent in vain:
+/// the sleeper then times the wait's sleeps, for `waits` (`Waits::slept`, at its end).
+fn spin<'a, R>(
+    sleeper: &mut Sleeper<'a>,
+    waits: &'a Waits,
+    deadline: Deadline,
+    attempt: &mut impl FnMut() -> Option<R>,
+) -> Option<Result<R, TimedOut>> {
+    let policy = waits.now();
+    let spun = spin_then_yield(
+        policy,
+        0,
+        || attempt().map(Ok),
+        || deadline.passed().then_some(Err(TimedOut)),
+    );
+    if spun.is_none() && !policy.never_sleeps() && sleeper.learn.is_none() {
+        sleeper.learn = Some((waits, None));
+    }
+    spun
 }
 
 /// The spinning and yielding steps of a wait, as `policy` says, spinning at least
@@ -196,10 +236,9 @@ pub(crate) fn spin_then_yield<R>(
     None
 }
 
-/// Runs `attempt` until it returns `Some`, spinning, yielding and then sleeping on the
-/// sleeper's word as `waits` says, until `deadline`; with `spin` false (a wait's later steps), sleeping at
-/// once unless the policy never sleeps. A first step that sleeps tells `waits` how long
-/// (`spins.rs`).
+/// Runs `attempt` until it returns `Some`, spinning, yielding ([`spin`]) and then sleeping
+/// on the sleeper's word, until `deadline`; with `spin_first` false (a wait's later steps),
+/// sleeping at once unless the policy never sleeps.
 ///
 /// With `closes` (a segment's close-event word and its value when the caller last probed
 /// its peers, see `reactor::close_events`), the sleep also ends when the segment sees a
@@ -208,10 +247,10 @@ pub(crate) fn spin_then_yield<R>(
 ///
 /// `attempt` must be the whole check: after a wake-up it is simply called again, so
 /// spurious wake-ups and `EINTR` are harmless.
-pub(crate) fn wait_until<R>(
-    sleeper: &mut Sleeper<'_>,
-    waits: &Waits,
-    spin: bool,
+pub(crate) fn wait_until<'a, R>(
+    sleeper: &mut Sleeper<'a>,
+    waits: &'a Waits,
+    spin_first: bool,
     deadline: Deadline,
     closes: Option<(&std::sync::atomic::AtomicU32, u32)>,
     mut attempt: impl FnMut() -> Option<R>,
@@ -219,26 +258,13 @@ pub(crate) fn wait_until<R>(
     if matches!(deadline, Deadline::Now | Deadline::Tick) {
         return attempt().ok_or(TimedOut);
     }
-    let policy = waits.now();
-    let learn = spin && !policy.never_sleeps();
-    let policy = if spin || policy.never_sleeps() { policy } else { WaitPolicy::SLEEP };
-    // Never-sleep policies still honour the deadline, checked now and then.
-    let spun = spin_then_yield(
-        policy,
-        0,
-        || attempt().map(Ok),
-        || deadline.passed().then_some(Err(TimedOut)),
-    );
-    if let Some(outcome) = spun {
-        return outcome;
+    // A policy that never sleeps spins in every step of the wait.
+    if spin_first || waits.policy().never_sleeps() {
+        if let Some(outcome) = spin(sleeper, waits, deadline, &mut attempt) {
+            return outcome;
+        }
     }
-    // The spins were in vain: how long the sleep lasts says whether they were too few.
-    let asleep = learn.then(std::time::Instant::now);
-    let outcome = sleep_until(sleeper, deadline, closes, attempt);
-    if let Some(at) = asleep {
-        waits.slept(at.elapsed());
-    }
-    outcome
+    sleep_until(sleeper, deadline, closes, attempt)
 }
 
 /// [`wait_until`]'s sleeps, after its spins and yields.
@@ -336,6 +362,29 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_that_spun_in_vain_tells_its_endpoint_how_long_it_slept_when_it_ends() {
+        let (word, waits) = (WaitWord::new(), Waits::default());
+        let full = WaitPolicy::default().spins();
+        let long = SHORT_SLEEP.max(spins_take(full)) * 2;
+        let mut sleeper = Sleeper::new(&word);
+        let r: Result<(), _> =
+            wait_until(&mut sleeper, &waits, true, Deadline::after(long), None, || None);
+        assert_eq!(r, Err(TimedOut));
+        // A later step of the same wait (a liveness chunk) neither spins nor learns apart.
+        let r: Result<(), _> =
+            wait_until(&mut sleeper, &waits, false, Deadline::after(long), None, || None);
+        assert_eq!(r, Err(TimedOut));
+        assert_eq!(waits.now().spins(), full, "told at the wait's end, not before");
+        drop(sleeper);
+        assert_eq!(waits.now().spins(), full / 4, "a wait that slept {long:?} and more");
+        // One answered at once (within the spins) changes nothing.
+        let r =
+            wait_until(&mut Sleeper::new(&word), &waits, true, Deadline::Never, None, || Some(()));
+        assert_eq!(r, Ok(()));
+        assert_eq!(waits.now().spins(), full / 4);
+    }
+
+    #[test]
     #[cfg_attr(miri, ignore)] // times `pause`: Miri's clock is not the CPU's
     fn a_long_spinning_policy_earns_its_spins_back_within_the_time_they_take() {
         let spins = 100_000;
@@ -358,9 +407,12 @@ mod tests {
         few.slept(Duration::from_secs(1));
         assert_eq!(few.now(), WaitPolicy::spin_then_sleep(10, 2));
         let mut set = Waits::default();
-        set.slept(Duration::from_secs(1));
+        set.slept(Duration::from_secs(100));
         set.set(WaitPolicy::SLEEP);
         assert_eq!(set.now(), WaitPolicy::SLEEP);
         assert_eq!(set.policy(), WaitPolicy::SLEEP);
+        // As a Python receive's later slices do: the cut outlives the switch and back.
+        set.set(WaitPolicy::default());
+        assert_eq!(set.now().spins(), WaitPolicy::default().spins() / 4);
     }
 }
