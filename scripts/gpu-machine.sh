@@ -40,7 +40,8 @@
 #   gather   the package's GPU tests, copy_costs.py under MPS, then queue-ab (SHAPES)
 #   idle-ab  eight idle broadcast receivers' CPU (tests/broadcast_channel.rs eight_idle) with
 #            .gpu/before/test-broadcast_channel and this build's, alternated (ROUNDS, default
-#            "1 2 3"); python/bench/idle.py with this build's wheel (.gpu/py, if staged); then
+#            "1 2 3"); python/bench/idle.py with the wheels .gpu/py-before/ and .gpu/py/ (if
+#            staged; the before wheel from `maturin build` in a worktree of its commit); then
 #            the test binaries; then the demo under MPS with .gpu/before/gpuring and this
 #            build's
 #   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
@@ -314,9 +315,20 @@ case $what in
         timeout 60 $bin eight_idle --nocapture 2>&1 | grep -E "8 receivers|test result|panicked"
       done
     done | tee "$out/idle.txt"
-    if ls .gpu/py/*.whl > /dev/null 2>&1; then  # the same from Python (this build's wheel)
-      /opt/torch/.venv/bin/python3 -m pip install -q --no-deps --no-index --force-reinstall .gpu/py/gpuring*.whl
-      for r in 1 2; do timeout 60 /opt/torch/.venv/bin/python3 python/bench/idle.py; done | tee -a "$out/idle.txt"
+    if ls .gpu/py/*.whl > /dev/null 2>&1; then  # the same from Python: .gpu/py-before/, .gpu/py/
+      py=/opt/torch/.venv/bin/python3
+      for w in before after; do
+        [ $w = before ] && [ ! -d .gpu/py-before ] && continue
+        [ $w = before ] && whl=".gpu/py-before/gpuring*.whl" || whl=".gpu/py/gpuring*.whl"
+        $py -m pip install -q --no-deps --no-index --target /tmp/wheel-$w $whl
+      done
+      for r in ${ROUNDS:-1 2 3}; do
+        for w in before after; do
+          [ -d /tmp/wheel-$w ] || continue
+          echo "== python idle round $r $w"
+          PYTHONPATH=/tmp/wheel-$w timeout 60 $py python/bench/idle.py
+        done
+      done | tee -a "$out/idle.txt"
     fi
     timeout 330 bash .gpu/run.sh > "$out/tests.log" 2>&1; echo "run.sh exit $?"
     grep -E '^test result|FAILED|panicked|gpu-stage:' "$out/tests.log" | sort | uniq -c
