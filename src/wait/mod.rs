@@ -48,7 +48,9 @@ pub mod reactor;
 mod until;
 
 pub(crate) use forms::{Deadline, TimedOut, blocking, receive_iter};
-pub(crate) use until::{Sleeper, Waits, spin_then_yield, wait_until};
+#[cfg(feature = "cuda")]
+pub(crate) use until::spin_then_yield;
+pub(crate) use until::{Sleeper, Waits, wait_until};
 
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
 pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);
