@@ -8,7 +8,8 @@ use super::slack::LowTimerSlack;
 use crate::liveness::{ProcessState, process_state};
 use crate::pool::PoolSegment;
 use crate::sync::Ordering;
-use crate::wait::{WaitPolicy, spin_then_yield};
+use crate::wait::WaitPolicy;
+use crate::wait::until::spin_then_yield;
 
 /// Why a flag will not come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -45,11 +45,9 @@ use crate::sync::{AtomicU32, Ordering, fence};
 mod forms;
 #[cfg(not(loom))]
 pub mod reactor;
-mod until;
+pub(crate) mod until;
 
 pub(crate) use forms::{Deadline, TimedOut, blocking, receive_iter};
-#[cfg(feature = "cuda")]
-pub(crate) use until::spin_then_yield;
 pub(crate) use until::{Sleeper, Waits, wait_until};
 
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
