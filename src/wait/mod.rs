@@ -121,13 +121,14 @@ impl WaitWord {
 ///
 /// Spinning answers fastest (≈ the cross-core cache latency) but burns a core; sleeping
 /// costs a futex wake-up (a few µs to tens of µs in a VM) but frees it. The default spins
-/// 2,048 times (30–70 µs on current Xeons, where a `pause` takes some 40 cycles), yields 8
+/// 2,048 times (30–140 µs on current Xeons, where a `pause` takes some 40 cycles), yields 8
 /// times, then sleeps.
 ///
 /// An endpoint spins as its policy says while its waits are answered soon; one whose waits
 /// keep ending in sleeps longer than 100 µs spins a quarter as much each time, down to 64
-/// spins, and earns them all back at its first wait answered within a shorter sleep. An idle endpoint, or one fed a message every millisecond, thus stops
-/// burning CPU in vain; a policy that never sleeps is never cut.
+/// spins, and earns them all back at its first wait answered within a shorter sleep. An
+/// idle endpoint, or one fed a message every millisecond, thus stops burning CPU in vain; a
+/// policy that never sleeps is never cut.
 ///
 /// ```
 /// use gpuring::WaitPolicy;
@@ -175,7 +176,7 @@ impl WaitPolicy {
 }
 
 impl Default for WaitPolicy {
-    /// 2,048 spins (30–70 µs), 8 yields, then sleep.
+    /// 2,048 spins (30–140 µs), 8 yields, then sleep.
     fn default() -> Self {
         Self { spins: 2048, yields: 8 }
     }

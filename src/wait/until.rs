@@ -1,11 +1,11 @@
 //! The wait loop ([`wait_until`]): spinning as an endpoint's recent waits earned, then
 //! sleeping as a registered [`Sleeper`].
 //!
-//! **Spins earned.** A [`WaitPolicy`]'s spins answer a peer that is about to publish (a few µs away) without
-//! a futex wake-up; for a peer that publishes much later they are CPU burnt in vain, once
-//! per wait: on a Xeon of 2026 a `pause` costs some 40 cycles, and the default 2,048 spins
-//! with their checks take 30–70 µs. An endpoint therefore keeps, beside its policy, the
-//! spins its waits have *earned* ([`Waits`]):
+//! **Spins earned.** A [`WaitPolicy`]'s spins answer a peer that is about to publish (a few
+//! µs away) without a futex wake-up; for a peer that publishes much later they are CPU
+//! burnt in vain, once per wait: on a Xeon of 2026 a `pause` costs some 40 cycles, and the
+//! default 2,048 spins with their checks take 30–140 µs. An endpoint therefore keeps, beside
+//! its policy, the spins its waits have *earned* ([`Waits`]):
 //!
 //! - a wait that went to sleep and was woken within [`SHORT_SLEEP`], or within the time
 //!   the policy's spins take where that is longer (spinning longer would have caught it),
@@ -93,10 +93,16 @@ impl Waits {
         self.policy = policy;
     }
 
+    /// Whether the policy's spins are never cut (it never sleeps, or spins no more than
+    /// the floor): its waits have nothing to learn.
+    const fn fixed(&self) -> bool {
+        self.policy.never_sleeps() || self.policy.spins <= FLOOR
+    }
+
     /// The policy the next wait's first step runs under: the spins earned.
     pub(crate) fn now(&self) -> WaitPolicy {
         let policy = self.policy;
-        if policy.never_sleeps() || policy.spins <= FLOOR {
+        if self.fixed() {
             return policy;
         }
         // Relaxed: a hint of this endpoint's own; any value is safe.
@@ -106,10 +112,10 @@ impl Waits {
 
     /// A wait that spun as [`now`](Self::now) said in vain, then slept for `slept`.
     pub(crate) fn slept(&self, slept: Duration) {
-        let full = self.policy.spins;
-        if self.policy.never_sleeps() || full <= FLOOR {
+        if self.fixed() {
             return;
         }
+        let full = self.policy.spins;
         // Relaxed: as in `now`; two threads sharing an endpoint may lose one's update.
         let cuts = self.cuts.load(LocalOrdering::Relaxed).min(MAX_CUTS);
         let short = slept < SHORT_SLEEP || slept < spins_take(full);
@@ -187,14 +193,13 @@ fn spin<'a, R>(
     deadline: Deadline,
     attempt: &mut impl FnMut() -> Option<R>,
 ) -> Option<Result<R, TimedOut>> {
-    let policy = waits.now();
     let spun = spin_then_yield(
-        policy,
+        waits.now(),
         0,
         || attempt().map(Ok),
         || deadline.passed().then_some(Err(TimedOut)),
     );
-    if spun.is_none() && !policy.never_sleeps() && sleeper.learn.is_none() {
+    if spun.is_none() && !waits.fixed() && sleeper.learn.is_none() {
         sleeper.learn = Some((waits, None));
     }
     spun
