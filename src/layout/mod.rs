@@ -60,7 +60,7 @@ impl std::error::Error for Corrupted {}
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPURING\0");
 
 /// Bumped whenever a shared-memory type changes shape or meaning.
-pub const LAYOUT_VERSION: u32 = 15;
+pub const LAYOUT_VERSION: u32 = 16;
 
 /// The value of [`SegmentHeader::init`] once the creator has finished writing the segment.
 pub const INIT_READY: u32 = 0x5244_5952; // "RYDR"

@@ -39,7 +39,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::layout::{Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER};
-use crate::wait::{Deadline, Sleeper, TimedOut, WaitWord, Waits, notify, wait_until};
+use crate::wait::{Deadline, Sleeper, TimedOut, WaitWord, Waits, notify_fenced, wait_until};
 
 mod claims;
 #[cfg(not(loom))]
@@ -68,7 +68,7 @@ pub const LIVENESS_TICK: Duration = Duration::from_millis(30);
 /// every [`LIVENESS_TICK`]. Senders waiting for room keep the [`LIVENESS_TICK`] (slots of a
 /// dead receiver can come back later than its close: a GPU context lives until its process
 /// has exited), woken by closes too.
-pub const IDLE_TICK: Duration = Duration::from_secs(1);
+pub const IDLE_TICK: Duration = Duration::from_secs(4);
 
 /// A side of a ring, and the role an endpoint plays on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,7 +331,10 @@ pub(crate) fn block_on<W: Watch, R>(
     mut on_tick: impl FnMut() -> Tick<R>,
 ) -> Result<R, Blocked> {
     let done = |r| {
-        notify(wake);
+        // Fenced: `wake` may be a word whose sleepers register without the heavy barrier
+        // (a broadcast ring's `not_empty`, when a producer's wait ends); after a wait, a
+        // fence costs nothing that matters.
+        notify_fenced(wake);
         Ok(r)
     };
     // Whether the side waited for has gone: the hint (one load), confirmed by the locks. A
@@ -384,7 +387,7 @@ pub(crate) fn block_on<W: Watch, R>(
         None => {}
     }
     if !W::WATCHES {
-        let mut sleeper = Sleeper::new(wait_on);
+        let mut sleeper = Sleeper::of(wait_on, waits);
         return match wait_until(&mut sleeper, waits, true, deadline, None, &mut attempt) {
             Ok(Ok(r)) => done(r),
             Ok(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
@@ -427,7 +430,7 @@ pub(crate) fn block_on<W: Watch, R>(
     let mut first = true;
     // Registered at the first sleep, and until the wait ends: the ticks' sleeps after the
     // first need no heavy barrier (`wait::Sleeper`).
-    let mut sleeper = Sleeper::new(wait_on);
+    let mut sleeper = Sleeper::of(wait_on, waits);
     // Where the kernel tells of the segment's closes (`Watch::closes`): the close events
     // as the last probe that found nothing to do saw them. The sleep then also wakes at a
     // close (a peer may have died: the tick probes at once), so a consumer waiting for

@@ -500,8 +500,9 @@ impl Drop for Attachment {
             // SAFETY: the control block lies inside the mapping that `table` keeps alive;
             // atomics only.
             let control = unsafe { self.ring.control.as_ref() };
-            crate::wait::notify(&control.not_empty);
-            crate::wait::notify(&control.not_full);
+            // Fenced: a broadcast ring's receivers register without the heavy barrier.
+            crate::wait::notify_fenced(&control.not_empty);
+            crate::wait::notify_fenced(&control.not_full);
         }
     }
 }

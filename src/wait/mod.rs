@@ -48,7 +48,7 @@ pub mod reactor;
 pub(crate) mod until;
 
 pub(crate) use forms::{Deadline, TimedOut, blocking, receive_iter};
-pub(crate) use until::{Sleeper, Waits, wait_until};
+pub(crate) use until::{Registration, Sleeper, Waits, wait_until};
 
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
 pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);
@@ -80,6 +80,19 @@ impl WaitWord {
         let bounded = heavy_barrier();
         // Acquire: pairs with the Release bump in `wake_all`.
         (self.epoch.load(Ordering::Acquire), bounded)
+    }
+
+    /// [`register`](Self::register) for a word whose every publisher runs a full fence
+    /// before its load of `sleepers` ([`notify_fenced`]): `sleepers += 1` and a `SeqCst`
+    /// fence, no heavy barrier, and the sleep is never bounded. Of the two stores, each side
+    /// then loads the other's word after a `SeqCst` fence, so one of them sees the other's.
+    fn register_light(&self) -> u32 {
+        // SeqCst, and the fence: the registration before the caller's re-check. Partner: the
+        // SeqCst fence in `notify_fenced`.
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        // Acquire: pairs with the Release bump in `wake_all`.
+        self.epoch.load(Ordering::Acquire)
     }
 
     /// [`register`](Self::register) on several words at once, with one heavy barrier:
@@ -284,6 +297,8 @@ fn light_barrier() {
 /// whether the sleep must be bounded by [`DEGRADED_RECHECK`].
 #[cold]
 fn heavy_barrier() -> bool {
+    #[cfg(test)]
+    HEAVY_BARRIERS.with(|n| n.set(n.get() + 1));
     // Partner: the fence in `light_barrier` (symmetric mode), and this process's own side
     // of the membarrier below.
     fence(Ordering::SeqCst);
@@ -297,6 +312,18 @@ fn heavy_barrier() -> bool {
     true
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Heavy barriers this thread ran (tests only).
+    static HEAVY_BARRIERS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many heavy barriers this thread has run (tests only).
+#[cfg(test)]
+fn heavy_barriers() -> u64 {
+    HEAVY_BARRIERS.with(std::cell::Cell::get)
+}
+
 /// Wakes every sleeper on `word` if there is one; otherwise a barrier and a load, no
 /// syscall.
 ///
@@ -304,6 +331,21 @@ fn heavy_barrier() -> bool {
 #[inline]
 pub(crate) fn notify(word: &WaitWord) {
     light_barrier();
+    if word.sleepers.load(Ordering::Relaxed) != 0 {
+        wake_all(word);
+    }
+}
+
+/// [`notify`] with a full fence between the publication and the load of `sleepers`, for the
+/// words whose sleepers register without the heavy barrier (a broadcast ring's `not_empty`:
+/// its sleepers are the idle receivers a fan-out keeps, each of whose `membarrier`s
+/// interrupts every CPU running a registered process). Also the form for paths that are
+/// rare (a departure, the end of a wait), which may publish on such a word.
+#[inline]
+pub(crate) fn notify_fenced(word: &WaitWord) {
+    // SeqCst: the caller's publication before the load of `sleepers`. Partner: the fence in
+    // `WaitWord::register_light` (and, in the symmetric mode, in `heavy_barrier`).
+    fence(Ordering::SeqCst);
     if word.sleepers.load(Ordering::Relaxed) != 0 {
         wake_all(word);
     }
@@ -422,7 +464,7 @@ mod tests {
     fn deadline_passes_with_sleep_policy() {
         let (word, waits) = (WaitWord::new(), Waits::new(WaitPolicy::SLEEP));
         let r: Result<(), _> = wait_until(
-            &mut Sleeper::new(&word),
+            &mut Sleeper::of(&word, &waits),
             &waits,
             true,
             Deadline::after(Duration::from_millis(20)),
@@ -437,7 +479,7 @@ mod tests {
     fn deadline_passes_with_spin_only_policy() {
         let (word, waits) = (WaitWord::new(), Waits::new(WaitPolicy::spin_then_sleep(u32::MAX, 0)));
         let r: Result<(), _> = wait_until(
-            &mut Sleeper::new(&word),
+            &mut Sleeper::of(&word, &waits),
             &waits,
             true,
             Deadline::after(Duration::from_millis(5)),
@@ -454,7 +496,7 @@ mod tests {
         let (w, f) = (word.clone(), flag.clone());
         let sleeper = std::thread::spawn(move || {
             let waits = Waits::new(WaitPolicy::SLEEP);
-            wait_until(&mut Sleeper::new(&w), &waits, true, Deadline::Never, None, || {
+            wait_until(&mut Sleeper::of(&w, &waits), &waits, true, Deadline::Never, None, || {
                 f.load(Ordering::Acquire).then_some(())
             })
         });

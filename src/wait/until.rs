@@ -11,7 +11,9 @@
 //!   the policy's spins take where that is longer (spinning longer would have caught it),
 //!   earns the policy's spins back, all of them;
 //! - one that slept longer (spinning longer would not have helped) spins a quarter as much
-//!   next time, down to [`FLOOR`];
+//!   next time, down to [`FLOOR`]; one that slept more than [`LONG_SLEEP`], and ten times
+//!   what the policy's spins take, spins only [`FLOOR`] times next time (its peer publishes
+//!   a step a millisecond or less often: no spinning it can afford would catch that);
 //! - one that ended while spinning or yielding changes nothing.
 //!
 //! So a stream whose messages come close together spins as the policy says (its waits never
@@ -21,8 +23,9 @@
 //! The budget is this endpoint's own (a process-local atomic, not in shared memory): any
 //! value is safe, it only moves CPU time and wake-up latency.
 //!
-//! **One registration a wait.** A wait registers as a sleeper (with the heavy barrier) at
-//! its first sleep and stays registered until it ends ([`Sleeper`]).
+//! **One registration a wait.** A wait registers as a sleeper (with the heavy barrier, or
+//! a fence where every publisher of its word fences: [`Registration`]) at its first sleep
+//! and stays registered until it ends ([`Sleeper`]).
 
 use std::sync::atomic::{AtomicU32 as LocalU32, Ordering as LocalOrdering};
 use std::time::Duration;
@@ -33,6 +36,10 @@ use crate::sync::Ordering;
 /// A sleep shorter than this means the wait would have been answered by spinning longer
 /// (or than the policy's spins take, where that is longer: [`spins_take`]).
 pub(crate) const SHORT_SLEEP: Duration = Duration::from_micros(100);
+
+/// A sleep longer than this (and than ten times what the policy's spins take) cuts the
+/// next wait's spins to [`FLOOR`] at once.
+pub(crate) const LONG_SLEEP: Duration = Duration::from_millis(1);
 
 /// About how long `spins` spins take on this machine: the time of one `pause`, measured
 /// once a process (over 1,024 of them, some 15–40 µs, at the first sleep that asks), times
@@ -52,10 +59,23 @@ fn spins_take(spins: u32) -> Duration {
 /// The fewest spins a policy's waits are cut to (about 1–3 µs).
 pub(crate) const FLOOR: u32 = 64;
 
-/// An endpoint's wait policy and the spins its recent waits earned (module docs).
+/// How a wait registers as a sleeper on its word, after what the word's publishers do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Registration {
+    /// With the heavy barrier (`membarrier`): the word's publishers run `notify`, whose
+    /// barrier is a compiler fence.
+    Barrier,
+    /// With a `SeqCst` fence: every publisher of the word runs `notify_fenced` (a broadcast
+    /// ring's `not_empty`).
+    Fenced,
+}
+
+/// An endpoint's wait policy, the spins its recent waits earned (module docs), and how its
+/// waits register as sleepers.
 #[derive(Debug)]
 pub(crate) struct Waits {
     policy: WaitPolicy,
+    registration: Registration,
     /// How many times the policy's spins were cut by 4 since a wait last earned them all
     /// back: kept when the policy is set (a Python receive sets `SLEEP` for its later
     /// slices, then its policy again), so what the waits learnt outlives such a switch.
@@ -67,7 +87,7 @@ const MAX_CUTS: u32 = 15;
 
 impl Clone for Waits {
     fn clone(&self) -> Self {
-        Self::new(self.policy)
+        Self::new(self.policy).registering(self.registration)
     }
 }
 
@@ -80,7 +100,13 @@ impl Default for Waits {
 impl Waits {
     /// `policy`, with all its spins earned.
     pub(crate) const fn new(policy: WaitPolicy) -> Self {
-        Self { policy, cuts: LocalU32::new(0) }
+        Self { policy, registration: Registration::Barrier, cuts: LocalU32::new(0) }
+    }
+
+    /// These waits, registering as `registration` says.
+    pub(crate) const fn registering(mut self, registration: Registration) -> Self {
+        self.registration = registration;
+        self
     }
 
     /// The policy as set.
@@ -118,8 +144,14 @@ impl Waits {
         let full = self.policy.spins;
         // Relaxed: as in `now`; two threads sharing an endpoint may lose one's update.
         let cuts = self.cuts.load(LocalOrdering::Relaxed).min(MAX_CUTS);
-        let short = slept < SHORT_SLEEP || slept < spins_take(full);
-        let next = if short { 0 } else { (cuts + 1).min(MAX_CUTS) };
+        let take = spins_take(full);
+        let next = if slept < SHORT_SLEEP || slept < take {
+            0
+        } else if slept > LONG_SLEEP && slept > take * 10 {
+            MAX_CUTS
+        } else {
+            (cuts + 1).min(MAX_CUTS)
+        };
         if next != cuts {
             self.cuts.store(next, LocalOrdering::Relaxed);
         }
@@ -140,6 +172,7 @@ impl Waits {
 /// tick's probe), a publisher makes one needless wake syscall at most.
 pub(crate) struct Sleeper<'a> {
     word: &'a WaitWord,
+    registration: Registration,
     /// Whether sleeps are bounded by `DEGRADED_RECHECK`, once registered.
     bounded: Option<bool>,
     /// The endpoint's spins, when this wait spun in vain, and when it first went to sleep:
@@ -148,9 +181,10 @@ pub(crate) struct Sleeper<'a> {
 }
 
 impl<'a> Sleeper<'a> {
-    /// Not registered yet: nothing is done until the first sleep.
-    pub(crate) const fn new(word: &'a WaitWord) -> Self {
-        Self { word, bounded: None, learn: None }
+    /// Not registered yet: nothing is done until the first sleep, which registers as
+    /// `waits` says.
+    pub(crate) const fn of(word: &'a WaitWord, waits: &Waits) -> Self {
+        Self { word, registration: waits.registration, bounded: None, learn: None }
     }
 
     /// Registers if not yet (the heavy barrier), then the epoch to sleep on and whether the
@@ -165,7 +199,10 @@ impl<'a> Sleeper<'a> {
                 (self.word.epoch.load(Ordering::Acquire), bounded)
             }
             None => {
-                let (epoch, bounded) = self.word.register();
+                let (epoch, bounded) = match self.registration {
+                    Registration::Barrier => self.word.register(),
+                    Registration::Fenced => (self.word.register_light(), false),
+                };
                 self.bounded = Some(bounded);
                 (epoch, bounded)
             }
@@ -319,7 +356,7 @@ mod tests {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let waits = Waits::new(WaitPolicy::SLEEP);
-            let mut sleeper = Sleeper::new(&w);
+            let mut sleeper = Sleeper::of(&w, &waits);
             let check = || f.load(Ordering::Acquire).then_some(());
             // A first chunk that times out (as a liveness tick's does) leaves it registered.
             let first = wait_until(
@@ -348,6 +385,43 @@ mod tests {
         assert_eq!(sleepers, 0, "the wait's end takes it off the count");
     }
 
+    /// A ping-pong of two threads that sleep at once, on words whose waits register with a
+    /// fence and whose publishers run `notify_fenced`: a lost wake-up leaves a side asleep
+    /// past its deadline. And no wait of either ran the heavy barrier.
+    #[test]
+    #[cfg_attr(miri, ignore)] // 20,000 sleeps
+    fn fenced_sleepers_and_fenced_publishers_never_lose_a_wake_up() {
+        use crate::sync::AtomicU64;
+        use crate::wait::notify_fenced;
+        const ROUNDS: u64 = 20_000;
+        let words = Arc::new([WaitWord::new(), WaitWord::new()]);
+        let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let side = |me: usize| {
+            let (words, counts) = (words.clone(), counts.clone());
+            std::thread::spawn(move || {
+                let waits = Waits::new(WaitPolicy::SLEEP).registering(Registration::Fenced);
+                let heavy = super::super::heavy_barriers();
+                for round in 0..ROUNDS {
+                    // Side 0 waits for side 1's count to reach `round`, and the other way.
+                    let want = round + u64::from(me == 0);
+                    let seen = || (counts[1 - me].load(Ordering::Acquire) >= want).then_some(());
+                    let deadline = Deadline::after(Duration::from_secs(10));
+                    let mut sleeper = Sleeper::of(&words[me], &waits);
+                    let got = wait_until(&mut sleeper, &waits, true, deadline, None, seen);
+                    assert_eq!(got, Ok(()), "side {me} left asleep at round {round}");
+                    drop(sleeper);
+                    counts[me].store(round + 1, Ordering::Release);
+                    notify_fenced(&words[1 - me]);
+                }
+                assert_eq!(super::super::heavy_barriers(), heavy, "no heavy barrier ran");
+            })
+        };
+        let (a, b) = (side(0), side(1));
+        a.join().unwrap();
+        b.join().unwrap();
+        assert!(words.iter().all(|w| w.sleepers() == 0));
+    }
+
     #[test]
     fn long_sleeps_cut_the_spins_to_the_floor_and_a_short_one_earns_them_back() {
         let waits = Waits::default();
@@ -364,6 +438,9 @@ mod tests {
         assert_eq!(waits.now().yields(), WaitPolicy::default().yields(), "yields are kept");
         waits.slept(SHORT_SLEEP / 5);
         assert_eq!(waits.now().spins(), full);
+        // A sleep of more than a millisecond (and ten times the spins): the floor at once.
+        waits.slept(LONG_SLEEP.max(spins_take(full) * 10) * 2);
+        assert_eq!(waits.now().spins(), FLOOR);
     }
 
     #[test]
@@ -371,7 +448,7 @@ mod tests {
         let (word, waits) = (WaitWord::new(), Waits::default());
         let full = WaitPolicy::default().spins();
         let long = SHORT_SLEEP.max(spins_take(full)) * 2;
-        let mut sleeper = Sleeper::new(&word);
+        let mut sleeper = Sleeper::of(&word, &waits);
         let r: Result<(), _> =
             wait_until(&mut sleeper, &waits, true, Deadline::after(long), None, || None);
         assert_eq!(r, Err(TimedOut));
@@ -383,8 +460,14 @@ mod tests {
         drop(sleeper);
         assert_eq!(waits.now().spins(), full / 4, "a wait that slept {long:?} and more");
         // One answered at once (within the spins) changes nothing.
-        let r =
-            wait_until(&mut Sleeper::new(&word), &waits, true, Deadline::Never, None, || Some(()));
+        let r = wait_until(
+            &mut Sleeper::of(&word, &waits),
+            &waits,
+            true,
+            Deadline::Never,
+            None,
+            || Some(()),
+        );
         assert_eq!(r, Ok(()));
         assert_eq!(waits.now().spins(), full / 4);
     }
@@ -412,7 +495,7 @@ mod tests {
         few.slept(Duration::from_secs(1));
         assert_eq!(few.now(), WaitPolicy::spin_then_sleep(10, 2));
         let mut set = Waits::default();
-        set.slept(Duration::from_secs(100));
+        set.slept(SHORT_SLEEP.max(spins_take(WaitPolicy::default().spins())) * 2);
         set.set(WaitPolicy::SLEEP);
         assert_eq!(set.now(), WaitPolicy::SLEEP);
         assert_eq!(set.policy(), WaitPolicy::SLEEP);

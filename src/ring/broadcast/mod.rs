@@ -46,7 +46,7 @@ use super::{PushTimeoutError, ReadTimeoutError, Storage, TryPushError, TryReadEr
 use crate::layout::{Corrupted, MAX_PARTICIPANTS, SpscCell};
 use crate::liveness::{Role, Tick};
 use crate::sync::{AtomicU64, Ordering, fence};
-use crate::wait::{Deadline, WaitPolicy, Waits, notify};
+use crate::wait::{Deadline, Registration, WaitPolicy, Waits, notify, notify_fenced};
 
 mod dead;
 mod heap;
@@ -283,7 +283,9 @@ fn try_push_in<T: Pod, S: Storage<Cell = SpscCell<T>> + Cursors>(
     local.tail = local.tail.wrapping_add(1);
     // Release: pairs with the readers' Acquire loads of `tail` (the cell is written).
     storage.control().tail.store(local.tail, Ordering::Release);
-    notify(&storage.control().not_empty);
+    // Fenced: the readers register as sleepers with a fence, not the heavy barrier (an idle
+    // fan-out's receivers would each interrupt every CPU running a registered process).
+    notify_fenced(&storage.control().not_empty);
     Ok(())
 }
 
@@ -356,7 +358,9 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
             index,
             cursor: now,
             capacity,
-            policy: Waits::default(),
+            // Every publisher of `not_empty` fences (`notify_fenced`, here and in the rare
+            // paths: a departure, the end of a producer's wait).
+            policy: Waits::default().registering(Registration::Fenced),
             _elem: PhantomData,
         })
     }
