@@ -44,6 +44,8 @@
 #            staged; the before wheel from `maturin build` in a worktree of its commit); then
 #            the test binaries; then the demo under MPS with .gpu/before/gpuring and this
 #            build's
+#   fanout-ab  the 4 KB gpuring fan-out rows with .gpu/before/bench-fanout and this build's,
+#            alternated (ROUNDS)
 #   storms   the GPU crash tests built with fault injection, from .gpu/bin/test-storms-fault
 #            (`cargo test --release --features cuda,fault-injection --test storms --no-run`,
 #            that binary stripped and copied there): the refusal test, then the storm with
@@ -338,6 +340,21 @@ case $what in
       echo "== demo MPS $b"; timeout 60 $bin demo 2>&1 | grep -E "│ (gpuring|pipe)"
     done | tee "$out/demo-mps.txt"
     mps_off
+    ;;
+  fanout-ab)  # the 4 KB fan-out rows of gpuring (SPSC; broadcast to 1 and 8, spinning and
+    # sleeping) with .gpu/before/bench-fanout and this build's, alternated (ROUNDS, default
+    # "1 2 3"); unpinned (N + 1 processes: eight spinning receivers pinned to six CPUs
+    # time-slice, 4 ms a turn). The filter is a list of substrings (benches/common `selected`).
+    unset GPURING_BENCH_CPUS
+    rows='fanout_4KB_to_1/gpuring_spsc|fanout_4KB_to_1/gpuring_broadcast|fanout_4KB_to_8/gpuring_broadcast'
+    for r in ${ROUNDS:-1 2 3}; do
+      for b in before after; do
+        [ $b = before ] && bin=.gpu/before/bench-fanout || bin=.gpu/bin/bench-fanout
+        echo "== fanout round $r $b"
+        timeout 120 $bin --bench "$rows" > "$out/fanout-$r-$b.log" 2>&1
+        grep -E '^oneway|^p99|thrpt|time:|^fanout' "$out/fanout-$r-$b.log" | sed -E 's/ +/ /g'
+      done
+    done | tee "$out/fanout.txt"
     ;;
   pybench)  # the Python package against Python's queues, no MPS
     OUT=$out timeout 500 bash scripts/python-gpu.sh run bench > "$out/pybench-nomps.log" 2>&1

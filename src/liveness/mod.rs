@@ -39,7 +39,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::layout::{Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER};
-use crate::wait::{Deadline, Sleeper, TimedOut, WaitWord, Waits, notify_fenced, wait_until};
+use crate::wait::{Deadline, Sleeper, TimedOut, WaitWord, Waits, notify, wait_until};
 
 mod claims;
 #[cfg(not(loom))]
@@ -64,10 +64,12 @@ pub const LIVENESS_TICK: Duration = Duration::from_millis(30);
 /// where the kernel tells this process of closes of the ring's segment (inotify, and
 /// `futex_waitv`: Linux ≥ 5.16). A peer's death closes its descriptors, and that close
 /// wakes the waiter to probe at once, so deaths are noticed sooner than by the tick; the
-/// tick only backs that up. An idle receiver then makes one wake-up a second instead of one
-/// every [`LIVENESS_TICK`]. Senders waiting for room keep the [`LIVENESS_TICK`] (slots of a
-/// dead receiver can come back later than its close: a GPU context lives until its process
-/// has exited), woken by closes too.
+/// tick only backs that up (a peer that is exiting but has not closed its descriptors yet,
+/// as a GPU process may for seconds, is found by the tick's probe). An idle receiver then
+/// makes one wake-up every four seconds instead of one every [`LIVENESS_TICK`]. Senders
+/// waiting for room keep the [`LIVENESS_TICK`] (slots of a dead receiver can come back
+/// later than its close: a GPU context lives until its process has exited), woken by
+/// closes too.
 pub const IDLE_TICK: Duration = Duration::from_secs(4);
 
 /// A side of a ring, and the role an endpoint plays on it.
@@ -331,10 +333,10 @@ pub(crate) fn block_on<W: Watch, R>(
     mut on_tick: impl FnMut() -> Tick<R>,
 ) -> Result<R, Blocked> {
     let done = |r| {
-        // Fenced: `wake` may be a word whose sleepers register without the heavy barrier
-        // (a broadcast ring's `not_empty`, when a producer's wait ends); after a wait, a
-        // fence costs nothing that matters.
-        notify_fenced(wake);
+        // Not fenced, on the hot path (a first attempt that succeeds ends here): where `wake`
+        // is a word whose sleepers register without the heavy barrier (a broadcast ring's
+        // `not_empty`), the attempt that published ran `notify_fenced` itself.
+        notify(wake);
         Ok(r)
     };
     // Whether the side waited for has gone: the hint (one load), confirmed by the locks. A

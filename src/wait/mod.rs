@@ -297,7 +297,7 @@ fn light_barrier() {
 /// whether the sleep must be bounded by [`DEGRADED_RECHECK`].
 #[cold]
 fn heavy_barrier() -> bool {
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     HEAVY_BARRIERS.with(|n| n.set(n.get() + 1));
     // Partner: the fence in `light_barrier` (symmetric mode), and this process's own side
     // of the membarrier below.
@@ -312,14 +312,14 @@ fn heavy_barrier() -> bool {
     true
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 thread_local! {
     /// Heavy barriers this thread ran (tests only).
     static HEAVY_BARRIERS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// How many heavy barriers this thread has run (tests only).
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 fn heavy_barriers() -> u64 {
     HEAVY_BARRIERS.with(std::cell::Cell::get)
 }

@@ -358,8 +358,8 @@ impl<T: Pod + Send, S: Storage<Cell = SpscCell<T>> + Cursors> Reader<T, S> {
             index,
             cursor: now,
             capacity,
-            // Every publisher of `not_empty` fences (`notify_fenced`, here and in the rare
-            // paths: a departure, the end of a producer's wait).
+            // Every publication on `not_empty` is followed by `notify_fenced` (the push's,
+            // and a departing endpoint's).
             policy: Waits::default().registering(Registration::Fenced),
             _elem: PhantomData,
         })
