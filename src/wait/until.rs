@@ -498,6 +498,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // a long sleep is judged against timed `pause`s (Miri's clock)
     fn a_wait_answered_while_yielding_earns_the_spins_back() {
         let (word, waits) = (WaitWord::new(), Waits::default());
         waits.slept(Duration::from_secs(1));
