@@ -362,6 +362,15 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
 
+    /// A wait of its own from its start (spins first), with no deadline.
+    fn whole_wait(
+        word: &WaitWord,
+        waits: &Waits,
+        attempt: impl FnMut() -> Option<()>,
+    ) -> Result<(), TimedOut> {
+        wait_until(&mut Sleeper::of(word, waits), waits, true, Deadline::Never, None, attempt)
+    }
+
     #[test]
     fn a_wait_stays_registered_across_its_sleeps_and_is_still_woken() {
         let word = Arc::new(WaitWord::new());
@@ -485,15 +494,7 @@ mod tests {
         let now = waits.now().spins();
         assert!(cut.contains(&now), "a wait that slept {long:?} twice and more: {now} spins");
         // One answered at once (within the spins) changes nothing.
-        let r = wait_until(
-            &mut Sleeper::of(&word, &waits),
-            &waits,
-            true,
-            Deadline::Never,
-            None,
-            || Some(()),
-        );
-        assert_eq!(r, Ok(()));
+        assert_eq!(whole_wait(&word, &waits, || Some(())), Ok(()));
         assert_eq!(waits.now().spins(), now);
     }
 
@@ -505,17 +506,10 @@ mod tests {
         assert_eq!(waits.now().spins(), FLOOR);
         // Tried before each of the 64 spins and once after them: answered at the 2nd yield.
         let mut tries = 0;
-        let r = wait_until(
-            &mut Sleeper::of(&word, &waits),
-            &waits,
-            true,
-            Deadline::Never,
-            None,
-            || {
-                tries += 1;
-                (tries == FLOOR + 3).then_some(())
-            },
-        );
+        let r = whole_wait(&word, &waits, || {
+            tries += 1;
+            (tries == FLOOR + 3).then_some(())
+        });
         assert_eq!(r, Ok(()));
         assert_eq!(waits.now().spins(), WaitPolicy::default().spins());
     }
