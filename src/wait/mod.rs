@@ -339,8 +339,8 @@ pub(crate) fn notify(word: &WaitWord) {
 /// [`notify`] with a full fence between the publication and the load of `sleepers`, for the
 /// words whose sleepers register without the heavy barrier (a broadcast ring's `not_empty`:
 /// its sleepers are the idle receivers a fan-out keeps, each of whose `membarrier`s
-/// interrupts every CPU running a registered process). Also the form for paths that are
-/// rare (a departure, the end of a wait), which may publish on such a word.
+/// interrupts every CPU running a registered process). Also the form for a departure, a
+/// rare path that may publish on such a word.
 #[inline]
 pub(crate) fn notify_fenced(word: &WaitWord) {
     // SeqCst: the caller's publication before the load of `sleepers`. Partner: the fence in

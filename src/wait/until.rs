@@ -188,8 +188,8 @@ impl<'a> Sleeper<'a> {
         Self { word, registration: waits.registration, bounded: None, learn: None }
     }
 
-    /// Registers if not yet (the heavy barrier), then the epoch to sleep on and whether the
-    /// sleep is bounded.
+    /// Registers if not yet (as its `Registration` says), then the epoch to sleep on and
+    /// whether the sleep is bounded.
     fn register(&mut self) -> (u32, bool) {
         if let Some((_, asleep @ None)) = &mut self.learn {
             *asleep = Some(std::time::Instant::now());
@@ -232,23 +232,15 @@ fn spin<'a, R>(
     attempt: &mut impl FnMut() -> Option<R>,
 ) -> Option<Result<R, TimedOut>> {
     let now = waits.now();
-    let spins = WaitPolicy { yields: 0, ..now };
-    let spun = spin_then_yield(
-        spins,
-        0,
-        || attempt().map(Ok),
-        || deadline.passed().then_some(Err(TimedOut)),
-    );
+    let spun =
+        spin_only(now.spins, || attempt().map(Ok), || deadline.passed().then_some(Err(TimedOut)));
     if spun.is_some() {
         return spun;
     }
-    for _ in 0..now.yields {
-        std::thread::yield_now();
-        if let Some(r) = attempt() {
-            // Just after the spins ran out: more of them would have caught it.
-            waits.slept(Duration::ZERO);
-            return Some(Ok(r));
-        }
+    if let Some(r) = yield_then_try(now.yields, &mut *attempt) {
+        // Just after the spins ran out: more of them would have caught it.
+        waits.slept(Duration::ZERO);
+        return Some(Ok(r));
     }
     if !waits.fixed() && sleeper.learn.is_none() {
         sleeper.learn = Some((waits, None));
@@ -265,31 +257,44 @@ pub(crate) fn spin_then_yield<R>(
     policy: WaitPolicy,
     min_spins: u32,
     mut attempt: impl FnMut() -> Option<R>,
+    now_and_then: impl FnMut() -> Option<R>,
+) -> Option<R> {
+    spin_only(policy.spins.max(min_spins), &mut attempt, now_and_then)
+        .or_else(|| yield_then_try(policy.yields, attempt))
+}
+
+/// The spinning step: `attempt` before each of `spins` spins and once after them,
+/// `now_and_then` once every 1024 spins.
+#[inline]
+fn spin_only<R>(
+    spins: u32,
+    mut attempt: impl FnMut() -> Option<R>,
     mut now_and_then: impl FnMut() -> Option<R>,
 ) -> Option<R> {
-    let mut spins = 0u32;
+    let mut spun = 0u32;
     loop {
         if let Some(r) = attempt() {
             return Some(r);
         }
-        if spins >= policy.spins.max(min_spins) {
-            break;
+        if spun >= spins {
+            return None;
         }
-        spins += 1;
+        spun += 1;
         std::hint::spin_loop();
-        if spins % 1024 == 0 {
+        if spun % 1024 == 0 {
             if let Some(r) = now_and_then() {
                 return Some(r);
             }
         }
     }
-    for _ in 0..policy.yields {
+}
+
+/// The yielding step: `attempt` after each of `yields` `sched_yield`s.
+fn yield_then_try<R>(yields: u32, mut attempt: impl FnMut() -> Option<R>) -> Option<R> {
+    (0..yields).find_map(|_| {
         std::thread::yield_now();
-        if let Some(r) = attempt() {
-            return Some(r);
-        }
-    }
-    None
+        attempt()
+    })
 }
 
 /// Runs `attempt` until it returns `Some`, spinning, yielding ([`spin`]) and then sleeping
