@@ -52,7 +52,7 @@
 //! | channels of slots | [`Channel`], [`ChannelBuilder`], [`Sender`] / [`Lease`], [`Receiver`] / [`Message`]; backends [`Host`], `Cuda`, `Pinned` |
 //! | rings of `Pod` values | [`Ring`]: [`SpscRing`], [`MpmcRing`]; [`RingBuilder`], their producer and consumer ends |
 //! | what travels | [`Descriptor`], [`TensorMeta`], [`DType`] |
-//! | waiting | [`WaitPolicy`], [`LIVENESS_TICK`]; several sources at once: [`select`], [`try_select`], [`select_timeout`], [`select_deadline`]; async (feature `async`): `recv_async`, `send_async`, `push_async`, ..., `Messages`, `select_async` |
+//! | waiting | [`WaitPolicy`], [`DEFAULT_SPIN_LIMIT`], [`LIVENESS_TICK`]; several sources at once: [`select`], [`try_select`], [`select_timeout`], [`select_deadline`]; async (feature `async`): `recv_async`, `send_async`, `push_async`, ..., `Messages`, `select_async` |
 //! | errors | one type per call form: [`RecvError`] / [`TryRecvError`] / [`RecvTimeoutError`], the same for [`SendError`], [`AcquireError`], [`PushError`], [`PopError`]; [`ChannelError`], [`RingError`], [`AttachError`], [`ShmError`], [`Corrupted`] |
 //! | tools | [`inspect`] (`inspect`, `list`, `clean`, `remove`), `cuda` (contexts, counters, where two processes' GPU work meets) |
 //!
@@ -309,9 +309,9 @@ pub use ring::{
     PopError, PopTimeoutError, PushError, PushTimeoutError, ReadError, ReadTimeoutError,
     TryPopError, TryPushError, TryReadError,
 };
-pub use wait::WaitPolicy;
 #[cfg(not(loom))]
 pub use wait::reactor::Selectable;
+pub use wait::{DEFAULT_SPIN_LIMIT, WaitPolicy};
 
 #[cfg(not(loom))]
 pub use channel::{

@@ -109,10 +109,15 @@ impl PyChannel {
     }
 }
 
-/// A wait policy from the Python arguments (the Rust defaults where not given).
+/// A wait policy from the Python arguments (the Rust defaults where not given; spins given
+/// are a count, with no time limit).
 fn policy(spins: Option<u32>, yields: Option<u32>) -> WaitPolicy {
     let d = WaitPolicy::default();
-    WaitPolicy::spin_then_sleep(spins.unwrap_or(d.spins()), yields.unwrap_or(d.yields()))
+    let p = WaitPolicy::spin_then_sleep(spins.unwrap_or(d.spins()), yields.unwrap_or(d.yields()));
+    match (spins, d.spin_limit()) {
+        (None, Some(limit)) => p.spinning_at_most(limit),
+        _ => p,
+    }
 }
 
 fn gpu(py: Python<'_>, device: Option<i32>) -> PyResult<Option<Arc<Gpu>>> {
@@ -433,8 +438,9 @@ impl PyChannel {
     /// A new receiver. SPSC channels have one live receiver at a time.
     ///
     /// A wait first spins ``spins`` times with a CPU pause between tries (each some
-    /// 15–40 ns), then yields the CPU ``yields`` times, then sleeps on a futex (default
-    /// 2048 and 8: 30–90 µs of spinning). A receiver whose waits keep ending in sleeps
+    /// 10–70 ns), then yields the CPU ``yields`` times, then sleeps on a futex (default
+    /// 2048 spins or 30 µs of them, whichever ends first, and 8 yields; spins given here
+    /// are a count, with no time limit). A receiver whose waits keep ending in sleeps
     /// longer than 100 µs spins a quarter as much each time, down to 64 spins, until a
     /// wait answered within a shorter sleep earns them all back. A receiver whose messages
     /// come further apart than that answers faster spinning longer (e.g.

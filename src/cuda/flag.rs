@@ -9,7 +9,7 @@ use crate::liveness::{ProcessState, process_state};
 use crate::pool::PoolSegment;
 use crate::sync::Ordering;
 use crate::wait::WaitPolicy;
-use crate::wait::until::spin_then_yield;
+use crate::wait::spins::spin_then_yield;
 
 /// Why a flag will not come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

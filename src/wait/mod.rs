@@ -45,10 +45,12 @@ use crate::sync::{AtomicU32, Ordering, fence};
 mod forms;
 #[cfg(not(loom))]
 pub mod reactor;
+pub(crate) mod spins;
 pub(crate) mod until;
 
 pub(crate) use forms::{Deadline, TimedOut, blocking, receive_iter};
-pub(crate) use until::{Registration, Sleeper, Waits, wait_until};
+pub(crate) use spins::Waits;
+pub(crate) use until::{Registration, Sleeper, wait_until};
 
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
 pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);
@@ -134,8 +136,10 @@ impl WaitWord {
 ///
 /// Spinning answers fastest (≈ the cross-core cache latency) but burns a core; sleeping
 /// costs a futex wake-up (a few µs to tens of µs in a VM) but frees it. The default spins
-/// 2,048 times (30–140 µs on current Xeons, where a `pause` takes some 40 cycles), yields 8
-/// times, then sleeps.
+/// 2,048 times or for [`DEFAULT_SPIN_LIMIT`] (30 µs), whichever ends first, yields 8 times,
+/// then sleeps: a `pause` takes 10–70 ns on current x86 CPUs, so a count alone spins 30 µs
+/// on one machine and 140 µs on another, and spinning longer than a sleep and a wake-up
+/// cost (30–60 µs of CPU in the VMs we measure on) cannot save CPU.
 ///
 /// An endpoint spins as its policy says while its waits are answered soon; one whose waits
 /// keep ending in sleeps longer than 100 µs spins a quarter as much each time, down to 64
@@ -144,26 +148,47 @@ impl WaitWord {
 /// policy that never sleeps is never cut.
 ///
 /// ```
+/// use std::time::Duration;
 /// use gpuring::WaitPolicy;
 /// let busy = WaitPolicy::spin_then_sleep(u32::MAX, 0); // never sleeps
 /// let frugal = WaitPolicy::SLEEP;                        // sleeps at the first miss
 /// assert_ne!(busy, frugal);
+/// // 10,000 spins, but no more than 200 µs of them, then 4 yields, then sleep.
+/// let patient = WaitPolicy::spin_then_sleep(10_000, 4).spinning_at_most(Duration::from_micros(200));
+/// assert_eq!(patient.spin_limit(), Some(Duration::from_micros(200)));
+/// assert_eq!(WaitPolicy::default().spin_limit(), Some(gpuring::DEFAULT_SPIN_LIMIT));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitPolicy {
     spins: u32,
     yields: u32,
+    /// The longest the spins may take (`None`: as long as `spins` of them take).
+    spin_limit: Option<Duration>,
 }
+
+/// The default policy's limit on the time a wait spins: about what going to sleep and
+/// being woken cost the sleeper in CPU on the VMs we measure on, so that spinning in vain
+/// never costs more than the sleep it tried to avoid.
+pub const DEFAULT_SPIN_LIMIT: Duration = Duration::from_micros(30);
 
 impl WaitPolicy {
     /// Sleep on the futex as soon as the operation cannot proceed.
-    pub const SLEEP: Self = Self { spins: 0, yields: 0 };
+    pub const SLEEP: Self = Self { spins: 0, yields: 0, spin_limit: None };
 
     /// Try `spins` times with a CPU pause in between, then `yields` times with a
     /// `sched_yield` in between, then sleep. `u32::MAX` spins means never sleep (the
-    /// deadline is still honoured).
+    /// deadline is still honoured). No limit on the time the spins take: see
+    /// [`spinning_at_most`](Self::spinning_at_most).
     pub const fn spin_then_sleep(spins: u32, yields: u32) -> Self {
-        Self { spins, yields }
+        Self { spins, yields, spin_limit: None }
+    }
+
+    /// This policy, its spins stopped once they have taken `limit` (whichever of the count
+    /// and the time ends first; the clock is read every 128 spins, so a wait answered
+    /// within them never reads it). Ignored by a policy that never sleeps.
+    pub const fn spinning_at_most(mut self, limit: Duration) -> Self {
+        self.spin_limit = Some(limit);
+        self
     }
 
     /// Tries with a CPU pause in between before yielding.
@@ -174,6 +199,11 @@ impl WaitPolicy {
     /// Tries with a `sched_yield` in between before sleeping.
     pub const fn yields(&self) -> u32 {
         self.yields
+    }
+
+    /// The longest a wait's spins may take, if limited.
+    pub const fn spin_limit(&self) -> Option<Duration> {
+        self.spin_limit
     }
 
     /// Whether a wait under this policy never sleeps (`u32::MAX` spins).
@@ -189,9 +219,9 @@ impl WaitPolicy {
 }
 
 impl Default for WaitPolicy {
-    /// 2,048 spins (30–140 µs), 8 yields, then sleep.
+    /// 2,048 spins or 30 µs of them ([`DEFAULT_SPIN_LIMIT`]), 8 yields, then sleep.
     fn default() -> Self {
-        Self { spins: 2048, yields: 8 }
+        Self::spin_then_sleep(2048, 8).spinning_at_most(DEFAULT_SPIN_LIMIT)
     }
 }
 

@@ -1,64 +1,15 @@
-//! The wait loop ([`wait_until`]): spinning as an endpoint's recent waits earned, then
-//! sleeping as a registered [`Sleeper`].
-//!
-//! **Spins earned.** A [`WaitPolicy`]'s spins answer a peer that is about to publish (a few
-//! µs away) without a futex wake-up; for a peer that publishes much later they are CPU
-//! burnt in vain, once per wait: on a Xeon of 2026 a `pause` costs some 40 cycles, and the
-//! default 2,048 spins with their checks take 30–140 µs. An endpoint therefore keeps, beside
-//! its policy, the spins its waits have *earned* ([`Waits`]):
-//!
-//! - a wait that went to sleep and was woken within [`SHORT_SLEEP`], or within the time
-//!   the policy's spins take where that is longer (spinning longer would have caught it),
-//!   earns the policy's spins back, all of them;
-//! - one that slept longer (spinning longer would not have helped) spins a quarter as much
-//!   next time, down to [`FLOOR`]; one that slept more than [`LONG_SLEEP`], and ten times
-//!   what the policy's spins take, spins only [`FLOOR`] times next time (its peer publishes
-//!   a step a millisecond or less often: no spinning it can afford would catch that);
-//! - one answered while yielding, just after its spins ran out, earns them all back too;
-//! - one answered while spinning changes nothing.
-//!
-//! So a stream whose messages come close together spins as the policy says (its waits never
-//! sleep, or sleep briefly), and an endpoint left idle, or fed a step every millisecond,
-//! stops spinning in vain after a few waits. Only a wait's first step spins (its later
-//! liveness chunks sleep at once, as before), and a policy that never sleeps is never cut.
-//! The budget is this endpoint's own (a process-local atomic, not in shared memory): any
-//! value is safe, it only moves CPU time and wake-up latency.
+//! The wait loop ([`wait_until`]): spinning as an endpoint's recent waits earned
+//! ([`spins`](super::spins)), then sleeping as a registered [`Sleeper`].
 //!
 //! **One registration a wait.** A wait registers as a sleeper (with the heavy barrier, or
 //! a fence where every publisher of its word fences: [`Registration`]) at its first sleep
 //! and stays registered until it ends ([`Sleeper`]).
 
-use std::sync::atomic::{AtomicU32 as LocalU32, Ordering as LocalOrdering};
 use std::time::Duration;
 
-use super::{DEGRADED_RECHECK, Deadline, TimedOut, WaitPolicy, WaitWord, sleep};
+use super::spins::{Waits, spin_only, yield_then_try};
+use super::{DEGRADED_RECHECK, Deadline, TimedOut, WaitWord, sleep};
 use crate::sync::Ordering;
-
-/// A sleep shorter than this means the wait would have been answered by spinning longer
-/// (or than the policy's spins take, where that is longer: [`spins_take`]).
-pub(crate) const SHORT_SLEEP: Duration = Duration::from_micros(100);
-
-/// A sleep longer than this (and than ten times what the policy's spins take) cuts the
-/// next wait's spins to [`FLOOR`] at once.
-pub(crate) const LONG_SLEEP: Duration = Duration::from_millis(1);
-
-/// About how long `spins` spins take on this machine: the time of one `pause`, measured
-/// once a process (over 1,024 of them, some 15–40 µs, at the first sleep that asks), times
-/// `spins`. A lower bound (a spin also runs its check).
-fn spins_take(spins: u32) -> Duration {
-    static PAUSE_PS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let pause_ps = *PAUSE_PS.get_or_init(|| {
-        let start = std::time::Instant::now();
-        for _ in 0..1024 {
-            std::hint::spin_loop();
-        }
-        (start.elapsed().as_nanos() as u64).saturating_mul(1000) / 1024
-    });
-    Duration::from_nanos(pause_ps.saturating_mul(u64::from(spins)) / 1000)
-}
-
-/// The fewest spins a policy's waits are cut to (about 1–3 µs).
-pub(crate) const FLOOR: u32 = 64;
 
 /// How a wait registers as a sleeper on its word, after what the word's publishers do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,94 +20,6 @@ pub(crate) enum Registration {
     /// With a `SeqCst` fence: every publisher of the word runs `notify_fenced` (a broadcast
     /// ring's `not_empty`).
     Fenced,
-}
-
-/// An endpoint's wait policy, the spins its recent waits earned (module docs), and how its
-/// waits register as sleepers.
-#[derive(Debug)]
-pub(crate) struct Waits {
-    policy: WaitPolicy,
-    registration: Registration,
-    /// How many times the policy's spins were cut by 4 since a wait last earned them all
-    /// back: kept when the policy is set (a Python receive sets `SLEEP` for its later
-    /// slices, then its policy again), so what the waits learnt outlives such a switch.
-    cuts: LocalU32,
-}
-
-/// The most cuts counted (2,048 spins reach the floor after 3).
-const MAX_CUTS: u32 = 15;
-
-impl Clone for Waits {
-    fn clone(&self) -> Self {
-        Self::new(self.policy).registering(self.registration)
-    }
-}
-
-impl Default for Waits {
-    fn default() -> Self {
-        Self::new(WaitPolicy::default())
-    }
-}
-
-impl Waits {
-    /// `policy`, with all its spins earned.
-    pub(crate) const fn new(policy: WaitPolicy) -> Self {
-        Self { policy, registration: Registration::Barrier, cuts: LocalU32::new(0) }
-    }
-
-    /// These waits, registering as `registration` says.
-    pub(crate) const fn registering(mut self, registration: Registration) -> Self {
-        self.registration = registration;
-        self
-    }
-
-    /// The policy as set.
-    pub(crate) const fn policy(&self) -> WaitPolicy {
-        self.policy
-    }
-
-    /// Sets the policy; the cuts the waits earned stay.
-    pub(crate) fn set(&mut self, policy: WaitPolicy) {
-        self.policy = policy;
-    }
-
-    /// Whether the policy's spins are never cut (it never sleeps, or spins no more than
-    /// the floor): its waits have nothing to learn.
-    const fn fixed(&self) -> bool {
-        self.policy.never_sleeps() || self.policy.spins <= FLOOR
-    }
-
-    /// The policy the next wait's first step runs under: the spins earned.
-    pub(crate) fn now(&self) -> WaitPolicy {
-        let policy = self.policy;
-        if self.fixed() {
-            return policy;
-        }
-        // Relaxed: a hint of this endpoint's own; any value is safe.
-        let cuts = self.cuts.load(LocalOrdering::Relaxed).min(MAX_CUTS);
-        WaitPolicy { spins: (policy.spins >> (2 * cuts)).max(FLOOR), yields: policy.yields }
-    }
-
-    /// A wait that spun as [`now`](Self::now) said in vain, then slept for `slept`.
-    pub(crate) fn slept(&self, slept: Duration) {
-        if self.fixed() {
-            return;
-        }
-        let full = self.policy.spins;
-        // Relaxed: as in `now`; two threads sharing an endpoint may lose one's update.
-        let cuts = self.cuts.load(LocalOrdering::Relaxed).min(MAX_CUTS);
-        let take = spins_take(full);
-        let next = if slept < SHORT_SLEEP || slept < take {
-            0
-        } else if slept > LONG_SLEEP && slept > take * 10 {
-            MAX_CUTS
-        } else {
-            (cuts + 1).min(MAX_CUTS)
-        };
-        if next != cuts {
-            self.cuts.store(next, LocalOrdering::Relaxed);
-        }
-    }
 }
 
 /// A thread's registration as a sleeper on a wait word for one blocking wait: made, with
@@ -185,7 +48,7 @@ impl<'a> Sleeper<'a> {
     /// Not registered yet: nothing is done until the first sleep, which registers as
     /// `waits` says.
     pub(crate) const fn of(word: &'a WaitWord, waits: &Waits) -> Self {
-        Self { word, registration: waits.registration, bounded: None, learn: None }
+        Self { word, registration: waits.registration(), bounded: None, learn: None }
     }
 
     /// Registers if not yet (as its `Registration` says), then the epoch to sleep on and
@@ -232,8 +95,14 @@ fn spin<'a, R>(
     attempt: &mut impl FnMut() -> Option<R>,
 ) -> Option<Result<R, TimedOut>> {
     let now = waits.now();
-    let spun =
-        spin_only(now.spins, || attempt().map(Ok), || deadline.passed().then_some(Err(TimedOut)));
+    // A policy that never sleeps spins until the deadline, whatever its limit.
+    let limit = if now.never_sleeps() { None } else { now.spin_limit };
+    let spun = spin_only(
+        now.spins,
+        limit,
+        || attempt().map(Ok),
+        || deadline.passed().then_some(Err(TimedOut)),
+    );
     if spun.is_some() {
         return spun;
     }
@@ -246,55 +115,6 @@ fn spin<'a, R>(
         sleeper.learn = Some((waits, None));
     }
     None
-}
-
-/// The spinning and yielding steps of a wait, as `policy` says, spinning at least
-/// `min_spins` times: `attempt` is called before each spin and after each yield, and
-/// `now_and_then` once every 1024 spins (what a policy that never sleeps must still check).
-/// Returns what either returned first, or `None` once both steps are spent.
-#[inline]
-pub(crate) fn spin_then_yield<R>(
-    policy: WaitPolicy,
-    min_spins: u32,
-    mut attempt: impl FnMut() -> Option<R>,
-    now_and_then: impl FnMut() -> Option<R>,
-) -> Option<R> {
-    spin_only(policy.spins.max(min_spins), &mut attempt, now_and_then)
-        .or_else(|| yield_then_try(policy.yields, attempt))
-}
-
-/// The spinning step: `attempt` before each of `spins` spins and once after them,
-/// `now_and_then` once every 1024 spins.
-#[inline]
-fn spin_only<R>(
-    spins: u32,
-    mut attempt: impl FnMut() -> Option<R>,
-    mut now_and_then: impl FnMut() -> Option<R>,
-) -> Option<R> {
-    let mut spun = 0u32;
-    loop {
-        if let Some(r) = attempt() {
-            return Some(r);
-        }
-        if spun >= spins {
-            return None;
-        }
-        spun += 1;
-        std::hint::spin_loop();
-        if spun % 1024 == 0 {
-            if let Some(r) = now_and_then() {
-                return Some(r);
-            }
-        }
-    }
-}
-
-/// The yielding step: `attempt` after each of `yields` `sched_yield`s.
-fn yield_then_try<R>(yields: u32, mut attempt: impl FnMut() -> Option<R>) -> Option<R> {
-    (0..yields).find_map(|_| {
-        std::thread::yield_now();
-        attempt()
-    })
 }
 
 /// Runs `attempt` until it returns `Some`, spinning, yielding ([`spin`]) and then sleeping
@@ -363,7 +183,9 @@ fn sleep_until<R>(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::wait::WaitPolicy;
     use crate::wait::notify;
+    use crate::wait::spins::{CLOCK_EVERY, FLOOR, LONG_SLEEP, SHORT_SLEEP};
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
 
@@ -419,6 +241,7 @@ mod tests {
     /// A ping-pong of two threads that sleep at once, on words whose waits register with a
     /// fence and whose publishers run `notify_fenced`: a lost wake-up leaves a side asleep
     /// past its deadline. And no wait of either ran the heavy barrier.
+
     #[test]
     #[cfg_attr(miri, ignore)] // 20,000 sleeps
     fn fenced_sleepers_and_fenced_publishers_never_lose_a_wake_up() {
@@ -454,31 +277,10 @@ mod tests {
     }
 
     #[test]
-    fn long_sleeps_cut_the_spins_to_the_floor_and_a_short_one_earns_them_back() {
-        let waits = Waits::default();
-        let full = WaitPolicy::default().spins();
-        // Longer than both what counts as short and what the full spins take here.
-        let long = SHORT_SLEEP.max(spins_take(full)) * 2;
-        assert_eq!(waits.now().spins(), full);
-        waits.slept(long);
-        assert_eq!(waits.now().spins(), full / 4);
-        for _ in 0..10 {
-            waits.slept(long * 1000);
-        }
-        assert_eq!(waits.now().spins(), FLOOR);
-        assert_eq!(waits.now().yields(), WaitPolicy::default().yields(), "yields are kept");
-        waits.slept(SHORT_SLEEP / 5);
-        assert_eq!(waits.now().spins(), full);
-        // A sleep of more than a millisecond (and ten times the spins): the floor at once.
-        waits.slept(LONG_SLEEP.max(spins_take(full) * 10) * 2);
-        assert_eq!(waits.now().spins(), FLOOR);
-    }
-
-    #[test]
     fn a_wait_that_spun_in_vain_tells_its_endpoint_how_long_it_slept_when_it_ends() {
         let (word, waits) = (WaitWord::new(), Waits::default());
         let full = WaitPolicy::default().spins();
-        let long = SHORT_SLEEP.max(spins_take(full)) * 2;
+        let long = SHORT_SLEEP.max(waits.spins_take(full)) * 2;
         let mut sleeper = Sleeper::of(&word, &waits);
         let start = std::time::Instant::now();
         let r: Result<(), _> =
@@ -491,7 +293,7 @@ mod tests {
         assert_eq!(waits.now().spins(), full, "told at the wait's end, not before");
         drop(sleeper);
         // Two sleeps of `long`; a VM's late timer wake-ups can make them a long sleep.
-        let cut = if start.elapsed() > LONG_SLEEP.max(spins_take(full) * 10) {
+        let cut = if start.elapsed() > LONG_SLEEP.max(waits.spins_take(full) * 10) {
             vec![full / 4, FLOOR]
         } else {
             vec![full / 4]
@@ -520,34 +322,23 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(miri, ignore)] // times `pause`: Miri's clock is not the CPU's
-    fn a_long_spinning_policy_earns_its_spins_back_within_the_time_they_take() {
-        let spins = 100_000;
-        let waits = Waits::new(WaitPolicy::spin_then_sleep(spins, 8));
-        let take = spins_take(spins);
-        assert!(take > Duration::from_micros(100), "100,000 pauses take {take:?}");
-        waits.slept(take * 4);
-        assert_eq!(waits.now().spins(), spins / 4);
-        // A wait answered after a sleep shorter than the full spins would have taken.
-        waits.slept(take / 2);
-        assert_eq!(waits.now().spins(), spins);
-    }
-
-    #[test]
-    fn policies_that_never_sleep_or_barely_spin_are_never_cut() {
-        let busy = Waits::new(WaitPolicy::spin_then_sleep(u32::MAX, 0));
-        busy.slept(Duration::from_secs(100));
-        assert!(busy.now().never_sleeps());
-        let few = Waits::new(WaitPolicy::spin_then_sleep(10, 2));
-        few.slept(Duration::from_secs(1));
-        assert_eq!(few.now(), WaitPolicy::spin_then_sleep(10, 2));
-        let mut set = Waits::default();
-        set.slept(SHORT_SLEEP.max(spins_take(WaitPolicy::default().spins())) * 2);
-        set.set(WaitPolicy::SLEEP);
-        assert_eq!(set.now(), WaitPolicy::SLEEP);
-        assert_eq!(set.policy(), WaitPolicy::SLEEP);
-        // As a Python receive's later slices do: the cut outlives the switch and back.
-        set.set(WaitPolicy::default());
-        assert_eq!(set.now().spins(), WaitPolicy::default().spins() / 4);
+    fn the_default_policy_spins_within_its_limit_and_a_never_sleeping_one_ignores_it() {
+        assert_eq!(WaitPolicy::default().spin_limit(), Some(crate::wait::DEFAULT_SPIN_LIMIT));
+        // What a slept wait is judged against: no more than the limit.
+        let waits = Waits::default();
+        assert!(waits.spins_take(u32::MAX - 1) <= crate::wait::DEFAULT_SPIN_LIMIT);
+        // A policy that never sleeps spins until its deadline, whatever its limit.
+        let busy =
+            Waits::new(WaitPolicy::spin_then_sleep(u32::MAX, 0).spinning_at_most(Duration::ZERO));
+        let word = WaitWord::new();
+        let mut sleeper = Sleeper::of(&word, &busy);
+        let mut tries = 0u32;
+        let r: Option<Result<(), _>> =
+            spin(&mut sleeper, &busy, Deadline::after(Duration::from_millis(5)), &mut || {
+                tries += 1;
+                None
+            });
+        assert_eq!(r, Some(Err(TimedOut)));
+        assert!(tries > CLOCK_EVERY + 1, "{tries} tries");
     }
 }
