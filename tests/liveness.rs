@@ -100,30 +100,6 @@ fn idle_receiver_learns_of_a_killed_sender_from_its_close_not_its_idle_tick() {
     assert_noticed("idle receiver", died, noticed);
 }
 
-/// A receiver with no probe of its peers on record probes them once its spins are spent,
-/// then sleeps on its word and the segment's closes for the rest of the wait: one sleep for
-/// a wait of 300 ms, where it used to sleep a `LIVENESS_TICK`, wake to probe, and sleep
-/// again. Counted in a process of its own (`wait_stats` counts the whole process's sleeps).
-#[test]
-fn a_receiver_going_idle_probes_before_its_first_sleep_and_sleeps_once() {
-    const TEST: &str = "a_receiver_going_idle_probes_before_its_first_sleep_and_sleeps_once";
-    if role().as_deref() == Some("receiver") {
-        let ch = Channel::builder(ring_name()).open().unwrap();
-        let rx = ch.receiver().unwrap();
-        let before = gpuring::internal::wait_stats().futex_waits;
-        let waited = rx.recv_timeout(Duration::from_millis(300));
-        assert!(matches!(waited, Err(RecvTimeoutError::Timeout)), "{waited:?}");
-        announce(&format!("sleeps {}", gpuring::internal::wait_stats().futex_waits - before));
-        return;
-    }
-    let name = unique_name("idle-probe-first");
-    let ch = Channel::builder(&name).capacity(8).slots(2, 64).create().unwrap();
-    let _tx = ch.sender().unwrap(); // alive all along: the probe finds nothing to do
-    let mut peer = Peer::spawn(TEST, "receiver", &name);
-    assert_eq!(peer.expect("sleeps"), "1", "one sleep for the whole wait");
-    assert!(peer.child.wait().unwrap().success());
-}
-
 #[test]
 fn sender_blocked_on_a_full_ring_gets_peer_dead_when_the_receiver_is_killed() {
     if role().as_deref() == Some("receiver") {

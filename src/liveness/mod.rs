@@ -39,7 +39,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::layout::{Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER};
-use crate::wait::{Deadline, Sleeper, TimedOut, WaitWord, Waits, notify, spin_phase, wait_until};
+use crate::wait::{Deadline, Sleeper, TimedOut, WaitWord, Waits, notify, wait_until};
 
 mod claims;
 #[cfg(not(loom))]
@@ -441,33 +441,20 @@ pub(crate) fn block_on<W: Watch, R>(
     // still shows, less than an `IDLE_TICK` ago, sleeps so from the start, and its deadline
     // ends the wait without a tick (a caller that waits in slices, as Python does, would
     // otherwise probe at every slice).
-    //
-    // One with no such probe on record probes as soon as its spins are spent, before its
-    // first sleep, rather than a `LIVENESS_TICK` into it: the probe costs the same then, and
-    // the sleep after it watches the closes from the start, so that a receiver going idle
-    // is not woken 30 ms in only to probe (a wake-up, some 25–30 µs of CPU on the H200 VMs).
-    // Not where the closes cannot be slept on (each wait would probe in vain), nor for a
-    // policy that never sleeps (its wait must stay a spin to its deadline).
     let consumer = waits_for == Role::Producer;
     let mut word = None;
     let mut closes = None;
-    let mut probe_first = false;
     if consumer {
         if let Some((events, clear_at)) = *word.get_or_insert_with(|| watch.closes()) {
-            let now = crate::wait::close_events(events);
-            closes = now.filter(|&seen| quiet::holds(clear_at, seen)).map(|seen| (events, seen));
-            probe_first = now.is_some() && closes.is_none() && !waits.policy().never_sleeps();
+            closes = crate::wait::close_events(events)
+                .filter(|&seen| quiet::holds(clear_at, seen))
+                .map(|seen| (events, seen));
         }
     }
     loop {
         let idle = consumer && closes.is_some();
         let chunk = deadline.or_within(if idle { IDLE_TICK } else { LIVENESS_TICK });
-        let waited = if first && probe_first {
-            // The spins (and yields) alone; spent, they end this step as a tick would.
-            spin_phase(&mut sleeper, waits, deadline, &mut attempt).unwrap_or(Err(TimedOut))
-        } else {
-            wait_until(&mut sleeper, waits, first, chunk, closes, &mut attempt)
-        };
+        let waited = wait_until(&mut sleeper, waits, first, chunk, closes, &mut attempt);
         first = false;
         match waited {
             Ok(Ok(r)) => return done(r),

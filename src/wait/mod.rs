@@ -50,7 +50,7 @@ pub(crate) mod until;
 
 pub(crate) use forms::{Deadline, TimedOut, blocking, receive_iter};
 pub(crate) use spins::Waits;
-pub(crate) use until::{Registration, Sleeper, spin_phase, wait_until};
+pub(crate) use until::{Registration, Sleeper, wait_until};
 
 /// How often a sleeper re-checks when this process cannot use `membarrier`.
 pub const DEGRADED_RECHECK: Duration = Duration::from_millis(1);

@@ -88,7 +88,7 @@ impl Drop for Sleeper<'_> {
 /// The spins and yields at a wait's start, as many as `waits` earned (a policy that never
 /// sleeps: until `deadline`, checked now and then). `None` when they were spent in vain:
 /// the sleeper then times the wait's sleeps, for `waits` (`Waits::slept`, at its end).
-pub(crate) fn spin_phase<'a, R>(
+fn spin<'a, R>(
     sleeper: &mut Sleeper<'a>,
     waits: &'a Waits,
     deadline: Deadline,
@@ -117,7 +117,7 @@ pub(crate) fn spin_phase<'a, R>(
     None
 }
 
-/// Runs `attempt` until it returns `Some`, spinning, yielding ([`spin_phase`]) and then sleeping
+/// Runs `attempt` until it returns `Some`, spinning, yielding ([`spin`]) and then sleeping
 /// on the sleeper's word, until `deadline`; with `spin_first` false (a wait's later steps),
 /// sleeping at once unless the policy never sleeps.
 ///
@@ -141,7 +141,7 @@ pub(crate) fn wait_until<'a, R>(
     }
     // A policy that never sleeps spins in every step of the wait.
     if spin_first || waits.policy().never_sleeps() {
-        if let Some(outcome) = spin_phase(sleeper, waits, deadline, &mut attempt) {
+        if let Some(outcome) = spin(sleeper, waits, deadline, &mut attempt) {
             return outcome;
         }
     }
@@ -336,7 +336,7 @@ mod tests {
         let mut sleeper = Sleeper::of(&word, &busy);
         let mut tries = 0u32;
         let r: Option<Result<(), _>> =
-            spin_phase(&mut sleeper, &busy, Deadline::after(Duration::from_millis(5)), &mut || {
+            spin(&mut sleeper, &busy, Deadline::after(Duration::from_millis(5)), &mut || {
                 tries += 1;
                 None
             });
