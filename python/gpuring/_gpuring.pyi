@@ -157,9 +157,9 @@ class Channel:
 
     def receiver(self, spins: Optional[int] = None, yields: Optional[int] = None) -> Receiver:
         """A new receiver; a wait spins ``spins`` times (default: 2048 or 30 µs of them,
-        whichever ends first), yields ``yields`` times (default 8), then sleeps (``spins=2**32 - 1``: never); after waits that slept
-        longer than 100 µs it spins a quarter as much, down to 64, until a shorter one
-        earns the spins back. A receive from a
+        whichever ends first), yields ``yields`` times (default 8), then sleeps
+        (``spins=2**32 - 1``: never); after waits that slept longer than 100 µs it spins a
+        quarter as much, down to 64, until a shorter one earns the spins back. A receive from a
         ``ready="flag"`` sender waits for the flag the same way, spinning at least 4096
         times, then napping (4 µs naps at first) instead of sleeping."""
 
