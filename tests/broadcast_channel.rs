@@ -296,8 +296,8 @@ fn cpu_ns() -> u64 {
 /// close events (`futex_waitv`; a peer's death is a close), ticking only every `IDLE_TICK`;
 /// its first long wait also starts the process's watcher thread (inotify). Every wait
 /// spins as little as the long sleep before it earned (the first message's wait is one);
-/// the first, with no probe of its peers on record, probes them a `LIVENESS_TICK` in. The first and third bound a regression to spinning or to ticks that grow with
-/// the receivers; the second (CPU a second of waiting: the wait's start and the receipt,
+/// the first, with no probe of its peers on record, probes them a `LIVENESS_TICK` in. The
+/// first and third bound a regression to spinning or to ticks that grow with the receivers; the second (CPU a second of waiting: the wait's start and the receipt,
 /// spread over three seconds), a regression to ticking every `LIVENESS_TICK` (about 1 ms
 /// a second each in release on the 2-core VM, 3.5 ms in debug: 8 to 28 ms together).
 #[test]

@@ -185,7 +185,9 @@ impl WaitPolicy {
 
     /// This policy, its spins stopped once they have taken `limit` (whichever of the count
     /// and the time ends first; the clock is read every 128 spins, so a wait answered
-    /// within them never reads it). Ignored by a policy that never sleeps.
+    /// within them never reads it). Ignored by a policy that never sleeps, and by a
+    /// receive's wait for a host ready flag (which spins 4,096 times or the policy's count,
+    /// whichever is more).
     pub const fn spinning_at_most(mut self, limit: Duration) -> Self {
         self.spin_limit = Some(limit);
         self

@@ -241,7 +241,6 @@ mod tests {
     /// A ping-pong of two threads that sleep at once, on words whose waits register with a
     /// fence and whose publishers run `notify_fenced`: a lost wake-up leaves a side asleep
     /// past its deadline. And no wait of either ran the heavy barrier.
-
     #[test]
     #[cfg_attr(miri, ignore)] // 20,000 sleeps
     fn fenced_sleepers_and_fenced_publishers_never_lose_a_wake_up() {
