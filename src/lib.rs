@@ -310,6 +310,8 @@ pub use ring::{
     TryPopError, TryPushError, TryReadError,
 };
 #[cfg(not(loom))]
+pub use wait::interruptible;
+#[cfg(not(loom))]
 pub use wait::reactor::Selectable;
 pub use wait::{DEFAULT_SPIN_LIMIT, WaitPolicy};
 

@@ -1,6 +1,10 @@
-//! Blocking from Python: every wait runs in Rust with the GIL released, in slices of
-//! [`SLICE`] growing to [`SLICE_MAX`], checking for signals between them, so that Ctrl-C
-//! raises `KeyboardInterrupt` within about that long and other Python threads run meanwhile.
+//! Blocking from Python: every wait runs in Rust with the GIL released, in slices, checking
+//! for signals between them, so that Ctrl-C raises `KeyboardInterrupt` and other Python
+//! threads run meanwhile. An endpoint's wait ([`wait`]) sleeps in slices of [`SLICE`] inside
+//! `gpuring::interruptible`: the terminal's `SIGINT` goes to the main thread, whose sleep it
+//! interrupts, so the slice ends then and the signal is handled at once. A wait that
+//! polls instead of sleeping (opening a channel that is not there yet: [`wait_polling`])
+//! checks between slices of [`POLL_SLICE`] growing to [`POLL_SLICE_MAX`].
 
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
@@ -9,15 +13,20 @@ use pyo3::prelude::*;
 
 use crate::errors::{Class, raise};
 
-/// A wait's first slice without the GIL, before it checks for signals; each next slice is
-/// twice as long, up to [`SLICE_MAX`].
-pub(crate) const SLICE: Duration = Duration::from_millis(50);
+/// An endpoint's wait's slice without the GIL. A signal that interrupts its sleep ends it at
+/// once; one that arrives while the thread is not asleep (spinning at the start of a wait)
+/// is handled when the slice ends. Each slice costs an idle receiver a wake-up and a new
+/// start of its Rust wait (a registration as a sleeper, a fence), some 50–100 µs of CPU on
+/// the VMs we measure on: slices of 50 ms doubling to 250 ms used 2.7–4.5 ms a second
+/// together for eight idle receivers (16-core H200 VMs), 20× the Rust wait's own.
+pub(crate) const SLICE: Duration = Duration::from_secs(2);
 
-/// The longest slice: a wait idle for half a second checks for signals four times a second.
-/// Each slice costs an idle receiver a registration as a sleeper (a `membarrier`) and a
-/// wake-up, some 50–250 µs of CPU on the VMs we measure on: eight receivers idle in 50 ms
-/// slices used 11–18 ms of CPU a second together (16-core H200 VM), 20× the Rust wait's.
-pub(crate) const SLICE_MAX: Duration = Duration::from_millis(250);
+/// A polling wait's first slice without the GIL, before it checks for signals; each next
+/// slice is twice as long, up to [`POLL_SLICE_MAX`].
+pub(crate) const POLL_SLICE: Duration = Duration::from_millis(50);
+
+/// A polling wait's longest slice: Ctrl-C is handled within that long.
+pub(crate) const POLL_SLICE_MAX: Duration = Duration::from_millis(250);
 
 /// A Python `timeout=` argument: `None` waits as long as it takes, `0` tries once.
 #[derive(Debug, Clone, Copy)]
@@ -83,7 +92,8 @@ pub(crate) enum Step<T, S> {
 
 /// Runs `step` once at once, then in slices until it is done or `until` passes, the GIL
 /// released during each slice and signals checked between them. `Ok(Err(state))`: the
-/// deadline passed.
+/// deadline passed. For an endpoint's wait, whose sleeps a signal interrupts: slices of
+/// [`SLICE`], each inside `gpuring::interruptible`.
 ///
 /// `step(state, None, _)` is one try, with the GIL held: no wait, no spin, no probe of the
 /// peers (the Rust API's `try_` form), so that what is ready (a free slot, a queued
@@ -100,7 +110,35 @@ pub(crate) enum Step<T, S> {
 pub(crate) fn wait<T: Send, S: Send>(
     py: Python<'_>,
     until: Until,
+    state: S,
+    step: impl Fn(S, Option<Duration>, bool) -> Step<T, S> + Sync,
+) -> PyResult<Result<T, S>> {
+    sliced(py, until, state, (SLICE, SLICE), |s, slice, again| {
+        gpuring::interruptible(|| step(s, slice, again))
+    })
+}
+
+/// [`wait`] for a step that polls (sleeps a signal does not end): slices of [`POLL_SLICE`]
+/// doubling to [`POLL_SLICE_MAX`].
+///
+/// # Errors
+///
+/// As [`wait`].
+pub(crate) fn wait_polling<T: Send, S: Send>(
+    py: Python<'_>,
+    until: Until,
+    state: S,
+    step: impl Fn(S, Option<Duration>, bool) -> Step<T, S> + Sync,
+) -> PyResult<Result<T, S>> {
+    sliced(py, until, state, (POLL_SLICE, POLL_SLICE_MAX), step)
+}
+
+/// The loop of [`wait`]: slices from `first`, doubling up to `longest`.
+fn sliced<T: Send, S: Send>(
+    py: Python<'_>,
+    until: Until,
     mut state: S,
+    (first, longest): (Duration, Duration),
     step: impl Fn(S, Option<Duration>, bool) -> Step<T, S> + Sync,
 ) -> PyResult<Result<T, S>> {
     match step(state, None, false) {
@@ -108,10 +146,10 @@ pub(crate) fn wait<T: Send, S: Send>(
         Step::Again(s) => state = s,
     }
     let mut again = false;
-    let mut longest = SLICE;
+    let mut next = first;
     loop {
-        let slice = until.slice(longest);
-        longest = (longest * 2).min(SLICE_MAX);
+        let slice = until.slice(next);
+        next = (next * 2).min(longest);
         match py.detach(|| step(state, Some(slice), again)) {
             Step::Done(t) => return Ok(Ok(t)),
             Step::Again(s) if until.passed() => return Ok(Err(s)),

@@ -10,7 +10,7 @@ use gpuring::{
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
-use crate::blocking::{Step, Until, wait};
+use crate::blocking::{Step, Until, wait_polling};
 use crate::errors::{
     Class, ClassOf, Raised, capacity_arg, closed, opt_max_senders_arg, opt_spins_arg,
     opt_yields_arg, raise, slot_bytes_arg, slots_arg,
@@ -404,7 +404,7 @@ impl PyChannel {
             Err(None) => Step::Again(()),
             r => Step::Done(r),
         };
-        match wait(py, until, (), step)? {
+        match wait_polling(py, until, (), step)? {
             Ok(Ok(c)) => Ok(PyChannel::new(c, signal)),
             Ok(Err(e)) => Err(e.map_or_else(
                 || raise(py, Class::NotFound, format!("no channel {name:?}")),

@@ -426,7 +426,7 @@ def test_ctrl_c_interrupts_a_blocked_recv(name):
     child = subprocess.Popen([sys.executable, script, name], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "blocking"
-        time.sleep(0.2)  # well inside recv()
+        time.sleep(0.5)  # well inside recv(), asleep in its first 2 s slice
         t0 = time.monotonic()
         child.send_signal(signal.SIGINT)
         code = child.wait(10)
@@ -436,7 +436,37 @@ def test_ctrl_c_interrupts_a_blocked_recv(name):
         child.wait()
     assert code == 3, "the child did not see KeyboardInterrupt (exit %r)" % code
     print("KeyboardInterrupt after %.0f ms" % (took * 1000))
-    assert took < 2.0
+    # The signal ends the slice's sleep (EINTR); at the slice's end it would take 1.5 s.
+    assert took < 1.0
+    ch.close()
+
+
+def test_a_signal_handler_runs_during_a_blocked_recv_which_then_goes_on(name):
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    handled = []
+    before = signal.signal(signal.SIGUSR1, lambda *_: handled.append(time.monotonic()))
+    main = threading.main_thread().ident
+    sent = []
+
+    def poke_then_send():
+        time.sleep(0.5)  # the main thread asleep in recv()'s first 2 s slice
+        sent.append(time.monotonic())
+        signal.pthread_kill(main, signal.SIGUSR1)
+        time.sleep(0.5)
+        tx.send(np.full(1, 7.0))
+
+    t = threading.Thread(target=poke_then_send)
+    try:
+        t.start()
+        with rx.recv(timeout=10) as msg:  # the handler runs in it; the wait goes on
+            assert np.from_dlpack(msg)[0] == 7.0
+        t.join()
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert len(handled) == 1, handled
+    # Run when the signal interrupted the sleep, not at the slice's end (1.5 s later).
+    assert handled[0] - sent[0] < 0.4, handled[0] - sent[0]
     ch.close()
 
 

@@ -39,7 +39,9 @@ use std::io;
 use std::time::Duration;
 
 use crate::layout::{Corrupted, PARTICIPANT_CONSUMER, PARTICIPANT_PRODUCER};
-use crate::wait::{Deadline, Sleeper, TimedOut, WaitWord, Waits, notify, wait_until};
+use crate::wait::{
+    Deadline, Sleeper, TimedOut, WaitWord, Waits, notify, take_interruption, wait_until,
+};
 
 mod claims;
 #[cfg(not(loom))]
@@ -394,7 +396,10 @@ pub(crate) fn block_on<W: Watch, R>(
             Ok(Ok(r)) => done(r),
             Ok(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
             Ok(Err(why)) => last(&mut attempt, None, why),
-            Err(TimedOut) => Err(Blocked::Timeout),
+            Err(TimedOut) => {
+                take_interruption();
+                Err(Blocked::Timeout)
+            }
         };
     }
     // The slow-path work of one tick: `Some` when it ended the wait.
@@ -451,15 +456,26 @@ pub(crate) fn block_on<W: Watch, R>(
                 .map(|seen| (events, seen));
         }
     }
+    // A tick's sleep that a signal cut short, in a wait with no deadline: slept on to its end.
+    let mut resume = None;
     loop {
         let idle = consumer && closes.is_some();
-        let chunk = deadline.or_within(if idle { IDLE_TICK } else { LIVENESS_TICK });
+        let chunk = resume
+            .take()
+            .unwrap_or_else(|| deadline.or_within(if idle { IDLE_TICK } else { LIVENESS_TICK }));
         let waited = wait_until(&mut sleeper, waits, first, chunk, closes, &mut attempt);
         first = false;
         match waited {
             Ok(Ok(r)) => return done(r),
             Ok(Err(Blocked::Corrupted(c))) => return Err(Blocked::Corrupted(c)),
             Ok(Err(why)) => return last(&mut attempt, Some(&mut on_tick), why),
+            // A signal handler ran on this thread inside `interruptible`: a wait with a
+            // deadline ends now, as at its deadline (its caller looks at what the handler
+            // did); one without sleeps on to the same tick.
+            Err(TimedOut) if deadline != Deadline::Never && take_interruption() => {
+                return last(&mut attempt, None, Blocked::Timeout);
+            }
+            Err(TimedOut) if take_interruption() && !chunk.passed() => resume = Some(chunk),
             Err(TimedOut) => {
                 // Read before the probes: a close after them wakes the next sleep.
                 let at = *word.get_or_insert_with(|| watch.closes());

@@ -44,11 +44,15 @@ use crate::sync::{AtomicU32, Ordering, fence};
 
 mod forms;
 #[cfg(not(loom))]
+pub(crate) mod interrupt;
+#[cfg(not(loom))]
 pub mod reactor;
 pub(crate) mod spins;
 pub(crate) mod until;
 
 pub(crate) use forms::{Deadline, TimedOut, blocking, receive_iter};
+#[cfg(not(loom))]
+pub use interrupt::interruptible;
 pub(crate) use spins::Waits;
 pub(crate) use until::{Registration, Sleeper, wait_until};
 
@@ -404,40 +408,78 @@ pub(crate) fn close_events(word: &std::sync::atomic::AtomicU32) -> Option<u32> {
     }
 }
 
+/// How a [`sleep`] ended, besides a wake-up, a timeout or a spurious return (which its
+/// caller's re-check tells apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slept {
+    /// Woken, timed out, or returned for nothing.
+    Plain,
+    /// The segment's close events moved (a peer may have died).
+    Closed,
+    /// A signal handler interrupted the sleep inside [`interruptible`]: the wait ends if it
+    /// has a deadline.
+    Interrupted,
+}
+
 /// One sleep of a registered sleeper on `word` at `epoch`, for at most `left`; with
-/// `closes`, on those close events too (one `futex_waitv`). Returns whether they moved.
+/// `closes`, on those close events too (one `futex_waitv`).
 fn sleep(
     word: &WaitWord,
     epoch: u32,
     left: Option<Duration>,
     closes: Option<(&std::sync::atomic::AtomicU32, u32)>,
-) -> bool {
+) -> Slept {
     #[cfg(all(not(loom), not(miri)))]
     if let Some((events, seen)) = closes {
         FUTEX_WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if reactor::sleep_or_close(word, epoch, (events, seen), left) {
+        if let Some(waited) = reactor::sleep_or_close(word, epoch, (events, seen), left) {
             // Acquire: pairs with the Release bump of the watcher thread (the caller's
             // probe that follows sees what the close left).
-            return events.load(std::sync::atomic::Ordering::Acquire) != seen;
+            if events.load(std::sync::atomic::Ordering::Acquire) != seen {
+                return Slept::Closed;
+            }
+            return if waited.is_err_and(|e| e == rustix::io::Errno::INTR) {
+                intr()
+            } else {
+                Slept::Plain
+            };
         }
     }
     #[cfg(any(loom, miri))]
     let _ = closes;
-    futex_wait(&word.epoch, epoch, left);
+    futex_wait(&word.epoch, epoch, left)
+}
+
+/// Whether a sleep of this thread's wait was interrupted by a signal inside
+/// [`interruptible`] since the last call (which clears it).
+pub(crate) fn take_interruption() -> bool {
+    #[cfg(not(loom))]
+    return interrupt::take();
+    #[cfg(loom)]
     false
 }
 
+/// A sleep returned `EINTR`.
 #[cfg(all(not(loom), not(miri)))]
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+fn intr() -> Slept {
+    if interrupt::interrupted() { Slept::Interrupted } else { Slept::Plain }
+}
+
+#[cfg(all(not(loom), not(miri)))]
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> Slept {
     use rustix::thread::futex;
     FUTEX_WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let ts = timeout.map(|d| futex::Timespec {
         tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
         tv_nsec: d.subsec_nanos().into(),
     });
-    // EAGAIN (the epoch moved), EINTR and ETIMEDOUT all lead back to the caller's re-check;
-    // no other error is possible for a valid, aligned word.
-    let _ = futex::wait(word, futex::Flags::empty(), expected, ts.as_ref());
+    // EAGAIN (the epoch moved), EINTR and ETIMEDOUT all lead back to the caller's re-check
+    // (EINTR ends the wait inside `interruptible`); no other error is possible for a valid,
+    // aligned word.
+    match futex::wait(word, futex::Flags::empty(), expected, ts.as_ref()) {
+        Err(rustix::io::Errno::INTR) => intr(),
+        _ => Slept::Plain,
+    }
 }
 
 #[cfg(all(not(loom), not(miri)))]
@@ -453,11 +495,12 @@ fn futex_wake(word: &AtomicU32) {
 // `syscall(SYS_futex, ...)`), so a sleeper naps on Miri's virtual clock and re-checks, which
 // `wait_until` always does; the futex itself is exercised by the native tests.
 #[cfg(all(miri, not(loom)))]
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> Slept {
     FUTEX_WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if word.load(Ordering::Relaxed) == expected {
         std::thread::sleep(timeout.map_or(DEGRADED_RECHECK, |t| t.min(DEGRADED_RECHECK)));
     }
+    Slept::Plain
 }
 
 #[cfg(all(miri, not(loom)))]
@@ -468,8 +511,9 @@ fn futex_wake(_word: &AtomicU32) {
 // Under loom nobody sleeps in the kernel: these keep the code shape and are never reached
 // by the models (they use the non-blocking operations only).
 #[cfg(loom)]
-fn futex_wait(_word: &AtomicU32, _expected: u32, _timeout: Option<Duration>) {
+fn futex_wait(_word: &AtomicU32, _expected: u32, _timeout: Option<Duration>) -> Slept {
     loom::thread::yield_now();
+    Slept::Plain
 }
 
 #[cfg(loom)]

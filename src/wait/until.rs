@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::spins::{Waits, spin_only, yield_then_try};
-use super::{DEGRADED_RECHECK, Deadline, TimedOut, WaitWord, sleep};
+use super::{DEGRADED_RECHECK, Deadline, Slept, TimedOut, WaitWord, sleep};
 use crate::sync::Ordering;
 
 /// How a wait registers as a sleeper on its word, after what the word's publishers do.
@@ -167,14 +167,16 @@ fn sleep_until<R>(
         } else {
             left
         };
-        let closed = sleep(sleeper.word, epoch, left, closes);
-        // Woken (or timed out, or spurious, or a close): look before sleeping again; a wait
-        // whose deadline has passed (a blocked endpoint's liveness tick) or that a close
-        // ended (its caller probes, then comes back) ends here, still registered.
+        let slept = sleep(sleeper.word, epoch, left, closes);
+        // Woken (or timed out, or spurious, or a close, or a signal): look before sleeping
+        // again; a wait whose deadline has passed (a blocked endpoint's liveness tick), that
+        // a close ended (its caller probes, then comes back) or, with a deadline, a signal
+        // inside `interruptible` ends here, still registered.
         if let Some(r) = attempt() {
             return Ok(r);
         }
-        if closed || deadline.passed() {
+        let signalled = slept == Slept::Interrupted && deadline != Deadline::Never;
+        if slept == Slept::Closed || signalled || deadline.passed() {
             return Err(TimedOut);
         }
     }

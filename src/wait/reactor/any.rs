@@ -128,17 +128,18 @@ pub(crate) fn close_events(word: &StdAtomicU32) -> Option<u32> {
 }
 
 /// Sleeps until `word`'s epoch moves from `epoch`, the close events `closes` move from
-/// `seen`, or `timeout` passes (or a signal): one `futex_waitv`. `false` when the kernel
-/// has no `futex_waitv`: nothing waited, the caller sleeps on `word` alone.
+/// `seen`, or `timeout` passes (or a signal): one `futex_waitv`, whose outcome it returns
+/// (a word moved, the timeout, EAGAIN and EINTR all lead back to the caller's re-check).
+/// `None` when the kernel has no `futex_waitv`: nothing waited, the caller sleeps on `word`
+/// alone.
 pub(crate) fn sleep_or_close(
     word: &WaitWord,
     epoch: u32,
     (closes, seen): (&StdAtomicU32, u32),
     timeout: Option<Duration>,
-) -> bool {
+) -> Option<Result<(), rustix::io::Errno>> {
     let waits = [word_wait(word, epoch), private_wait(closes, seen)];
     let at = timeout.and_then(|t| Instant::now().checked_add(t)).map(monotonic);
-    // A word moved, the timeout, EAGAIN and EINTR all lead back to the caller's re-check.
     let waited = futex::waitv(
         &waits,
         futex::WaitvFlags::empty(),
@@ -148,7 +149,7 @@ pub(crate) fn sleep_or_close(
     if waited == Err(rustix::io::Errno::NOSYS) {
         // Relaxed: see `close_events`.
         NO_WAITV.store(true, StdOrdering::Relaxed);
-        return false;
+        return None;
     }
-    true
+    Some(waited.map(drop))
 }
