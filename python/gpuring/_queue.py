@@ -41,8 +41,12 @@ class _Until:
     """A ``timeout=`` as a deadline, and the pauses of a wait that polls (while the peers
     of the other side are all gone, a channel answers at once instead of waiting)."""
 
-    def __init__(self, timeout):
-        self._end = None if timeout is None else time.monotonic() + timeout
+    def __init__(self, timeout, start=None):
+        # `start`: when the wait began, if before now (`time.monotonic()`).
+        if timeout is None:
+            self._end = None
+        else:
+            self._end = (time.monotonic() if start is None else start) + timeout
         self._pause = 0.001
 
     def left(self):
@@ -373,22 +377,27 @@ class Queue:
             tx = self._txs.roomy()
             roomy = tx.free_slots
         packed = None
-        if block and timeout is None and roomy:
-            # The common cases, with nothing to count down: one call.
+        start = None
+        if timeout is not None:
+            start, timeout = time.monotonic(), timeout if timeout > 0 else 0.0  # NaN: 0
+        if block and roomy:
+            # The common cases: one call, which waits for room up to `timeout` itself.
             try:
                 if kind == _OBJECT:
-                    return tx.send_object(obj, tag=_OBJECT)
+                    return tx.send_object(obj, timeout=timeout, tag=_OBJECT)
                 if _nbytes(obj) <= tx.slot_bytes:
-                    return tx.send(obj, tag=kind)
+                    return tx.send(obj, timeout=timeout, tag=kind)
             except TooLarge:
                 packed = _objects.Packed(obj, self._device)  # the loop puts it aside
+            except Timeout as e:
+                raise Full(str(e)) from None
             except (Disconnected, PeerDead):
                 pass  # no getter: the loop below waits for one
         if packed is not None:
             need = packed.total
         else:
             need = 0 if kind == _OBJECT else _nbytes(obj)
-        until = _Until(timeout if block else 0)
+        until = _Until(timeout if block else 0, start)
         txs = self._txs
         while True:
             try:
@@ -479,13 +488,18 @@ class Queue:
         rx = self._rx
         if rx is None or self._gen != _forks[0]:
             rx = self._endpoint("rx")
-        if block and timeout is None:
-            # The common case, with nothing to count down.
+        start = None
+        if timeout is not None:
+            start, timeout = time.monotonic(), timeout if timeout > 0 else 0.0  # NaN: 0
+        if block:
+            # The common case: one call, which waits up to `timeout` itself.
             try:
-                return self._take(rx.recv(), copy)
+                return self._take(rx.recv(timeout=timeout), copy)
+            except Timeout as e:
+                raise Empty(str(e)) from None
             except (Disconnected, PeerDead):
                 pass  # no putter (or a large item's died): the loop below waits for one
-        until = _Until(timeout if block else 0)
+        until = _Until(timeout if block else 0, start)
         while True:
             try:
                 return self._take(rx.recv(timeout=until.left()), copy)

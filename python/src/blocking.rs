@@ -6,7 +6,7 @@
 //! polls instead of sleeping (opening a channel that is not there yet: [`wait_polling`])
 //! checks between slices of [`POLL_SLICE`] growing to [`POLL_SLICE_MAX`].
 
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -69,16 +69,22 @@ impl Until {
 /// An endpoint's lock for one step of a wait. The first try (`slice` `None`) runs with
 /// the GIL held, so it does not wait for the lock: another thread may hold it through a
 /// whole slice of its own wait, and every Python thread would stall meanwhile; nor does a
-/// zero slice (`timeout=0`: an answer now). `None`: taken; try again in a slice (without
-/// the GIL, where waiting for it is harmless).
+/// zero slice (`timeout=0`: an answer now). A slice (without the GIL) waits for it up to
+/// the slice or [`POLL_SLICE_MAX`], whichever is shorter, looking every millisecond, so that
+/// the caller's deadline and signals are seen meanwhile. `None`: taken; try again.
 pub(crate) fn lock_for<T>(m: &Mutex<T>, slice: Option<Duration>) -> Option<MutexGuard<'_, T>> {
-    if slice.is_some_and(|d| !d.is_zero()) {
-        return Some(m.lock().unwrap_or_else(PoisonError::into_inner));
-    }
-    match m.try_lock() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
+    let end = slice.filter(|d| !d.is_zero()).map(|d| Instant::now() + d.min(POLL_SLICE_MAX));
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => {}
+        }
+        let left = end?.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(1)));
     }
 }
 

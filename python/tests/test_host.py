@@ -534,9 +534,30 @@ def test_wait_policy_arguments(name):
         ch.receiver(spins=-1)
 
 
+def test_a_timeout_holds_while_another_thread_waits_on_the_same_receiver(name):
+    """One receiver, two threads: one blocks in recv() (holding the receiver's lock
+    through its 2 s slices); the other's recv(timeout=0.3) gives up in about 0.3 s, not
+    at the end of the first one's slice."""
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
+    tx, rx = ch.sender(), ch.receiver()
+    got = []
+    blocked = threading.Thread(target=lambda: got.append(rx.recv(timeout=10)))
+    blocked.start()
+    time.sleep(0.1)  # the thread is inside its first slice
+    t0 = time.monotonic()
+    with pytest.raises(gpuring.Timeout):
+        rx.recv(timeout=0.3)
+    took = time.monotonic() - t0
+    tx.send(np.ones(1))
+    blocked.join(10)
+    assert len(got) == 1
+    got[0].release()
+    assert 0.3 <= took < 1.0, took
+
+
 def test_a_thread_blocked_in_recv_does_not_stall_the_others(name):
     """One receiver, two threads: while one blocks in recv() (its wait holds the
-    receiver's lock in 50 ms slices, without the GIL), the other's recv(timeout=0) answers
+    receiver's lock through each slice, without the GIL), the other's recv(timeout=0) answers
     at once instead of waiting for that lock with the GIL held (which stalled every
     Python thread for up to a slice per call)."""
     ch = gpuring.Channel.create(name, slots=2, slot_bytes=64)
