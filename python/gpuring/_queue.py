@@ -70,8 +70,15 @@ def _kind(obj):
     module = type(obj).__module__
     if module == "torch" and type(obj) is sys.modules["torch"].Tensor and not obj.requires_grad:
         return _TORCH
-    if module == "numpy" and type(obj) is sys.modules["numpy"].ndarray and not obj.dtype.hasobject:
-        if obj.dtype.name in _CARRIED:
+    if module == "numpy" and type(obj) is sys.modules["numpy"].ndarray:
+        dtype = obj.dtype
+        carried = _CARRIED_DTYPES.get(dtype)
+        if carried is None:
+            # `dtype.name` builds a string (some µs): asked once per dtype.
+            carried = not dtype.hasobject and dtype.name in _CARRIED
+            if len(_CARRIED_DTYPES) < 256:
+                _CARRIED_DTYPES[dtype] = carried
+        if carried:
             return _NUMPY
     return _OBJECT
 
@@ -85,6 +92,10 @@ _CARRIED = frozenset(
         "complex64 complex128"
     ).split()
 )
+
+
+# numpy dtype -> whether a plain send carries it (`_kind`'s answers; a few entries).
+_CARRIED_DTYPES: dict = {}
 
 
 def _nbytes(obj):
