@@ -37,8 +37,8 @@ struct State {
 /// ends nothing: wait in bounded pieces (a `_timeout` form) if that must not go unseen.
 ///
 /// Nesting is allowed; the thread's waits stay interruptible until the outermost call
-/// returns. The select functions (`select`, `Selector`) and the async forms are not
-/// affected.
+/// returns. The `select` family (`select_timeout`, ...) and the async forms are not
+/// affected: a signal does not end their waits.
 ///
 /// ```no_run
 /// use std::sync::Arc;
