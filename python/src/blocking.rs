@@ -16,9 +16,8 @@ use crate::errors::{Class, raise};
 /// An endpoint's wait's slice without the GIL. A signal that interrupts its sleep ends it at
 /// once; one that arrives while the thread is not asleep (spinning at the start of a wait)
 /// is handled when the slice ends. Each slice costs an idle receiver a wake-up and a new
-/// start of its Rust wait (a registration as a sleeper, a fence), some 50–100 µs of CPU on
-/// the VMs we measure on: slices of 50 ms doubling to 250 ms used 2.7–4.5 ms a second
-/// together for eight idle receivers (16-core H200 VMs), 20× the Rust wait's own.
+/// start of its Rust wait (a registration as a sleeper, a fence): long slices keep an idle
+/// Python receiver near the Rust wait's own cost (BENCHMARKS.md, idle receivers' CPU).
 pub(crate) const SLICE: Duration = Duration::from_secs(2);
 
 /// A polling wait's first slice without the GIL, before it checks for signals; each next
