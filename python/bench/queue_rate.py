@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Where a streaming GPU queue's time goes, on each side: items/s and each step's median.
 
-    python python/bench/queue_rate.py [--size 4096] [--n 5000] [--json out.json]
+    python python/bench/queue_rate.py [--size 4096] [--n 20000] [--json out.json]
 
 Two spawned processes on GPU 0 stream ``--n`` CUDA tensors of ``--size`` bytes, as real
 code does: the producer runs a torch op on its tensor (``t.fill_(i)``) and puts it; the
 consumer gets it and runs a torch op reading it (``x.mul(2)``). Each side times each of its
-two steps (``time.perf_counter_ns``); the rate is the consumer's, from its first item to its
-last. The slower side sets the rate: the faster one's blocking step (``put`` waiting for
-room, ``get`` for an item) takes up the difference. Rows, in one run:
+two steps (``time.perf_counter_ns``); the rates are the consumer's: from its first item to
+its last (``items/s``), and the median over windows of 500 items (``window/s``: a stall of
+the VM moves one window, not the median). The slower side sets the rate: the faster one's
+blocking step (``put`` waiting for room, ``get`` for an item) takes up the difference. Rows,
+in one run:
 
-- ``torch Queue``: ``torch.multiprocessing.Queue`` (CUDA IPC handles; the producer keeps
-  each tensor alive until the consumer is 8 items further);
+- ``torch Queue``: ``torch.multiprocessing.Queue(maxsize=8)`` (CUDA IPC handles of a pool
+  of 16 tensors that the producer fills in turn);
 - ``Queue.get()``: ``gpuring.Queue(device=0)`` with its defaults (``get`` copies);
 - ``Queue, timeout=60``: the same with ``put(x, timeout=60)`` / ``get(timeout=60)``;
 - ``Queue.get(copy=False)``: zero-copy views (the slot goes back when the view is freed);
@@ -35,6 +37,8 @@ import torch
 import torch.utils.dlpack
 
 import gpuring
+
+WINDOW = 500  # items a rate window holds
 
 ROWS = [
     "torch Queue",
@@ -93,6 +97,7 @@ def consumer(row, q, name, n, out):
     get_ns, op_ns = [], []
     last = None
     first_at = None
+    stamps = []
     for _ in range(n):
         t0 = now()
         if row == "Queue timeout=60":
@@ -115,6 +120,7 @@ def consumer(row, q, name, n, out):
         t2 = now()
         if first_at is None:
             first_at = t0
+        stamps.append(t1)
         get_ns.append(t1 - t0)
         op_ns.append(t2 - t1)
         last = y
@@ -125,7 +131,12 @@ def consumer(row, q, name, n, out):
             del msg
     value = float(last[0].item())  # every item's op done
     took = now() - first_at
-    out.put(("rx", get_ns, op_ns, took, value))
+    # Items/s over each window of WINDOW items: a stall moves one window, not the median.
+    windows = [
+        WINDOW / ((stamps[i + WINDOW] - stamps[i]) / 1e9)
+        for i in range(0, len(stamps) - WINDOW, WINDOW)
+    ]
+    out.put(("rx", get_ns, op_ns, took, value, windows))
 
 
 def run(row, size, n):
@@ -144,7 +155,7 @@ def run(row, size, n):
     c = ctx.Process(target=consumer, args=(row, q, name, n, out_rx))
     p.start()
     c.start()
-    _, g, o, took, value = out_rx.get(timeout=300)
+    _, g, o, took, value, windows = out_rx.get(timeout=300)
     _, po, pp = out_tx.get(timeout=300)
     done.set()
     p.join(30)
@@ -156,6 +167,7 @@ def run(row, size, n):
     med = lambda v: statistics.median(v[n // 10 :]) / 1e3  # noqa: E731 (after a warm-up)
     return {
         "items_per_s": n / (took / 1e9),
+        "window_items_per_s": statistics.median(windows) if windows else None,
         "producer_op_us": med(po),
         "put_us": med(pp),
         "put_p99_us": sorted(pp)[int(n * 0.99)] / 1e3,
@@ -169,16 +181,17 @@ def run(row, size, n):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=4096)
-    ap.add_argument("--n", type=int, default=5000)
+    ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--json")
     args = ap.parse_args()
     results = {}
     print(
-        "%-34s %10s %8s %8s %8s %8s %8s"
+        "%-34s %10s %10s %8s %8s %8s %8s %8s"
         % (
             "row (%d B), medians in µs" % args.size,
             "items/s",
+            "window/s",
             "fill_",
             "put",
             "get",
@@ -191,10 +204,11 @@ def main():
         results[row] = r
         bad = "" if r["last_value"] == r["expected"] else "  BAD VALUE %r" % r["last_value"]
         print(
-            "%-34s %10.0f %8.1f %8.1f %8.1f %8.1f %8.1f%s"
+            "%-34s %10.0f %10.0f %8.1f %8.1f %8.1f %8.1f %8.1f%s"
             % (
                 row,
                 r["items_per_s"],
+                r["window_items_per_s"] or 0.0,
                 r["producer_op_us"],
                 r["put_us"],
                 r["get_us"],
