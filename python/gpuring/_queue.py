@@ -64,6 +64,15 @@ class _Until:
         return True
 
 
+def _started(timeout):
+    """A ``timeout=`` as handed to a channel call (negative or NaN: 0, as the polling loop
+    takes them), and when the wait began (None without a timeout), for a :class:`_Until`
+    that goes on from there."""
+    if timeout is None:
+        return None, None
+    return (timeout if timeout > 0 else 0.0), time.monotonic()
+
+
 def _kind(obj):
     """What a message of ``obj`` carries: one tensor or array (sent as is), or an object
     (its tensors and arrays in one slot, the rest described or pickled beside them)."""
@@ -388,9 +397,7 @@ class Queue:
             tx = self._txs.roomy()
             roomy = tx.free_slots
         packed = None
-        start = None
-        if timeout is not None:
-            start, timeout = time.monotonic(), timeout if timeout > 0 else 0.0  # NaN: 0
+        timeout, start = _started(timeout)
         if block and roomy:
             # The common cases: one call, which waits for room up to `timeout` itself.
             try:
@@ -499,9 +506,7 @@ class Queue:
         rx = self._rx
         if rx is None or self._gen != _forks[0]:
             rx = self._endpoint("rx")
-        start = None
-        if timeout is not None:
-            start, timeout = time.monotonic(), timeout if timeout > 0 else 0.0  # NaN: 0
+        timeout, start = _started(timeout)
         if block:
             # The common case: one call, which waits up to `timeout` itself.
             try:

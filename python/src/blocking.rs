@@ -118,8 +118,9 @@ pub(crate) fn wait<T: Send, S: Send>(
     state: S,
     step: impl Fn(S, Option<Duration>, bool) -> Step<T, S> + Sync,
 ) -> PyResult<Result<T, S>> {
-    sliced(py, until, state, (SLICE, SLICE), |s, slice, again| {
-        gpuring::interruptible(|| step(s, slice, again))
+    sliced(py, until, state, (SLICE, SLICE), |s, slice, again| match slice {
+        None => step(s, None, again), // the try: nothing sleeps
+        Some(_) => gpuring::interruptible(|| step(s, slice, again)),
     })
 }
 

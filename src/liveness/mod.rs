@@ -390,16 +390,16 @@ pub(crate) fn block_on<W: Watch, R>(
         None if deadline == Deadline::Now => return Err(Blocked::Timeout),
         None => {}
     }
+    // A mark an earlier wait's interrupted sleep left (one that ended otherwise) is not
+    // this wait's.
+    take_interruption();
     if !W::WATCHES {
         let mut sleeper = Sleeper::of(wait_on, waits);
         return match wait_until(&mut sleeper, waits, true, deadline, None, &mut attempt) {
             Ok(Ok(r)) => done(r),
             Ok(Err(Blocked::Corrupted(c))) => Err(Blocked::Corrupted(c)),
             Ok(Err(why)) => last(&mut attempt, None, why),
-            Err(TimedOut) => {
-                take_interruption();
-                Err(Blocked::Timeout)
-            }
+            Err(TimedOut) => Err(Blocked::Timeout),
         };
     }
     // The slow-path work of one tick: `Some` when it ended the wait.
