@@ -54,10 +54,11 @@ rc=0
 for part in ${PARTS:-tests example nomps mps}; do
   case $part in
     example) timeout 120 $PY python/examples/ray_weights.py 2>&1 | grep -v "^(raylet\|^\[" | tee "$OUT/ray-example.txt" | tail -8 || rc=1 ;;
-    two)  # a machine with two GPUs: the GPU tests (one between GPUs 0 and 1), then the bench
-      # with the actors on GPUs 0 and 1 against Ray's NCCL transport
-      timeout 200 $PY -m pytest -q -rs python/tests/test_ray_gpu.py 2>&1 | tee "$OUT/pytest-two.txt" | tail -4 || rc=1
-      timeout 300 $PY python/bench/ray_transport.py --two-gpus --quick --json "$OUT/ray-two.json" 2>&1 \
+    two)  # a machine with two GPUs: the two-GPU tests (channels, a Queue, Ray actors on GPUs
+      # 0 and 1), then the bench with the actors on GPUs 0 and 1 against Ray's NCCL transport
+      timeout 240 $PY -m pytest -q -rs python/tests/test_two_gpus.py python/tests/test_ray_two_gpus.py 2>&1 \
+        | tee "$OUT/pytest-two.txt" | tail -4 || rc=1
+      timeout 330 $PY python/bench/ray_transport.py --two-gpus --quick --json "$OUT/ray-two.json" 2>&1 \
         | grep -v "^(raylet\|^\[" | tee "$OUT/ray-two.txt" || rc=1 ;;
     raytests) timeout 200 $PY -m pytest -q -rs python/tests/test_ray.py python/tests/test_ray_gpu.py 2>&1 | tee "$OUT/pytest-ray.txt" | tail -6 || rc=1 ;;
     tests) timeout 300 $PY -m pytest -q -rs python/tests 2>&1 | tee "$OUT/pytest.txt" | tail -6 || rc=1 ;;

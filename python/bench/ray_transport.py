@@ -12,10 +12,17 @@ thing it does) to B having read the value (the same clock in B), median over the
 items/s: rounds over the driver's wall time (each round a produce and a consume call).
 
 Channel rows: A puts ``(time, tensor)`` (one ``fill_`` first), B gets it (a copy, the
-default) and reads a value; one item in flight (B answers through a second channel) for the
-latency, then A puts ``--rate-items`` tensors back to back (a ``fill_`` each) while B
-gets each and runs a torch op on it, for items/s. The baseline row runs the same two loops
-in two processes started by ``multiprocessing`` (spawn) over a ``gpuring.Queue``.
+default; at 4 KB also ``get(copy=False)``, views) and reads a value; one item in flight (B
+answers through a second channel) for the latency, then A puts ``--rate-items`` tensors
+back to back (a ``fill_`` each) while B gets each and runs a torch op on it, for items/s.
+The baseline row runs the same two loops in two processes started by ``multiprocessing``
+(spawn) over a ``gpuring.Queue``.
+
+``--two-gpus`` (a machine with two GPUs): the actors get a GPU each and see both
+(``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``, each making its own current), the
+layout in which gpuring carries tensors between GPUs; Ray's NCCL transport replaces its
+CUDA-IPC one (same GPU only); the baseline's getter runs on B's GPU. Then NCCL again
+between actors that see only their own GPU (Ray's default), where gpuring refuses.
 """
 
 import argparse
@@ -66,9 +73,22 @@ def _check(x, k):
     return bool(x[0].item() == k and x[-1].item() == k)
 
 
+# With --two-gpus the actors see every GPU (Ray leaves CUDA_VISIBLE_DEVICES alone) and each
+# makes the GPU Ray gave it current: the layout in which gpuring carries tensors between
+# GPUs (docs/RAY.md).
+SEE_ALL = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+
+
+def _take_gpu():
+    """Makes the GPU Ray gave this actor current where it sees every GPU."""
+    if DEVICE == "cuda" and os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
+        torch.cuda.set_device(int(ray.get_gpu_ids()[0]))
+
+
 @ray.remote(num_gpus=0.5, enable_tensor_transport=True)
 class Producer:
     def __init__(self):
+        _take_gpu()
         self.bufs = {}
         self.ends = []
 
@@ -82,6 +102,9 @@ class Producer:
         self.ends.append(time.monotonic())
         return x
 
+    def gpu(self):
+        return torch.cuda.current_device() if DEVICE == "cuda" else -1
+
     def take_ends(self):
         e, self.ends = self.ends, []
         return e
@@ -92,14 +115,20 @@ class Producer:
 
 @ray.remote(num_gpus=0.5, enable_tensor_transport=True)
 class Consumer:
+    def __init__(self):
+        _take_gpu()
+
     def consume(self, x, k):
         first = next(iter(x.values())) if isinstance(x, dict) else x
         v = first[-1].item()
         t = time.monotonic()
-        return t, v == k and _check(x, k)
+        return t, v == k and _check(x, k), first.get_device()
 
-    def run_receiver(self, ch, ack, rounds, rate_items):
-        return _receiver(ch, ack, rounds, rate_items)
+    def gpu(self):
+        return torch.cuda.current_device() if DEVICE == "cuda" else -1
+
+    def run_receiver(self, ch, ack, rounds, rate_items, copy=True):
+        return _receiver(ch, ack, rounds, rate_items, copy)
 
     def stats(self):
         return gray.stats()
@@ -119,17 +148,17 @@ def _sender(ch, ack, shape, rounds, rate_items):
     return time.monotonic() - t0
 
 
-def _receiver(ch, ack, rounds, rate_items):
+def _receiver(ch, ack, rounds, rate_items, copy=True):
     lat, bad = [], 0
     for k in range(rounds):
-        t0, j, x = ch.get(timeout=60)
+        t0, j, x = ch.get(timeout=60, copy=copy)
         first = next(iter(x.values())) if isinstance(x, dict) else x
         v = first[-1].item()
         lat.append(time.monotonic() - t0)
         bad += (j != k) or (v != k and not isinstance(x, dict))
         ack.put(0)
     for k in range(rate_items):
-        x = ch.get(timeout=60)
+        x = ch.get(timeout=60, copy=copy)
         x[-1:].mul(2)  # a torch op per item
         if k == rate_items - 1:
             bad += x[-1].item() != k
@@ -144,8 +173,11 @@ def _proc_sender(q, ack, shape, rounds, rate_items, out, argv):
     out.put(_sender(q, ack, shape, rounds, rate_items))
 
 
-def _proc_receiver(q, ack, rounds, rate_items, out, argv):
+def _proc_receiver(q, ack, rounds, rate_items, out, argv, device=None):
     _as_parent(argv)
+    if device is not None:  # the getter on another GPU than the putter's slots
+        torch.cuda.set_device(device)
+        q = gpuring.Queue.open_or_create(q.name, device=device)
     out.put(_receiver(q, ack, rounds, rate_items))
 
 
@@ -158,11 +190,12 @@ def transfers(a, b, transport, shape, rounds, warm):
     """Per-transfer times (µs) and items/s of one transport."""
     opts = {} if transport == "object store" else {"tensor_transport": transport}
     bad = 0
-    walls = []
+    walls, where = [], set()
     for k in range(warm + rounds):
         w0 = time.monotonic()
         ref = a.produce.options(**opts).remote(shape, k)
-        t_b, ok = ray.get(b.consume.remote(ref, k))
+        t_b, ok, dev = ray.get(b.consume.remote(ref, k))
+        where.add(dev)
         walls.append(time.monotonic() - w0)
         del ref
         bad += not ok
@@ -178,7 +211,24 @@ def transfers(a, b, transport, shape, rounds, warm):
         "min_us": min(us),
         "items_per_s": rounds / sum(walls[warm:]),
         "bad": bad,
+        "device": sorted(where),
     }
+
+
+def _row(shape, transport, r):
+    print(
+        "%-10s %-14s %12.1f %12.1f %12.1f %5d  %s"
+        % (
+            shape,
+            transport,
+            r["p50_us"],
+            r["min_us"],
+            r["items_per_s"],
+            r["bad"],
+            ",".join("cpu" if d < 0 else "cuda:%d" % d for d in r["device"]),
+        )
+    )
+    sys.stdout.flush()
 
 
 def main():
@@ -188,7 +238,10 @@ def main():
     ap.add_argument("--rate-items", type=int, default=5000)
     ap.add_argument("--cpu", action="store_true", help="a dry run without a GPU")
     ap.add_argument(
-        "--two-gpus", action="store_true", help="actors on GPUs 0 and 1, against Ray's NCCL"
+        "--two-gpus",
+        action="store_true",
+        help="actors on two GPUs, each seeing both, against Ray's NCCL (and NCCL between "
+        "actors that see only their own GPU, Ray's default)",
     )
     args = ap.parse_args()
     rounds = {"4KB": 40, "5MB": 30, "64MB": 20, "sd": 8}
@@ -197,8 +250,9 @@ def main():
     gpus = 0 if args.cpu else 2 if args.two_gpus else 1
     ray.init(num_cpus=8, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
     share = 1 if args.two_gpus else gpus / 2
-    a = Producer.options(num_gpus=share).remote()
-    b = Consumer.options(num_gpus=share).remote()
+    env = {"runtime_env": SEE_ALL} if args.two_gpus else {}
+    a = Producer.options(num_gpus=share, **env).remote()
+    b = Consumer.options(num_gpus=share, **env).remote()
     transports = ("gpuring", "cuda_ipc", "object store")
     if args.two_gpus:
         from ray.experimental.collective import create_collective_group
@@ -208,6 +262,8 @@ def main():
     results = {"transfers": {}, "channel": {}}
     print("python", sys.version.split()[0], "torch", torch.__version__, "ray", ray.__version__)
     print(torch.cuda.get_device_name(0) if gpus else "no GPU: a dry run on the CPU")
+    gpu_a, gpu_b = ray.get([a.gpu.remote(), b.gpu.remote()])
+    print("A on GPU %d, B on GPU %d%s" % (gpu_a, gpu_b, " (each sees both)" if env else ""))
 
     # Stream order: A's slow kernel then fill; B must see the fill (gpuring transport).
     ref = a.produce.options(tensor_transport="gpuring").remote("64MB", 77, True)
@@ -219,8 +275,8 @@ def main():
     results["slow_kernel_ok"] = ok
 
     print(
-        "\n%-10s %-14s %12s %12s %12s %5s"
-        % ("size", "transport", "p50 µs", "min µs", "items/s", "bad")
+        "\n%-10s %-14s %12s %12s %12s %5s  %s"
+        % ("size", "transport", "p50 µs", "min µs", "items/s", "bad", "B got it on")
     )
     for shape in ("4KB", "5MB", "64MB", "sd"):
         for transport in transports:
@@ -231,36 +287,35 @@ def main():
                 print("%-10s %-14s failed: %s" % (shape, transport, str(e)[:200]))
                 continue
             results["transfers"]["%s/%s" % (shape, transport)] = r
-            print(
-                "%-10s %-14s %12.1f %12.1f %12.1f %5d"
-                % (shape, transport, r["p50_us"], r["min_us"], r["items_per_s"], r["bad"])
-            )
-            sys.stdout.flush()
+            _row(shape, transport, r)
     print("B's counters:", ray.get(b.stats.remote()))
 
     print(
         "\nchannel rows: one item in flight (p50 µs), then %d items back to back" % args.rate_items
     )
-    # Channels between GPUs Ray gave apart: not built.
-    for shape in () if args.two_gpus else ("4KB", "5MB", "64MB"):
+    for shape in ("4KB", "5MB", "64MB"):
         n = max(rounds[shape], 200) if shape == "4KB" else rounds[shape] * 5
         items = args.rate_items if shape == "4KB" else args.rate_items // 10
-        ch, ack = gray.channel(a, b, device="cuda" if gpus else None), gray.channel(b, a)
-        rx = b.run_receiver.remote(ch, ack, n, items)
-        secs = ray.get(a.run_sender.remote(ch, ack, shape, n, items))
-        lat, bad = ray.get(rx)
-        row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs, "bad": bad}
-        results["channel"]["%s/ray channel" % shape] = row
-        print(
-            "%-6s gpuring.ray.channel %10.1f µs %10.0f items/s bad %d"
-            % (shape, row["p50_us"], row["items_per_s"], bad)
-        )
+        for copy in (True, False) if shape == "4KB" else (True,):
+            ch, ack = gray.channel(a, b, device="cuda" if gpus else None), gray.channel(b, a)
+            rx = b.run_receiver.remote(ch, ack, n, items, copy)
+            secs = ray.get(a.run_sender.remote(ch, ack, shape, n, items))
+            lat, bad = ray.get(rx)
+            row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs}
+            row["bad"] = bad
+            what = "ray channel" if copy else "ray channel, get(copy=False)"
+            results["channel"]["%s/%s" % (shape, what)] = row
+            print(
+                "%-6s gpuring.ray.channel%s %10.1f µs %10.0f items/s bad %d"
+                % (shape, "" if copy else ", views", row["p50_us"], row["items_per_s"], bad)
+            )
         ctx = mp.get_context("spawn")
         q, ackq = gpuring.Queue(device=0 if gpus else None), gpuring.Queue()
         out = ctx.Queue()
         argv = ["--cpu"] if args.cpu else []
         ps = ctx.Process(target=_proc_sender, args=(q, ackq, shape, n, items, out, argv))
-        pr = ctx.Process(target=_proc_receiver, args=(q, ackq, n, items, out, argv))
+        getter = (gpu_b,) if args.two_gpus else ()  # on B's GPU, as the channel's B
+        pr = ctx.Process(target=_proc_receiver, args=(q, ackq, n, items, out, argv) + getter)
         pr.start()
         ps.start()
         got = [out.get(timeout=300), out.get(timeout=300)]
@@ -277,6 +332,18 @@ def main():
         q.close()
         ackq.close()
         sys.stdout.flush()
+    if args.two_gpus:
+        # Ray's default layout (each actor sees only its GPU): gpuring refuses, NCCL carries.
+        ray.kill(a)
+        ray.kill(b)
+        a = Producer.options(num_gpus=1).remote()
+        b = Consumer.options(num_gpus=1).remote()
+        create_collective_group([a, b], backend="nccl")
+        print("\nactors that see only their own GPU (Ray's default), NCCL:")
+        for shape in ("4KB", "5MB", "64MB", "sd"):
+            r = transfers(a, b, "nccl", shape, rounds[shape], warm=2)
+            results["transfers"]["%s/nccl, GPUs apart" % shape] = r
+            _row(shape, "nccl, apart", r)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -426,8 +426,10 @@ class GpuringTransport(TensorTransportManager):
             why = (
                 "gpuring.ray: %s lives on GPU %s, which this actor cannot see (it sees %s): "
                 "gpuring carries CUDA tensors between actors of one node that see the "
-                "source's GPU (e.g. that share it); between GPUs Ray gave apart, use "
-                'tensor_transport="nccl"' % (obj_id, meta.device_uuid, ", ".join(_gpu_uuids()))
+                "source's GPU (that share it, or that see every GPU: "
+                "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1, see docs/RAY.md); between "
+                'GPUs Ray gave apart, use tensor_transport="nccl"'
+                % (obj_id, meta.device_uuid, ", ".join(_gpu_uuids()))
             )
             _refuse_to_source(comm, obj_id)
             raise RuntimeError(why)

@@ -28,11 +28,11 @@ def opened(channel, ready=None):
     return channel
 
 
-def send_after_slow_kernel(name, count):
+def send_after_slow_kernel(name, count, ready=None):
     """Each tensor is written after a slow kernel on the current stream; send queues the
     copy into the slot after it (torch's stream order), without waiting for the GPU.
-    `name`: a channel name or a pickled Channel."""
-    ch = opened(name)
+    `name`: a channel name (opened on GPU 0, signalling by `ready`) or a pickled Channel."""
+    ch = opened(name, ready)
     tx = ch.sender()
     for k in range(1, count + 1):
         x = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
