@@ -80,9 +80,22 @@ SEE_ALL = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
 
 
 def _take_gpu():
-    """Makes the GPU Ray gave this actor current where it sees every GPU."""
-    if DEVICE == "cuda" and os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
-        torch.cuda.set_device(int(ray.get_gpu_ids()[0]))
+    """Makes the GPU Ray gave this actor current on the calling thread (Ray may run an
+    actor's methods on another thread than its ``__init__``; the current device is per
+    thread)."""
+    if DEVICE == "cuda":
+        torch.cuda.set_device(gray._own_gpu())
+
+
+def _where():
+    """The GPU Ray gave this actor (an ordinal it sees), and what it sees."""
+    if DEVICE != "cuda":
+        return -1, ""
+    seen = "sees %d GPU(s), CUDA_VISIBLE_DEVICES=%s" % (
+        torch.cuda.device_count(),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    return gray._own_gpu(), seen
 
 
 @ray.remote(num_gpus=0.5, enable_tensor_transport=True)
@@ -93,6 +106,7 @@ class Producer:
         self.ends = []
 
     def produce(self, shape, k, slow=False):
+        _take_gpu()
         x = self.bufs.get(shape)
         if x is None:
             x = self.bufs[shape] = _make(shape)
@@ -103,13 +117,14 @@ class Producer:
         return x
 
     def gpu(self):
-        return torch.cuda.current_device() if DEVICE == "cuda" else -1
+        return _where()
 
     def take_ends(self):
         e, self.ends = self.ends, []
         return e
 
     def run_sender(self, ch, ack, shape, rounds, rate_items):
+        _take_gpu()
         return _sender(ch, ack, shape, rounds, rate_items)
 
 
@@ -119,15 +134,17 @@ class Consumer:
         _take_gpu()
 
     def consume(self, x, k):
+        _take_gpu()
         first = next(iter(x.values())) if isinstance(x, dict) else x
         v = first[-1].item()
         t = time.monotonic()
         return t, v == k and _check(x, k), first.get_device()
 
     def gpu(self):
-        return torch.cuda.current_device() if DEVICE == "cuda" else -1
+        return _where()
 
     def run_receiver(self, ch, ack, rounds, rate_items, copy=True):
+        _take_gpu()
         return _receiver(ch, ack, rounds, rate_items, copy)
 
     def stats(self):
@@ -186,7 +203,7 @@ def _as_parent(argv):
     DEVICE = "cpu" if "--cpu" in argv else "cuda"
 
 
-def transfers(a, b, transport, shape, rounds, warm):
+def transfers(a, b, transport, shape, rounds, warm, timeout=None):
     """Per-transfer times (µs) and items/s of one transport."""
     opts = {} if transport == "object store" else {"tensor_transport": transport}
     bad = 0
@@ -194,7 +211,7 @@ def transfers(a, b, transport, shape, rounds, warm):
     for k in range(warm + rounds):
         w0 = time.monotonic()
         ref = a.produce.options(**opts).remote(shape, k)
-        t_b, ok, dev = ray.get(b.consume.remote(ref, k))
+        t_b, ok, dev = ray.get(b.consume.remote(ref, k), timeout=timeout)
         where.add(dev)
         walls.append(time.monotonic() - w0)
         del ref
@@ -253,21 +270,18 @@ def main():
     env = {"runtime_env": SEE_ALL} if args.two_gpus else {}
     a = Producer.options(num_gpus=share, **env).remote()
     b = Consumer.options(num_gpus=share, **env).remote()
-    transports = ("gpuring", "cuda_ipc", "object store")
-    if args.two_gpus:
-        from ray.experimental.collective import create_collective_group
-
-        create_collective_group([a, b], backend="nccl")
-        transports = ("gpuring", "nccl", "object store")
+    # Two GPUs: Ray's NCCL rows come last (below), with a timeout each.
+    transports = ("gpuring", "object store") if args.two_gpus else ("gpuring", "cuda_ipc")
+    transports += () if args.two_gpus else ("object store",)
     results = {"transfers": {}, "channel": {}}
     print("python", sys.version.split()[0], "torch", torch.__version__, "ray", ray.__version__)
     print(torch.cuda.get_device_name(0) if gpus else "no GPU: a dry run on the CPU")
-    gpu_a, gpu_b = ray.get([a.gpu.remote(), b.gpu.remote()])
-    print("A on GPU %d, B on GPU %d%s" % (gpu_a, gpu_b, " (each sees both)" if env else ""))
+    (gpu_a, seen_a), (gpu_b, seen_b) = ray.get([a.gpu.remote(), b.gpu.remote()])
+    print("A on GPU %d (%s), B on GPU %d (%s)" % (gpu_a, seen_a, gpu_b, seen_b))
 
     # Stream order: A's slow kernel then fill; B must see the fill (gpuring transport).
     ref = a.produce.options(tensor_transport="gpuring").remote("64MB", 77, True)
-    _, ok = ray.get(b.consume.remote(ref, 77))
+    _, ok, _ = ray.get(b.consume.remote(ref, 77))
     del ref
     print(
         "slow kernel before the fill, gpuring transport: values %s" % ("right" if ok else "WRONG")
@@ -333,17 +347,28 @@ def main():
         ackq.close()
         sys.stdout.flush()
     if args.two_gpus:
-        # Ray's default layout (each actor sees only its GPU): gpuring refuses, NCCL carries.
-        ray.kill(a)
-        ray.kill(b)
-        a = Producer.options(num_gpus=1).remote()
-        b = Consumer.options(num_gpus=1).remote()
-        create_collective_group([a, b], backend="nccl")
-        print("\nactors that see only their own GPU (Ray's default), NCCL:")
-        for shape in ("4KB", "5MB", "64MB", "sd"):
-            r = transfers(a, b, "nccl", shape, rounds[shape], warm=2)
-            results["transfers"]["%s/nccl, GPUs apart" % shape] = r
-            _row(shape, "nccl, apart", r)
+        from ray.experimental.collective import create_collective_group
+
+        # Ray's NCCL between the same actors (each sees both GPUs), then between actors
+        # that see only their own GPU (Ray's default layout, where gpuring refuses).
+        for layout in ("both", "own"):
+            if layout == "own":
+                ray.kill(a)
+                ray.kill(b)
+                a = Producer.options(num_gpus=1).remote()
+                b = Consumer.options(num_gpus=1).remote()
+                (gpu_a, seen_a), (gpu_b, seen_b) = ray.get([a.gpu.remote(), b.gpu.remote()])
+                print("\nA on GPU %d (%s), B on GPU %d (%s)" % (gpu_a, seen_a, gpu_b, seen_b))
+            create_collective_group([a, b], backend="nccl")
+            what = "nccl" if layout == "both" else "nccl, apart"
+            for shape in ("4KB", "5MB", "64MB", "sd"):
+                try:
+                    r = transfers(a, b, "nccl", shape, rounds[shape], warm=2, timeout=120)
+                except Exception as e:
+                    print("%-10s %-14s failed: %s" % (shape, what, str(e)[:200]))
+                    break
+                results["transfers"]["%s/%s" % (shape, what)] = r
+                _row(shape, what, r)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

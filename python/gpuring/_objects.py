@@ -10,8 +10,10 @@ go at the end of the slot and the header says where). So a whole state dict is o
 descriptor, one ready signal, one release.
 
 The receiver unpickles the header; each reference becomes a view of the slot (zero-copy,
-holding the slot until every view is gone) or part of one copy of the whole payload, on
-the device it left from. A
+holding the slot until every view is gone) or part of one copy of the whole payload: a
+CUDA tensor through host slots on the device index it left from, through GPU slots on the
+receiver's GPU (which may be another than the sender's: it reads the slot over the link);
+a CPU tensor or an array in host memory. A
 tensor that appears twice in the object (tied weights) travels once and comes back as
 one tensor.
 

@@ -487,7 +487,9 @@ class Queue:
     def get(self, block: bool = True, timeout: Optional[float] = None, *, copy: bool = True) -> Any:
         """Removes an item from the queue and returns it, as it was put: a tensor (a torch
         tensor if a torch tensor was put, or the queue is on a GPU), an array, or the
-        object with its tensors and arrays, each on the device it was put from.
+        object with its tensors and arrays, each on the device it was put from (on a GPU
+        queue, CUDA tensors on this process's ``device``: a getter on another GPU than
+        the putter's reads the slot over the link and gets its copies on its own GPU).
 
         Waits up to ``timeout`` seconds (forever if ``None``; not at all if ``block`` is
         false); raises :class:`gpuring.Empty` (a ``queue.Empty``). ``copy=False``

@@ -254,6 +254,27 @@ def _gpu_uuids():
     return _local.uuids
 
 
+def _own_gpu() -> int:
+    """This actor's GPU as a torch ordinal: the first GPU Ray gave it, found among the GPUs
+    this process sees (``CUDA_VISIBLE_DEVICES``, which Ray sets to the actor's own unless
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` is set); torch's current device where
+    Ray gave it none. Not the current device alone: that is per thread, and Ray runs a
+    transfer's receive on a thread of its own (where it is 0)."""
+    import torch
+
+    ids = [str(i) for i in ray.get_gpu_ids()]
+    if ids:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            if ids[0].isdigit() and int(ids[0]) < torch.cuda.device_count():
+                return int(ids[0])
+        else:
+            seen = [v.strip() for v in visible.split(",")]
+            if ids[0] in seen:
+                return seen.index(ids[0])
+    return torch.cuda.current_device()
+
+
 def _refuse_to_source(comm, obj_id):
     """Tells the source, waiting to send ``obj_id``, that it will not be taken."""
     try:
@@ -433,7 +454,9 @@ class GpuringTransport(TensorTransportManager):
             )
             _refuse_to_source(comm, obj_id)
             raise RuntimeError(why)
-        device = torch.cuda.current_device() if cuda else None
+        # The tensors land on this actor's GPU (read over the link where the source's slots
+        # are on another GPU this process sees).
+        device = _own_gpu() if cuda else None
         q = _pair_queue(comm, cuda, meta.device_index, device)
         # Sends of one pair can reach us in another order than the receives Ray asks for.
         while True:
@@ -552,9 +575,7 @@ class ActorChannel:
         if self._q is None:
             device = self.device
             if device == "cuda":
-                import torch
-
-                device = torch.cuda.current_device()
+                device = _own_gpu()
             self._q = Queue.open_or_create(self.name, device=device, **self._options)
         return self._q
 
@@ -614,7 +635,8 @@ def channel(
     """A channel from actor ``a`` to actor ``b`` (called where both handles are, e.g. the
     driver; it asks Ray which node each is on). On one node, a :class:`gpuring.Queue`
     that either actor makes on first use: ``device=None`` carries tensors in host shared
-    memory, ``device="cuda"`` (or an ordinal) in slots on each putter's GPU. Across nodes,
+    memory, ``device="cuda"`` (or an ordinal) in slots on each putter's GPU (``"cuda"``:
+    the GPU Ray gave the actor; a getter on another GPU gets its copies there). Across nodes,
     a ``ray.util.queue.Queue`` (made here) carries them, and the first use warns.
     ``maxsize``, ``slots``, ``slot_bytes``: as for :class:`gpuring.Queue`."""
     same = _node_of(a) == _node_of(b)

@@ -39,8 +39,10 @@ class Side:
 
     @ray.method(tensor_transport="gpuring")
     def make(self, n, k, slow=False):
+        torch.cuda.set_device(self.gpu)  # per thread: Ray may run methods on another one
         x = torch.empty(n, device="cuda")
         y = torch.empty(n // 2, dtype=torch.bfloat16, device="cuda")
+        assert x.get_device() == self.gpu
         if slow:
             torch.cuda._sleep(300_000_000)  # GPU time before the writes the result must hold
         x.fill_(k)
@@ -54,11 +56,13 @@ class Side:
         return [x.get_device(), y.get_device()], ok
 
     def put_stream(self, ch, count):
+        torch.cuda.set_device(self.gpu)
         for k in range(count):
             ch.put(torch.full((1024,), float(k), device="cuda"))
         torch.cuda.synchronize()
 
     def get_stream(self, ch, count):
+        torch.cuda.set_device(self.gpu)
         devices, bad = set(), 0
         for k in range(count):
             t = ch.get(timeout=60)
