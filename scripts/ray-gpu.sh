@@ -48,7 +48,8 @@ $PY -m pip install -q --no-deps --no-index --force-reinstall "$dir"/py/gpuring-*
 $PY -c "import sys, torch, ray, gpuring.ray; print('python', sys.version.split()[0], 'torch', torch.__version__, 'ray', ray.__version__)" || exit 1
 nvidia-smi -L
 rc=0
-# PARTS (default "tests example nomps mps"): the whole pytest suite (host, GPU, Ray),
+# PARTS (default "tests example nomps mps"): the whole pytest suite (host, GPU, Ray; over
+# 300 s with Ray and two GPUs),
 # python/examples/ray_weights.py on GPU 0, the bench
 # without MPS, the bench under an MPS daemon of its own
 for part in ${PARTS:-tests example nomps mps}; do
@@ -61,7 +62,7 @@ for part in ${PARTS:-tests example nomps mps}; do
       timeout 330 $PY python/bench/ray_transport.py --two-gpus --quick --json "$OUT/ray-two.json" 2>&1 \
         | grep -v "^(raylet\|^\[" | tee "$OUT/ray-two.txt" || rc=1 ;;
     raytests) timeout 200 $PY -m pytest -q -rs python/tests/test_ray.py python/tests/test_ray_gpu.py 2>&1 | tee "$OUT/pytest-ray.txt" | tail -6 || rc=1 ;;
-    tests) timeout 300 $PY -m pytest -q -rs python/tests 2>&1 | tee "$OUT/pytest.txt" | tail -6 || rc=1 ;;
+    tests) timeout 480 $PY -m pytest -q -rs python/tests 2>&1 | tee "$OUT/pytest.txt" | tail -6 || rc=1 ;;
     nomps) timeout 420 $PY python/bench/ray_transport.py --json "$OUT/ray-nomps.json" ${BENCH_ARGS:-} 2>&1 \
       | grep -v "^(raylet\|^\[" | tee "$OUT/ray-nomps.txt" || rc=1 ;;
     mps)
