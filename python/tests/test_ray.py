@@ -298,3 +298,26 @@ def test_the_example_runs_on_two_nodes():
     lines = [line for line in r.stdout.splitlines() if line.startswith("rollout ")]
     # One rollout per node: the first through gpuring, the second through the fallback.
     assert "'gpuring_recvs': 3" in lines[0] and "'fallback_recvs': 3" in lines[1], lines
+
+
+@pytest.mark.parametrize(
+    "ids, visible, count, want",
+    [
+        (["1"], "1", 1, 0),  # Ray's default: the actor sees only its GPU, as ordinal 0
+        (["5"], "3,5", 2, 1),  # a node-wide CUDA_VISIBLE_DEVICES: its place in that list
+        ([1], None, 2, 1),  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: the id itself
+        ([], None, 2, 7),  # no GPU from Ray: the current device (7 here)
+        (["9"], "0,1", 2, 7),  # an id this process cannot see: the current device
+    ],
+)
+def test_the_gpu_a_receive_lands_on(monkeypatch, ids, visible, count, want):
+    """The GPU Ray gave the actor, as an ordinal this process sees (not the receiving
+    thread's current device, which Ray's receive thread leaves at 0)."""
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: ids)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 7)
+    assert gray._own_gpu() == want
