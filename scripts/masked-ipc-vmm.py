@@ -1,6 +1,7 @@
 """Can a process that sees only GPU 1 import (cuMemImportFromShareableHandle, a POSIX fd
 passed over a Unix socket) and read memory made by cuMemCreate on GPU 0 in a process that
-sees only GPU 0? Driver API through ctypes; run with no argument."""
+sees only GPU 0? Driver API through ctypes. No argument: a POSIX fd; `fabric`: a fabric
+handle (64 bytes, no fd), where the driver offers it."""
 import ctypes, os, socket, subprocess, sys
 
 cu = ctypes.CDLL("libcuda.so.1")
@@ -27,9 +28,12 @@ def ctx():
     ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev), "retain")
     ck(cu.cuCtxSetCurrent(c), "setcurrent")
 
+KIND = 8 if "fabric" in sys.argv else 1  # CU_MEM_HANDLE_TYPE_FABRIC or _POSIX_FILE_DESCRIPTOR
+
+
 def prop():
     p = Prop()
-    p.type, p.handle_types = 1, 1  # PINNED, POSIX fd
+    p.type, p.handle_types = 1, KIND  # PINNED
     p.location.type, p.location.id = 1, 0  # DEVICE, ordinal 0 (this process's only GPU)
     return p
 
@@ -41,7 +45,7 @@ def mapped(h, size):
     r = cu.cuMemSetAccess(ptr, ctypes.c_size_t(size), ctypes.byref(a), ctypes.c_size_t(1))
     return ptr, r
 
-role = sys.argv[1] if len(sys.argv) > 1 else "parent"
+role = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in ("export", "import") else "parent"
 if role == "export":
     sock = socket.socket(fileno=int(sys.argv[2]))
     ctx()
@@ -55,17 +59,28 @@ if role == "export":
     ck(r, "setaccess (exporter)")
     ck(cu.cuMemsetD32_v2(ptr, 0x12345678, size // 4), "memset")
     ck(cu.cuCtxSynchronize(), "sync")
-    fd = ctypes.c_int()
-    ck(cu.cuMemExportToShareableHandle(ctypes.byref(fd), h, 1, ctypes.c_uint64(0)), "export")
-    socket.send_fds(sock, [str(size).encode()], [fd.value])
+    if KIND == 8:
+        blob = (ctypes.c_ubyte * 64)()
+        ck(cu.cuMemExportToShareableHandle(blob, h, 8, ctypes.c_uint64(0)), "export (fabric)")
+        sock.send(str(size).encode().ljust(16) + bytes(blob))
+    else:
+        fd = ctypes.c_int()
+        ck(cu.cuMemExportToShareableHandle(ctypes.byref(fd), h, 1, ctypes.c_uint64(0)), "export")
+        socket.send_fds(sock, [str(size).encode()], [fd.value])
     sock.recv(1)  # the importer is done
 elif role == "import":
     sock = socket.socket(fileno=int(sys.argv[2]))
     ctx()
-    msg, fds, _, _ = socket.recv_fds(sock, 64, 1)
-    size = int(msg)
     h = ctypes.c_uint64()
-    r = cu.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fds[0]), 1)
+    if KIND == 8:
+        msg = sock.recv(80)
+        size = int(msg[:16])
+        blob = (ctypes.c_ubyte * 64).from_buffer_copy(msg[16:80])
+        r = cu.cuMemImportFromShareableHandle(ctypes.byref(h), blob, 8)
+    else:
+        msg, fds, _, _ = socket.recv_fds(sock, 64, 1)
+        size = int(msg)
+        r = cu.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fds[0]), 1)
     print("cuMemImportFromShareableHandle ->", r, flush=True)
     if r == 0:
         ptr, r = mapped(h, size)
@@ -84,6 +99,7 @@ else:
     s1, s2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     env0 = dict(os.environ, CUDA_VISIBLE_DEVICES="0")
     env1 = dict(os.environ, CUDA_VISIBLE_DEVICES="1")
-    a = subprocess.Popen([sys.executable, __file__, "export", str(s1.fileno())], env=env0, pass_fds=[s1.fileno()])
-    b = subprocess.Popen([sys.executable, __file__, "import", str(s2.fileno())], env=env1, pass_fds=[s2.fileno()])
+    extra = sys.argv[1:]
+    a = subprocess.Popen([sys.executable, __file__, "export", str(s1.fileno())] + extra, env=env0, pass_fds=[s1.fileno()])
+    b = subprocess.Popen([sys.executable, __file__, "import", str(s2.fileno())] + extra, env=env1, pass_fds=[s2.fileno()])
     print("exporter exit", a.wait(), "importer exit", b.wait())
