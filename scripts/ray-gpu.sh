@@ -59,6 +59,8 @@ for part in ${PARTS:-tests example nomps mps}; do
       # 0 and 1), then the bench with the actors on GPUs 0 and 1 against Ray's NCCL transport
       timeout 240 $PY -m pytest -q -rs python/tests/test_two_gpus.py python/tests/test_ray_two_gpus.py 2>&1 \
         | tee "$OUT/pytest-two.txt" | tail -4 || rc=1
+      timeout 120 $PY python/examples/ray_weights.py --all-gpus 2>&1 | grep -v "^(raylet\|^\[" \
+        | tee "$OUT/ray-example-all-gpus.txt" | tail -7 || rc=1
       timeout 330 $PY python/bench/ray_transport.py --two-gpus --quick --json "$OUT/ray-two.json" 2>&1 \
         | grep -v "^(raylet\|^\[" | tee "$OUT/ray-two.txt" || rc=1 ;;
     raytests) timeout 200 $PY -m pytest -q -rs python/tests/test_ray.py python/tests/test_ray_gpu.py 2>&1 | tee "$OUT/pytest-ray.txt" | tail -6 || rc=1 ;;

@@ -3,14 +3,19 @@ tensor transport, and each rollout streams its results back through a gpuring.ra
 
     python python/examples/ray_weights.py                  # one node; on GPU 0 if there is one
     python python/examples/ray_weights.py --two-nodes      # a second (simulated) node
+    python python/examples/ray_weights.py --all-gpus       # the actors spread over every GPU
 
-On one node every transfer goes through gpuring. With ``--two-nodes`` (CPU tensors) the
-rollouts of the second node get the same weights, with the same code, through Ray's Gloo
-transport (the actors form a Gloo collective group) and stream back through a Ray queue:
-each actor's counters at the end say which path its transfers took.
+On one node every transfer goes through gpuring. With ``--all-gpus`` the actors get a share
+of the node's GPUs each and see every GPU (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``),
+so weights and results cross between GPUs through gpuring too (docs/RAY.md). With
+``--two-nodes`` (CPU tensors) the rollouts of the second node get the same weights, with
+the same code, through Ray's Gloo transport (the actors form a Gloo collective group) and
+stream back through a Ray queue: each actor's counters at the end say which path its
+transfers took.
 """
 
 import argparse
+import os
 import time
 
 import ray
@@ -28,11 +33,16 @@ def model(device):
     ).to(device)
 
 
+def own(device):
+    """``device``, or with ``"gpu"`` the GPU Ray gave this actor (one it sees)."""
+    return "cuda:%d" % int(ray.get_gpu_ids()[0]) if device == "gpu" else device
+
+
 # Two threads: `collect` reads the rollouts' results while `weights` serves each step.
 @ray.remote(enable_tensor_transport=True, max_concurrency=2)
 class Trainer:
     def __init__(self, device):
-        self.net = model(device)
+        self.net = model(own(device))
 
     @ray.method(tensor_transport="gpuring")
     def weights(self, step):
@@ -54,8 +64,8 @@ class Trainer:
 @ray.remote(enable_tensor_transport=True)
 class Rollout:
     def __init__(self, device):
-        self.net = model(device)
-        self.device = device
+        self.device = own(device)
+        self.net = model(self.device)
         self.out = None
 
     def connect(self, channel):
@@ -70,7 +80,8 @@ class Rollout:
         return float(act.sum())
 
     def where(self):
-        return ray.get_runtime_context().get_node_id()[:8]
+        node = ray.get_runtime_context().get_node_id()[:8]
+        return node + (", %s" % self.device if self.device != "cpu" else "")
 
     def stats(self):
         return gpuring.ray.stats()
@@ -86,7 +97,10 @@ def main():
     ap.add_argument("--rollouts", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--two-nodes", action="store_true")
+    ap.add_argument("--all-gpus", action="store_true")
     args = ap.parse_args()
+    if args.all_gpus:  # every actor started from here sees every GPU
+        os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
     cluster = None
     if args.two_nodes:
         from ray.cluster_utils import Cluster
@@ -100,8 +114,10 @@ def main():
     else:
         ray.init(num_cpus=args.rollouts + 2, include_dashboard=False, log_to_driver=False)
     gpu = torch.cuda.is_available() and not args.two_nodes
-    device = "cuda" if gpu else "cpu"
-    share = 1 / (args.rollouts + 1) if gpu else 0
+    device = ("gpu" if args.all_gpus else "cuda") if gpu else "cpu"
+    gpus = torch.cuda.device_count() if args.all_gpus else 1
+    # A fractional GPU must fit on one GPU: so many actors to a GPU that all fit.
+    share = 1 / -(-(args.rollouts + 1) // gpus) if gpu else 0
     # Half the rollouts on the second node, if there is one.
     place = [
         {"a": 1} if not args.two_nodes or k < args.rollouts // 2 else {"b": 1}
@@ -141,7 +157,14 @@ def main():
     print(
         "%d steps, weights to %d rollouts on %s: median %.1f ms a step; rollouts agree: %s; "
         "results streamed back: %s"
-        % (args.steps, args.rollouts, device, 1e3 * sorted(times)[len(times) // 2], agree, back)
+        % (
+            args.steps,
+            args.rollouts,
+            "%d GPUs" % gpus if args.all_gpus else device,
+            1e3 * sorted(times)[len(times) // 2],
+            agree,
+            back,
+        )
     )
     for k, r in enumerate(rollouts):
         print("rollout %d on node %s: %s" % (k, ray.get(r.where.remote()), counts(r)))
