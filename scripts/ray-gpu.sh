@@ -57,12 +57,24 @@ for part in ${PARTS:-tests example nomps mps}; do
     example) timeout 120 $PY python/examples/ray_weights.py 2>&1 | grep -v "^(raylet\|^\[" | tee "$OUT/ray-example.txt" | tail -8 || rc=1 ;;
     two)  # a machine with two GPUs: the two-GPU tests (channels, a Queue, Ray actors on GPUs
       # 0 and 1), then the bench with the actors on GPUs 0 and 1 against Ray's NCCL transport
-      timeout 240 $PY -m pytest -q -rs python/tests/test_two_gpus.py python/tests/test_ray_two_gpus.py 2>&1 \
+      timeout 240 $PY -m pytest -q -rs -k "two-gpus or two_gpus" python/tests/test_gpu.py python/tests/test_ray_two_gpus.py 2>&1 \
         | tee "$OUT/pytest-two.txt" | tail -4 || rc=1
       timeout 120 $PY python/examples/ray_weights.py --all-gpus 2>&1 | grep -v "^(raylet\|^\[" \
         | tee "$OUT/ray-example-all-gpus.txt" | tail -7 || rc=1
       timeout 330 $PY python/bench/ray_transport.py --two-gpus --quick --json "$OUT/ray-two.json" 2>&1 \
         | grep -v "^(raylet\|^\[" | tee "$OUT/ray-two.txt" || rc=1 ;;
+    apart)  # two GPUs Ray gave apart (each actor sees only its own): the Rust GPU tests with
+      # peers that see GPU 1 alone (bin/test-gpu, bin/test-gpu_broadcast, staged beside the
+      # wheels), the two-GPU Python tests, then the bench's --apart rows
+      for t in gpu gpu_broadcast; do
+        [ -x "$dir/bin/test-$t" ] || continue
+        GPURING_TEST_PEER_ONLY_SEES=1 timeout 150 "$dir/bin/test-$t" --include-ignored > "$OUT/only-sees-$t.log" 2>&1
+        echo "== $t, peers that see GPU 1 alone (exit $?)"; grep -E '^test |test result|panicked' "$OUT/only-sees-$t.log" | tail -30
+      done
+      timeout 200 $PY -m pytest -q -rs -k "two-gpus or two_gpus" python/tests/test_gpu.py python/tests/test_ray_two_gpus.py 2>&1 \
+        | tee "$OUT/pytest-two.txt" | tail -4 || rc=1
+      timeout 240 $PY python/bench/ray_transport.py --apart --quick --json "$OUT/ray-apart.json" 2>&1 \
+        | grep -v "^(raylet\|^\[" | tee "$OUT/ray-apart.txt" || rc=1 ;;
     raytests) timeout 200 $PY -m pytest -q -rs python/tests/test_ray.py python/tests/test_ray_gpu.py 2>&1 | tee "$OUT/pytest-ray.txt" | tail -6 || rc=1 ;;
     tests) timeout 480 $PY -m pytest -q -rs python/tests 2>&1 | tee "$OUT/pytest.txt" | tail -6 || rc=1 ;;
     nomps) timeout 420 $PY python/bench/ray_transport.py --json "$OUT/ray-nomps.json" ${BENCH_ARGS:-} 2>&1 \

@@ -22,7 +22,8 @@ The baseline row runs the same two loops in two processes started by ``multiproc
 (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``, each making its own current), the
 layout in which gpuring carries tensors between GPUs; Ray's NCCL transport replaces its
 CUDA-IPC one (same GPU only); the baseline's getter runs on B's GPU. Then NCCL again
-between actors that see only their own GPU (Ray's default), where gpuring refuses.
+between actors that see only their own GPU (Ray's default). ``--apart``: only that layout,
+gpuring against NCCL, and the channel at 4 KB.
 """
 
 import argparse
@@ -232,6 +233,59 @@ def transfers(a, b, transport, shape, rounds, warm, timeout=None):
     }
 
 
+def apart(args, rounds):
+    """Two actors on two GPUs, each seeing only its own (Ray's default layout)."""
+    from ray.experimental.collective import create_collective_group
+
+    print("python", sys.version.split()[0], "torch", torch.__version__, "ray", ray.__version__)
+    a = Producer.options(num_gpus=1).remote()
+    b = Consumer.options(num_gpus=1).remote()
+    (gpu_a, seen_a), (gpu_b, seen_b) = ray.get([a.gpu.remote(), b.gpu.remote()])
+    print("A on GPU %d (%s), B on GPU %d (%s)" % (gpu_a, seen_a, gpu_b, seen_b))
+    create_collective_group([a, b], backend="nccl")
+    ref = a.produce.options(tensor_transport="gpuring").remote("64MB", 77, True)
+    print(
+        "slow kernel before the fill, gpuring transport: values %s"
+        % ray.get(b.consume.remote(ref, 77))[1]
+    )
+    del ref
+    results = {"transfers": {}, "channel": {}}
+    print(
+        "\n%-10s %-14s %12s %12s %12s %5s  %s"
+        % ("size", "transport", "p50 µs", "min µs", "items/s", "bad", "B got it on")
+    )
+    for shape in ("4KB", "5MB", "64MB", "sd"):
+        for transport in ("gpuring", "nccl"):
+            try:
+                r = transfers(a, b, transport, shape, rounds[shape], warm=2, timeout=120)
+            except Exception as e:
+                print("%-10s %-14s failed: %s" % (shape, transport, str(e)[:300]))
+                continue
+            results["transfers"]["%s/%s, apart" % (shape, transport)] = r
+            _row(shape, transport + ", apart", r)
+    print("B's counters:", ray.get(b.stats.remote()))
+    n, items = 200, args.rate_items
+    for copy in (True, False):
+        ch, ack = gray.channel(a, b, device="cuda"), gray.channel(b, a)
+        rx = b.run_receiver.remote(ch, ack, n, items, copy)
+        secs = ray.get(a.run_sender.remote(ch, ack, "4KB", n, items))
+        lat, bad = ray.get(rx)
+        row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs, "bad": bad}
+        results["channel"]["4KB/ray channel, apart%s" % ("" if copy else ", views")] = row
+        print(
+            "4KB    gpuring.ray.channel%s %10.1f µs %10.0f items/s bad %d"
+            % ("" if copy else ", views", row["p50_us"], row["items_per_s"], bad)
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    ray.shutdown()
+    gray.cleanup()
+    print(
+        "gpuring objects left in /dev/shm:", [f for f in os.listdir("/dev/shm") if "gpuring" in f]
+    )
+
+
 def _row(shape, transport, r):
     print(
         "%-10s %-14s %12.1f %12.1f %12.1f %5d  %s"
@@ -260,12 +314,20 @@ def main():
         help="actors on two GPUs, each seeing both, against Ray's NCCL (and NCCL between "
         "actors that see only their own GPU, Ray's default)",
     )
+    ap.add_argument(
+        "--apart",
+        action="store_true",
+        help="actors on two GPUs that see only their own (Ray's default): gpuring against "
+        "Ray's NCCL, and the channel at 4 KB",
+    )
     args = ap.parse_args()
     rounds = {"4KB": 40, "5MB": 30, "64MB": 20, "sd": 8}
     if args.quick:
         rounds = {k: max(3, v // 4) for k, v in rounds.items()}
-    gpus = 0 if args.cpu else 2 if args.two_gpus else 1
+    gpus = 0 if args.cpu else 2 if args.two_gpus or args.apart else 1
     ray.init(num_cpus=8, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    if args.apart:
+        return apart(args, rounds)
     share = 1 if args.two_gpus else gpus / 2
     env = {"runtime_env": SEE_ALL} if args.two_gpus else {}
     a = Producer.options(num_gpus=share, **env).remote()

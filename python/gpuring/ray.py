@@ -53,7 +53,7 @@ from ray.experimental.rdt.collective_tensor_transport import CollectiveTransport
 
 from ._gpuring import clean
 from ._queue import Queue
-from .errors import Disconnected, Empty, Full, PeerDead
+from .errors import CudaError, Disconnected, Empty, Full, PeerDead
 
 __all__ = [
     "TRANSPORT",
@@ -443,19 +443,15 @@ class GpuringTransport(TensorTransportManager):
         cuda = meta.tensor_device == "cuda"
         import torch
 
-        if cuda and meta.device_uuid not in _gpu_uuids():
-            why = (
-                "gpuring.ray: %s lives on GPU %s, which this actor cannot see (it sees %s): "
-                "gpuring carries CUDA tensors between actors of one node that see the "
-                "source's GPU (that share it, or that see every GPU: "
-                "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1, see docs/RAY.md); between "
-                'GPUs Ray gave apart, use tensor_transport="nccl"'
-                % (obj_id, meta.device_uuid, ", ".join(_gpu_uuids()))
-            )
+        if cuda and not _gpu_uuids():
             _refuse_to_source(comm, obj_id)
-            raise RuntimeError(why)
-        # The tensors land on this actor's GPU (read over the link where the source's slots
-        # are on another GPU this process sees).
+            raise RuntimeError(
+                "gpuring.ray: %s lives on GPU %s, which this actor cannot see (it sees no "
+                "GPU): give it one, or take the result elsewhere" % (obj_id, meta.device_uuid)
+            )
+        # The tensors land on this actor's GPU, read over the link where the source's slots
+        # are on another GPU (one this process sees, or one Ray hid from it: CUDA IPC
+        # reaches it where the two GPUs reach each other).
         device = _own_gpu() if cuda else None
         q = _pair_queue(comm, cuda, meta.device_index, device)
         # Sends of one pair can reach us in another order than the receives Ray asks for.
@@ -469,6 +465,15 @@ class GpuringTransport(TensorTransportManager):
                 got, tensors = q.get(timeout=_POLL)
             except Empty:
                 continue
+            except CudaError as e:
+                if not cuda:
+                    raise
+                # The source's GPU cannot be reached from this one (no peer access).
+                _refuse_to_source(comm, obj_id)
+                raise RuntimeError(
+                    "gpuring.ray: %s lives on GPU %s, which this actor's GPU cannot reach (%s): "
+                    'between such GPUs use tensor_transport="nccl"' % (obj_id, meta.device_uuid, e)
+                ) from e
             if got == obj_id:
                 break
             with _local.lock:

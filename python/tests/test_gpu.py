@@ -20,6 +20,28 @@ import peers  # noqa: E402
 
 spawn = mp.get_context("spawn")
 
+# The receiving process's GPU: 0 (the senders' own), and 1 where there are two GPUs (it
+# reads GPU 0's slots over the link; every sender here runs on GPU 0).
+RX_GPUS = [
+    pytest.param(0, id="one-gpu"),
+    pytest.param(
+        1,
+        id="two-gpus",
+        marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs"),
+    ),
+]
+
+
+def on(obj, device):
+    """`obj` with every CUDA tensor in it moved to GPU `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to("cuda:%d" % device) if obj.is_cuda else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(on(v, device) for v in obj)
+    if isinstance(obj, dict):
+        return {k: on(v, device) for k, v in obj.items()}
+    return obj
+
 
 def run(target, *args):
     p = spawn.Process(target=target, args=args)
@@ -111,26 +133,36 @@ def test_torch_views_are_read_as_their_values(name):
             rx.recv(timeout=0)  # nothing refused was sent
 
 
+@pytest.mark.parametrize("rx_gpu", RX_GPUS)
 @pytest.mark.parametrize("ready", ["event", "flag"])
-def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name, ready):
+def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name, ready, rx_gpu):
     """The sender's copy into the slot runs after a ~0.3 s kernel; the receiver reads at
     once. Ordered by the slot's ready event, it sees the final values every time; the
     control reads without the wait (DLPack stream -1) and sees the slot as it was.
 
     With ``ready="flag"`` ``recv`` itself returns only once the writes are done: the
-    control sees the final values too. (The sender gets ``ready`` through the pickled
-    channel.)"""
+    control sees the final values too. (On one GPU the sender gets ``ready`` through the
+    pickled channel; a receiver on GPU 1 gets views on GPU 1 of GPU 0's slot.)"""
     rounds = 4
-    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1 << 20, device=0, ready=ready)
+    with torch.cuda.device(rx_gpu):
+        _slow_writes_read_in_order(name, ready, rx_gpu, rounds)
+
+
+def _slow_writes_read_in_order(name, ready, rx_gpu, rounds):
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1 << 20, device=rx_gpu, ready=ready)
     assert ch.ready == ready
     rx = ch.receiver()
-    p = run(gpu_peers.send_after_slow_kernel, ch, 2 * rounds)
+    if rx_gpu == 0:
+        p = run(gpu_peers.send_after_slow_kernel, ch, 2 * rounds)
+    else:  # a sender on GPU 0: opened by name
+        p = run(gpu_peers.send_after_slow_kernel, name, 2 * rounds, ready)
     stale = 0
     elsewhere = torch.cuda.Stream()
     for k in range(1, 2 * rounds + 1):
         if k % 2:  # ordered: recv and torch.from_dlpack on torch's current stream
             msg = rx.recv(timeout=60)
             t = torch.from_dlpack(msg)
+            assert msg.device == rx_gpu and t.device == torch.device("cuda", rx_gpu)
             assert int(t[0].item()) == k and int(t[-1].item()) == k
         else:  # control: received onto another stream, read on this one without a wait
             msg = rx.recv(timeout=60, stream=elsewhere)
@@ -146,15 +178,21 @@ def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name, ready):
         assert stale == 0, "%d reads on another stream saw a slot before its flag" % stale
 
 
+@pytest.mark.parametrize("rx_gpu", RX_GPUS)
 @pytest.mark.parametrize("ready", ["event", "flag"])
-def test_a_slot_is_not_written_while_a_reader_still_reads_it(name, ready):
+def test_a_slot_is_not_written_while_a_reader_still_reads_it(name, ready, rx_gpu):
     """One slot. The receiver queues a slow read (a ~0.3 s kernel, then a sum) of message 1
     and releases it at once; the sender writes message 2 into the same slot. The sum sees
     message 1's values: the sender's stream waited for the release event recorded after
-    the read. Control: the same read on a stream the message knows nothing of sees
-    message 2's values."""
+    the read (on GPU 1 where the receiver is there). Control: the same read on a stream
+    the message knows nothing of sees message 2's values."""
+    with torch.cuda.device(rx_gpu):
+        _reads_before_reuse(name, ready, rx_gpu)
+
+
+def _reads_before_reuse(name, ready, rx_gpu):
     n = 1 << 16
-    ch = gpuring.Channel.create(name, slots=1, slot_bytes=4 * n, device=0)
+    ch = gpuring.Channel.create(name, slots=1, slot_bytes=4 * n, device=rx_gpu)
     rx = ch.receiver()
     p = run(gpu_peers.send_ones_then_twos, name, n, 4, ready)
     side = torch.cuda.Stream()
@@ -336,6 +374,34 @@ def test_pinned_receiver_copies_to_the_gpu_non_blocking(name):
 
 
 same = peers.same
+
+
+@pytest.mark.parametrize("copy", [True, False])
+@pytest.mark.parametrize("rx_gpu", RX_GPUS)
+def test_a_queue_put_on_gpu_0_gets_on_the_getters_gpu(name, rx_gpu, copy):
+    """A Queue whose putter (a child, ``device=0``) and getter (here, opened with
+    ``device=rx_gpu``) may be on different GPUs: objects of CUDA and CPU tensors and arrays
+    arrive with their CUDA tensors on the getter's GPU, values equal; then objects written
+    after a slow kernel are read in stream order."""
+    q = gpuring.Queue(name, device=0, slot_bytes=1 << 20, slots=2)
+    g = gpuring.Queue.open_or_create(name, device=rx_gpu)
+    p = run(gpu_peers.put_gpu_objects, q, 20)
+    for i in range(20):
+        got = g.get(timeout=60, copy=copy)
+        assert got["stamp"][1].device == torch.device("cuda", rx_gpu), i
+        assert same(on(gpu_peers.gpu_objects(i), rx_gpu), got), i
+        del got
+    done(p)
+    p = run(gpu_peers.put_after_slow_kernel, q, 3)
+    for k in range(1, 4):
+        got = g.get(timeout=60, copy=copy)
+        assert got["k"] == k and got["x"].device == torch.device("cuda", rx_gpu)
+        assert int(got["x"][0].item()) == k and int(got["x"][-1].item()) == k
+        assert float(got["y"][0].item()) == k + 0.5 and float(got["y"][-1].item()) == k + 0.5
+        del got
+    done(p)
+    g.close()
+    q.close()
 
 
 @pytest.mark.parametrize("device", [0, None])

@@ -1,6 +1,7 @@
 """gpuring.ray between actors on two GPUs of one machine (skipped without Ray, torch or two
-GPUs). Ray gives each actor one GPU; they see both (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES,
-each making its own current), the layout in which gpuring carries tensors between GPUs."""
+GPUs). Ray gives each actor one GPU, in both of its layouts: each actor sees only its own
+GPU (Ray's default, ``own``), or every GPU (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES,
+``see-both``, each making its own current)."""
 
 import os
 
@@ -28,14 +29,17 @@ def two():
     assert not left, "left in /dev/shm: %r" % left
 
 
-@ray.remote(enable_tensor_transport=True, num_gpus=1, runtime_env=SEE_ALL)
-class Side:
+class _Side:
     def __init__(self):
-        self.gpu = int(ray.get_gpu_ids()[0])
+        # The GPU Ray gave this actor, as an ordinal it sees.
+        gid, visible = str(ray.get_gpu_ids()[0]), os.environ.get("CUDA_VISIBLE_DEVICES")
+        self.gpu = visible.split(",").index(gid) if visible else int(gid)
         torch.cuda.set_device(self.gpu)
 
     def where(self):
-        return self.gpu, torch.cuda.device_count()
+        """This actor's GPU (ordinal, UUID) and how many it sees."""
+        uuid = str(torch.cuda.get_device_properties(self.gpu).uuid)
+        return self.gpu, uuid, torch.cuda.device_count()
 
     @ray.method(tensor_transport="gpuring")
     def make(self, n, k, slow=False):
@@ -74,19 +78,28 @@ class Side:
         return gray.stats()
 
 
-@pytest.fixture
-def pair(two):
-    """Two actors, a GPU each (both GPUs: the next test's pair waits for them)."""
-    a, b = Side.remote(), Side.remote()
+LAYOUTS = {
+    "own": ray.remote(enable_tensor_transport=True, num_gpus=1)(_Side),
+    "see-both": ray.remote(enable_tensor_transport=True, num_gpus=1, runtime_env=SEE_ALL)(_Side),
+}
+
+
+@pytest.fixture(params=sorted(LAYOUTS))
+def pair(two, request):
+    """Two actors, a GPU each (both GPUs: the next test's pair waits for them), in each
+    of Ray's layouts."""
+    a, b = LAYOUTS[request.param].remote(), LAYOUTS[request.param].remote()
+    (_, ua, na), (_, ub, nb) = ray.get([a.where.remote(), b.where.remote()])
+    assert ua != ub, "Ray did not give the actors a GPU each"
+    assert na == nb == (2 if request.param == "see-both" else 1)
     yield a, b
     ray.kill(a)
     ray.kill(b)
 
 
-def test_cuda_tensors_between_actors_on_two_gpus_that_see_both(pair):
+def test_cuda_tensors_between_actors_on_two_gpus(pair):
     a, b = pair
-    (ga, na), (gb, nb) = ray.get([a.where.remote(), b.where.remote()])
-    assert ga != gb and na == nb == 2, "Ray did not give the actors a GPU each"
+    gb = ray.get(b.where.remote())[0]
     # The first result is written after a slow kernel: B reads it in stream order.
     for k, n in enumerate((1024, 5 << 20, 16 << 20)):
         devices, ok = ray.get(b.check.remote(a.make.remote(n, k, slow=k == 0), k))

@@ -306,7 +306,8 @@ impl ImportedPool {
     /// sight of the pool), signalled by host ready flags if `host_flags` (the
     /// segment's checked [`CudaPoolInfo::host_flags`]). A pool on
     /// another device is opened with lazy peer access when the devices can reach each
-    /// other.
+    /// other; on a device this process does not see (`CUDA_VISIBLE_DEVICES`), when the
+    /// driver opens its handle (it does between GPUs that reach each other).
     pub(crate) fn import(
         ctx: &Arc<CudaContext>,
         seg: &PoolSegment,
@@ -317,8 +318,11 @@ impl ImportedPool {
         let mut uuid = [0u8; 16];
         load_bytes(&info.device_uuid, &mut uuid);
         let here = device_uuid(ctx)?;
-        if uuid != here && !can_reach(ctx, &uuid)? {
-            return Err(CudaError::DeviceMismatch { pool_device: uuid, this_device: here });
+        // None: a device this process does not see; only the open can tell.
+        let reach = if uuid == here { Some(true) } else { can_reach(ctx, &uuid)? };
+        let mismatch = CudaError::DeviceMismatch { pool_device: uuid, this_device: here };
+        if reach == Some(false) {
+            return Err(mismatch);
         }
         // The driver requires this flag; it also enables peer access to a pool on
         // another device on first use.
@@ -343,9 +347,11 @@ impl ImportedPool {
         IPC_OPENS.fetch_add(1, StdOrdering::Relaxed);
         // SAFETY: out-pointer valid; the handle bytes came from the pool segment (a
         // forged handle makes the driver fail, not us).
-        check("cuIpcOpenMemHandle", unsafe {
-            sys::cuIpcOpenMemHandle_v2(&mut pool.base, handle, flags)
-        })?;
+        let opened = unsafe { sys::cuIpcOpenMemHandle_v2(&mut pool.base, handle, flags) };
+        if reach.is_none() && opened != sys::CUresult::CUDA_SUCCESS {
+            return Err(mismatch);
+        }
+        check("cuIpcOpenMemHandle", opened)?;
         let mut ready_handles = Vec::with_capacity(events.len());
         let opened = Arc::get_mut(&mut pool.events).expect("not shared yet");
         let done = events.iter().try_for_each(|slot| {
@@ -532,8 +538,9 @@ impl Drop for DeviceRead {
     }
 }
 
-/// Whether `ctx`'s device can reach the device with `uuid` (peer access).
-fn can_reach(ctx: &CudaContext, uuid: &[u8; 16]) -> Result<bool, CudaError> {
+/// Whether `ctx`'s device can reach the device with `uuid` (peer access); `None` when this
+/// process does not see a device with `uuid` (hidden by `CUDA_VISIBLE_DEVICES`).
+fn can_reach(ctx: &CudaContext, uuid: &[u8; 16]) -> Result<Option<bool>, CudaError> {
     let count = result::device::get_count().map_err(driver("cuDeviceGetCount"))?;
     for ordinal in 0..count {
         let dev = result::device::get(ordinal).map_err(driver("cuDeviceGet"))?;
@@ -544,10 +551,10 @@ fn can_reach(ctx: &CudaContext, uuid: &[u8; 16]) -> Result<bool, CudaError> {
             check("cuDeviceCanAccessPeer", unsafe {
                 sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), dev)
             })?;
-            return Ok(can != 0);
+            return Ok(Some(can != 0));
         }
     }
-    Ok(false)
+    Ok(None)
 }
 
 impl Drop for ImportedPool {

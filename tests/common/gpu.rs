@@ -9,9 +9,11 @@ use cudarc::driver::{CudaContext, CudaStream, result, sys};
 /// test's own process; for the processes a test starts (its peers),
 /// `GPURING_TEST_PEER_DEVICE` (default 0). On a machine with two GPUs,
 /// `GPURING_TEST_PEER_DEVICE=1` runs every cross-process GPU test with its two ends on two
-/// GPUs.
+/// GPUs, and `GPURING_TEST_PEER_ONLY_SEES=1` the same with the peers seeing GPU 1 alone
+/// (their device 0).
 pub fn setup() -> (Arc<CudaContext>, Arc<CudaStream>) {
     let ordinal = match super::role() {
+        Some(_) if std::env::var_os("GPURING_TEST_PEER_ONLY_SEES").is_some() => 0,
         Some(_) => std::env::var("GPURING_TEST_PEER_DEVICE")
             .map(|v| v.parse().expect("GPURING_TEST_PEER_DEVICE: a device ordinal"))
             .unwrap_or(0),

@@ -45,7 +45,17 @@ pub fn spawn(test: &str, role: &str, ring: &str, env: &[(&str, String)]) -> Chil
     for (k, v) in env {
         cmd.env(k, v);
     }
+    only_sees(&mut cmd);
     cmd.spawn().expect("spawn peer process")
+}
+
+/// `GPURING_TEST_PEER_ONLY_SEES=N` (GPU tests, a machine with two GPUs): the peer
+/// processes see GPU `N` alone (`CUDA_VISIBLE_DEVICES`, as Ray gives an actor its GPU), so
+/// that every cross-process GPU test has one end that cannot see the other's GPU.
+fn only_sees(cmd: &mut Command) {
+    if let Ok(v) = std::env::var("GPURING_TEST_PEER_ONLY_SEES") {
+        cmd.env("CUDA_VISIBLE_DEVICES", v);
+    }
 }
 
 /// Waits for every child to exit successfully. A watchdog: past `limit` all are killed and
@@ -128,6 +138,7 @@ impl Peer {
             .env(ROLE, role)
             .env(RING, name)
             .stdout(Stdio::piped());
+        only_sees(&mut cmd);
         for (k, v) in env {
             cmd.env(k, v);
         }
