@@ -29,59 +29,63 @@ def two():
     assert not left, "left in /dev/shm: %r" % left
 
 
-class _Side:
-    def __init__(self):
-        # The GPU Ray gave this actor, as an ordinal it sees.
-        gid, visible = str(ray.get_gpu_ids()[0]), os.environ.get("CUDA_VISIBLE_DEVICES")
-        self.gpu = visible.split(",").index(gid) if visible else int(gid)
-        torch.cuda.set_device(self.gpu)
+def _side(**options):
+    """The actor class, with Ray's `options` (a class made here pickles by value: Ray's
+    workers cannot import this test module)."""
 
-    def where(self):
-        """This actor's GPU (ordinal, UUID) and how many it sees."""
-        uuid = str(torch.cuda.get_device_properties(self.gpu).uuid)
-        return self.gpu, uuid, torch.cuda.device_count()
+    @ray.remote(enable_tensor_transport=True, num_gpus=1, **options)
+    class Side:
+        def __init__(self):
+            # The GPU Ray gave this actor, as an ordinal it sees.
+            gid, visible = str(ray.get_gpu_ids()[0]), os.environ.get("CUDA_VISIBLE_DEVICES")
+            self.gpu = visible.split(",").index(gid) if visible else int(gid)
+            torch.cuda.set_device(self.gpu)
 
-    @ray.method(tensor_transport="gpuring")
-    def make(self, n, k, slow=False):
-        torch.cuda.set_device(self.gpu)  # per thread: Ray may run methods on another one
-        x = torch.empty(n, device="cuda")
-        y = torch.empty(n // 2, dtype=torch.bfloat16, device="cuda")
-        assert x.get_device() == self.gpu
-        if slow:
-            torch.cuda._sleep(300_000_000)  # GPU time before the writes the result must hold
-        x.fill_(k)
-        y.fill_(k + 1)
-        return {"x": x, "y": y}
+        def where(self):
+            """This actor's GPU (ordinal, UUID) and how many it sees."""
+            uuid = str(torch.cuda.get_device_properties(self.gpu).uuid)
+            return self.gpu, uuid, torch.cuda.device_count()
 
-    def check(self, d, k):
-        """Where the tensors landed, and whether they hold what the source wrote."""
-        x, y = d["x"], d["y"]
-        ok = bool((x == k).all()) and bool((y == k + 1).all()) and y.dtype == torch.bfloat16
-        return [x.get_device(), y.get_device()], ok
+        @ray.method(tensor_transport="gpuring")
+        def make(self, n, k, slow=False):
+            torch.cuda.set_device(self.gpu)  # per thread: Ray may run methods on another one
+            x = torch.empty(n, device="cuda")
+            y = torch.empty(n // 2, dtype=torch.bfloat16, device="cuda")
+            assert x.get_device() == self.gpu
+            if slow:
+                torch.cuda._sleep(300_000_000)  # GPU time before the writes the result must hold
+            x.fill_(k)
+            y.fill_(k + 1)
+            return {"x": x, "y": y}
 
-    def put_stream(self, ch, count):
-        torch.cuda.set_device(self.gpu)
-        for k in range(count):
-            ch.put(torch.full((1024,), float(k), device="cuda"))
-        torch.cuda.synchronize()
+        def check(self, d, k):
+            """Where the tensors landed, and whether they hold what the source wrote."""
+            x, y = d["x"], d["y"]
+            ok = bool((x == k).all()) and bool((y == k + 1).all()) and y.dtype == torch.bfloat16
+            return [x.get_device(), y.get_device()], ok
 
-    def get_stream(self, ch, count):
-        torch.cuda.set_device(self.gpu)
-        devices, bad = set(), 0
-        for k in range(count):
-            t = ch.get(timeout=60)
-            devices.add(t.get_device())
-            bad += not bool((t == k).all())
-        return sorted(devices), bad
+        def put_stream(self, ch, count):
+            torch.cuda.set_device(self.gpu)
+            for k in range(count):
+                ch.put(torch.full((1024,), float(k), device="cuda"))
+            torch.cuda.synchronize()
 
-    def stats(self):
-        return gray.stats()
+        def get_stream(self, ch, count):
+            torch.cuda.set_device(self.gpu)
+            devices, bad = set(), 0
+            for k in range(count):
+                t = ch.get(timeout=60)
+                devices.add(t.get_device())
+                bad += not bool((t == k).all())
+            return sorted(devices), bad
+
+        def stats(self):
+            return gray.stats()
+
+    return Side
 
 
-LAYOUTS = {
-    "own": ray.remote(enable_tensor_transport=True, num_gpus=1)(_Side),
-    "see-both": ray.remote(enable_tensor_transport=True, num_gpus=1, runtime_env=SEE_ALL)(_Side),
-}
+LAYOUTS = {"own": _side(), "see-both": _side(runtime_env=SEE_ALL)}
 
 
 @pytest.fixture(params=sorted(LAYOUTS))
