@@ -466,10 +466,11 @@ class GpuringTransport(TensorTransportManager):
             except Empty:
                 continue
             except CudaError as e:
-                if not cuda:
+                # This process cannot take the result: tell the source, which would wait.
+                _refuse_to_source(comm, obj_id)
+                if "cannot reach" not in str(e):  # (the text of DeviceMismatch)
                     raise
                 # The source's GPU cannot be reached from this one (no peer access).
-                _refuse_to_source(comm, obj_id)
                 raise RuntimeError(
                     "gpuring.ray: %s lives on GPU %s, which this actor's GPU cannot reach (%s): "
                     'between such GPUs use tensor_transport="nccl"' % (obj_id, meta.device_uuid, e)
