@@ -196,6 +196,9 @@ case $what in
     for t in gpu gpu_broadcast; do
       GPURING_TEST_PEER_DEVICE=1 timeout 200 .gpu/bin/test-$t --include-ignored --nocapture > "$out/peer1-$t.log" 2>&1
       echo "== $t, peers on GPU 1 (exit $?)"; grep -E '^test |test result|panicked|unordered' "$out/peer1-$t.log"
+      # the same with peers that see GPU 1 alone (CUDA_VISIBLE_DEVICES=1, as Ray's actors)
+      GPURING_TEST_PEER_ONLY_SEES=1 timeout 200 .gpu/bin/test-$t --include-ignored --nocapture > "$out/only1-$t.log" 2>&1
+      echo "== $t, peers that see GPU 1 alone (exit $?)"; grep -E 'test result|panicked' "$out/only1-$t.log"
     done
     timeout 60 .gpu/bin/test-broadcast_channel eight_idle --nocapture 2>&1 | grep -E "idle|result" | tee "$out/idle.txt"
     timeout 60 .gpu/bin/gpuring demo > "$out/demo-nomps.log" 2>&1; tail -9 "$out/demo-nomps.log"
