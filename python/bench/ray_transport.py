@@ -412,7 +412,7 @@ def main():
         from ray.experimental.collective import create_collective_group
 
         # Ray's NCCL between the same actors (each sees both GPUs), then between actors
-        # that see only their own GPU (Ray's default layout, where gpuring refuses).
+        # that see only their own GPU (Ray's default layout; --apart has gpuring's rows there).
         for layout in ("both", "own"):
             if layout == "own":
                 ray.kill(a)
