@@ -276,6 +276,11 @@ def apart(args, rounds):
             "4KB    gpuring.ray.channel%s %10.1f µs %10.0f items/s bad %d"
             % ("" if copy else ", views", row["p50_us"], row["items_per_s"], bad)
         )
+    _finish(args, results)
+
+
+def _finish(args, results):
+    """Writes the JSON, ends Ray and says what is left in /dev/shm."""
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -431,14 +436,7 @@ def main():
                     break
                 results["transfers"]["%s/%s" % (shape, what)] = r
                 _row(shape, what, r)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    ray.shutdown()
-    gray.cleanup()
-    print(
-        "gpuring objects left in /dev/shm:", [f for f in os.listdir("/dev/shm") if "gpuring" in f]
-    )
+    _finish(args, results)
 
 
 if __name__ == "__main__":
