@@ -46,6 +46,17 @@ def ctx():
     )
 
 
+def recv_exact(sock, n):
+    """`n` bytes from the other process (an error if it ended first)."""
+    got = b""
+    while len(got) < n:
+        part = sock.recv(n - len(got))
+        if not part:
+            raise SystemExit("the exporter gave nothing")
+        got += part
+    return got
+
+
 def check_read(ptr, size):
     """Reads the peer's memory to the host and copies it on this GPU; both must hold WORD."""
     out = (ctypes.c_uint32 * 16)()
@@ -82,12 +93,7 @@ def legacy_export(sock):
 
 def legacy_import(sock):
     ctx()
-    got = b""
-    while len(got) < 128:
-        part = sock.recv(128 - len(got))
-        if not part:
-            raise SystemExit("the exporter gave nothing")
-        got += part
+    got = recv_exact(sock, 128)
     h, e = Handle.from_buffer_copy(got[:64]), Handle.from_buffer_copy(got[64:])
     p = ctypes.c_uint64()
     r = cu.cuIpcOpenMemHandle_v2(ctypes.byref(p), h, 1)  # LAZY_ENABLE_PEER_ACCESS
@@ -173,12 +179,7 @@ def vmm_import(sock):
     ctx()
     h = ctypes.c_uint64()
     if kind() == 8:
-        msg = b""
-        while len(msg) < 80:
-            part = sock.recv(80 - len(msg))
-            if not part:
-                raise SystemExit("the exporter gave nothing")
-            msg += part
+        msg = recv_exact(sock, 80)
         size = int(msg[:16])
         blob = (ctypes.c_ubyte * 64).from_buffer_copy(msg[16:80])
         r = cu.cuMemImportFromShareableHandle(ctypes.byref(h), blob, 8)

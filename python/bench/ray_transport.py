@@ -250,10 +250,7 @@ def apart(args, rounds):
     )
     del ref
     results = {"transfers": {}, "channel": {}}
-    print(
-        "\n%-10s %-14s %12s %12s %12s %5s  %s"
-        % ("size", "transport", "p50 µs", "min µs", "items/s", "bad", "B got it on")
-    )
+    _header()
     for shape in ("4KB", "5MB", "64MB", "sd"):
         for transport in ("gpuring", "nccl"):
             try:
@@ -264,19 +261,32 @@ def apart(args, rounds):
             results["transfers"]["%s/%s, apart" % (shape, transport)] = r
             _row(shape, transport + ", apart", r)
     print("B's counters:", ray.get(b.stats.remote()))
-    n, items = 200, args.rate_items
     for copy in (True, False):
-        ch, ack = gray.channel(a, b, device="cuda"), gray.channel(b, a)
-        rx = b.run_receiver.remote(ch, ack, n, items, copy)
-        secs = ray.get(a.run_sender.remote(ch, ack, "4KB", n, items))
-        lat, bad = ray.get(rx)
-        row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs, "bad": bad}
-        results["channel"]["4KB/ray channel, apart%s" % ("" if copy else ", views")] = row
-        print(
-            "4KB    gpuring.ray.channel%s %10.1f µs %10.0f items/s bad %d"
-            % ("" if copy else ", views", row["p50_us"], row["items_per_s"], bad)
-        )
+        _channel_row(a, b, "4KB", 200, args.rate_items, copy, "cuda", results, ", apart")
     _finish(args, results)
+
+
+def _header():
+    print(
+        "\n%-10s %-14s %12s %12s %12s %5s  %s"
+        % ("size", "transport", "p50 µs", "min µs", "items/s", "bad", "B got it on")
+    )
+
+
+def _channel_row(a, b, shape, n, items, copy, device, results, where=""):
+    """A gpuring.ray.channel from A to B: ``n`` items one in flight (p50 µs), then
+    ``items`` streamed (items/s); ``copy=False``: B gets views."""
+    ch, ack = gray.channel(a, b, device=device), gray.channel(b, a)
+    rx = b.run_receiver.remote(ch, ack, n, items, copy)
+    secs = ray.get(a.run_sender.remote(ch, ack, shape, n, items))
+    lat, bad = ray.get(rx)
+    row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs, "bad": bad}
+    views = "" if copy else ", views"
+    results["channel"]["%s/ray channel%s%s" % (shape, where, views)] = row
+    print(
+        "%-6s gpuring.ray.channel%s%s %10.1f µs %10.0f items/s bad %d"
+        % (shape, where, views, row["p50_us"], row["items_per_s"], bad)
+    )
 
 
 def _finish(args, results):
@@ -355,10 +365,7 @@ def main():
     )
     results["slow_kernel_ok"] = ok
 
-    print(
-        "\n%-10s %-14s %12s %12s %12s %5s  %s"
-        % ("size", "transport", "p50 µs", "min µs", "items/s", "bad", "B got it on")
-    )
+    _header()
     for shape in ("4KB", "5MB", "64MB", "sd"):
         for transport in transports:
             n = rounds[shape] if transport != "object store" or shape != "sd" else 3
@@ -378,18 +385,7 @@ def main():
         n = max(rounds[shape], 200) if shape == "4KB" else rounds[shape] * 5
         items = args.rate_items if shape == "4KB" else args.rate_items // 10
         for copy in (True, False) if shape == "4KB" else (True,):
-            ch, ack = gray.channel(a, b, device="cuda" if gpus else None), gray.channel(b, a)
-            rx = b.run_receiver.remote(ch, ack, n, items, copy)
-            secs = ray.get(a.run_sender.remote(ch, ack, shape, n, items))
-            lat, bad = ray.get(rx)
-            row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs}
-            row["bad"] = bad
-            what = "ray channel" if copy else "ray channel, get(copy=False)"
-            results["channel"]["%s/%s" % (shape, what)] = row
-            print(
-                "%-6s gpuring.ray.channel%s %10.1f µs %10.0f items/s bad %d"
-                % (shape, "" if copy else ", views", row["p50_us"], row["items_per_s"], bad)
-            )
+            _channel_row(a, b, shape, n, items, copy, "cuda" if gpus else None, results)
         ctx = mp.get_context("spawn")
         q, ackq = gpuring.Queue(device=0 if gpus else None), gpuring.Queue()
         out = ctx.Queue()

@@ -466,14 +466,13 @@ class GpuringTransport(TensorTransportManager):
             except Empty:
                 continue
             except CudaError as e:
-                # This process cannot take the result: tell the source, which would wait.
+                # This process cannot take the result (its GPU cannot reach the source's, or
+                # another CUDA failure): tell the source, which would wait.
                 _refuse_to_source(comm, obj_id)
-                if "cannot reach" not in str(e):  # (the text of DeviceMismatch)
-                    raise
-                # The source's GPU cannot be reached from this one (no peer access).
                 raise RuntimeError(
-                    "gpuring.ray: %s lives on GPU %s, which this actor's GPU cannot reach (%s): "
-                    'between such GPUs use tensor_transport="nccl"' % (obj_id, meta.device_uuid, e)
+                    "gpuring.ray: %s (on GPU %s) cannot be taken here: %s; between GPUs that "
+                    'cannot reach each other use tensor_transport="nccl"'
+                    % (obj_id, meta.device_uuid, e)
                 ) from e
             if got == obj_id:
                 break

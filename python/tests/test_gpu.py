@@ -145,37 +145,33 @@ def test_a_slow_kernel_before_send_is_waited_for_on_the_gpu(name, ready, rx_gpu)
     pickled channel; a receiver on GPU 1 gets views on GPU 1 of GPU 0's slot.)"""
     rounds = 4
     with torch.cuda.device(rx_gpu):
-        _slow_writes_read_in_order(name, ready, rx_gpu, rounds)
-
-
-def _slow_writes_read_in_order(name, ready, rx_gpu, rounds):
-    ch = gpuring.Channel.create(name, slots=1, slot_bytes=1 << 20, device=rx_gpu, ready=ready)
-    assert ch.ready == ready
-    rx = ch.receiver()
-    if rx_gpu == 0:
-        p = run(gpu_peers.send_after_slow_kernel, ch, 2 * rounds)
-    else:  # a sender on GPU 0: opened by name
-        p = run(gpu_peers.send_after_slow_kernel, name, 2 * rounds, ready)
-    stale = 0
-    elsewhere = torch.cuda.Stream()
-    for k in range(1, 2 * rounds + 1):
-        if k % 2:  # ordered: recv and torch.from_dlpack on torch's current stream
-            msg = rx.recv(timeout=60)
-            t = torch.from_dlpack(msg)
-            assert msg.device == rx_gpu and t.device == torch.device("cuda", rx_gpu)
-            assert int(t[0].item()) == k and int(t[-1].item()) == k
-        else:  # control: received onto another stream, read on this one without a wait
-            msg = rx.recv(timeout=60, stream=elsewhere)
-            t = torch.from_dlpack(msg.__dlpack__(stream=-1))
-            stale += int(t[0].item()) != k
-            torch.cuda.synchronize()  # before giving the slot back
-        del t
-        msg.release()
-    done(p)
-    if ready == "event":
-        assert stale > 0, "the control never saw stale values: the test could not tell"
-    else:
-        assert stale == 0, "%d reads on another stream saw a slot before its flag" % stale
+        ch = gpuring.Channel.create(name, slots=1, slot_bytes=1 << 20, device=rx_gpu, ready=ready)
+        assert ch.ready == ready
+        rx = ch.receiver()
+        if rx_gpu == 0:
+            p = run(gpu_peers.send_after_slow_kernel, ch, 2 * rounds)
+        else:  # a sender on GPU 0: opened by name
+            p = run(gpu_peers.send_after_slow_kernel, name, 2 * rounds, ready)
+        stale = 0
+        elsewhere = torch.cuda.Stream()
+        for k in range(1, 2 * rounds + 1):
+            if k % 2:  # ordered: recv and torch.from_dlpack on torch's current stream
+                msg = rx.recv(timeout=60)
+                t = torch.from_dlpack(msg)
+                assert msg.device == rx_gpu and t.device == torch.device("cuda", rx_gpu)
+                assert int(t[0].item()) == k and int(t[-1].item()) == k
+            else:  # control: received onto another stream, read on this one without a wait
+                msg = rx.recv(timeout=60, stream=elsewhere)
+                t = torch.from_dlpack(msg.__dlpack__(stream=-1))
+                stale += int(t[0].item()) != k
+                torch.cuda.synchronize()  # before giving the slot back
+            del t
+            msg.release()
+        done(p)
+        if ready == "event":
+            assert stale > 0, "the control never saw stale values: the test could not tell"
+        else:
+            assert stale == 0, "%d reads on another stream saw a slot before its flag" % stale
 
 
 @pytest.mark.parametrize("rx_gpu", RX_GPUS)
@@ -187,36 +183,36 @@ def test_a_slot_is_not_written_while_a_reader_still_reads_it(name, ready, rx_gpu
     the read (on GPU 1 where the receiver is there). Control: the same read on a stream
     the message knows nothing of sees message 2's values."""
     with torch.cuda.device(rx_gpu):
-        _reads_before_reuse(name, ready, rx_gpu)
-
-
-def _reads_before_reuse(name, ready, rx_gpu):
-    n = 1 << 16
-    ch = gpuring.Channel.create(name, slots=1, slot_bytes=4 * n, device=rx_gpu)
-    rx = ch.receiver()
-    p = run(gpu_peers.send_ones_then_twos, name, n, 4, ready)
-    side = torch.cuda.Stream()
-    overwritten = 0
-    for k in range(4):
-        msg = rx.recv(timeout=60)
-        t = torch.from_dlpack(msg)
-        if k % 2 == 0:  # ordered: the read is queued on the stream the view was made on
-            torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
-            s = t.sum()
-            del t
-            msg.release()
-            assert float(s.item()) == float(n * (k + 1)), "the slot was overwritten under a read"
-        else:  # control: read on another stream, unordered with the release
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+        n = 1 << 16
+        ch = gpuring.Channel.create(name, slots=1, slot_bytes=4 * n, device=rx_gpu)
+        rx = ch.receiver()
+        p = run(gpu_peers.send_ones_then_twos, name, n, 4, ready)
+        side = torch.cuda.Stream()
+        overwritten = 0
+        for k in range(4):
+            msg = rx.recv(timeout=60)
+            t = torch.from_dlpack(msg)
+            if k % 2 == 0:  # ordered: the read is queued on the stream the view was made on
                 torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
                 s = t.sum()
-            del t
-            msg.release()
-            side.synchronize()
-            overwritten += float(s.item()) != float(n * (k + 1))
-    done(p)
-    assert overwritten > 0, "the control's reads were never overwritten: the test could not tell"
+                del t
+                msg.release()
+                assert float(s.item()) == float(n * (k + 1)), (
+                    "the slot was overwritten under a read"
+                )
+            else:  # control: read on another stream, unordered with the release
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
+                    s = t.sum()
+                del t
+                msg.release()
+                side.synchronize()
+                overwritten += float(s.item()) != float(n * (k + 1))
+        done(p)
+        assert overwritten > 0, (
+            "the control's reads were never overwritten: the test could not tell"
+        )
 
 
 @pytest.mark.parametrize("ready", ["event", "flag"])

@@ -347,11 +347,11 @@ impl ImportedPool {
         IPC_OPENS.fetch_add(1, StdOrdering::Relaxed);
         // SAFETY: out-pointer valid; the handle bytes came from the pool segment (a
         // forged handle makes the driver fail, not us).
-        let opened = unsafe { sys::cuIpcOpenMemHandle_v2(&mut pool.base, handle, flags) };
-        if reach.is_none() && opened != sys::CUresult::CUDA_SUCCESS {
+        let rc = unsafe { sys::cuIpcOpenMemHandle_v2(&mut pool.base, handle, flags) };
+        if reach.is_none() && rc != sys::CUresult::CUDA_SUCCESS {
             return Err(mismatch);
         }
-        check("cuIpcOpenMemHandle", opened)?;
+        check("cuIpcOpenMemHandle", rc)?;
         let mut ready_handles = Vec::with_capacity(events.len());
         let opened = Arc::get_mut(&mut pool.events).expect("not shared yet");
         let done = events.iter().try_for_each(|slot| {
