@@ -12,11 +12,14 @@ thing it does) to B having read the value (the same clock in B), median over the
 items/s: rounds over the driver's wall time (each round a produce and a consume call).
 
 Channel rows: A puts ``(time, tensor)`` (one ``fill_`` first), B gets it (a copy, the
-default; at 4 KB also ``get(copy=False)``, views) and reads a value; one item in flight (B
-answers through a second channel) for the latency, then A puts ``--rate-items`` tensors
-back to back (a ``fill_`` each) while B gets each and runs a torch op on it, for items/s.
-The baseline row runs the same two loops in two processes started by ``multiprocessing``
-(spawn) over a ``gpuring.Queue``.
+default, or ``get(copy=False)``, views) and reads a value; one item in flight (B answers
+through a second channel) for the latency, then A puts ``--rate-items`` tensors back to
+back (a ``fill_`` each) while B gets each and runs a torch op on it, for items/s. At 4 KB
+the rows run ``--repeat`` times (medians printed at the end): the actors as Ray starts
+them (niceness 15), a pair started with ``gpuring.ray.runtime_env()`` (niceness 0), and,
+the baseline, the same two loops in two processes started by ``multiprocessing`` (spawn)
+over a ``gpuring.Queue``. ``--channel-only``: those rows alone. ``--load N``: N processes
+of normal priority keep a core busy each meanwhile (a node whose cores are busy).
 
 ``--two-gpus`` (a machine with two GPUs): the actors get a GPU each and see both
 (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``, each making its own current), the
@@ -191,12 +194,12 @@ def _proc_sender(q, ack, shape, rounds, rate_items, out, argv):
     out.put(_sender(q, ack, shape, rounds, rate_items))
 
 
-def _proc_receiver(q, ack, rounds, rate_items, out, argv, device=None):
+def _proc_receiver(q, ack, rounds, rate_items, out, argv, copy, device=None):
     _as_parent(argv)
     if device is not None:  # the getter on another GPU than the putter's slots
         torch.cuda.set_device(device)
         q = gpuring.Queue.open_or_create(q.name, device=device)
-    out.put(_receiver(q, ack, rounds, rate_items))
+    out.put(_receiver(q, ack, rounds, rate_items, copy))
 
 
 def _as_parent(argv):
@@ -256,7 +259,7 @@ def apart(args, rounds):
             try:
                 r = transfers(a, b, transport, shape, rounds[shape], warm=2, timeout=120)
             except Exception as e:
-                print("%-10s %-14s failed: %s" % (shape, transport, str(e)[:300]))
+                print("%-10s %-14s failed: %s" % (shape, transport, _why(e)))
                 continue
             results["transfers"]["%s/%s, apart" % (shape, transport)] = r
             _row(shape, transport + ", apart", r)
@@ -264,6 +267,30 @@ def apart(args, rounds):
     for copy in (True, False):
         _channel_row(a, b, "4KB", 200, args.rate_items, copy, "cuda", results, ", apart")
     _finish(args, results)
+
+
+def _burn():
+    """A process of normal priority that keeps a core busy (``--load``)."""
+    while True:
+        pass
+
+
+def _why(e):
+    """What a failed row says: the first line of Ray's error and its last (the cause)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return " ... ".join(lines[:1] + lines[-1:])[:400] if lines else type(e).__name__
+
+
+def _actors(share, see_all, nice):
+    """A producer and a consumer actor, each with ``share`` of a GPU; ``see_all``: both see
+    every GPU; ``nice``: started with gpuring.ray.runtime_env() (niceness 0)."""
+    env = SEE_ALL if see_all else None
+    if nice:
+        env = gray.runtime_env(env)
+    opts = {"num_gpus": share}
+    if env:
+        opts["runtime_env"] = env
+    return Producer.options(**opts).remote(), Consumer.options(**opts).remote()
 
 
 def _header():
@@ -280,17 +307,61 @@ def _channel_row(a, b, shape, n, items, copy, device, results, where=""):
     rx = b.run_receiver.remote(ch, ack, n, items, copy)
     secs = ray.get(a.run_sender.remote(ch, ack, shape, n, items))
     lat, bad = ray.get(rx)
-    row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs, "bad": bad}
     views = "" if copy else ", views"
-    results["channel"]["%s/ray channel%s%s" % (shape, where, views)] = row
+    _record(results, "%s/ray channel%s%s" % (shape, where, views), lat, items / secs, bad)
+
+
+def _plain_row(shape, n, items, copy, gpus, args, results, getter=()):
+    """The same two loops in two processes started by multiprocessing, over a
+    gpuring.Queue (``getter``: the getter's GPU, where it is another than the putter's)."""
+    ctx = mp.get_context("spawn")
+    q, ackq = gpuring.Queue(device=0 if gpus else None), gpuring.Queue()
+    out = ctx.Queue()
+    argv = ["--cpu"] if args.cpu else []
+    ps = ctx.Process(target=_proc_sender, args=(q, ackq, shape, n, items, out, argv))
+    pr = ctx.Process(target=_proc_receiver, args=(q, ackq, n, items, out, argv, copy) + getter)
+    pr.start()
+    ps.start()
+    got = [out.get(timeout=300), out.get(timeout=300)]
+    ps.join()
+    pr.join()
+    q.close()
+    ackq.close()
+    secs = next(g for g in got if isinstance(g, float))
+    lat, bad = next(g for g in got if not isinstance(g, float))
+    views = "" if copy else ", views"
+    _record(results, "%s/gpuring.Queue, 2 procs%s" % (shape, views), lat, items / secs, bad)
+
+
+def _record(results, key, lat, rate, bad):
+    """One channel row: printed, and added to the key's list of repeats."""
+    row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": rate, "bad": bad}
+    results["channel"].setdefault(key, []).append(row)
+    shape, what = key.split("/", 1)
     print(
-        "%-6s gpuring.ray.channel%s%s %10.1f µs %10.0f items/s bad %d"
-        % (shape, where, views, row["p50_us"], row["items_per_s"], bad)
+        "%-6s %-38s %8.1f µs %10.0f items/s bad %d"
+        % (shape, what, row["p50_us"], row["items_per_s"], bad)
     )
+    sys.stdout.flush()
 
 
 def _finish(args, results):
-    """Writes the JSON, ends Ray and says what is left in /dev/shm."""
+    """Prints the medians of repeated channel rows, writes the JSON, ends Ray and says what
+    is left in /dev/shm."""
+    repeated = {k: v for k, v in results["channel"].items() if len(v) > 1}
+    if repeated:
+        print("\nchannel rows, medians over %d repeats:" % max(map(len, repeated.values())))
+        for key, rows in repeated.items():
+            shape, what = key.split("/", 1)
+            print(
+                "%-6s %-38s %8.1f µs %10.0f items/s"
+                % (
+                    shape,
+                    what,
+                    statistics.median(r["p50_us"] for r in rows),
+                    statistics.median(r["items_per_s"] for r in rows),
+                )
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -324,6 +395,19 @@ def main():
     ap.add_argument("--rate-items", type=int, default=5000)
     ap.add_argument("--cpu", action="store_true", help="a dry run without a GPU")
     ap.add_argument(
+        "--repeat", type=int, default=1, help="runs of the 4 KB channel rows (medians at the end)"
+    )
+    ap.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="processes that keep a core busy each, at normal priority, during the 4 KB "
+        "channel rows (a node whose cores are busy)",
+    )
+    ap.add_argument(
+        "--channel-only", action="store_true", help="the 4 KB channel rows alone (no transfers)"
+    )
+    ap.add_argument(
         "--two-gpus",
         action="store_true",
         help="actors on two GPUs, each seeing both, against Ray's NCCL (and NCCL between "
@@ -344,9 +428,7 @@ def main():
     if args.apart:
         return apart(args, rounds)
     share = 1 if args.two_gpus else gpus / 2
-    env = {"runtime_env": SEE_ALL} if args.two_gpus else {}
-    a = Producer.options(num_gpus=share, **env).remote()
-    b = Consumer.options(num_gpus=share, **env).remote()
+    a, b = _actors(share, args.two_gpus, False)
     # Two GPUs: Ray's NCCL rows come last (below), with a timeout each.
     transports = ("gpuring", "object store") if args.two_gpus else ("gpuring", "cuda_ipc")
     transports += () if args.two_gpus else ("object store",)
@@ -366,13 +448,13 @@ def main():
     results["slow_kernel_ok"] = ok
 
     _header()
-    for shape in ("4KB", "5MB", "64MB", "sd"):
+    for shape in () if args.channel_only else ("4KB", "5MB", "64MB", "sd"):
         for transport in transports:
             n = rounds[shape] if transport != "object store" or shape != "sd" else 3
             try:
                 r = transfers(a, b, transport, shape, n, warm=2)
             except Exception as e:  # a transport that cannot do a row says so
-                print("%-10s %-14s failed: %s" % (shape, transport, str(e)[:200]))
+                print("%-10s %-14s failed: %s" % (shape, transport, _why(e)))
                 continue
             results["transfers"]["%s/%s" % (shape, transport)] = r
             _row(shape, transport, r)
@@ -381,35 +463,35 @@ def main():
     print(
         "\nchannel rows: one item in flight (p50 µs), then %d items back to back" % args.rate_items
     )
-    for shape in ("4KB", "5MB", "64MB"):
-        n = max(rounds[shape], 200) if shape == "4KB" else rounds[shape] * 5
-        items = args.rate_items if shape == "4KB" else args.rate_items // 10
-        for copy in (True, False) if shape == "4KB" else (True,):
-            _channel_row(a, b, shape, n, items, copy, "cuda" if gpus else None, results)
-        ctx = mp.get_context("spawn")
-        q, ackq = gpuring.Queue(device=0 if gpus else None), gpuring.Queue()
-        out = ctx.Queue()
-        argv = ["--cpu"] if args.cpu else []
-        ps = ctx.Process(target=_proc_sender, args=(q, ackq, shape, n, items, out, argv))
-        getter = (gpu_b,) if args.two_gpus else ()  # on B's GPU, as the channel's B
-        pr = ctx.Process(target=_proc_receiver, args=(q, ackq, n, items, out, argv) + getter)
-        pr.start()
-        ps.start()
-        got = [out.get(timeout=300), out.get(timeout=300)]
-        ps.join()
-        pr.join()
-        secs = next(g for g in got if isinstance(g, float))
-        lat, bad = next(g for g in got if not isinstance(g, float))
-        row = {"p50_us": statistics.median(lat) * 1e6, "items_per_s": items / secs, "bad": bad}
-        results["channel"]["%s/plain processes" % shape] = row
-        print(
-            "%-6s gpuring.Queue, 2 procs %8.1f µs %10.0f items/s bad %d"
-            % (shape, row["p50_us"], row["items_per_s"], bad)
-        )
-        q.close()
-        ackq.close()
-        sys.stdout.flush()
-    if args.two_gpus:
+    # 4 KB, --repeat times: the actors at Ray's niceness (15), a pair started with
+    # gpuring.ray.runtime_env() (niceness 0), and two plain processes; copies and views.
+    device = "cuda" if gpus else None
+    n4 = max(rounds["4KB"], 200)
+    burners = [mp.get_context("spawn").Process(target=_burn, daemon=True) for _ in range(args.load)]
+    for p in burners:
+        p.start()
+    getter = (gpu_b,) if args.two_gpus else ()  # on B's GPU, as the channel's B
+    for rep in range(args.repeat):
+        for nice in (False, True):
+            if rep or nice:
+                ray.kill(a)
+                ray.kill(b)
+                a, b = _actors(share, args.two_gpus, nice)
+            for copy in (True, False):
+                where = ", niceness 0" if nice else ""
+                _channel_row(a, b, "4KB", n4, args.rate_items, copy, device, results, where)
+        for copy in (True, False):
+            _plain_row("4KB", n4, args.rate_items, copy, gpus, args, results, getter)
+    for p in burners:
+        p.terminate()
+    ray.kill(a)
+    ray.kill(b)
+    a, b = _actors(share, args.two_gpus, False)
+    for shape in () if args.channel_only else ("5MB", "64MB"):
+        n, items = rounds[shape] * 5, args.rate_items // 10
+        _channel_row(a, b, shape, n, items, True, device, results)
+        _plain_row(shape, n, items, True, gpus, args, results, getter)
+    if args.two_gpus and not args.channel_only:
         from ray.experimental.collective import create_collective_group
 
         # Ray's NCCL between the same actors (each sees both GPUs), then between actors
@@ -428,7 +510,7 @@ def main():
                 try:
                     r = transfers(a, b, "nccl", shape, rounds[shape], warm=2, timeout=120)
                 except Exception as e:
-                    print("%-10s %-14s failed: %s" % (shape, what, str(e)[:200]))
+                    print("%-10s %-14s failed: %s" % (shape, what, _why(e)))
                     break
                 results["transfers"]["%s/%s" % (shape, what)] = r
                 _row(shape, what, r)

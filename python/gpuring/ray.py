@@ -37,6 +37,9 @@ method that needed its result as Ray's :class:`ray.exceptions.ActorDiedError` (r
 **Streaming channels.** :func:`channel` joins two actors with a queue they both use, with
 no Ray call per item: a :class:`gpuring.Queue` when they share a node, a
 ``ray.util.queue.Queue`` (Ray's object store, milliseconds an item) when they do not.
+Ray starts its workers at niceness 15; actors that stream through a channel keep up better
+at the niceness of the rest of the node: give them ``runtime_env=gpuring.ray.runtime_env()``
+(see :func:`runtime_env`).
 """
 
 import logging
@@ -61,6 +64,7 @@ __all__ = [
     "register",
     "channel",
     "ActorChannel",
+    "runtime_env",
     "stats",
     "cleanup",
     "GpuringTransport",
@@ -658,6 +662,29 @@ def channel(
         ray_queue = RayQueue(maxsize=maxsize)
     options = {"maxsize": maxsize, "slots": slots, "slot_bytes": slot_bytes, "large_slots": 2}
     return ActorChannel(name, device, same, ray_queue, options)
+
+
+def runtime_env(base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """A ``runtime_env`` for actors that stream through a :func:`channel`: ``base`` (not
+    changed) with ``RAY_worker_niceness=0`` added to its ``env_vars``::
+
+        @ray.remote(num_gpus=0.5, runtime_env=gpuring.ray.runtime_env())
+        class Producer: ...
+
+        Consumer.options(runtime_env=gpuring.ray.runtime_env({"pip": [...]})).remote()
+
+    Ray's workers lower their own priority to niceness 15 as they start (Ray's
+    ``worker_niceness``, so that busy workers yield to Ray's own processes); with this
+    variable they keep the raylet's niceness (no privilege needed: Ray's job supervisor
+    starts its actor this way). A channel's two ends at niceness 15 moved 4 KB CUDA tensors
+    markedly slower than at niceness 0 on an otherwise idle machine (docs/BENCHMARKS.md,
+    "Ray actors"). Ray's processes then share the CPU with these actors on equal terms:
+    give it to the actors that stream, not to every actor."""
+    env = dict(base or {})
+    env_vars = dict(env.get("env_vars") or {})
+    env_vars["RAY_worker_niceness"] = "0"
+    env["env_vars"] = env_vars
+    return env
 
 
 _made = [0]

@@ -87,6 +87,9 @@ class Consumer:
     def stats(self):
         return gray.stats()
 
+    def niceness(self):
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
     def get_many(self, ch, count, n):
         bad = 0
         for k in range(count):
@@ -241,6 +244,32 @@ def test_a_channel_on_one_node_streams_through_gpuring(cluster):
     ps, cs = ray.get([p.stats.remote(), c.stats.remote()])
     assert ps["channel_puts"] == count and cs["channel_gets"] == count
     assert ps["channel_puts_across"] == 0 and cs["channel_gets_across"] == 0
+
+
+def test_streaming_actors_keep_the_nodes_niceness(cluster):
+    # Ray's workers renice themselves to 15; gpuring.ray.runtime_env() keeps them at the
+    # raylet's (this process's, which started it), and a channel between two such actors
+    # streams as any other.
+    here = os.getpriority(os.PRIO_PROCESS, 0)
+    env = gray.runtime_env()
+    p = Producer.options(resources=NODE_A, runtime_env=env).remote()
+    c = Consumer.options(resources=NODE_A, runtime_env=env).remote()
+    default = Consumer.options(resources=NODE_A).remote()
+    assert ray.get(default.niceness.remote()) == min(here + 15, 19)
+    assert ray.get(c.niceness.remote()) == here
+    ch = gray.channel(p, c)
+    sent = p.put_many.remote(ch, 500, 64)
+    assert ray.get(c.get_many.remote(ch, 500, 64), timeout=120) == 0
+    assert ray.get(sent) == 500
+
+
+def test_runtime_env_adds_the_variable_and_keeps_the_rest():
+    base = {"env_vars": {"A": "1"}, "pip": ["x"]}
+    env = gray.runtime_env(base)
+    assert env == {"env_vars": {"A": "1", "RAY_worker_niceness": "0"}, "pip": ["x"]}
+    assert base == {"env_vars": {"A": "1"}, "pip": ["x"]}  # not changed
+    assert gray.runtime_env() == {"env_vars": {"RAY_worker_niceness": "0"}}
+    assert gray.runtime_env({"env_vars": None}) == {"env_vars": {"RAY_worker_niceness": "0"}}
 
 
 def test_a_channel_across_nodes_goes_through_ray(cluster):
