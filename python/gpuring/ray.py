@@ -37,9 +37,8 @@ method that needed its result as Ray's :class:`ray.exceptions.ActorDiedError` (r
 **Streaming channels.** :func:`channel` joins two actors with a queue they both use, with
 no Ray call per item: a :class:`gpuring.Queue` when they share a node, a
 ``ray.util.queue.Queue`` (Ray's object store, milliseconds an item) when they do not.
-Ray starts its workers at niceness 15; actors that stream through a channel keep up better
-at the niceness of the rest of the node: give them ``runtime_env=gpuring.ray.runtime_env()``
-(see :func:`runtime_env`).
+Ray starts its workers at niceness 15; on a node whose cores are all busy, give actors that
+stream ``runtime_env=gpuring.ray.runtime_env()`` (see :func:`runtime_env`).
 """
 
 import logging
@@ -647,7 +646,8 @@ def channel(
     memory, ``device="cuda"`` (or an ordinal) in slots on each putter's GPU (``"cuda"``:
     the GPU Ray gave the actor; a getter on another GPU gets its copies there). Across nodes,
     a ``ray.util.queue.Queue`` (made here) carries them, and the first use warns.
-    ``maxsize``, ``slots``, ``slot_bytes``: as for :class:`gpuring.Queue`."""
+    ``maxsize``, ``slots``, ``slot_bytes``: as for :class:`gpuring.Queue`. On a node whose
+    cores are all busy, start both actors with ``runtime_env=`` :func:`runtime_env`."""
     same = _node_of(a) == _node_of(b)
     name = "%s%s-%s-ch%d" % (
         _PREFIX,
@@ -676,10 +676,12 @@ def runtime_env(base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     Ray's workers lower their own priority to niceness 15 as they start (Ray's
     ``worker_niceness``, so that busy workers yield to Ray's own processes); with this
     variable they keep the raylet's niceness (no privilege needed: Ray's job supervisor
-    starts its actor this way). A channel's two ends at niceness 15 moved 4 KB CUDA tensors
-    markedly slower than at niceness 0 on an otherwise idle machine (docs/BENCHMARKS.md,
-    "Ray actors"). Ray's processes then share the CPU with these actors on equal terms:
-    give it to the actors that stream, not to every actor."""
+    starts its actor this way). On a node whose every core is busy with work of normal
+    priority, a channel's two ends at niceness 15 get a small share of the CPU and stream
+    many times slower than at niceness 0; with cores to spare it makes no consistent
+    difference (docs/RAY.md, "Actors that stream, on a busy node"). Ray's processes then
+    share the CPU with these actors on equal terms: give it to the actors that stream, not
+    to every actor."""
     env = dict(base or {})
     env_vars = dict(env.get("env_vars") or {})
     env_vars["RAY_worker_niceness"] = "0"
