@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use gpuring::CudaError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 
 use crate::gather::Gather;
 
@@ -149,11 +150,16 @@ static CURRENT_STREAM: PyOnceLock<(Py<PyAny>, bool)> = PyOnceLock::new();
 
 /// torch's module, if the program imported it (gpuring never imports torch).
 pub(crate) fn torch_module<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-    module(py, "torch")
+    module(py, intern!(py, "torch"))
 }
 
 /// Module `name`, if the program imported it (a look in `sys.modules`: nothing imported).
-pub(crate) fn module<'py>(py: Python<'py>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+/// `name` an interned string (`intern!`): this runs per tensor, and a `&str` would make a
+/// Python string each time.
+pub(crate) fn module<'py>(
+    py: Python<'py>,
+    name: &Bound<'py, PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     let modules = SYS_MODULES.get_or_try_init(py, || {
         py.import("sys")?
             .getattr("modules")?
