@@ -484,14 +484,17 @@ def main():
             _plain_row("4KB", n4, args.rate_items, copy, gpus, args, results, getter)
     for p in burners:
         p.terminate()
+    if args.channel_only:
+        return _finish(args, results)
+    # The rows below run between actors as Ray starts them.
     ray.kill(a)
     ray.kill(b)
     a, b = _actors(share, args.two_gpus, False)
-    for shape in () if args.channel_only else ("5MB", "64MB"):
+    for shape in ("5MB", "64MB"):
         n, items = rounds[shape] * 5, args.rate_items // 10
         _channel_row(a, b, shape, n, items, True, device, results)
         _plain_row(shape, n, items, True, gpus, args, results, getter)
-    if args.two_gpus and not args.channel_only:
+    if args.two_gpus:
         from ray.experimental.collective import create_collective_group
 
         # Ray's NCCL between the same actors (each sees both GPUs), then between actors
