@@ -260,11 +260,11 @@ case $what in
     done
     mps_off
     ;;
-  trees)  # objects through the package in one call: the Python suite (no MPS), then under
-    # MPS the objects bench (--quick) and the one-process steps of object_steps.py
-    timeout 170 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
+  trees)  # objects through the package in one call: the Python suite (no MPS, ~200 s), then
+    # under MPS the objects bench (--quick) and the one-process steps of object_steps.py
+    timeout 230 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
     grep -E "passed|failed|SKIPPED|left in" "$out/py.log"
-    OUT=$out timeout 320 bash scripts/python-gpu.sh run objects --mps --quick > "$out/objects-mps.log" 2>&1
+    OUT=$out timeout 300 bash scripts/python-gpu.sh run objects --mps --quick > "$out/objects-mps.log" 2>&1
     echo "== objects bench, MPS (exit $?)"; cat "$out/objects-mps.log"
     timeout 60 bash scripts/python-gpu.sh run steps --mps --n 2000 > "$out/steps-mps.log" 2>&1
     echo "== object_steps, MPS (exit $?)"; cat "$out/steps-mps.log"
@@ -277,12 +277,12 @@ case $what in
     timeout 60 bash scripts/python-gpu.sh run steps "" --n 2000 > "$out/steps.log" 2>&1
     echo "== steps, no MPS, one process (exit $?)"; cat "$out/steps.log"
     ;;
-  qsteps)  # the Python suite (no MPS), then python/bench/queue_steps.py (the Queue's way
-    # from a plain channel, step by step) under MPS and, at 4 KB, without
-    timeout 170 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
+  qsteps)  # the Python suite (no MPS, ~200 s), then python/bench/queue_steps.py (the Queue's
+    # way from a plain channel, step by step) under MPS and, at 4 KB, without
+    timeout 230 bash scripts/python-gpu.sh run tests > "$out/py.log" 2>&1; echo "python exit $?"
     grep -E "passed|failed|SKIPPED|left in" "$out/py.log"
     mps_on
-    timeout 200 /opt/torch/.venv/bin/python3 python/bench/queue_steps.py --n 800 \
+    timeout 180 /opt/torch/.venv/bin/python3 python/bench/queue_steps.py --n 800 \
       --json "$out/qsteps-mps.json" 2>&1 | tee "$out/qsteps-mps.txt"
     mps_off
     timeout 150 /opt/torch/.venv/bin/python3 python/bench/queue_steps.py --n 400 --sizes 4096 \
@@ -351,7 +351,8 @@ case $what in
     # "1 2 3"); unpinned (N + 1 processes: eight spinning receivers pinned to six CPUs
     # time-slice, 4 ms a turn). The filter is a list of substrings (benches/common `selected`).
     unset GPURING_BENCH_CPUS
-    rows='fanout_4KB_to_1/gpuring_spsc|fanout_4KB_to_1/gpuring_broadcast|fanout_4KB_to_8/gpuring_broadcast'
+    # ROWS overrides the rows (the same substring list).
+    rows=${ROWS:-'fanout_4KB_to_1/gpuring_spsc|fanout_4KB_to_1/gpuring_broadcast|fanout_4KB_to_8/gpuring_broadcast'}
     for r in ${ROUNDS:-1 2 3}; do
       for b in before after; do
         [ $b = before ] && bin=.gpu/before/bench-fanout || bin=.gpu/bin/bench-fanout

@@ -45,7 +45,7 @@ fi
 
 rc=0
 if [ "$part" = tests ] || [ "$part" = all ]; then
-  $PY -m pytest -q -rs python/tests || rc=1
+  $PY -m pytest -q -rs --durations=12 python/tests || rc=1
   left=$(ls /dev/shm | grep -c gpuring || true)
   echo "gpuring objects left in /dev/shm: $left"
 fi

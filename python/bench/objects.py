@@ -223,6 +223,12 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--rust", help="examples/handoff.rs built (.gpu/bin/example-handoff)")
     ap.add_argument("--shapes", default="tensor,tuple,dict10,state")
+    ap.add_argument("--sizes", help="tensor rows' sizes, e.g. '4 KB' (default: all three)")
+    ap.add_argument(
+        "--rows",
+        help="only these rows of each shape, e.g. 'gpuring,gpuring copy=False' (the "
+        "comparisons with torch's Queue need its row)",
+    )
     args = ap.parse_args()
     if args.rust is None and os.path.exists(".gpu/bin/example-handoff"):
         args.rust = ".gpu/bin/example-handoff"
@@ -234,11 +240,15 @@ def main():
     plan += [("tuple", "4 KB", 4 << 10), ("dict10", "10 x 4 KB", 4 << 10)]
     plan += [("state", "300 tensors, 511 MB", 0)]
     plan = [p for p in plan if p[0] in shapes]
+    if args.sizes:
+        plan = [p for p in plan if p[0] != "tensor" or p[1] in args.sizes.split(",")]
     results = []
     for shape, label, size in plan:
         hows = ["Rust API"] if shape == "tensor" and args.rust else []
         hows += ["channel", "channel .torch()"] if shape == "tensor" else []
         hows += ["gpuring", "gpuring copy=False", "torch Queue", "torch SimpleQueue"]
+        if args.rows:
+            hows = [h for h in hows if h in args.rows.split(",")]
         base = None
         for how in hows:
             if how == "Rust API":
@@ -254,6 +264,8 @@ def main():
                 % (shape, label, how, r["p50_us"], r["p99_us"], r["items_per_s"]),
                 flush=True,
             )
+        if base is None or "gpuring" not in hows or "gpuring copy=False" not in hows:
+            continue
         g = next(
             r
             for r in results
