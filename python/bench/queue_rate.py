@@ -15,6 +15,9 @@ in one run:
 - ``torch Queue``: ``torch.multiprocessing.Queue(maxsize=8)`` (CUDA IPC handles of a pool
   of 16 tensors that the producer fills in turn);
 - ``Queue.get()``: ``gpuring.Queue(device=0)`` with its defaults (``get`` copies);
+- ``Queue.get() prefetch=4``: ``gpuring.Queue(device=0, prefetch=4)``: a ``get`` that finds
+  tensors waiting behind its item copies up to four in one launch and hands the others
+  out next;
 - ``Queue, timeout=60``: the same with ``put(x, timeout=60)`` / ``get(timeout=60)``;
 - ``Queue.get(copy=False)``: zero-copy views (the slot goes back when the view is freed);
 - ``Channel: send + torch()``: a channel's ``tx.send(t)`` / ``rx.recv()`` +
@@ -43,6 +46,7 @@ WINDOW = 500  # items a rate window holds
 ROWS = [
     "torch Queue",
     "Queue.get()",
+    "Queue.get() prefetch=4",
     "Queue timeout=60",
     "Queue.get(copy=False)",
     "Channel: send + torch()",
@@ -148,6 +152,8 @@ def run(row, size, n):
         name = "queue-rate-%d" % time.monotonic_ns()
         ch = gpuring.Channel.create(name, device=0)
         q = None
+    elif row == "Queue.get() prefetch=4":
+        q = gpuring.Queue(device=0, prefetch=4)
     else:
         q = gpuring.Queue(device=0)
     out_tx, out_rx, done = ctx.Queue(), ctx.Queue(), ctx.Event()

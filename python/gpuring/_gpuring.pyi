@@ -11,6 +11,7 @@ from typing_extensions import TypeAlias
 __all__ = [
     "SLOT_HEADER_SIZE",
     "torch_views",
+    "copies",
     "Channel",
     "Sender",
     "Lease",
@@ -76,6 +77,11 @@ def clean(prefix: str, queued: bool = False, dry_run: bool = False) -> list[Tupl
 
 def torch_views(base: Any, parts: list[Tuple[int, Any, Any]]) -> list[Any]:
     """Torch tensors viewing ``parts`` (byte offset, dtype, shape) of tensor ``base``."""
+
+def copies(msgs: Sequence[Message]) -> list[Any]:
+    """Torch copies of the payloads of GPU messages (received on torch's current stream),
+    made by one kernel launch: views of one new allocation of torch's current stream;
+    release the messages after."""
 
 @final
 class Channel:
@@ -297,6 +303,9 @@ class Receiver:
 
     def recv(self, timeout: Optional[float] = None, stream: _StreamLike = None) -> Message:
         """Receives a message: a zero-copy view of the sender's slot."""
+
+    def recv_ready(self, max: int) -> list[Message]:
+        """The messages already waiting, up to ``max``, taken without waiting."""
 
     def __iter__(self) -> Iterator[Message]: ...
     def __next__(self) -> Message: ...

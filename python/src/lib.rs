@@ -87,6 +87,7 @@ fn _gpuring(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     m.add_function(wrap_pyfunction!(clean, m)?)?;
     m.add_function(wrap_pyfunction!(receiver::torch_views, m)?)?;
+    m.add_function(wrap_pyfunction!(receiver::copies, m)?)?;
     m.add("MAX_DIMS", gpuring::MAX_DIMS)?;
     m.add("SLOT_HEADER_SIZE", gpuring::SLOT_HEADER_SIZE)?;
     errors::register(m)?;

@@ -108,6 +108,30 @@ fn recv_slice<B: Backend>(
     }
 }
 
+/// One step of a receive on any receiver (see [`recv_slice`]); `stream`: for GPU and pinned
+/// receivers, their device and the stream the message is received on (or whose work the
+/// slot's return follows).
+fn step_any(
+    rx: &mut AnyReceiver,
+    stream: Option<&(&Arc<Gpu>, Arc<CudaStream>)>,
+    slice: Option<Duration>,
+    again: bool,
+) -> Option<Result<AnyMessage, RecvFailed>> {
+    match (rx, stream) {
+        (AnyReceiver::Host(r), _) => recv_slice(r, slice, again).map(|r| r.map(AnyMessage::Host)),
+        (AnyReceiver::Pinned(r), Some((_, s))) => recv_slice(r, slice, again).map(|r| {
+            r.map(|m| AnyMessage::Pinned(PinnedMessage { msg: Some(m), after: s.clone() }))
+        }),
+        (AnyReceiver::Cuda(r), Some((g, s))) => {
+            if r.cuda_stream().cu_stream() != s.cu_stream() {
+                r.set_cuda_stream(s);
+            }
+            recv_slice(r, slice, again).map(|r| r.map(|m| AnyMessage::Cuda(m, Arc::clone(g))))
+        }
+        (_, None) => unreachable!("a GPU or pinned receiver has its device"),
+    }
+}
+
 /// The receiving end of a channel. Safe to share between threads; iterating over it
 /// receives until every sender has left and everything was received.
 #[pyclass(module = "gpuring._gpuring", name = "Receiver", frozen)]
@@ -116,6 +140,9 @@ pub(crate) struct PyReceiver {
     /// GPU channels: the channel's device; pinned host channels: the device whose streams
     /// order the slots' return (read without the receiver's lock).
     gpu: Option<Arc<Gpu>>,
+    /// An error a [`recv_ready`](PyReceiver::recv_ready) met after it had taken messages:
+    /// raised by the next receive instead (a dropped descriptor is reported once).
+    stash: Mutex<Option<RecvFailed>>,
 }
 
 impl PyReceiver {
@@ -137,7 +164,8 @@ impl PyReceiver {
             AnyChannel::Host(_) => None,
             AnyChannel::Pinned(_, g) | AnyChannel::Cuda(_, g) => Some(g.clone()),
         };
-        Ok(PyReceiver { rx: Mutex::new(Some(Arc::new(Mutex::new(rx)))), gpu })
+        let rx = Mutex::new(Some(Arc::new(Mutex::new(rx))));
+        Ok(PyReceiver { rx, gpu, stash: Mutex::new(None) })
     }
 
     fn get(&self, py: Python<'_>) -> PyResult<Arc<Mutex<AnyReceiver>>> {
@@ -152,6 +180,9 @@ impl PyReceiver {
         timeout: Option<f64>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Result<PyMessage, RecvFailed>> {
+        if let Some(failed) = self.stash.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            return Ok(Err(failed));
+        }
         let until = Until::new(py, timeout)?;
         let rx = self.get(py)?;
         // The stream the message is received on (GPU channels), or the one the slot's
@@ -162,23 +193,7 @@ impl PyReceiver {
         };
         let step = |(), slice: Option<Duration>, again: bool| {
             let Some(mut guard) = lock_for(&rx, slice) else { return Step::Again(()) };
-            let got = match (&mut *guard, &stream) {
-                (AnyReceiver::Host(r), _) => {
-                    recv_slice(r, slice, again).map(|r| r.map(AnyMessage::Host))
-                }
-                (AnyReceiver::Pinned(r), Some((_, s))) => recv_slice(r, slice, again).map(|r| {
-                    r.map(|m| AnyMessage::Pinned(PinnedMessage { msg: Some(m), after: s.clone() }))
-                }),
-                (AnyReceiver::Cuda(r), Some((g, s))) => {
-                    if r.cuda_stream().cu_stream() != s.cu_stream() {
-                        r.set_cuda_stream(s);
-                    }
-                    recv_slice(r, slice, again)
-                        .map(|r| r.map(|m| AnyMessage::Cuda(m, Arc::clone(g))))
-                }
-                (_, None) => unreachable!("a GPU or pinned receiver has its device"),
-            };
-            got.map_or(Step::Again(()), Step::Done)
+            step_any(&mut guard, stream.as_ref(), slice, again).map_or(Step::Again(()), Step::Done)
         };
         Ok(match wait(py, until, (), step)? {
             Ok(r) => r.map(PyMessage::new),
@@ -217,6 +232,48 @@ impl PyReceiver {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyMessage> {
         self.receive(py, timeout, stream)?.map_err(|e| e.raised.into_err(py))
+    }
+
+    /// The messages already waiting in the channel, up to ``max``, taken without waiting
+    /// (an empty list when there are none): what a consumer that has fallen behind a
+    /// stream takes in one call, each as :meth:`recv` would return it (GPU channels:
+    /// received on torch's current stream). It stops at the first receive that gives no
+    /// message; an error there is raised now if it took none, else by the next receive.
+    fn recv_ready(&self, py: Python<'_>, max: usize) -> PyResult<Vec<PyMessage>> {
+        if let Some(failed) = self.stash.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            return Err(failed.raised.into_err(py));
+        }
+        let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
+        let rx = self.get(py)?;
+        let stream = match &self.gpu {
+            None => None,
+            Some(g) => Some((g, g.stream(gpu::current_stream(py, g.ordinal)?))),
+        };
+        // Another thread's receive holds the receiver: what waits is that one's.
+        let Some(mut guard) = lock_for(&rx, None) else { return Ok(out) };
+        let failed = loop {
+            if out.len() == max {
+                break None;
+            }
+            let got = step_any(&mut guard, stream.as_ref(), None, false);
+            match got {
+                None => break None,
+                Some(Ok(m)) => out.push(PyMessage::new(m)),
+                Some(Err(e)) => break Some(e),
+            }
+        };
+        drop(guard);
+        match failed {
+            Some(e) if out.is_empty() => Err(e.raised.into_err(py)),
+            Some(e) => {
+                *self.stash.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                Ok(out)
+            }
+            None => Ok(out),
+        }
     }
 
     fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -316,6 +373,101 @@ pub(crate) fn torch_views<'py>(
     };
     let owner = base.clone().unbind();
     views_at(py, (ptr, len, place), parts, &|| Box::new(owner.clone_ref(py)))
+}
+
+/// Where each payload starts in the allocation [`copies`] makes: every part 16-byte
+/// aligned (the gather kernel's wide copies) and at a whole number of elements of any
+/// dtype.
+const COPY_ALIGN: u64 = 256;
+
+/// Copies of the payloads of the GPU messages ``msgs`` (of one receiver, received on
+/// torch's current stream), made by one kernel launch: torch tensors with each message's
+/// dtype, shape and strides, views of one new allocation on the receiving device made on
+/// torch's current stream (torch's rules for memory of a stream apply to them: use
+/// ``record_stream`` to read one on another stream). The messages stay held: release
+/// them once the copies are made (their slots then go back after the copy, which their
+/// streams are made to follow). How a ``Queue`` getter that fell behind copies several
+/// items at the cost of one GPU submission. Raises ``Closed`` (a message released),
+/// ``DTypeError`` (a host message, or messages of two devices), ``CudaError``.
+#[pyfunction]
+pub(crate) fn copies<'py>(
+    py: Python<'py>,
+    msgs: Vec<Bound<'py, PyMessage>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let mut held = Vec::with_capacity(msgs.len());
+    let mut gpu: Option<Arc<Gpu>> = None;
+    let mut total = 0u64;
+    for m in &msgs {
+        let this = m.get();
+        let h = this.held.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let h = h.ok_or_else(|| closed(py, "message (released)"))?;
+        let AnyMessage::Cuda(_, g) = &h.0 else {
+            return Err(raise(py, Class::DTypeError, "copies() takes GPU messages"));
+        };
+        if gpu.as_ref().is_some_and(|have| have.ordinal != g.ordinal) {
+            return Err(raise(py, Class::DTypeError, "copies() takes messages of one device"));
+        }
+        gpu.get_or_insert_with(|| g.clone());
+        let off = total.div_ceil(COPY_ALIGN) * COPY_ALIGN;
+        total = off + this.meta.nbytes();
+        held.push((h, off));
+    }
+    let out = PyList::empty(py);
+    let Some(g) = gpu else { return Ok(out) };
+    let torch = py.import(intern!(py, "torch"))?;
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item(intern!(py, "dtype"), torch.getattr(intern!(py, "uint8"))?)?;
+    kwargs.set_item(intern!(py, "device"), g.ordinal)?;
+    // A whole number of COPY_ALIGN units: viewable as any dtype.
+    let size = total.div_ceil(COPY_ALIGN).max(1) * COPY_ALIGN;
+    let block = torch.getattr(intern!(py, "empty"))?.call((size,), Some(&kwargs))?;
+    let base: u64 = block.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    let stream = g.stream(gpu::current_stream(py, g.ordinal)?);
+    let mut parts = Vec::with_capacity(held.len());
+    for (h, off) in &held {
+        let AnyMessage::Cuda(m, _) = &h.0 else { unreachable!("checked above") };
+        // A message received on another stream: ours waits for what that one was told to.
+        g.join(&stream, m.cuda_stream()).map_err(|e| e.err(py))?;
+        let n = m.meta().nbytes();
+        if n > 0 {
+            parts.push((m.device_ptr(), base + off, n));
+        }
+    }
+    if !g.gather(&parts, &stream).map_err(|e| e.err(py))? {
+        for &(src, dst, n) in &parts {
+            g.copy(gpu::Dir::DeviceToDevice, dst, src, n as usize, &stream)
+                .map_err(|e| e.err(py))?;
+        }
+    }
+    // The messages' slots go back in the order of their own streams: those wait for ours.
+    for (h, _) in &held {
+        let AnyMessage::Cuda(m, _) = &h.0 else { unreachable!("checked above") };
+        g.join(m.cuda_stream(), &stream).map_err(|e| e.err(py))?;
+    }
+    // torch's own views of the block (not DLPack imports): they share its storage, so
+    // `record_stream` on one reaches the allocator's block.
+    let mut typed: Vec<(gpuring::DType, Bound<'py, PyAny>)> = Vec::new();
+    for (m, (_, off)) in msgs.iter().zip(&held) {
+        let meta = &m.get().meta;
+        let dtype = meta.dtype();
+        let whole = match typed.iter().find(|(d, _)| *d == dtype) {
+            Some((_, t)) => t.clone(),
+            None => {
+                let name = pyo3::types::PyString::intern(py, dtypes::name(dtype));
+                let t = block.call_method1(intern!(py, "view"), (torch.getattr(name)?,))?;
+                typed.push((dtype, t.clone()));
+                t
+            }
+        };
+        let strides = PyTuple::new(py, meta.strides())?;
+        let at = off / dtype.itemsize();
+        let view = whole.call_method1(
+            intern!(py, "as_strided"),
+            (dtypes::shape_tuple(py, meta)?, strides, at),
+        )?;
+        out.append(view)?;
+    }
+    Ok(out)
 }
 
 /// `gpuring._objects.load`, looked up once.

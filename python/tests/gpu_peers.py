@@ -69,6 +69,25 @@ def put_tensors(q, count):
     torch.cuda.synchronize()
 
 
+def put_tensors_then_wait(q, count, until):
+    """``put_tensors``, then alive (its slots with it) until the event ``until`` is set."""
+    put_tensors(q, count)
+    until.wait(120)
+
+
+def put_after_slow_kernels(q, count, until, mixed=False):
+    """Item i is ``expected(i)`` written after a slow kernel (the put's copy queued behind
+    it, not waited for); with ``mixed``, every third item a dict holding it instead. Then
+    alive (its slots with it) until the event ``until`` is set."""
+    for i in range(count):
+        x = torch.zeros(4096, device="cuda")
+        torch.cuda._sleep(SLOW_CYCLES // 8)
+        x.copy_(expected(i))
+        q.put({"i": i, "t": x} if mixed and i % 3 == 2 else x)
+    torch.cuda.synchronize()
+    until.wait(120)
+
+
 def send_pinned_after_slow_kernel(name, count, took):
     """Into a pinned host channel: each 54 MB CUDA tensor is written after a slow kernel,
     and `send` queues one asynchronous copy into the slot and returns (the descriptor is

@@ -239,6 +239,96 @@ def test_queue_of_cuda_tensors_between_processes(name):
     q.close()
 
 
+def _until_queued(q, n, within=60.0):
+    """Waits until ``n`` items wait in ``q``."""
+    import time
+
+    end = time.monotonic() + within
+    while q.qsize() < n:
+        assert time.monotonic() < end, "the putter did not queue %d items" % n
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("ready", ["event", "flag"])
+def test_a_prefetching_getter_copies_what_waits_and_hands_it_out_in_order(name, ready):
+    """``prefetch=4``: a get that finds tensors waiting behind its item copies them with
+    its own (one launch) and hands them out next. Each item was written after a slow
+    kernel: every copy is ordered after its item's writes (with events, on the GPU), and
+    the values come in the order put, mixed with dicts (taken one by one)."""
+    count = 30
+    q = gpuring.Queue(name, device=0, slots=16, prefetch=4, ready=ready)
+    gone = spawn.Event()
+    p = run(gpu_peers.put_after_slow_kernels, q, count, gone, True)
+    _until_queued(q, 8)
+    took_ahead = 0
+    for i in range(count):
+        item = q.get(timeout=60)
+        took_ahead = max(took_ahead, len(q._ahead))
+        if i % 3 == 2:
+            assert item["i"] == i
+            item = item["t"]
+        assert item.is_cuda and torch.equal(item, gpu_peers.expected(i)), i
+    gone.set()
+    done(p)
+    assert took_ahead > 0, "no get found items waiting: the test did not prefetch"
+    assert q.qsize() == 0 and not q._ahead
+    q.close()
+
+
+def test_a_prefetched_item_taken_on_another_stream_waits_for_its_copy(name):
+    """The copies of items taken ahead are queued on the stream current at the first get;
+    a later get on another stream waits for them on the GPU: a slow kernel queued on the
+    first stream before that get delays the copies, and the reads on the second stream
+    still see every value."""
+    q = gpuring.Queue(name, device=0, slots=16, prefetch=4)
+    gone = spawn.Event()
+    p = run(gpu_peers.put_tensors_then_wait, q, 8, gone)
+    _until_queued(q, 8)
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(first):
+        # Memory of the size the copies take, poisoned and freed on this stream: the
+        # caching allocator hands it to them, so a read that does not wait sees -1.
+        torch.full((4 * 16384 // 4,), -1.0, device="cuda")
+        torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
+        a = q.get(timeout=60)
+        assert len(q._ahead) == 3
+    with torch.cuda.stream(second):
+        rest = [q.get(timeout=60) for _ in range(3)]
+        sums = [float(t.sum().item()) for t in rest]
+    assert torch.equal(a, gpu_peers.expected(0))
+    assert sums == [float(gpu_peers.expected(i).sum().item()) for i in range(1, 4)]
+    for i in range(4, 8):
+        assert torch.equal(q.get(timeout=60), gpu_peers.expected(i))
+    gone.set()
+    done(p)
+    q.close()
+
+
+def test_copies_of_several_messages_in_one_call(name):
+    """``gpuring.copies(msgs)``: tensors of each message's shape and dtype, each the
+    receiver's own (the slots go back once the messages are released)."""
+    ch = gpuring.Channel.create(name, slots=4, slot_bytes=1 << 16, device=0)
+    tx, rx = ch.sender(), ch.receiver()
+    sent = [
+        torch.arange(100, dtype=torch.int32, device="cuda"),
+        torch.full((3, 5), 2.5, dtype=torch.float64, device="cuda"),
+        torch.ones(7, dtype=torch.bfloat16, device="cuda"),
+    ]
+    for t in sent:
+        tx.send(t)
+    msgs = [rx.recv(timeout=10)] + rx.recv_ready(8)
+    assert len(msgs) == 3 and rx.recv_ready(8) == []
+    made = gpuring.copies(msgs)
+    for m in msgs:
+        m.release()
+    assert tx.free_slots == 4
+    for t, c in zip(sent, made):
+        assert c.dtype == t.dtype and c.shape == t.shape and torch.equal(c, t)
+        # torch's own views of one allocation (record_stream reaches it)
+        assert c.untyped_storage().data_ptr() == made[0].untyped_storage().data_ptr()
+    assert gpuring.copies([]) == []
+
+
 def test_host_and_device_tensors_cross_into_the_other_kind_of_channel(name):
     gpu = gpuring.Channel.create(name, slots=1, slot_bytes=4096, device=0)
     tx, rx = gpu.sender(), gpu.receiver()

@@ -1104,3 +1104,55 @@ def test_a_putter_adds_pools_only_for_items_kept_not_for_items_queued(name):
     assert len(q._txs.all) == 2
     assert [int(first[0]), int(second[0]), int(q.get(timeout=5)[0])] == [0, 1, 2]
     q.close()
+
+
+def test_recv_ready_takes_what_waits_without_waiting(name):
+    ch = gpuring.Channel.create(name, slots=8, slot_bytes=4096)
+    tx, rx = ch.sender(), ch.receiver()
+    for i in range(5):
+        tx.send(np.full(16, i, dtype=np.int64))
+    first = rx.recv_ready(3)
+    assert [int(np.from_dlpack(m)[0]) for m in first] == [0, 1, 2]
+    rest = rx.recv_ready(10)
+    assert [int(np.from_dlpack(m)[0]) for m in rest] == [3, 4]
+    assert rx.recv_ready(10) == [] and rx.recv_ready(0) == []
+    for m in first + rest:
+        m.release()
+    assert tx.free_slots == 8
+    tx.send(np.zeros(1))
+    with rx.recv(timeout=5) as m, pytest.raises(gpuring.DTypeError, match="GPU messages"):
+        gpuring.copies([m])
+    tx.close()
+    # What a take-ahead meets after messages is raised by the next receive, once.
+    gc.collect()
+    with pytest.raises(gpuring.Disconnected):
+        rx.recv_ready(4)
+    ch.close()
+
+
+def test_an_end_met_after_messages_taken_ahead_is_raised_by_the_next_receive(name):
+    ch = gpuring.Channel.create(name, slots=8, slot_bytes=4096)
+    tx, rx = ch.sender(), ch.receiver()
+    for i in range(2):
+        tx.send(np.full(4, i))
+    tx.close()
+    got = rx.recv_ready(8)
+    assert len(got) == 2
+    with pytest.raises(gpuring.Disconnected):
+        rx.recv(timeout=5)
+    del got
+    assert list(rx) == []  # the iteration ends there too
+    ch.close()
+
+
+def test_queue_prefetch_is_checked_and_host_items_come_one_by_one(name):
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="prefetch"):
+            gpuring.Queue(name + "-bad", prefetch=bad)
+    q = gpuring.Queue(name, prefetch=4)
+    for i in range(6):
+        q.put(np.full(8, i) if i % 2 else {"i": i})
+    got = [q.get(timeout=5) for _ in range(6)]
+    assert [int(g[0]) if i % 2 else g["i"] for i, g in enumerate(got)] == list(range(6))
+    assert not q._ahead  # take-ahead copies GPU tensors only
+    q.close()
