@@ -240,10 +240,11 @@ class Queue:
     already wait behind it and copies the run of GPU tensors among them with its own, in
     one kernel launch; the next ``get`` calls hand them out, in order, without waiting.
     A getter that has fallen behind a stream so pays one GPU submission for several
-    items (some 5-8 µs of CPU each under MPS). Items taken ahead stay the queue's until
-    handed out (a getter killed holding them leaves them to another getter) and count in
-    ``qsize()``; with several getters, one that takes ahead leaves the others less to
-    take.
+    items (some 5-8 µs of CPU each under MPS). Items taken ahead count in ``qsize()``
+    and stay the queue's while this process lives (a getter killed holding them leaves
+    them to another getter), but they are dropped if this process closes the queue (or
+    exits) before ``get`` hands them out: use it where one getter takes the stream to its
+    end. With several getters, one that takes ahead leaves the others less to take.
 
     As with torch's queue, the other side may come and go: ``get`` waits (polling every
     few ms) while no process is putting, and ``put`` while every getter has left.
