@@ -320,8 +320,8 @@ pub use channel::{
     AcquireError, AcquireTimeoutError, Backend, Channel, ChannelBuilder, ChannelError, Flavor,
     HeaderTooLarge, Host, HostMemory, Lease, MAX_CHANNEL_NAME, Message, PART_ALIGN, Part,
     PartError, PartsWriter, PoolError, PoolInfo, PoolState, Receiver, RecvError, RecvTimeoutError,
-    SendError, SendTimeoutError, Sender, TryAcquireError, TryRecvError, TrySendError, select,
-    select_deadline, select_timeout, try_select,
+    RequeueError, SendError, SendTimeoutError, Sender, TryAcquireError, TryRecvError, TrySendError,
+    select, select_deadline, select_timeout, try_select,
 };
 #[cfg(all(feature = "async", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]

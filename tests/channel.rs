@@ -135,6 +135,81 @@ fn spsc_round_trip_in_one_process() {
     assert_eq!(pools[0].name, tx.pool_name()[1..]);
 }
 
+/// Sends messages tagged `tags`, 64 bytes each filled by `fill` with the tag as key.
+fn send_tagged(tx: &gpuring::Sender, tags: std::ops::Range<u64>) {
+    for t in tags {
+        let mut lease = tx.acquire_timeout(LIMIT).unwrap();
+        fill(&mut lease[..64], t);
+        lease.set_tag(t);
+        tx.send(lease, TensorMeta::bytes(64)).unwrap();
+    }
+}
+
+#[test]
+fn a_requeued_message_comes_back_first_marked_and_whole() {
+    let name = unique_name("ch-requeue");
+    let ch = Channel::builder(&name).mpmc().capacity(8).slots(6, 4096).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let (a, b) = (ch.receiver().unwrap(), ch.receiver().unwrap());
+    send_tagged(&tx, 0..5);
+    let taken: Vec<_> = (0..3).map(|_| a.recv_timeout(LIMIT).unwrap()).collect();
+    assert_eq!(taken.iter().map(|m| m.tag()).collect::<Vec<_>>(), [0, 1, 2]);
+    assert!(taken.iter().all(|m| !m.redelivered()));
+    // `a` keeps message 0 and gives 1 and 2 back; `b`, which took nothing yet, gets them
+    // before what is queued (3, 4), marked, and their bytes as sent.
+    let mut taken = taken.into_iter();
+    let kept = taken.next().unwrap();
+    for m in taken {
+        a.requeue(m).unwrap();
+    }
+    assert_eq!(tx.free_slots(), 1, "the given back messages still hold their slots");
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let m = b.recv_timeout(LIMIT).unwrap();
+        assert_eq!(first_bad(&m[..64], m.tag()), None, "message {}", m.tag());
+        got.push((m.tag(), m.redelivered()));
+    }
+    assert_eq!(got, [(1, true), (2, true), (3, false), (4, false)]);
+    assert!(matches!(a.try_recv(), Err(TryRecvError::Empty)), "each delivered again once");
+    drop(kept);
+    assert_eq!(tx.free_slots(), 6, "every slot back once the messages went");
+
+    // The receiver that gave a message back may take it again itself.
+    send_tagged(&tx, 5..6);
+    let m = a.recv_timeout(LIMIT).unwrap();
+    a.requeue(m).unwrap();
+    let m = a.recv_timeout(LIMIT).unwrap();
+    assert_eq!((m.tag(), m.redelivered()), (5, true));
+    drop(m);
+
+    // Another receiver's message: refused, and given back intact.
+    send_tagged(&tx, 6..7);
+    let m = b.recv_timeout(LIMIT).unwrap();
+    let m = match a.requeue(m) {
+        Err(gpuring::RequeueError::NotReceivedHere(m)) => *m,
+        other => panic!("expected NotReceivedHere, got {other:?}"),
+    };
+    assert_eq!(m.tag(), 6);
+    drop(m);
+    assert_eq!(tx.free_slots(), 6);
+}
+
+#[test]
+fn a_channel_that_does_not_deliver_again_refuses_a_requeue() {
+    let name = unique_name("ch-requeue-off");
+    let ch = Channel::builder(&name).redeliver(false).slots(2, 4096).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let rx = ch.receiver().unwrap();
+    send_tagged(&tx, 0..1);
+    let m = rx.recv_timeout(LIMIT).unwrap();
+    let err = rx.requeue(m).unwrap_err();
+    assert!(err.to_string().contains("does not deliver messages again"), "{err}");
+    let m = err.into_message();
+    assert_eq!(tx.free_slots(), 1, "still held");
+    drop(m);
+    assert_eq!(tx.free_slots(), 2);
+}
+
 #[test]
 fn leases_back_pressure_and_errors() {
     let name = unique_name("ch-err");

@@ -307,6 +307,10 @@ class Receiver:
     def recv_ready(self, max: int) -> list[Message]:
         """The messages already waiting, up to ``max``, taken without waiting."""
 
+    def requeue(self, msg: Message) -> None:
+        """Puts ``msg`` (received here, no views alive) back in the channel: the next
+        receive of any receiver gets it first, marked ``redelivered``."""
+
     def __iter__(self) -> Iterator[Message]: ...
     def __next__(self) -> Message: ...
     def close(self) -> None: ...

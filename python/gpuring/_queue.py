@@ -6,6 +6,7 @@ import secrets
 import sys
 import threading
 import time
+from multiprocessing import util
 from typing import Any, Optional
 
 from . import _objects
@@ -119,6 +120,19 @@ def _prefetch_count(n):
     if not isinstance(n, int) or n < 1:
         raise ValueError("prefetch must be an int of at least 1, not %r" % (n,))
     return n
+
+
+def _give_back(ahead, rx):
+    """Puts the messages a getter took ahead (``prefetch``) back in the queue's channel,
+    first in line for the next get of any getter (the queue's close, or this process's
+    exit: a ``multiprocessing.util.Finalize``). One that cannot go back is released
+    (dropped)."""
+    while ahead:
+        _, msg, _, _ = ahead.popleft()
+        try:
+            rx.requeue(msg)
+        except Error:
+            msg.release()
 
 
 def _current_stream(device):
@@ -241,10 +255,10 @@ class Queue:
     one kernel launch; the next ``get`` calls hand them out, in order, without waiting.
     A getter that has fallen behind a stream so pays one GPU submission for several
     items (some 5-8 µs of CPU each under MPS). Items taken ahead count in ``qsize()``
-    and stay the queue's while this process lives (a getter killed holding them leaves
-    them to another getter), but they are dropped if this process closes the queue (or
-    exits) before ``get`` hands them out: use it where one getter takes the stream to its
-    end. With several getters, one that takes ahead leaves the others less to take.
+    and stay the queue's: a getter that closes the queue (or exits, or is killed) before
+    ``get`` hands them out leaves them to the next ``get`` of any getter, first in line
+    (:meth:`gpuring.Receiver.requeue`). With several getters, one that takes ahead
+    leaves the others less to take meanwhile.
 
     As with torch's queue, the other side may come and go: ``get`` waits (polling every
     few ms) while no process is putting, and ``put`` while every getter has left.
@@ -337,8 +351,10 @@ class Queue:
         self._big_rx = {}  # name -> _Big: putters' large-item channels, opened here
         # Items a get took ahead (`prefetch`), in order: (copy, message, stream, device),
         # the message held until its item is handed out; (None, message, ...) for one not
-        # yet unpacked.
+        # yet unpacked. Given back by `close` or at exit (`_give_back`, registered at the
+        # first take-ahead).
         self._ahead = collections.deque()
+        self._ahead_back = None
 
     def __getstate__(self):
         return {
@@ -365,7 +381,7 @@ class Queue:
         """In a forked child, leaves what the parent made to the parent (its lock too, which
         the fork may have copied held) and starts afresh; then the lock."""
         if self._gen != _forks[0]:
-            _inherited.append((self._ch, self._txs, self._rx, self._big, self._big_rx))
+            _inherited.append((self._ch, self._txs, self._rx, self._big, self._big_rx, self._ahead))
             self._init_local()
         return self._lock
 
@@ -591,6 +607,13 @@ class Queue:
             run.append(m)
         rest = more[len(run) - 1 :]
         device = first.device
+        if self._ahead_back is None:
+            # Not lost if this process closes the queue, or exits, before handing them out:
+            # multiprocessing's finalizers run at the exit of its children too (which end
+            # in os._exit, past atexit), and at the main process's.
+            self._ahead_back = util.Finalize(
+                self, _give_back, args=(self._ahead, self._rx), exitpriority=10
+            )
         try:
             made = copies(run)
         except BaseException:
@@ -659,6 +682,9 @@ class Queue:
         it open and nothing is queued)."""
         with self._lock:
             if self._gen == _forks[0]:
+                if self._ahead_back is not None:
+                    self._ahead_back()  # what was taken ahead goes back first
+                    self._ahead_back = None
                 bigs = list(self._big.values()) + list(self._big_rx.values())
                 ends = [self._txs, self._rx, self._ch] + [b.end for b in bigs]
                 for end in ends + [b.ch for b in bigs]:

@@ -126,6 +126,15 @@ pub(crate) fn raise(py: Python<'_>, class: Class, msg: impl Display) -> PyErr {
     Raised::new(class, msg).into_err(py)
 }
 
+impl<B: gpuring::Backend> ClassOf for gpuring::RequeueError<B> {
+    fn class(&self) -> Class {
+        match self {
+            gpuring::RequeueError::Device(..) => Class::CudaError,
+            _ => Class::ConfigError,
+        }
+    }
+}
+
 /// The class that stands for a Rust error.
 pub(crate) trait ClassOf: Display {
     fn class(&self) -> Class;

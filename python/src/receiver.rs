@@ -290,6 +290,67 @@ impl PyReceiver {
         }
     }
 
+    /// Puts ``msg``, a message this receiver received, back in the channel as if this
+    /// receiver had died holding it: the next receive of any receiver of the channel
+    /// (this one too) gets it before what is queued, with ``redelivered`` true. GPU
+    /// channels: waits for the reads queued on the message's stream first. ``msg`` is
+    /// released here. Raises ``BufferError`` while views of it are alive, ``ConfigError``
+    /// on a channel made with ``redeliver=False`` (or a broadcast one) or for another
+    /// receiver's message (nothing changes then), ``Closed`` for a released message.
+    fn requeue(&self, py: Python<'_>, msg: &Bound<'_, PyMessage>) -> PyResult<()> {
+        let rx = self.get(py)?;
+        let m = msg.get();
+        // Taken out under the message's lock, which is not held past this (another thread
+        // may wait for it with the GIL while this one waits without).
+        let held = {
+            let mut slot = m.held.lock().unwrap_or_else(PoisonError::into_inner);
+            let held = slot.take().ok_or_else(|| closed(py, "message (released)"))?;
+            match Arc::try_unwrap(held) {
+                Ok(h) => h,
+                Err(held) => {
+                    *slot = Some(held);
+                    let why = "the message has views in use: free them before requeue()";
+                    return Err(pyo3::exceptions::PyBufferError::new_err(why));
+                }
+            }
+        };
+        let Held(any) = held;
+        // Without the GIL: a receive of another thread holds the receiver for a slice at
+        // most, and a GPU message waits for its stream.
+        let back = py.detach(move || {
+            let mut guard = rx.lock().unwrap_or_else(PoisonError::into_inner);
+            match (&mut *guard, any) {
+                (AnyReceiver::Host(r), AnyMessage::Host(m)) => r
+                    .requeue(m)
+                    .map_err(|e| Box::new((e.raised(), AnyMessage::Host(e.into_message())))),
+                (AnyReceiver::Cuda(r), AnyMessage::Cuda(m, g)) => r
+                    .requeue(m)
+                    .map_err(|e| Box::new((e.raised(), AnyMessage::Cuda(e.into_message(), g)))),
+                (AnyReceiver::Pinned(r), AnyMessage::Pinned(mut p)) => {
+                    let after = p.after.clone();
+                    let m = p.msg.take().expect("taken only here and by drop");
+                    r.requeue(m).map_err(|e| {
+                        let raised = e.raised();
+                        let msg = Some(e.into_message());
+                        Box::new((raised, AnyMessage::Pinned(PinnedMessage { msg, after })))
+                    })
+                }
+                (_, any) => {
+                    let why = "the message was received by another receiver";
+                    Err(Box::new((Raised::new(Class::ConfigError, why), any)))
+                }
+            }
+        });
+        match back {
+            Ok(()) => Ok(()),
+            Err(failed) => {
+                let (raised, any) = *failed;
+                *m.held.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(Held(any)));
+                Err(raised.into_err(py))
+            }
+        }
+    }
+
     /// Leaves the channel (messages already received stay valid). Further calls raise
     /// ``Closed``.
     fn close(&self) {

@@ -215,3 +215,13 @@ def put_kept(q, count, finished):
     torch.cuda.synchronize()
     assert finished.wait(120)
     q.close()
+
+
+def get_one_taking_ahead(q, took, close):
+    """One ``get`` of ``q`` (made with ``prefetch``), reporting the item's first value and
+    how many items it took ahead; then ``q.close()`` (or not) and exit: what it took ahead
+    goes back to the queue either way."""
+    x = q.get(timeout=60)
+    took.put((float(x[0].item()), len(q._ahead)))
+    if close:
+        q.close()

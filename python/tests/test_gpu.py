@@ -304,6 +304,31 @@ def test_a_prefetched_item_taken_on_another_stream_waits_for_its_copy(name):
     q.close()
 
 
+@pytest.mark.parametrize("close", [True, False], ids=["close", "exit"])
+def test_what_a_getter_took_ahead_goes_back_when_it_closes_or_exits(name, close):
+    """A getter process with ``prefetch=4`` takes one item and three ahead, then closes
+    the queue (or just exits): the three go back (``Receiver.requeue``), and the next
+    getter gets every other item, in order, none lost or twice."""
+    count = 8
+    q = gpuring.Queue(name, device=0, slots=16, prefetch=4)
+    gone = spawn.Event()
+    p = run(gpu_peers.put_tensors_then_wait, q, count, gone)
+    _until_queued(q, count)
+    took = spawn.Queue()
+    g = run(gpu_peers.get_one_taking_ahead, q, took, close)
+    first, ahead = took.get(timeout=120)
+    done(g)
+    assert (first, ahead) == (float(gpu_peers.expected(0)[0]), 3)
+    rest = [q.get(timeout=60) for _ in range(count - 1)]
+    for i, x in enumerate(rest, 1):
+        assert torch.equal(x, gpu_peers.expected(i)), i
+    with pytest.raises(gpuring.Empty):
+        q.get(timeout=0.2)
+    gone.set()
+    done(p)
+    q.close()
+
+
 def test_copies_of_several_messages_in_one_call(name):
     """``gpuring.copies(msgs)``: tensors of each message's shape and dtype, each the
     receiver's own (the slots go back once the messages are released)."""

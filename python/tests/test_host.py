@@ -1156,3 +1156,49 @@ def test_queue_prefetch_is_checked_and_host_items_come_one_by_one(name):
     assert [int(g[0]) if i % 2 else g["i"] for i, g in enumerate(got)] == list(range(6))
     assert not q._ahead  # take-ahead copies GPU tensors only
     q.close()
+
+
+def test_a_requeued_message_goes_to_the_next_receive_first_marked(name):
+    ch = gpuring.Channel.create(name, slots=8, slot_bytes=4096, mpmc=True)
+    tx, a, b = ch.sender(), ch.receiver(), ch.receiver()
+    for i in range(4):
+        tx.send(np.full(16, i, dtype=np.int64))
+    first, second = a.recv(timeout=5), a.recv(timeout=5)
+    view = np.from_dlpack(second)
+    with pytest.raises(BufferError, match="views"):
+        a.requeue(second)  # a view of it is alive: nothing changes
+    assert not second.released
+    del view
+    a.requeue(second)
+    a.requeue(first)
+    assert first.released and second.released
+    # b gets them before what is queued (in slot order), marked, values whole.
+    got = []
+    for _ in range(4):
+        with b.recv(timeout=5) as m:
+            got.append((int(np.from_dlpack(m)[0]), m.redelivered))
+    assert got == [(0, True), (1, True), (2, False), (3, False)]
+    assert tx.free_slots == 8
+    # Another receiver's message: refused, still held by it.
+    tx.send(np.zeros(4))
+    m = b.recv(timeout=5)
+    with pytest.raises(gpuring.ConfigError, match="another receiver"):
+        a.requeue(m)
+    assert not m.released
+    m.release()
+    with pytest.raises(gpuring.Closed):
+        a.requeue(m)
+    ch.close()
+
+
+def test_a_channel_without_redelivery_refuses_a_requeue(name):
+    ch = gpuring.Channel.create(name, slots=2, slot_bytes=4096, redeliver=False)
+    tx, rx = ch.sender(), ch.receiver()
+    tx.send(np.ones(4))
+    m = rx.recv(timeout=5)
+    with pytest.raises(gpuring.ConfigError, match="does not deliver messages again"):
+        rx.requeue(m)
+    assert not m.released and tx.free_slots == 1
+    m.release()
+    assert tx.free_slots == 2
+    ch.close()

@@ -164,6 +164,15 @@ pub(crate) mod sealed {
             drop(hold);
         }
 
+        /// A message about to be put back in its channel (`Receiver::requeue`): waits
+        /// until this receiver's reads of the slot are done, and makes the slot's drop
+        /// signal nothing (the receiver that takes the message over signals the slot's
+        /// release after its own reads). Host memory: nothing to wait for.
+        fn settle(slot: &mut Self::MessageSlot) -> Result<(), Self::Error> {
+            let _ = slot;
+            Ok(())
+        }
+
         /// A receiver that imported this pool is being dropped.
         fn receiver_gone(imported: &Self::Imported) {
             let _ = imported;

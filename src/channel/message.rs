@@ -215,3 +215,53 @@ impl<B: HostMemory> Deref for Message<B> {
         unsafe { std::slice::from_raw_parts(slot.ptr.as_ptr(), slot.len) }
     }
 }
+
+/// Why [`Receiver::requeue`](crate::Receiver::requeue) did not put a message back in its
+/// channel; each variant gives the message back, held as before (boxed: a message is
+/// some 600 bytes, and this is no hot path).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RequeueError<B: Backend = Host> {
+    /// The channel does not deliver messages again: made with
+    /// [`redeliver(false)`](crate::ChannelBuilder::redeliver), or a broadcast channel
+    /// (where each receiver has a delivery of its own).
+    NoRedelivery(Box<Message<B>>),
+    /// The message was received by another receiver: put it back through that one.
+    NotReceivedHere(Box<Message<B>>),
+    /// GPU channels: waiting for this receiver's reads of the slot failed.
+    Device(Box<Message<B>>, B::Error),
+}
+
+impl<B: Backend> RequeueError<B> {
+    /// The message, still held by this receiver.
+    pub fn into_message(self) -> Message<B> {
+        match self {
+            RequeueError::NoRedelivery(m)
+            | RequeueError::NotReceivedHere(m)
+            | RequeueError::Device(m, _) => *m,
+        }
+    }
+}
+
+impl<B: Backend> core::fmt::Display for RequeueError<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RequeueError::NoRedelivery(_) => f.write_str(
+                "the channel does not deliver messages again (redeliver(false), or broadcast)",
+            ),
+            RequeueError::NotReceivedHere(_) => {
+                f.write_str("the message was received by another receiver")
+            }
+            RequeueError::Device(_, e) => e.fmt(f),
+        }
+    }
+}
+
+impl<B: Backend> std::error::Error for RequeueError<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RequeueError::Device(_, e) => e.source(),
+            _ => None,
+        }
+    }
+}

@@ -57,7 +57,7 @@ pub use error::{
     SendError, SendTimeoutError, TryAcquireError, TryRecvError, TrySendError,
 };
 pub use lease::{HeaderTooLarge, Lease};
-pub use message::Message;
+pub use message::{Message, RequeueError};
 pub use parts::{PART_ALIGN, Part, PartError, PartsWriter};
 #[cfg(feature = "async")]
 pub use receiver::Messages;

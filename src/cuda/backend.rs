@@ -304,6 +304,10 @@ impl Backend for Cuda {
         slot.release(hold);
     }
 
+    fn settle(slot: &mut DeviceRead) -> Result<(), CudaError> {
+        slot.settle()
+    }
+
     fn receiver_gone(device: &Arc<ImportedPool>) {
         // Broadcast holds queued on streams go first (up to 5 s), so that their functions
         // do not hold the last reference to the pool.

@@ -497,6 +497,15 @@ impl DeviceRead {
         }
     }
 
+    /// Waits for the reads queued on the message's stream, and makes the drop signal
+    /// nothing: for a message put back in its channel, whose next receiver signals the
+    /// slot's release after its own reads.
+    pub(super) fn settle(&mut self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        self.after = AfterReads::Nothing;
+        Ok(())
+    }
+
     /// Gives up `hold`, a broadcast message's, once this receiver's reads queued on the
     /// message's stream are done: now if they are, else from a lane's function (no thread
     /// blocked); waits for them where neither can be known or enqueued (a failed driver

@@ -366,6 +366,29 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         self.give_back(held, self.held_state())
     }
 
+    /// Gives up a slot this endpoint holds, unreturned, for another receiver to take over
+    /// as it takes over a dead receiver's ([`adopt`](Self::adopt)): HELD by nobody (party
+    /// 0, which names no entry, so every look finds it gone). False when this endpoint
+    /// does not hold it. For a message put back in its channel (`Receiver::requeue`);
+    /// shared-memory pools only (a heap pool's own identity is 0 already).
+    pub fn give_up(&self, held: SlotRef) -> bool {
+        let Some(record) = self.records.get(held.slot as usize) else {
+            return false;
+        };
+        // Release: pairs with the AcqRel CAS of `adopt`: the slot's bytes and its sent
+        // copy, which this endpoint acquired when it took the slot, reach the adopter.
+        // Relaxed on failure: nothing is read on the strength of it.
+        record
+            .state
+            .compare_exchange(
+                pack(held.generation, self.held_state()),
+                pack(held.generation, by(HELD, 0)),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
     /// This endpoint's identity in the free ring (0 for heap pools, which watch nobody).
     fn me(&self) -> u32 {
         self.free_rx.storage().watch().id().unwrap_or(0)

@@ -6,6 +6,7 @@
 use super::{CachedPool, Receiver, Taken};
 use crate::channel::backend::Backend;
 use crate::channel::error::{RecvTimeoutError, corrupt};
+use crate::channel::{Message, RequeueError};
 use crate::descriptor::Descriptor;
 use crate::pool::{PoolSegment, SlotHold};
 use std::sync::Arc;
@@ -15,6 +16,57 @@ use std::sync::Arc;
 type Refused<B> = (Option<Arc<PoolSegment>>, RecvTimeoutError<B>);
 
 impl<B: Backend> Receiver<B> {
+    /// Puts `msg`, received by this receiver, back in the channel, as if this receiver had
+    /// died holding it: the next receive of any receiver of the channel (this one
+    /// included) takes it before what is queued, marked
+    /// [`redelivered`](Message::redelivered). For a consumer that took more than it will
+    /// handle (a batch taken ahead, a shutdown): what it gives back is not lost. Waits for
+    /// this receiver's reads of the slot first (GPU channels: the message's stream).
+    /// Needs a channel that delivers messages again (the default).
+    ///
+    /// ```
+    /// # let _made = gpuring::internal::doc_channel("doc-receiver-requeue", 2)?;
+    /// let ch = gpuring::Channel::builder("doc-receiver-requeue").open()?;
+    /// let rx = ch.receiver()?;
+    /// let first = rx.recv()?;
+    /// let seq = first.seq();
+    /// rx.requeue(first)?; // not handled after all
+    /// let again = rx.recv()?;
+    /// assert_eq!(again.seq(), seq);
+    /// assert!(again.redelivered());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Each gives the message back ([`RequeueError::into_message`]):
+    /// [`NoRedelivery`](RequeueError::NoRedelivery) on a channel made with
+    /// `redeliver(false)` or a broadcast channel;
+    /// [`NotReceivedHere`](RequeueError::NotReceivedHere) for another receiver's message;
+    /// [`Device`](RequeueError::Device) when the wait for the reads failed.
+    pub fn requeue(&self, mut msg: Message<B>) -> Result<(), RequeueError<B>> {
+        if !self.channel.redeliver || msg.hold.shared.is_some() {
+            return Err(RequeueError::NoRedelivery(Box::new(msg)));
+        }
+        let ours =
+            self.pools.borrow().iter().flatten().any(|p| Arc::ptr_eq(&p.seg, &msg.hold.pool));
+        if !ours || msg.hold.pool.inherited() {
+            return Err(RequeueError::NotReceivedHere(Box::new(msg)));
+        }
+        if let Err(e) = B::settle(&mut msg.slot) {
+            return Err(RequeueError::Device(Box::new(msg), e));
+        }
+        let (slot, hold) = msg.into_parts();
+        drop(slot); // settled: signals nothing
+        // Held by nobody now: a look for messages to deliver again adopts it. The hold's
+        // drop then finds the slot no longer ours and gives nothing back.
+        let given = hold.pool.core.give_up(hold.held);
+        debug_assert!(given, "a message's slot is held by its receiver");
+        drop(hold);
+        self.channel.note_orphans();
+        Ok(())
+    }
+
     /// Closes the pool table entries of senders that died (`ChannelSegment::close_dead_owners_but`:
     /// one lock probe per live entry, but none for a pool mapped here whose owner word says
     /// its sender lives or died): their pools are closed (device pools retired: what is
