@@ -1037,6 +1037,63 @@ fn redelivery_takes_a_dead_receivers_message_over_once() {
     });
 }
 
+/// A live receiver (identity 2) takes a message and gives it back (`give_up`, what
+/// `Receiver::requeue` does: HELD by party 0, which names nobody and so is gone) while two
+/// other receivers (identities 3 and 4) look for messages to take over: at most one takes
+/// it, reading what the sender wrote; if neither found it, a later look does. The one that
+/// gave it back cannot return it too, and its taker's return frees the slot once.
+#[test]
+fn a_message_given_back_is_taken_over_once() {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    builder(3).check(|| {
+        let mut pools = parties::pool(&[1, 2, 3, 4], 1 << 0).into_iter();
+        let (sender, giver) = (pools.next().unwrap(), pools.next().unwrap());
+        let bytes = Arc::new(UnsafeCell::new(0u64));
+        let writer = {
+            let bytes = bytes.clone();
+            thread::spawn(move || {
+                let lease = sender.try_lease().unwrap().expect("the slot is free");
+                // SAFETY: the lease makes the sender the slot's only user.
+                bytes.with_mut(|p| unsafe { *p = 7 });
+                sender.mark_sent(lease);
+                let held = giver.receive(0, u64::from(lease.generation)).expect("a sent slot");
+                assert!(giver.give_up(held), "held by the giver");
+                assert!(!giver.release(held), "given back: no longer the giver's to return");
+                (sender, held)
+            })
+        };
+        let takers: Vec<_> = pools
+            .map(|pool| {
+                let bytes = bytes.clone();
+                thread::spawn(move || {
+                    let held = pool.adopt(|_| true, |_, _| false);
+                    if held.is_some() {
+                        // SAFETY: `adopt` made this receiver the slot's only holder.
+                        assert_eq!(bytes.with(|p| unsafe { *p }), 7, "what the sender wrote");
+                    }
+                    (pool, held)
+                })
+            })
+            .collect();
+        let (sender, given) = writer.join().unwrap();
+        let looked: Vec<_> = takers.into_iter().map(|t| t.join().unwrap()).collect();
+        let taken: Vec<usize> = (0..2).filter(|&i| looked[i].1.is_some()).collect();
+        assert!(taken.len() <= 1, "taken over once");
+        let (who, held) = match taken.first() {
+            Some(&i) => (i, looked[i].1.unwrap()),
+            None => {
+                let held = looked[0].0.adopt(|_| true, |_, _| false);
+                (0, held.expect("the message given back is still there"))
+            }
+        };
+        assert_eq!(held, given, "the same slot and generation");
+        assert!(looked[who].0.release(held), "returned once");
+        assert_eq!(sender.free_slots(), 1, "the slot is free again");
+        assert!(looked[1 - who].0.adopt(|_| true, |_, _| false).is_none(), "nothing left");
+    });
+}
+
 /// A receiver (identity 2, gone) took a slot and died before its descriptor left the ring;
 /// a live receiver pops that descriptor and takes the slot over (`receive`), then moves the
 /// ring on, while another looks for messages to deliver again (`adopt`, which checks that
