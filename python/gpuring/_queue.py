@@ -129,6 +129,8 @@ def _give_back(ahead, rx):
     (dropped)."""
     while ahead:
         _, msg, _, _ = ahead.popleft()
+        if msg is None:
+            continue  # an error met taking ahead
         try:
             rx.requeue(msg)
         except Error:
@@ -351,8 +353,9 @@ class Queue:
         self._big_rx = {}  # name -> _Big: putters' large-item channels, opened here
         # Items a get took ahead (`prefetch`), in order: (copy, message, stream, device),
         # the message held until its item is handed out; (None, message, ...) for one not
-        # yet unpacked. Given back by `close` or at exit (`_give_back`, registered at the
-        # first take-ahead).
+        # yet unpacked; (error, None, ...) for an error met taking ahead, raised in its
+        # turn. Given back by `close` or at exit (`_give_back`, registered at the first
+        # take-ahead).
         self._ahead = collections.deque()
         self._ahead_back = None
 
@@ -587,7 +590,15 @@ class Queue:
         ``prefetch``, a GPU tensor's copy made together with those of the tensors already
         waiting behind it, which this getter hands out next."""
         if self._prefetch > 1 and copy and msg.tag == _TORCH and msg.device is not None:
-            more = self._rx.recv_ready(self._prefetch - 1)
+            try:
+                more = self._rx.recv_ready(self._prefetch - 1)
+            except (Disconnected, PeerDead):
+                more = []  # nothing waits behind it (the next get sees the same)
+            except Error as e:
+                # Met after this item: this get returns the item, the get that reaches the
+                # error raises it.
+                self._ahead.append((e, None, 0, 0))
+                more = []
             if more:
                 return self._take_ahead(msg, more)
         if msg.tag != _BIG:
@@ -617,9 +628,9 @@ class Queue:
         try:
             made = copies(run)
         except BaseException:
-            # The others are still this getter's to hand out, one by one.
+            # Every one still this getter's to hand out, one by one, `first` first.
+            self._ahead.appendleft((None, first, 0, 0))
             self._ahead.extend((None, m, 0, 0) for m in more)
-            first.release()
             raise
         stream = _current_stream(device)
         self._ahead.extend((t, m, stream, device) for t, m in zip(made[1:], run[1:]))
@@ -630,6 +641,8 @@ class Queue:
     def _hand_out(self, copy):
         """The next item taken ahead."""
         made, msg, stream, device = self._ahead.popleft()
+        if msg is None:
+            raise made  # an error the take-ahead met after the items before it
         if made is None:
             return self._take(msg, copy)
         if _current_stream(device) != stream:
@@ -666,7 +679,7 @@ class Queue:
     def qsize(self) -> int:
         """Items put and not yet taken, now (a snapshot, as ``multiprocessing``'s)."""
         with self._here():
-            return len(self._channel()) + len(self._ahead)
+            return len(self._channel()) + sum(m is not None for _, m, _, _ in self._ahead)
 
     def empty(self) -> bool:
         """Whether no item waits now (a snapshot)."""

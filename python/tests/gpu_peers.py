@@ -225,3 +225,13 @@ def get_one_taking_ahead(q, took, close):
     took.put((float(x[0].item()), len(q._ahead)))
     if close:
         q.close()
+
+
+def put_tensors_close_then_wait(q, count, closed, until):
+    """``put_tensors``, then ``q.close()`` (every sender of the queue gone: after the last
+    item a receive says the channel's end) and the event ``closed`` set, then alive (its
+    device memory with it) until the event ``until`` is set."""
+    put_tensors(q, count)
+    q.close()
+    closed.set()
+    until.wait(120)

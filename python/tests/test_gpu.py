@@ -329,6 +329,24 @@ def test_what_a_getter_took_ahead_goes_back_when_it_closes_or_exits(name, close)
     q.close()
 
 
+def test_a_prefetching_getter_hands_out_the_last_items_before_the_putters_end(name):
+    """The putter puts 6 items and leaves: the take-ahead behind the last items meets the
+    channel's end (every sender gone), which must not cost the item in hand."""
+    count = 6
+    q = gpuring.Queue(name, device=0, slots=16, prefetch=4)
+    closed, gone = spawn.Event(), spawn.Event()
+    p = run(gpu_peers.put_tensors_close_then_wait, q, count, closed, gone)
+    assert closed.wait(120), "the putter did not finish"
+    got = [q.get(timeout=60) for _ in range(count)]
+    for i, x in enumerate(got):
+        assert torch.equal(x, gpu_peers.expected(i)), i
+    with pytest.raises(gpuring.Empty):
+        q.get(timeout=0.2)
+    gone.set()
+    done(p)
+    q.close()
+
+
 def test_copies_of_several_messages_in_one_call(name):
     """``gpuring.copies(msgs)``: tensors of each message's shape and dtype, each the
     receiver's own (the slots go back once the messages are released)."""
