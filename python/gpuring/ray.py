@@ -660,14 +660,7 @@ def channel(
         from ray.util.queue import Queue as RayQueue
 
         ray_queue = RayQueue(maxsize=maxsize)
-    # One getter by construction: it may take what waits behind its item (`prefetch`).
-    options = {
-        "maxsize": maxsize,
-        "slots": slots,
-        "slot_bytes": slot_bytes,
-        "large_slots": 2,
-        "prefetch": 4,
-    }
+    options = {"maxsize": maxsize, "slots": slots, "slot_bytes": slot_bytes, "large_slots": 2}
     return ActorChannel(name, device, same, ray_queue, options)
 
 
