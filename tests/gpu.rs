@@ -402,6 +402,72 @@ fn slot_reuse(test: &str, ready: GpuReady) {
     wait_all(&mut peer, WATCHDOG);
 }
 
+/// A message given back (`Receiver::requeue`) after its receiver queued slow reads of it
+/// on its stream: the requeue waits for those reads, so the receiver that takes it over
+/// (on another stream), its release and the sender's next write of the slot all come
+/// after them: the word the giver read last is the sender's. Control, every other round:
+/// the same reads queued after the message was dropped see the next write (at least once,
+/// else the test is blind). One process, three streams, two handles of one MPMC channel.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
+fn gpu_a_requeued_message_waits_for_its_givers_reads() {
+    const ROUNDS: u64 = 12;
+    const BYTES: usize = 8 << 20;
+    const WORDS: usize = BYTES / 4;
+    let (ctx, stream) = setup();
+    let (sa, sb) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let name = unique_name("gpu-requeue");
+    let b = Channel::builder(&name).mpmc().slots(1, BYTES as u64).cuda(&stream);
+    let ch = b.create().unwrap();
+    let tx = ch.sender().unwrap();
+    let (ch_a, ch_b) = (
+        Channel::builder(&name).cuda(&sa).open().unwrap(),
+        Channel::builder(&name).cuda(&sb).open().unwrap(),
+    );
+    let (a, b) = (ch_a.receiver().unwrap(), ch_b.receiver().unwrap());
+    // SAFETY: plain device allocations for the test's copies.
+    let scratch = unsafe { result::malloc_sync(BYTES) }.unwrap();
+    // SAFETY: as above.
+    let last = unsafe { result::malloc_sync(4) }.unwrap();
+    let mut word = [0u32; 1];
+    let mut overwritten = 0;
+    for round in 0..ROUNDS {
+        let lease = tx.acquire_timeout(LIMIT).unwrap();
+        memset(lease.device_ptr(), value(round), WORDS, &stream);
+        tx.send_timeout(lease, TensorMeta::bytes(BYTES as u64), LIMIT).unwrap();
+        let m = a.recv_timeout(LIMIT).unwrap();
+        let src = m.device_ptr();
+        let control = round % 2 == 1;
+        // The control's message is released first, outside the protocol, and read after.
+        let m = if control {
+            drop(m);
+            None
+        } else {
+            Some(m)
+        };
+        slow_reads(scratch, src, 2048, &sa);
+        copy(last, src + (WORDS as u64 - 1) * 4, 4, &sa);
+        if let Some(m) = m {
+            a.requeue(m).unwrap();
+            let again = b.recv_timeout(LIMIT).unwrap();
+            assert!(again.redelivered(), "round {round}: taken over from the giver");
+            drop(again); // released after b's reads: none
+        }
+        // The sender's next write of the slot, then the giver's last read of it.
+        let lease = tx.acquire_timeout(LIMIT).unwrap();
+        memset(lease.device_ptr(), 0xDEAD, WORDS, &stream);
+        drop(lease);
+        read_words(last, &mut word, &sa);
+        if control {
+            overwritten += u32::from(word[0] != value(round));
+        } else {
+            assert_eq!(word[0], value(round), "round {round}: written under the giver's reads");
+        }
+    }
+    assert!(overwritten > 0, "the control never saw the overwrite: the test is blind");
+    eprintln!("control read the overwritten slot in {overwritten} of {} rounds", ROUNDS / 2);
+}
+
 fn slow_reads(scratch: sys::CUdeviceptr, slot: sys::CUdeviceptr, n: u32, stream: &CudaStream) {
     for _ in 0..n {
         copy(scratch, slot, 8 << 20, stream);
