@@ -300,10 +300,12 @@ def _header():
     )
 
 
-def _channel_row(a, b, shape, n, items, copy, device, results, where=""):
+def _channel_row(a, b, shape, n, items, copy, device, results, where="", prefetch=1):
     """A gpuring.ray.channel from A to B: ``n`` items one in flight (p50 µs), then
-    ``items`` streamed (items/s); ``copy=False``: B gets views."""
-    ch, ack = gray.channel(a, b, device=device), gray.channel(b, a)
+    ``items`` streamed (items/s); ``copy=False``: B gets views; ``prefetch``: the
+    channel's (B's gets take ahead)."""
+    ch = gray.channel(a, b, device=device, prefetch=prefetch)
+    ack = gray.channel(b, a)
     rx = b.run_receiver.remote(ch, ack, n, items, copy)
     secs = ray.get(a.run_sender.remote(ch, ack, shape, n, items))
     lat, bad = ray.get(rx)
@@ -408,6 +410,12 @@ def main():
         "--channel-only", action="store_true", help="the 4 KB channel rows alone (no transfers)"
     )
     ap.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        help="also a 4 KB channel row whose getter takes up to N items ahead (get())",
+    )
+    ap.add_argument(
         "--two-gpus",
         action="store_true",
         help="actors on two GPUs, each seeing both, against Ray's NCCL (and NCCL between "
@@ -480,6 +488,11 @@ def main():
             for copy in (True, False):
                 where = ", niceness 0" if nice else ""
                 _channel_row(a, b, "4KB", n4, args.rate_items, copy, device, results, where)
+            if args.prefetch > 1:
+                where += ", prefetch=%d" % args.prefetch
+                _channel_row(
+                    a, b, "4KB", n4, args.rate_items, True, device, results, where, args.prefetch
+                )
         for copy in (True, False):
             _plain_row("4KB", n4, args.rate_items, copy, gpus, args, results, getter)
     for p in burners:

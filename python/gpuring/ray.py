@@ -638,7 +638,14 @@ class ActorChannel:
 
 
 def channel(
-    a, b, *, device: Any = None, maxsize: int = 0, slots: int = 8, slot_bytes: int = 1 << 20
+    a,
+    b,
+    *,
+    device: Any = None,
+    maxsize: int = 0,
+    slots: int = 8,
+    slot_bytes: int = 1 << 20,
+    prefetch: int = 1,
 ) -> ActorChannel:
     """A channel from actor ``a`` to actor ``b`` (called where both handles are, e.g. the
     driver; it asks Ray which node each is on). On one node, a :class:`gpuring.Queue`
@@ -646,8 +653,9 @@ def channel(
     memory, ``device="cuda"`` (or an ordinal) in slots on each putter's GPU (``"cuda"``:
     the GPU Ray gave the actor; a getter on another GPU gets its copies there). Across nodes,
     a ``ray.util.queue.Queue`` (made here) carries them, and the first use warns.
-    ``maxsize``, ``slots``, ``slot_bytes``: as for :class:`gpuring.Queue`. On a node whose
-    cores are all busy, start both actors with ``runtime_env=`` :func:`runtime_env`."""
+    ``maxsize``, ``slots``, ``slot_bytes``, ``prefetch`` (on one node; ``b`` is the
+    channel's one getter): as for :class:`gpuring.Queue`. On a node whose cores are all
+    busy, start both actors with ``runtime_env=`` :func:`runtime_env`."""
     same = _node_of(a) == _node_of(b)
     name = "%s%s-%s-ch%d" % (
         _PREFIX,
@@ -660,7 +668,13 @@ def channel(
         from ray.util.queue import Queue as RayQueue
 
         ray_queue = RayQueue(maxsize=maxsize)
-    options = {"maxsize": maxsize, "slots": slots, "slot_bytes": slot_bytes, "large_slots": 2}
+    options = {
+        "maxsize": maxsize,
+        "slots": slots,
+        "slot_bytes": slot_bytes,
+        "large_slots": 2,
+        "prefetch": prefetch,
+    }
     return ActorChannel(name, device, same, ray_queue, options)
 
 
