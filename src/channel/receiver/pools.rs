@@ -58,12 +58,14 @@ impl<B: Backend> Receiver<B> {
         }
         let (slot, hold) = msg.into_parts();
         drop(slot); // settled: signals nothing
-        // Held by nobody now: a look for messages to deliver again adopts it. The hold's
-        // drop then finds the slot no longer ours and gives nothing back.
-        let given = hold.pool.core.give_up(hold.held);
-        debug_assert!(given, "a message's slot is held by its receiver");
+        // Held by nobody now: a look for messages to deliver again adopts it, and the
+        // hold's drop finds the slot no longer ours and gives nothing back. (A CAS that
+        // fails found the record written by another party: a corrupt segment, where the
+        // message's own drop would give nothing back either.)
+        if hold.pool.core.give_up(hold.held) {
+            self.channel.note_orphans();
+        }
         drop(hold);
-        self.channel.note_orphans();
         Ok(())
     }
 
