@@ -1020,10 +1020,8 @@ fn redelivery_takes_a_dead_receivers_message_over_once() {
             .collect();
         writer.join().unwrap();
         let looked: Vec<_> = adopters.into_iter().map(|a| a.join().unwrap()).collect();
-        let taken: Vec<usize> = (0..2).filter(|&i| looked[i].1.is_some()).collect();
-        assert!(taken.len() <= 1, "taken over once");
-        let (who, held) = match taken.first() {
-            Some(&i) => (i, looked[i].1.unwrap()),
+        let (who, held) = match took_once(&looked) {
+            Some(took) => took,
             None => {
                 let held = looked[0].0.adopt(|_| true, |_, _| false);
                 let held = held.expect("the dead receiver's message is still there");
@@ -1035,6 +1033,16 @@ fn redelivery_takes_a_dead_receivers_message_over_once() {
         assert_eq!(looked[who].0.free_slots(), 1, "the slot is free again");
         assert!(looked[1 - who].0.adopt(|_| true, |_, _| false).is_none(), "nothing left");
     });
+}
+
+/// Of two receivers' looks for a message to take over, the one that took it (at most one
+/// may: asserted) and what it took; `None` if neither did.
+fn took_once(
+    looked: &[(parties::PartyPool, Option<gpuring::internal::SlotRef>)],
+) -> Option<(usize, gpuring::internal::SlotRef)> {
+    let taken: Vec<usize> = (0..looked.len()).filter(|&i| looked[i].1.is_some()).collect();
+    assert!(taken.len() <= 1, "taken over once");
+    taken.first().map(|&i| (i, looked[i].1.unwrap()))
 }
 
 /// A live receiver (identity 2) takes a message and gives it back (`give_up`, what
@@ -1078,10 +1086,8 @@ fn a_message_given_back_is_taken_over_once() {
             .collect();
         let (sender, given) = writer.join().unwrap();
         let looked: Vec<_> = takers.into_iter().map(|t| t.join().unwrap()).collect();
-        let taken: Vec<usize> = (0..2).filter(|&i| looked[i].1.is_some()).collect();
-        assert!(taken.len() <= 1, "taken over once");
-        let (who, held) = match taken.first() {
-            Some(&i) => (i, looked[i].1.unwrap()),
+        let (who, held) = match took_once(&looked) {
+            Some(took) => took,
             None => {
                 let held = looked[0].0.adopt(|_| true, |_, _| false);
                 (0, held.expect("the message given back is still there"))

@@ -304,6 +304,18 @@ def test_a_prefetched_item_taken_on_another_stream_waits_for_its_copy(name):
     q.close()
 
 
+def _the_rest_in_order(q, start, count, gone, putter):
+    """Items ``start`` to ``count - 1`` of ``q``, each ``expected(i)``, then nothing more;
+    then the putter is let go and ``q`` closed."""
+    for i in range(start, count):
+        assert torch.equal(q.get(timeout=60), gpu_peers.expected(i)), i
+    with pytest.raises(gpuring.Empty):
+        q.get(timeout=0.2)
+    gone.set()
+    done(putter)
+    q.close()
+
+
 @pytest.mark.parametrize("close", [True, False], ids=["close", "exit"])
 def test_what_a_getter_took_ahead_goes_back_when_it_closes_or_exits(name, close):
     """A getter process with ``prefetch=4`` takes one item and three ahead, then closes
@@ -319,14 +331,7 @@ def test_what_a_getter_took_ahead_goes_back_when_it_closes_or_exits(name, close)
     first, ahead = took.get(timeout=120)
     done(g)
     assert (first, ahead) == (float(gpu_peers.expected(0)[0]), 3)
-    rest = [q.get(timeout=60) for _ in range(count - 1)]
-    for i, x in enumerate(rest, 1):
-        assert torch.equal(x, gpu_peers.expected(i)), i
-    with pytest.raises(gpuring.Empty):
-        q.get(timeout=0.2)
-    gone.set()
-    done(p)
-    q.close()
+    _the_rest_in_order(q, 1, count, gone, p)
 
 
 def test_a_prefetching_getter_hands_out_the_last_items_before_the_putters_end(name):
@@ -337,14 +342,7 @@ def test_a_prefetching_getter_hands_out_the_last_items_before_the_putters_end(na
     closed, gone = spawn.Event(), spawn.Event()
     p = run(gpu_peers.put_tensors_close_then_wait, q, count, closed, gone)
     assert closed.wait(120), "the putter did not finish"
-    got = [q.get(timeout=60) for _ in range(count)]
-    for i, x in enumerate(got):
-        assert torch.equal(x, gpu_peers.expected(i)), i
-    with pytest.raises(gpuring.Empty):
-        q.get(timeout=0.2)
-    gone.set()
-    done(p)
-    q.close()
+    _the_rest_in_order(q, 0, count, gone, p)
 
 
 def test_copies_of_several_messages_in_one_call(name):
