@@ -1,6 +1,7 @@
 //! `gpuring.Receiver` and `gpuring.Message`: receiving, and zero-copy views of a
 //! received slot through DLPack.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -143,6 +144,8 @@ pub(crate) struct PyReceiver {
     /// An error a [`recv_ready`](PyReceiver::recv_ready) met after it had taken messages:
     /// raised by the next receive instead (a dropped descriptor is reported once).
     stash: Mutex<Option<RecvFailed>>,
+    /// Whether `stash` may hold an error: one load on every receive, the lock only then.
+    stashed: AtomicBool,
 }
 
 impl PyReceiver {
@@ -165,7 +168,17 @@ impl PyReceiver {
             AnyChannel::Pinned(_, g) | AnyChannel::Cuda(_, g) => Some(g.clone()),
         };
         let rx = Mutex::new(Some(Arc::new(Mutex::new(rx))));
-        Ok(PyReceiver { rx, gpu, stash: Mutex::new(None) })
+        Ok(PyReceiver { rx, gpu, stash: Mutex::new(None), stashed: AtomicBool::new(false) })
+    }
+
+    /// The error `recv_ready` kept for the next receive, if any (taken).
+    fn take_stashed(&self) -> Option<RecvFailed> {
+        // Relaxed: see where it is set.
+        if !self.stashed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.stashed.store(false, Ordering::Relaxed);
+        self.stash.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     fn get(&self, py: Python<'_>) -> PyResult<Arc<Mutex<AnyReceiver>>> {
@@ -180,7 +193,7 @@ impl PyReceiver {
         timeout: Option<f64>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Result<PyMessage, RecvFailed>> {
-        if let Some(failed) = self.stash.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(failed) = self.take_stashed() {
             return Ok(Err(failed));
         }
         let until = Until::new(py, timeout)?;
@@ -240,7 +253,7 @@ impl PyReceiver {
     /// received on torch's current stream). It stops at the first receive that gives no
     /// message; an error there is raised now if it took none, else by the next receive.
     fn recv_ready(&self, py: Python<'_>, max: usize) -> PyResult<Vec<PyMessage>> {
-        if let Some(failed) = self.stash.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(failed) = self.take_stashed() {
             return Err(failed.raised.into_err(py));
         }
         let mut out = Vec::new();
@@ -270,6 +283,9 @@ impl PyReceiver {
             Some(e) if out.is_empty() => Err(e.raised.into_err(py)),
             Some(e) => {
                 *self.stash.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                // Relaxed: the error itself goes through the lock; a receive that misses
+                // the flag raises it at the next one.
+                self.stashed.store(true, Ordering::Relaxed);
                 Ok(out)
             }
             None => Ok(out),
