@@ -76,9 +76,9 @@ for part in ${PARTS:-tests example nomps mps}; do
       timeout 240 $PY python/bench/ray_transport.py --apart --quick --json "$OUT/ray-apart.json" 2>&1 \
         | grep -v "^(raylet\|^\[" | tee "$OUT/ray-apart.txt" || rc=1 ;;
     prefetch)  # Queue(prefetch=N) and Receiver.requeue on the GPU: their GPU tests, then under
-      # MPS queue_rate.py's rows beside torch's Queue, and the 4 KB Ray channel rows with a
-      # prefetch=4 row (~8 min in all)
-      timeout 170 $PY -m pytest -q -rs -k "prefetch or copies or took_ahead or last_items or queue" \
+      # MPS queue_rate.py's rows beside torch's Queue, and the 4 KB Ray channel rows (the
+      # channel's default, prefetch=4) with a prefetch=1 row (~5 min in all)
+      timeout 170 $PY -m pytest -q -rs -k "prefetch or copies or took_ahead or queue" \
         python/tests/test_gpu.py 2>&1 | tee "$OUT/pytest-prefetch.txt" | tail -6 || rc=1
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
       mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -86,7 +86,7 @@ for part in ${PARTS:-tests example nomps mps}; do
       timeout 170 $PY python/bench/queue_rate.py --json "$OUT/queue-rate-mps.json" \
         --rows "torch Queue,Queue.get(),Queue.get() prefetch=4,Queue.get(copy=False),Channel: send + torch()" \
         2>&1 | tee "$OUT/queue-rate-mps.txt" || rc=1
-      timeout 200 $PY python/bench/ray_transport.py --channel-only --quick --repeat 2 --prefetch 4 \
+      timeout 200 $PY python/bench/ray_transport.py --channel-only --quick --repeat 2 --prefetch 1 \
         --json "$OUT/ray-channel-mps.json" 2>&1 | grep -v "^(raylet\|^\[" | tee "$OUT/ray-channel-mps.txt" || rc=1
       echo quit | nvidia-cuda-mps-control; echo "MPS daemon stopped"
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;

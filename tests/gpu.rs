@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::counting::{allocations, assert_counting};
-use common::gpu::{copy, memset, read_words, setup, value};
+use common::gpu::{copy, hold, memset, read_words, setup, value};
 use common::{Peer, announce, die, ring_name, role, spawn, unique_name, wait_all};
 use cudarc::driver::{result, sys};
 use gpuring::cuda::{self, CudaStream};
@@ -405,9 +405,11 @@ fn slot_reuse(test: &str, ready: GpuReady) {
 /// A message given back (`Receiver::requeue`) after its receiver queued slow reads of it
 /// on its stream: the requeue waits for those reads, so the receiver that takes it over
 /// (on another stream), its release and the sender's next write of the slot all come
-/// after them: the word the giver read last is the sender's. Control, every other round:
-/// the same reads queued after the message was dropped see the next write (at least once,
-/// else the test is blind). One process, three streams, two handles of one MPMC channel.
+/// after them: the word the giver read last is the sender's. The giver's stream is held
+/// back 100 ms before its reads (a host function), so they surely run after whatever the
+/// host does next unless something orders it after them. Control, every other round: the
+/// same reads queued after the message was dropped see the next write (at least once, else
+/// the test is blind). One process, three streams, two handles of one MPMC channel.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run on the GPU machine by .gpu/run.sh)"]
 fn gpu_a_requeued_message_waits_for_its_givers_reads() {
@@ -445,7 +447,8 @@ fn gpu_a_requeued_message_waits_for_its_givers_reads() {
         } else {
             Some(m)
         };
-        slow_reads(scratch, src, 2048, &sa);
+        hold(&sa, 100);
+        slow_reads(scratch, src, 64, &sa);
         copy(last, src + (WORDS as u64 - 1) * 4, 4, &sa);
         if let Some(m) = m {
             a.requeue(m).unwrap();

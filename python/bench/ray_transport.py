@@ -300,11 +300,12 @@ def _header():
     )
 
 
-def _channel_row(a, b, shape, n, items, copy, device, results, where="", prefetch=1):
+def _channel_row(a, b, shape, n, items, copy, device, results, where="", prefetch=None):
     """A gpuring.ray.channel from A to B: ``n`` items one in flight (p50 µs), then
     ``items`` streamed (items/s); ``copy=False``: B gets views; ``prefetch``: the
-    channel's (B's gets take ahead)."""
-    ch = gray.channel(a, b, device=device, prefetch=prefetch)
+    channel's (B's gets take ahead; None: the default)."""
+    more = {} if prefetch is None else {"prefetch": prefetch}
+    ch = gray.channel(a, b, device=device, **more)
     ack = gray.channel(b, a)
     rx = b.run_receiver.remote(ch, ack, n, items, copy)
     secs = ray.get(a.run_sender.remote(ch, ack, shape, n, items))
@@ -412,8 +413,9 @@ def main():
     ap.add_argument(
         "--prefetch",
         type=int,
-        default=1,
-        help="also a 4 KB channel row whose getter takes up to N items ahead (get())",
+        default=0,
+        help="also a 4 KB channel row whose getter's prefetch is N (the default rows: "
+        "gpuring.ray.channel's default, 4; --prefetch 1: a row that copies one item a get)",
     )
     ap.add_argument(
         "--two-gpus",
@@ -488,7 +490,7 @@ def main():
             for copy in (True, False):
                 where = ", niceness 0" if nice else ""
                 _channel_row(a, b, "4KB", n4, args.rate_items, copy, device, results, where)
-            if args.prefetch > 1:
+            if args.prefetch > 0:
                 where += ", prefetch=%d" % args.prefetch
                 _channel_row(
                     a, b, "4KB", n4, args.rate_items, True, device, results, where, args.prefetch

@@ -645,7 +645,7 @@ def channel(
     maxsize: int = 0,
     slots: int = 8,
     slot_bytes: int = 1 << 20,
-    prefetch: int = 1,
+    prefetch: int = 4,
 ) -> ActorChannel:
     """A channel from actor ``a`` to actor ``b`` (called where both handles are, e.g. the
     driver; it asks Ray which node each is on). On one node, a :class:`gpuring.Queue`
@@ -653,9 +653,11 @@ def channel(
     memory, ``device="cuda"`` (or an ordinal) in slots on each putter's GPU (``"cuda"``:
     the GPU Ray gave the actor; a getter on another GPU gets its copies there). Across nodes,
     a ``ray.util.queue.Queue`` (made here) carries them, and the first use warns.
-    ``maxsize``, ``slots``, ``slot_bytes``, ``prefetch`` (on one node; ``b`` is the
-    channel's one getter): as for :class:`gpuring.Queue`. On a node whose cores are all
-    busy, start both actors with ``runtime_env=`` :func:`runtime_env`."""
+    ``maxsize``, ``slots``, ``slot_bytes``, ``prefetch`` (on one node): as for
+    :class:`gpuring.Queue`; ``b`` is the channel's one getter, so by default its ``get``
+    of a GPU tensor takes up to 3 more that wait behind it and copies them in one launch
+    (``prefetch=1``: one copy per ``get``). On a node whose cores are all busy, start both
+    actors with ``runtime_env=`` :func:`runtime_env`."""
     same = _node_of(a) == _node_of(b)
     name = "%s%s-%s-ch%d" % (
         _PREFIX,

@@ -15,6 +15,7 @@ import peers
 import pytest
 
 import gpuring
+from gpuring import _queue
 
 spawn = mp.get_context("spawn")
 
@@ -1155,6 +1156,56 @@ def test_queue_prefetch_is_checked_and_host_items_come_one_by_one(name):
     got = [q.get(timeout=5) for _ in range(6)]
     assert [int(g[0]) if i % 2 else g["i"] for i, g in enumerate(got)] == list(range(6))
     assert not q._ahead  # take-ahead copies GPU tensors only
+    q.close()
+
+
+class _GpuItem:
+    """What ``Queue._take`` reads of a message that carries a GPU tensor (its take-ahead is
+    for GPU items only; its error paths are exercised here with stand-ins)."""
+
+    tag, device, released = _queue._TORCH, 0, False
+
+    def __init__(self, value):
+        self.value = value
+
+    def torch(self):
+        return self
+
+    def clone(self):
+        return ("copy", self.value)
+
+    def release(self):
+        self.released = True
+
+
+class _FailingAhead:
+    """A receiver whose take-ahead meets ``error`` at once."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def recv_ready(self, most):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [gpuring.Disconnected, gpuring.PeerDead, gpuring.Corrupted])
+def test_a_take_ahead_that_meets_an_error_keeps_the_item_in_hand(name, error):
+    """``Queue(prefetch=N)``: the channel's end (or a dead putter) met behind an item means
+    nothing more waits, and the item is returned; another error is raised by the get that
+    reaches it, after the item, and once."""
+    q = gpuring.Queue(name, prefetch=4)
+    for i in range(2):
+        q.put(np.full(1, i))
+    assert int(q.get(timeout=5)[0]) == 0  # q._rx: the receiver the gets use
+    rx, q._rx = q._rx, _FailingAhead(error("met taking ahead"))
+    item = _GpuItem(7)
+    assert q._take(item, True) == ("copy", 7) and item.released
+    if error is gpuring.Corrupted:
+        with pytest.raises(gpuring.Corrupted, match="met taking ahead"):
+            q.get(timeout=5)
+    assert not q._ahead
+    q._rx = rx
+    assert int(q.get(timeout=5)[0]) == 1  # the queue goes on
     q.close()
 
 

@@ -48,3 +48,17 @@ pub fn copy(dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize, stream: 
     // SAFETY: both ranges are live device memory of at least `bytes`, in stream order.
     unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.unwrap();
 }
+
+/// Holds `stream` back for `ms` milliseconds from now: what is queued on it after this waits
+/// (a host function that sleeps, run by the driver's thread), so that it surely runs after
+/// what the host does meanwhile on other streams, however fast the GPU is.
+pub fn hold(stream: &CudaStream, ms: u64) {
+    unsafe extern "C" fn sleep(ms: *mut std::ffi::c_void) {
+        std::thread::sleep(std::time::Duration::from_millis(ms as u64));
+    }
+    // SAFETY: `sleep` makes no CUDA call (as a host function must not) and reads nothing
+    // through its argument, a number carried in the pointer.
+    unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(sleep), ms as *mut std::ffi::c_void) }
+        .result()
+        .unwrap();
+}
