@@ -2,6 +2,7 @@
 # gpuring.ray on a GPU machine that has torch but no network and no Rust toolchain.
 #
 # Here:   bash scripts/ray-gpu.sh stage [DIR]   # DIR (default .gpu): the abi3 wheel, pytest,
+#                                               # the Rust GPU test binary (bin/test-gpu),
 #                                               # Ray 2.60 (cp312) without its Java jars and
 #                                               # dashboard client, and Ray's dependencies
 # There:  OUT=$OUT bash scripts/ray-gpu.sh run [DIR]   # installs them into torch's Python ($PY),
@@ -17,6 +18,15 @@ if [ "$what" = stage ]; then
   python3 -m pip install -q "maturin>=1.9,<2"
   python3 -m maturin build --release -m python/Cargo.toml -o "$dir/py"
   python3 -m pip download -q --only-binary :all: -d "$dir/py" pytest
+  # The Rust GPU tests (PARTS=rust), stripped: a few MB.
+  mkdir -p "$dir/bin"
+  exe=$(cargo build --release --features cuda --test gpu --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["executable"])')
+  cp "$exe" "$dir/bin/test-gpu" && strip "$dir/bin/test-gpu"
   tmp=$(mktemp -d)
   python3 -m pip download -q "ray==2.60.0" --python-version 3.12 --only-binary :all: \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$tmp"
@@ -90,6 +100,11 @@ for part in ${PARTS:-tests example nomps mps}; do
         --json "$OUT/ray-channel-mps.json" 2>&1 | grep -v "^(raylet\|^\[" | tee "$OUT/ray-channel-mps.txt" || rc=1
       echo quit | nvidia-cuda-mps-control; echo "MPS daemon stopped"
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+    rust)  # the Rust GPU tests staged as $dir/bin/test-gpu (cargo build --release --features
+      # cuda --test gpu; the target/release/deps/gpu-<hash> binary, stripped), RUST_FILTER picks
+      [ -x "$dir/bin/test-gpu" ] || { echo "no $dir/bin/test-gpu staged"; rc=1; continue; }
+      timeout 150 "$dir/bin/test-gpu" --include-ignored --test-threads 1 ${RUST_FILTER:-} > "$OUT/rust-gpu.log" 2>&1 || rc=1
+      grep -E '^test |test result|panicked|control read' "$OUT/rust-gpu.log" | tail -30 ;;
     raytests) timeout 200 $PY -m pytest -q -rs python/tests/test_ray.py python/tests/test_ray_gpu.py 2>&1 | tee "$OUT/pytest-ray.txt" | tail -6 || rc=1 ;;
     tests) timeout 480 $PY -m pytest -q -rs python/tests 2>&1 | tee "$OUT/pytest.txt" | tail -6 || rc=1 ;;
     nomps) timeout 420 $PY python/bench/ray_transport.py --json "$OUT/ray-nomps.json" ${BENCH_ARGS:-} 2>&1 \
