@@ -194,6 +194,38 @@ fn a_requeued_message_comes_back_first_marked_and_whole() {
     assert_eq!(tx.free_slots(), 6);
 }
 
+/// Messages given back come back oldest first (per sender), whatever slots they are in and
+/// in whatever order they were given back: a getter that took several ahead and puts them
+/// back leaves the stream in order.
+#[test]
+fn requeued_messages_come_back_in_the_order_they_were_sent() {
+    let name = unique_name("ch-requeue-order");
+    let ch = Channel::builder(&name).mpmc().capacity(8).slots(4, 4096).create().unwrap();
+    let tx = ch.sender().unwrap();
+    let (a, b) = (ch.receiver().unwrap(), ch.receiver().unwrap());
+    // Messages 0 and 1 come and go, so that 4 and 5 go into the slots they had: 2 to 5 are
+    // then in slots 2, 3, 0, 1.
+    send_tagged(&tx, 0..2);
+    for _ in 0..2 {
+        drop(a.recv_timeout(LIMIT).unwrap());
+    }
+    send_tagged(&tx, 2..6);
+    let taken: Vec<_> = (0..4).map(|_| a.recv_timeout(LIMIT).unwrap()).collect();
+    assert_eq!(taken.iter().map(|m| m.tag()).collect::<Vec<_>>(), [2, 3, 4, 5]);
+    for m in taken.into_iter().rev() {
+        a.requeue(m).unwrap();
+    }
+    let got: Vec<_> = (0..4)
+        .map(|_| {
+            let m = b.recv_timeout(LIMIT).unwrap();
+            assert!(m.redelivered());
+            m.tag()
+        })
+        .collect();
+    assert_eq!(got, [2, 3, 4, 5]);
+    assert_eq!(tx.free_slots(), 4);
+}
+
 #[test]
 fn a_channel_that_does_not_deliver_again_refuses_a_requeue() {
     let name = unique_name("ch-requeue-off");

@@ -1007,7 +1007,7 @@ fn redelivery_takes_a_dead_receivers_message_over_once() {
             .map(|pool| {
                 let bytes = bytes.clone();
                 thread::spawn(move || {
-                    let held = pool.adopt(|_| true, |_, _| false);
+                    let held = pool.adopt(|_| true, |_, _| false, |_| 0);
                     if let Some(held) = held {
                         // SAFETY: as in `read`.
                         let got =
@@ -1023,7 +1023,7 @@ fn redelivery_takes_a_dead_receivers_message_over_once() {
         let (who, held) = match took_once(&looked) {
             Some(took) => took,
             None => {
-                let held = looked[0].0.adopt(|_| true, |_, _| false);
+                let held = looked[0].0.adopt(|_| true, |_, _| false, |_| 0);
                 let held = held.expect("the dead receiver's message is still there");
                 read(held);
                 (0, held)
@@ -1031,7 +1031,7 @@ fn redelivery_takes_a_dead_receivers_message_over_once() {
         };
         assert!(looked[who].0.release(held), "returned once");
         assert_eq!(looked[who].0.free_slots(), 1, "the slot is free again");
-        assert!(looked[1 - who].0.adopt(|_| true, |_, _| false).is_none(), "nothing left");
+        assert!(looked[1 - who].0.adopt(|_| true, |_, _| false, |_| 0).is_none(), "nothing left");
     });
 }
 
@@ -1075,7 +1075,7 @@ fn a_message_given_back_is_taken_over_once() {
             .map(|pool| {
                 let bytes = bytes.clone();
                 thread::spawn(move || {
-                    let held = pool.adopt(|_| true, |_, _| false);
+                    let held = pool.adopt(|_| true, |_, _| false, |_| 0);
                     if held.is_some() {
                         // SAFETY: `adopt` made this receiver the slot's only holder.
                         assert_eq!(bytes.with(|p| unsafe { *p }), 7, "what the sender wrote");
@@ -1089,14 +1089,14 @@ fn a_message_given_back_is_taken_over_once() {
         let (who, held) = match took_once(&looked) {
             Some(took) => took,
             None => {
-                let held = looked[0].0.adopt(|_| true, |_, _| false);
+                let held = looked[0].0.adopt(|_| true, |_, _| false, |_| 0);
                 (0, held.expect("the message given back is still there"))
             }
         };
         assert_eq!(held, given, "the same slot and generation");
         assert!(looked[who].0.release(held), "returned once");
         assert_eq!(sender.free_slots(), 1, "the slot is free again");
-        assert!(looked[1 - who].0.adopt(|_| true, |_, _| false).is_none(), "nothing left");
+        assert!(looked[1 - who].0.adopt(|_| true, |_, _| false, |_| 0).is_none(), "nothing left");
     });
 }
 
@@ -1133,7 +1133,7 @@ fn redelivery_never_takes_a_message_still_queued() {
         };
         let looker = thread::spawn(move || {
             // Acquire: as above.
-            adopter.adopt(|_| true, |_, _| queued.load(Ordering::Acquire))
+            adopter.adopt(|_| true, |_, _| queued.load(Ordering::Acquire), |_| 0)
         });
         let (live, held) = popper.join().unwrap();
         assert!(looker.join().unwrap().is_none(), "a queued message is never taken over");

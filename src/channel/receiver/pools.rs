@@ -118,7 +118,10 @@ impl<B: Backend> Receiver<B> {
                 Err((Some(seg), why)) => {
                     // Refused (a device pool whose sender is gone): what it held goes back.
                     *unmapped = instance + 1;
-                    let Some(held) = seg.core.adopt(B::holder_gone, queued) else { continue };
+                    let age = |slot| seg.read_sent(slot).seq;
+                    let Some(held) = seg.core.adopt(B::holder_gone, queued, age) else {
+                        continue;
+                    };
                     drop(SlotHold { pool: seg, held, shared: None });
                     return Some(Err(why));
                 }
@@ -127,7 +130,9 @@ impl<B: Backend> Receiver<B> {
                     continue;
                 }
             };
-            let Some(held) = pool.seg.core.adopt(B::holder_gone, queued) else { continue };
+            // The oldest first: what was given back together comes back in send order.
+            let age = |slot| pool.seg.read_sent(slot).seq;
+            let Some(held) = pool.seg.core.adopt(B::holder_gone, queued, age) else { continue };
             let hold = SlotHold { pool: pool.seg.clone(), held, shared: None };
             return Some(self.check_adopted(pool, hold, pool_id));
         }

@@ -61,54 +61,66 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
     /// deliver it again: a slot HELD by a party that is gone (and for which `exited`
     /// agrees, as in [`reclaim_dead`](Self::reclaim_dead)) and not `queued` (a descriptor
     /// still in the ring goes to its next receiver with the slot: see `receive`) becomes
-    /// HELD by this endpoint. Of several adopters one wins the slot (a CAS from the dead
-    /// holder's word, which never comes back). Returns the slot, or `None` when there is
-    /// none. Probes the holders' locks: slow paths only.
+    /// HELD by this endpoint. Of several such slots, the one whose `age(slot)` is least
+    /// (the sent copy's sequence number: the oldest message, so that messages given back
+    /// together come back in the order they were sent, whatever their slots); of several
+    /// adopters one wins the slot (a CAS from the dead holder's word, which never comes
+    /// back), and the others look again. Returns the slot, or `None` when there is none.
+    /// Probes the holders' locks: slow paths only.
     ///
     /// What the message was is the slot's sent copy (`PoolSegment::read_sent`), written by
-    /// the sender before it published the message; the caller checks it as any descriptor.
+    /// the sender before it published the message; the caller checks it as any descriptor
+    /// (`age` reads it unchecked: a forged one changes only which orphan comes first).
     pub fn adopt(
         &self,
         exited: impl Fn(u32) -> bool,
         queued: impl Fn(u32, u32) -> bool,
+        age: impl Fn(u32) -> u64,
     ) -> Option<SlotRef> {
         let mine = self.held_state();
         // The last party probed and whether it was gone: holders are few, slots many.
         let mut probed: Option<(u32, bool)> = None;
-        for (slot, record) in self.records.iter().enumerate() {
-            // Relaxed: the CAS below decides (and acquires); a stale read only skips a slot.
-            let word = record.state.load(Ordering::Relaxed);
-            let (generation, state) = unpack(word);
-            if state != HELD || word as u32 == mine {
-                continue;
-            }
-            let gone = match probed {
-                Some((p, gone)) if p == party(word) => gone,
-                _ => {
-                    let gone = self.party_gone(word, &exited);
-                    probed = Some((party(word), gone));
-                    gone
+        loop {
+            // The oldest slot HELD by a party that is gone: (age, slot, its state word).
+            let mut oldest: Option<(u64, usize, u64)> = None;
+            for (slot, record) in self.records.iter().enumerate() {
+                // Relaxed: the CAS below decides (and acquires); a stale read only skips a
+                // slot or fails that CAS.
+                let word = record.state.load(Ordering::Relaxed);
+                let (generation, state) = unpack(word);
+                if state != HELD || word as u32 == mine {
+                    continue;
                 }
-            };
+                let gone = match probed {
+                    Some((p, gone)) if p == party(word) => gone,
+                    _ => {
+                        let gone = self.party_gone(word, &exited);
+                        probed = Some((party(word), gone));
+                        gone
+                    }
+                };
+                if !gone || queued(slot as u32, generation) {
+                    continue;
+                }
+                let a = age(slot as u32);
+                if oldest.is_none_or(|(o, ..)| a < o) {
+                    oldest = Some((a, slot, word));
+                }
+            }
+            let (_, slot, word) = oldest?;
             // AcqRel: acquires the dead holder's Release take of the slot (`receive`, or an
             // earlier adopter's CAS here), so the slot's bytes and its sent copy are visible;
             // releases them in turn to whoever adopts the slot should this endpoint die.
-            if gone
-                && !queued(slot as u32, generation)
-                && record
-                    .state
-                    .compare_exchange(
-                        word,
-                        pack(generation, mine),
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
+            let generation = unpack(word).0;
+            if self.records[slot]
+                .state
+                .compare_exchange(word, pack(generation, mine), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
             {
                 return Some(SlotRef { slot: slot as u32, generation });
             }
+            // Another adopter took it (or the word changed): look again.
         }
-        None
     }
 
     /// Whether the party a HELD or RETURNING state `word` names is gone (its registration
