@@ -308,8 +308,9 @@ impl PyReceiver {
 
     /// Puts ``msg``, a message this receiver received, back in the channel as if this
     /// receiver had died holding it: the next receive of any receiver of the channel
-    /// (this one too) gets it before what is queued, with ``redelivered`` true. GPU
-    /// channels: waits for the reads queued on the message's stream first. ``msg`` is
+    /// (this one too) gets it before what is queued, with ``redelivered`` true. GPU and
+    /// pinned channels: waits for the reads queued on the message's stream (the one its
+    /// release is ordered after) first. ``msg`` is
     /// released here. Raises ``BufferError`` while views of it are alive, ``ConfigError``
     /// on a channel made with ``redeliver=False`` (or a broadcast one) or for another
     /// receiver's message (nothing changes then), ``Closed`` for a released message.
@@ -331,6 +332,7 @@ impl PyReceiver {
             }
         };
         let Held(any) = held;
+        let gpu = self.gpu.clone();
         // Without the GIL: a receive of another thread holds the receiver for a slice at
         // most, and a GPU message waits for its stream.
         let back = py.detach(move || {
@@ -343,6 +345,12 @@ impl PyReceiver {
                     .requeue(m)
                     .map_err(|e| Box::new((e.raised(), AnyMessage::Cuda(e.into_message(), g)))),
                 (AnyReceiver::Pinned(r), AnyMessage::Pinned(mut p)) => {
+                    // Its reads were queued on `after` (its drop returns the slot after
+                    // them): done before another receiver may take the slot over.
+                    let gpu = gpu.expect("a pinned receiver has its GPU");
+                    if let Err(e) = gpu.synchronize(&p.after) {
+                        return Err(Box::new((e.raised(), AnyMessage::Pinned(p))));
+                    }
                     let after = p.after.clone();
                     let m = p.msg.take().expect("taken only here and by drop");
                     r.requeue(m).map_err(|e| {
