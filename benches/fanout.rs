@@ -13,7 +13,8 @@
 //! as in `payloads`, single items are timed the same way (hand-off until every consumer
 //! has it and said so): the p50/p99 printed at the end and written to
 //! `target/criterion/samples-fanout.csv`. And then *one way*, per receiver: items sent one
-//! at a time (the next once every consumer has the last), each stamped with the monotonic
+//! at a time (the next once every consumer has acknowledged the last on a channel of its
+//! own: a pipe, an iceoryx2 service, a gpuring SPSC ring), each stamped with the monotonic
 //! clock as it is sent, each consumer timing its arrival (the clock is the machine's own,
 //! the same in every process): lines `oneway <case>: p50 .., p99 .. over every receiver's
 //! items, slowest receiver's p50 ..`. Rows `gpuring_broadcast` spin-then-sleep as by
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::{Group, NAME, PEER, Samples, cpus, ice, peer, peer_index, pin, unique};
 use criterion::Throughput;
-use gpuring::{Channel, TensorMeta, WaitPolicy};
+use gpuring::{Channel, SpscRing, TensorMeta, WaitPolicy};
 use iceoryx2::prelude::{BackpressureStrategy, PortFactory};
 
 const STOP: u64 = u64::MAX;
@@ -80,6 +81,11 @@ impl Drop for Arrivals {
         let text: String = self.0.iter().map(|t| format!("{t}\n")).collect();
         std::fs::write(&self.1, text).unwrap();
     }
+}
+
+/// The ring on which consumer `index` of case `name` acknowledges one-way items.
+fn ack_ring(name: &str, index: usize) -> String {
+    format!("{name}-ack{index}")
 }
 
 fn arrivals_file(name: &str, index: usize) -> String {
@@ -138,6 +144,8 @@ fn run_peer(role: &str) {
         "bcast" | "bcast-sleep" | "spsc" => {
             let ch = Channel::builder(&name).open().unwrap();
             let mut rx = ch.receiver().unwrap();
+            let acks = SpscRing::<u64>::builder(ack_ring(&name, peer_index())).open().unwrap();
+            let mut ack = acks.producer().unwrap();
             if kind == "bcast-sleep" {
                 rx.set_wait_policy(WaitPolicy::SLEEP);
             }
@@ -154,6 +162,9 @@ fn run_peer(role: &str) {
                 let s = seq.to_le_bytes();
                 assert!(m.len() == size && m[..8] == s && m[size - 8..] == s, "bad item");
                 expected = Some(seq + 1);
+                if m[8] == 1 {
+                    ack.push(seq + 1).unwrap();
+                }
             }
         }
         "pipe" => {
@@ -193,6 +204,17 @@ fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usi
     let b = Channel::builder(&name).capacity(64).slots(slots, size as u64);
     let ch = if role == "spsc" { b } else { b.broadcast() }.create().unwrap();
     let tx = ch.sender().unwrap();
+    // Each receiver acknowledges a one-way item on a ring of its own, as iceoryx2's
+    // subscribers do on services of their own: the sender waits there, not on the pool's
+    // slot records and the receivers' cursors, which each receiver writes as it takes a
+    // message (a sender spinning on `free_slots` meanwhile pulls those lines away from it).
+    let mut acks: Vec<_> = (0..n)
+        .map(|i| {
+            let ring = SpscRing::<u64>::builder(ack_ring(&name, i)).capacity(4).create().unwrap();
+            let consumer = ring.consumer().unwrap();
+            (ring, consumer)
+        })
+        .collect();
     let peers: Vec<_> = (0..n).map(|i| peer(&format!("{role}:{size}"), &name, i, false)).collect();
     // Every receiver attached before the first item (one attached later starts later).
     ice::wait_until(|| {
@@ -203,15 +225,15 @@ fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usi
         receivers.count() == n
     });
     let meta = TensorMeta::bytes(size as u64);
-    let mut seq = 0u64;
-    let mut send = |stamped: bool| {
+    let seq = std::cell::Cell::new(0u64);
+    let send = |stamped: bool| {
         let mut lease = tx.acquire().unwrap();
-        number(&mut lease[..size], seq, false);
+        number(&mut lease[..size], seq.get(), stamped);
         if stamped {
             stamp(&mut lease[..24]);
         }
         tx.send(lease, meta).unwrap();
-        seq += 1;
+        seq.set(seq.get() + 1);
     };
     // Every slot back: `free_slots` also takes back a broadcast slot whose message went
     // out before a receiver had joined (or whose last holder's drop came first).
@@ -226,7 +248,12 @@ fn bench_gpuring(g: &mut Group<'_>, label: &str, role: &str, n: usize, size: usi
         all_back();
         t.elapsed()
     });
-    one_way(testing, || send(true), all_back);
+    let acked = || {
+        for (_, a) in &mut acks {
+            assert_eq!(a.pop().unwrap(), seq.get(), "a receiver lost items");
+        }
+    };
+    one_way(testing, || send(true), acked);
     let mut lease = tx.acquire().unwrap();
     lease.set_tag(STOP);
     tx.send(lease, TensorMeta::bytes(0)).unwrap();
