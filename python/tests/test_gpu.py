@@ -486,12 +486,15 @@ def test_pinned_host_channel_gpu_to_cpu_process(name):
     assert calls[0] < 0.1, "send waited for the GPU: %.3f s" % calls[0]
 
 
-def test_pinned_receiver_copies_to_the_gpu_non_blocking(name):
+@pytest.mark.parametrize("requeue", [False, True], ids=["release", "requeue"])
+def test_pinned_receiver_copies_to_the_gpu_non_blocking(name, requeue):
     """CPU process -> GPU through one slot, this receiver pinned: torch sees the slot as
     pinned memory, `.to("cuda", non_blocking=True)` queues a DMA copy behind a ~0.3 s
     kernel, and the message is released at once; the slot goes back only when the copy
     is done (a host function on torch's stream), so the sender, waiting to overwrite it,
-    never changes what the copy reads."""
+    never changes what the copy reads. ``requeue``: the message is given back first (with
+    the copy still queued), received again and then released: the requeue waits for the
+    stream the reads were queued on, else the sender's next array lands under the copy."""
     count = 6
     ch = gpuring.Channel.create(name, slots=1, slot_bytes=54 << 20)  # keeps the name
     rx = gpuring.Channel.open(name, pinned=True).receiver()
@@ -503,33 +506,12 @@ def test_pinned_receiver_copies_to_the_gpu_non_blocking(name):
         torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
         t = view.to("cuda", non_blocking=True)
         del view
+        if requeue:
+            seq = msg.seq
+            rx.requeue(msg)
+            msg = rx.recv(timeout=60)
+            assert msg.redelivered and msg.seq == seq, "the requeued message came back late"
         msg.release()
-        assert t.sum(dtype=torch.int64).item() == k * ((54 << 20) // 4), "message %d" % k
-    done(p)
-    ch.close()
-
-
-def test_a_pinned_receivers_requeue_waits_for_the_reads_queued_on_its_stream(name):
-    """As above, but each message is given back (``requeue``) with its copy to the GPU still
-    queued behind a ~0.3 s kernel, received again and released at once, which lets the
-    sender overwrite the one slot with the next array. The requeue first waits for the
-    stream the message's reads were queued on, so the copy reads its own message: without
-    that wait the sender's next array (k + 1) lands under the copy."""
-    count = 4
-    ch = gpuring.Channel.create(name, slots=1, slot_bytes=54 << 20)  # keeps the name
-    rx = gpuring.Channel.open(name, pinned=True).receiver()
-    p = run(gpu_peers.send_filled_arrays, name, count)
-    for k in range(1, count + 1):
-        msg = rx.recv(timeout=60)
-        view = torch.from_dlpack(msg)
-        torch.cuda._sleep(gpu_peers.SLOW_CYCLES)
-        t = view.to("cuda", non_blocking=True)
-        del view
-        seq = msg.seq
-        rx.requeue(msg)
-        again = rx.recv(timeout=60)
-        assert again.redelivered and again.seq == seq, "the requeued message came back late"
-        again.release()  # the slot goes back now: the sender writes k + 1 into it
         assert t.sum(dtype=torch.int64).item() == k * ((54 << 20) // 4), "message %d" % k
     done(p)
     ch.close()
