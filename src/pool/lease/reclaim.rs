@@ -80,7 +80,8 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
         let mine = self.held_state();
         // The last party probed and whether it was gone: holders are few, slots many.
         let mut probed: Option<(u32, bool)> = None;
-        loop {
+        // Bounded, as `retire_oldest`: a peer that scribbles state words could fail every CAS.
+        for _ in 0..self.slot_count().saturating_mul(4).max(64) {
             // The oldest slot HELD by a party that is gone: (age, slot, its state word).
             let mut oldest: Option<(u64, usize, u64)> = None;
             for (slot, record) in self.records.iter().enumerate() {
@@ -121,6 +122,7 @@ impl<R: Deref<Target = [SlotRecord]>, S: Storage<Cell = MpmcCell<u32>>> PoolCore
             }
             // Another adopter took it (or the word changed): look again.
         }
+        None
     }
 
     /// Whether the party a HELD or RETURNING state `word` names is gone (its registration
